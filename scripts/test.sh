@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite: installs the real servers the integration tests start
+# on loopback (Slurm + munge, Prometheus, PostgreSQL) when missing, then runs
+# every test. Usage: bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v slurmctld >/dev/null || need+=(slurmctld)
+command -v slurmd >/dev/null || need+=(slurmd)
+command -v sbatch >/dev/null || need+=(slurm-client)
+command -v munged >/dev/null || need+=(munge)
+command -v prometheus >/dev/null || need+=(prometheus)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}"
+  # Debian starts the packaged daemons; the tests start their own on loopback.
+  for s in prometheus postgresql slurmctld slurmd munge; do
+    (systemctl stop "$s" || service "$s" stop) >/dev/null 2>&1 || true
+  done
+fi
+
+cargo fmt --check
+cargo clippy --all-targets --quiet -- -D warnings
+cargo test --all-targets -- --test-threads 2

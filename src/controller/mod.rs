@@ -1,0 +1,10 @@
+//! The controller: the Kubernetes `TrainingJob` reconciler, the admission
+//! webhook, leader election, and the HTTP API the Slurm hooks use.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ControllerError {
+    #[error("{0}")]
+    Other(String),
+}

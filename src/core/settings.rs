@@ -1,0 +1,170 @@
+//! Engineering settings: the only fields gpufit may ever set (SPEC §1).
+//! Scientific settings (learning rate, global batch, LoRA rank, data, seed,
+//! sequence length) live in [`crate::core::workload::Workload`] and are never
+//! written by gpufit.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Numeric precision of the training step.
+///
+/// Plain `bf16`/`fp16`: parameters held in that type (torchtune, litgpt).
+/// `-mixed`: fp32 parameters with autocast (HF Trainer, Lightning `bf16-mixed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dtype {
+    Fp32,
+    Bf16,
+    Fp16,
+    Bf16Mixed,
+    Fp16Mixed,
+}
+
+impl Dtype {
+    pub const ALL: [Dtype; 5] = [
+        Dtype::Fp32,
+        Dtype::Bf16,
+        Dtype::Fp16,
+        Dtype::Bf16Mixed,
+        Dtype::Fp16Mixed,
+    ];
+
+    /// The flag / wire spelling (`bf16-mixed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::Fp32 => "fp32",
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp16 => "fp16",
+            Dtype::Bf16Mixed => "bf16-mixed",
+            Dtype::Fp16Mixed => "fp16-mixed",
+        }
+    }
+
+    /// Whether this dtype needs bf16 hardware support (compute capability ≥ 8.0).
+    pub fn needs_bf16(self) -> bool {
+        matches!(self, Dtype::Bf16 | Dtype::Bf16Mixed)
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = String;
+    /// Accepts the flag spellings plus common aliases (`bfloat16`, `float32`,
+    /// `bf16_mixed`, `16-mixed`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let n = s.trim().to_ascii_lowercase().replace('_', "-");
+        Ok(match n.as_str() {
+            "fp32" | "float32" | "32" | "32-true" | "float" => Dtype::Fp32,
+            "bf16" | "bfloat16" | "bf16-true" => Dtype::Bf16,
+            "fp16" | "float16" | "half" | "16-true" => Dtype::Fp16,
+            "bf16-mixed" | "amp-bf16" => Dtype::Bf16Mixed,
+            "fp16-mixed" | "16-mixed" | "amp-fp16" | "amp" => Dtype::Fp16Mixed,
+            _ => {
+                return Err(format!(
+                    "unknown dtype `{s}`: use one of fp32, bf16, fp16, bf16-mixed, fp16-mixed"
+                ))
+            }
+        })
+    }
+}
+
+/// Data-loader advice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DataLoaderSettings {
+    pub num_workers: u32,
+    pub pin_memory: bool,
+    pub persistent_workers: bool,
+    pub prefetch_factor: u32,
+}
+
+impl Default for DataLoaderSettings {
+    fn default() -> Self {
+        // PyTorch's own defaults for a worker-backed loader (prefetch_factor 2).
+        DataLoaderSettings {
+            num_workers: 4,
+            pin_memory: true,
+            persistent_workers: true,
+            prefetch_factor: 2,
+        }
+    }
+}
+
+/// The engineering settings of one training step configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EngineeringSettings {
+    pub micro_batch_size: u32,
+    /// Derived: m × a × W = G when a global batch G is given.
+    pub gradient_accumulation_steps: u32,
+    pub dtype: Dtype,
+    pub activation_checkpointing: bool,
+    pub activation_offloading: bool,
+    pub compile: bool,
+    pub dataloader: DataLoaderSettings,
+}
+
+impl Default for EngineeringSettings {
+    fn default() -> Self {
+        EngineeringSettings {
+            micro_batch_size: 1,
+            gradient_accumulation_steps: 1,
+            dtype: Dtype::Bf16,
+            activation_checkpointing: false,
+            activation_offloading: false,
+            compile: false,
+            dataloader: DataLoaderSettings::default(),
+        }
+    }
+}
+
+/// Engineering fields the user fixed explicitly. A pinned field is kept as is;
+/// gpufit only warns when it predicts the pinned value will run out of memory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Pins {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_accumulation_steps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<Dtype>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_checkpointing: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_offloading: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_workers: Option<u32>,
+}
+
+impl Pins {
+    /// True when any pinned field changes the memory of a step (everything
+    /// but compile and the data loader).
+    pub fn pins_memory(&self) -> bool {
+        self.micro_batch_size.is_some()
+            || self.dtype.is_some()
+            || self.activation_checkpointing.is_some()
+            || self.activation_offloading.is_some()
+    }
+
+    /// Later pins win field by field ("last write wins").
+    pub fn merged_with(&self, later: &Pins) -> Pins {
+        Pins {
+            micro_batch_size: later.micro_batch_size.or(self.micro_batch_size),
+            gradient_accumulation_steps: later
+                .gradient_accumulation_steps
+                .or(self.gradient_accumulation_steps),
+            dtype: later.dtype.or(self.dtype),
+            activation_checkpointing: later
+                .activation_checkpointing
+                .or(self.activation_checkpointing),
+            activation_offloading: later.activation_offloading.or(self.activation_offloading),
+            compile: later.compile.or(self.compile),
+            num_workers: later.num_workers.or(self.num_workers),
+        }
+    }
+}

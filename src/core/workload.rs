@@ -1,0 +1,273 @@
+//! The workload: *what* is trained. Every field here is scientific or
+//! structural; gpufit reads them and never changes them.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum WorkloadError {
+    /// A size that must be positive is zero or negative. `flag` names the
+    /// command-line flag (or field) so the message says what to fix.
+    #[error("{flag} must be a positive number (got {value}): {hint}")]
+    NotPositive {
+        flag: &'static str,
+        value: String,
+        hint: &'static str,
+    },
+    #[error("--seq-len {seq_len} is longer than {model}'s context of {max} tokens: use --seq-len {max} or less")]
+    SeqTooLong {
+        model: String,
+        seq_len: u32,
+        max: u32,
+    },
+    #[error("--lora-rank {rank} is larger than the hidden size {hidden} of {model}: use a rank of at most {hidden} (typically 8–64)")]
+    LoraRankTooLarge {
+        model: String,
+        rank: u32,
+        hidden: u32,
+    },
+    #[error("global batch {global} is not divisible by {gpus} data-parallel GPUs: choose --global-batch as a multiple of --gpus")]
+    GlobalBatchNotDivisible { global: u32, gpus: u32 },
+    #[error("invalid {field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// Transformer family layout, which decides the per-layer activation terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ArchKind {
+    /// GPT / Llama style causal LM.
+    DecoderOnly,
+    /// BERT style encoder (MLM head over the vocabulary).
+    EncoderOnly,
+    /// T5 style encoder–decoder (layers counted per stack).
+    EncoderDecoder,
+}
+
+/// Architecture numbers of a model, as its Hugging Face `config.json` gives them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ModelArch {
+    /// Canonical id (Hugging Face id for catalog models).
+    pub name: String,
+    pub kind: ArchKind,
+    /// Total parameters (all experts counted for MoE).
+    pub params: u64,
+    pub hidden_size: u32,
+    /// Transformer blocks (for encoder–decoder: encoder + decoder blocks).
+    pub num_layers: u32,
+    pub num_attention_heads: u32,
+    pub num_kv_heads: u32,
+    /// Per-head dimension; hidden_size / heads when the config does not say.
+    pub head_dim: u32,
+    pub intermediate_size: u32,
+    pub vocab_size: u32,
+    pub tied_embeddings: bool,
+    /// Gated MLP (SwiGLU/GeGLU: gate, up, down) versus plain two-matrix MLP.
+    pub gated_mlp: bool,
+    /// Experts per MoE layer (1 = dense).
+    pub num_experts: u32,
+    /// Experts each token is routed to (1 = dense).
+    pub experts_per_token: u32,
+    /// Longest sequence the model supports.
+    pub max_position_embeddings: u32,
+}
+
+/// How the model is trained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    Full,
+    Lora,
+    /// LoRA over a 4-bit NF4 frozen base.
+    Qlora,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Full => "full",
+            Method::Lora => "lora",
+            Method::Qlora => "qlora",
+        }
+    }
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Method {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "full" | "full-finetune" | "full_finetune" | "fft" => Ok(Method::Full),
+            "lora" => Ok(Method::Lora),
+            "qlora" => Ok(Method::Qlora),
+            other => Err(format!("unknown method `{other}`: use full, lora or qlora")),
+        }
+    }
+}
+
+/// A linear layer LoRA adapters can be attached to.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraTarget {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+    LmHead,
+}
+
+/// LoRA adapter configuration (scientific: rank and targets are never changed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LoraConfig {
+    pub rank: u32,
+    pub targets: Vec<LoraTarget>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    Adamw,
+    Adamw8bit,
+    Sgd,
+    Adafactor,
+}
+
+/// Sharding of model state over data-parallel GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharding {
+    None,
+    Zero1,
+    Zero2,
+    Zero3,
+    /// FSDP full sharding: memory like ZeRO-3.
+    Fsdp,
+}
+
+/// The training framework, whose defaults change memory for the same flags
+/// (loss path, LoRA default targets, what the optimizer step keeps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Framework {
+    Generic,
+    Hf,
+    Torchtune,
+    Litgpt,
+    Lightning,
+}
+
+/// Attention kernel: flash/SDPA keeps O(seq) per head, eager keeps the
+/// seq × seq score matrix per head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    Sdpa,
+    Eager,
+}
+
+/// Everything that describes what is trained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Workload {
+    pub model: ModelArch,
+    pub method: Method,
+    /// Required for LoRA / QLoRA.
+    pub lora: Option<LoraConfig>,
+    pub seq_len: u32,
+    pub optimizer: Optimizer,
+    /// Global batch size G (scientific). None: gpufit sets only the micro batch.
+    pub global_batch: Option<u32>,
+    /// Data-parallel GPUs W.
+    pub gpus: u32,
+    pub sharding: Sharding,
+    pub framework: Framework,
+    pub attention: Attention,
+}
+
+impl Workload {
+    /// Checks the workload's internal consistency (positive sizes, sequence
+    /// within context, LoRA rank within hidden size, G divisible by W).
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        if self.seq_len == 0 {
+            return Err(WorkloadError::NotPositive {
+                flag: "--seq-len",
+                value: "0".into(),
+                hint: "give the training sequence length in tokens, e.g. --seq-len 2048",
+            });
+        }
+        if self.gpus == 0 {
+            return Err(WorkloadError::NotPositive {
+                flag: "--gpus",
+                value: "0".into(),
+                hint: "give the number of data-parallel GPUs, e.g. --gpus 1",
+            });
+        }
+        if self.model.params == 0 || self.model.hidden_size == 0 || self.model.num_layers == 0 {
+            return Err(WorkloadError::NotPositive {
+                flag: "--params/--hidden-size/--layers",
+                value: "0".into(),
+                hint: "describe the model with positive numbers",
+            });
+        }
+        if self.model.max_position_embeddings > 0
+            && self.seq_len > self.model.max_position_embeddings
+        {
+            return Err(WorkloadError::SeqTooLong {
+                model: self.model.name.clone(),
+                seq_len: self.seq_len,
+                max: self.model.max_position_embeddings,
+            });
+        }
+        if let Some(g) = self.global_batch {
+            if g == 0 {
+                return Err(WorkloadError::NotPositive {
+                    flag: "--global-batch",
+                    value: "0".into(),
+                    hint: "give the global batch in samples, or leave it out",
+                });
+            }
+            if g % self.gpus != 0 {
+                return Err(WorkloadError::GlobalBatchNotDivisible {
+                    global: g,
+                    gpus: self.gpus,
+                });
+            }
+        }
+        if matches!(self.method, Method::Lora | Method::Qlora) {
+            let Some(lora) = &self.lora else {
+                return Err(WorkloadError::Invalid {
+                    field: "lora",
+                    message: "LoRA/QLoRA needs a rank: pass --lora-rank".into(),
+                });
+            };
+            if lora.rank == 0 {
+                return Err(WorkloadError::NotPositive {
+                    flag: "--lora-rank",
+                    value: "0".into(),
+                    hint: "typical ranks are 8–64",
+                });
+            }
+            if lora.rank > self.model.hidden_size {
+                return Err(WorkloadError::LoraRankTooLarge {
+                    model: self.model.name.clone(),
+                    rank: lora.rank,
+                    hidden: self.model.hidden_size,
+                });
+            }
+        }
+        Ok(())
+    }
+}

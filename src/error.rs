@@ -1,0 +1,72 @@
+//! The crate's top-level error: each layer has its own enum, wrapped here.
+
+use thiserror::Error;
+
+/// Result alias for the crate's top-level error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error(transparent)]
+    Catalog(#[from] crate::core::catalog::CatalogError),
+    #[error(transparent)]
+    Workload(#[from] crate::core::workload::WorkloadError),
+    #[error(transparent)]
+    Memory(#[from] crate::core::memory::MemoryError),
+    #[error(transparent)]
+    Advisor(#[from] crate::core::advisor::AdvisorError),
+    #[error(transparent)]
+    LogParse(#[from] crate::core::logs::LogParseError),
+    #[error(transparent)]
+    History(#[from] crate::history::HistoryError),
+    #[error(transparent)]
+    Sidecar(#[from] crate::sidecar::SidecarError),
+    #[error(transparent)]
+    Controller(#[from] crate::controller::ControllerError),
+    #[error(transparent)]
+    Slurm(#[from] crate::slurm::SlurmError),
+    /// A command-line argument is wrong: names the flag and the fix.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// A short, static, low-cardinality label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Catalog(_) => "catalog",
+            Error::Workload(_) => "workload",
+            Error::Memory(_) => "memory",
+            Error::Advisor(_) => "advisor",
+            Error::LogParse(_) => "log_parse",
+            Error::History(_) => "history",
+            Error::Sidecar(_) => "sidecar",
+            Error::Controller(_) => "controller",
+            Error::Slurm(_) => "slurm",
+            Error::Usage(_) => "usage",
+            Error::Io { .. } => "io",
+        }
+    }
+
+    /// Process exit code for the CLI: 2 usage/bad input, 3 does-not-fit,
+    /// 4 external service (history store, sidecar, controller), 1 anything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Usage(_)
+            | Error::Catalog(_)
+            | Error::Workload(_)
+            | Error::Memory(_)
+            | Error::LogParse(_) => 2,
+            Error::Advisor(crate::core::advisor::AdvisorError::DoesNotFit { .. }) => 3,
+            Error::Advisor(_) => 2,
+            Error::History(_) | Error::Sidecar(_) | Error::Controller(_) | Error::Slurm(_) => 4,
+            Error::Io { .. } => 1,
+        }
+    }
+}

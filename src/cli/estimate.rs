@@ -109,14 +109,18 @@ fn options_from(args: &EstimateArgs) -> crate::Result<ModelOptions> {
         None => None,
         Some("none" | "bf16" | "fp16" | "fp32") => Some(BaseQuant::None),
         Some("int8" | "8bit" | "llm.int8") => Some(BaseQuant::Int8),
-        Some("nf4" | "4bit") => Some(BaseQuant::Nf4),
+        Some("nf4" | "4bit" | "nf4-dq") => Some(BaseQuant::Nf4),
+        Some("nf4-no-dq" | "nf4-nodq") => Some(BaseQuant::Nf4NoDoubleQuant),
         Some(other) => {
             return Err(crate::Error::Usage(format!(
-                "--base-quant: unknown `{other}`: use none, int8 or nf4"
+                "--base-quant: unknown `{other}`: use none, int8, nf4 or nf4-no-dq"
             )))
         }
     };
-    Ok(ModelOptions { base_quant })
+    Ok(ModelOptions {
+        base_quant,
+        ..Default::default()
+    })
 }
 
 pub fn run(g: &Global, args: EstimateArgs) -> crate::Result<ExitCode> {

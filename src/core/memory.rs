@@ -100,22 +100,65 @@ pub struct Estimate {
 
 /// How the frozen base of a LoRA model is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum BaseQuant {
     /// The base in the training dtype.
     None,
     /// bitsandbytes LLM.int8 (`load_in_8bit`): 1 byte per weight.
     Int8,
-    /// bitsandbytes NF4 with double quantization (QLoRA).
+    /// bitsandbytes NF4 with double quantization (QLoRA's default).
     Nf4,
+    /// NF4 without double quantization (`bnb_4bit_use_double_quant=False`,
+    /// litgpt `bnb.nf4`): fp32 absmax per 64 weights.
+    Nf4NoDoubleQuant,
 }
 
-/// Knobs beyond the workload and settings that change memory.
+/// What sits on top of the transformer blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Head {
+    /// A language-model head over the vocabulary (causal LM, MLM): the
+    /// logits buffer is batch × seq × vocab.
+    #[default]
+    LanguageModel,
+    /// A sequence-classification head (`AutoModelForSequenceClassification`):
+    /// a handful of logits per sequence.
+    Classifier,
+}
+
+/// How the optimizer step is executed, which decides its temporaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerImpl {
+    /// torch `foreach=True` (the default on CUDA): whole-model temporaries.
+    Foreach,
+    /// torch `fused=True` / bitsandbytes kernels: no model-sized temporaries.
+    Fused,
+    /// A Python loop over parameters (transformers' legacy `AdamW`,
+    /// `optim="adamw_hf"`): one parameter's temporary at a time.
+    PerParameter,
+}
+
+/// Knobs beyond the workload and settings that change memory. The
+/// defaults are what current framework releases do; the others describe
+/// older releases or non-default code paths, so published measurements can
+/// be compared like with like.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ModelOptions {
-    /// Frozen-base storage; `None` here means "what the method implies"
-    /// (NF4 for QLoRA, the training dtype otherwise).
+    /// Frozen-base storage; `None` means what the method implies (NF4 for
+    /// QLoRA, the training dtype otherwise).
     pub base_quant: Option<BaseQuant>,
+    pub head: Head,
+    /// `None`: the framework's default (torchtune fused, others foreach).
+    pub optimizer_impl: Option<OptimizerImpl>,
+    /// Gradients stay allocated between steps: PyTorch < 2.0
+    /// `zero_grad(set_to_none=False)`, which HF Trainer used until 2023.
+    pub grads_kept_between_steps: bool,
+    /// CUDA context + kernel images of the machine, when measured; `None`
+    /// uses [`CUDA_CONTEXT_BYTES`]. CUDA < 11.7 loads every kernel eagerly
+    /// and takes 1–1.4 GiB (the HF "model memory anatomy" page measures
+    /// 1343 MiB on a V100 with CUDA 11.2).
+    pub cuda_context_bytes: Option<u64>,
 }
 
 // === constants (each with its source) ===
@@ -133,6 +176,10 @@ pub const CUDA_CONTEXT_BYTES: u64 = 500 * MIB;
 /// 256 blocks): 4 + 8/64 + 32/(64·256) = 4.127 bits (Dettmers et al. 2023,
 /// "QLoRA", §3 "Double Quantization").
 const NF4_BYTES_PER_PARAM: f64 = 4.127 / 8.0;
+
+/// NF4 without double quantization: 4 bits + one fp32 absmax per 64
+/// weights = 4.5 bits (QLoRA §3).
+const NF4_NO_DQ_BYTES_PER_PARAM: f64 = 4.5 / 8.0;
 
 /// LLM.int8 storage: 1 byte per weight plus an fp32 scale per output row
 /// (bitsandbytes `Int8Params`, Dettmers et al. 2022), the row scale is
@@ -206,6 +253,7 @@ struct Plan {
     // per sample (one sequence of the micro batch)
     act_per_sample: f64,
     logits_per_sample: f64,
+    cuda_context: f64,
 }
 
 /// Parameter groups of an architecture.
@@ -239,6 +287,13 @@ fn params_of(a: &ModelArch) -> Params {
         rest: (total - body_linear).max(0.0),
         head: a.vocab_size as f64 * h,
         largest_linear: (h * i).max(h * qd).max(a.vocab_size as f64 * h * 0.0),
+    }
+}
+
+impl Params {
+    /// The largest single parameter tensor (embedding or one linear).
+    fn largest_param(&self) -> f64 {
+        self.head.max(self.largest_linear)
     }
 }
 
@@ -332,11 +387,13 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     let mut per_seq = 0.0;
 
     // --- norms ---
-    // RMSNorm (HF LlamaRMSNorm, torchtune RMSNorm) upcasts to fp32 and saves
-    // the fp32 input for the rsqrt product (4h); the normalised value is
-    // saved by `weight * x` only when the weight trains. LayerNorm
-    // (GPT-2/BERT) saves its input; autocast runs it in fp32.
-    let norm = |trainable: bool| 4.0f64.max(r) * h + if trainable { r * h } else { 0.0 };
+    // RMSNorm (HF LlamaRMSNorm, torchtune/litgpt RMSNorm) upcasts to fp32
+    // and saves the fp32 input for the rsqrt product (4h); the normalised
+    // value is saved by `weight * x` only when the weight trains. LayerNorm
+    // (GPT-2/BERT/T5) saves only its input plus per-token mean/rstd and
+    // runs in fp32 under autocast (4h either way).
+    let norm =
+        |trainable: bool| 4.0f64.max(r) * h + if trainable && !classic { r * h } else { 0.0 };
     let norm_count = if a.kind == ArchKind::EncoderDecoder {
         2.5
     } else {
@@ -350,15 +407,24 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
         // the projections' shared input (norm output or its autocast cast)
         saved += e * h;
     }
+    if !full && w.framework == Framework::Litgpt && qkv_trains {
+        // litgpt's LoRA layers default to `lora_dropout: 0.05`: the fused
+        // qkv adapter saves the bool mask and the dropped input.
+        saved += h + e * h;
+    }
     if eager {
         // q, k (expanded to all heads) saved by QKᵀ, v by PV.
         saved += 3.0 * e * qd;
-        // HF eager softmax runs in fp32 and is cast back: fp32 probabilities
-        // (saved by softmax) + the 16-bit copy saved by PV.
-        per_seq += (4.0 + e) * heads;
+        // The softmax output is fp32 (HF eager attention upcasts; autocast
+        // runs softmax in fp32; fp32 training is fp32 anyway) …
+        per_seq += 4.0 * heads;
         if classic {
-            // attention dropout (p = 0.1): bool mask + dropped probabilities
+            // … attention dropout (p = 0.1) keeps a bool mask, and PV saves
+            // the dropped probabilities (in fp32, or their 16-bit cast) …
             per_seq += (1.0 + e) * heads;
+        } else if e < 4.0 {
+            // … or the 16-bit cast of the probabilities fed to PV.
+            per_seq += e * heads;
         }
     } else {
         // SDPA saves q, k, v (k, v expanded from the KV heads: HF repeat_kv,
@@ -391,6 +457,10 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
         saved += e * i * k;
         if a.kind == ArchKind::DecoderOnly {
             saved += 3.0 * e * i * k;
+        }
+        if a.kind == ArchKind::EncoderDecoder {
+            // T5: dropout (p = 0.1) after the ReLU: bool mask + output.
+            saved += (1.0 + e) * i * k;
         }
         if trains(LoraTarget::Down) {
             saved += e * i * k;
@@ -520,7 +590,10 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
         1.0
     };
 
-    let mut pl = Plan::default();
+    let mut pl = Plan {
+        cuda_context: opts.cuda_context_bytes.unwrap_or(CUDA_CONTEXT_BYTES) as f64,
+        ..Plan::default()
+    };
 
     // --- what trains, and how it is stored ---
     let (trainable, frozen_body, frozen_rest) = match w.method {
@@ -546,6 +619,7 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
         BaseQuant::None => pb,
         BaseQuant::Int8 => INT8_BYTES_PER_PARAM,
         BaseQuant::Nf4 => NF4_BYTES_PER_PARAM,
+        BaseQuant::Nf4NoDoubleQuant => NF4_NO_DQ_BYTES_PER_PARAM,
     };
     let frozen = (frozen_body * frozen_body_bytes + frozen_rest * frozen_rest_bytes) / shard_param;
 
@@ -609,7 +683,10 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
         // Only the gradient being applied exists: the largest tensor.
         pl.grads = p.head.max(p.largest_linear) * grad_bytes;
     }
-    pl.grads_in_a = if s.gradient_accumulation_steps > 1 {
+    // Gradients exist during the next forward when accumulation keeps them
+    // between micro steps, or when zero_grad only zeroes them (torch < 2.0
+    // default `set_to_none=False`).
+    pl.grads_in_a = if s.gradient_accumulation_steps > 1 || opts.grads_kept_between_steps {
         pl.grads
     } else {
         0.0
@@ -637,10 +714,18 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
     // `exp_avg_sq.sqrt()` for every parameter at once: one more state-sized
     // buffer. torchtune's configs set `fused: True` (no temporaries);
     // bitsandbytes and SGD update in place.
-    pl.step_transient = match w.optimizer {
-        Optimizer::Adamw if w.framework != Framework::Torchtune && !optimizer_in_backward(w) => {
-            trainable * state_elem / shard_opt
-        }
+    let imp = opts
+        .optimizer_impl
+        .unwrap_or(if w.framework == Framework::Torchtune {
+            OptimizerImpl::Fused
+        } else {
+            OptimizerImpl::Foreach
+        });
+    pl.step_transient = match (w.optimizer, imp) {
+        _ if optimizer_in_backward(w) => 0.0,
+        (Optimizer::Adamw, OptimizerImpl::Foreach) => trainable * state_elem / shard_opt,
+        // transformers' legacy AdamW: `exp_avg_sq.sqrt()` of one parameter.
+        (Optimizer::Adamw, OptimizerImpl::PerParameter) => p.largest_param() * state_elem,
         _ => 0.0,
     };
 
@@ -684,8 +769,13 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
     pl.act_per_sample = seq * (acts_tokens + enc_dec);
 
     // --- logits / loss buffers per sample ---
-    pl.logits_per_sample =
-        seq * a.vocab_size as f64 * logits_bytes_per_token_vocab(w.framework, s.dtype);
+    pl.logits_per_sample = match opts.head {
+        Head::LanguageModel => {
+            seq * a.vocab_size as f64 * logits_bytes_per_token_vocab(w.framework, s.dtype)
+        }
+        // classification: the pooled token and a few logits per sequence
+        Head::Classifier => 4.0 * h * 4.0,
+    };
 
     pl
 }
@@ -752,7 +842,7 @@ fn eval(pl: &Plan, m: f64) -> Eval {
     Eval {
         allocated,
         reserved,
-        device: reserved + CUDA_CONTEXT_BYTES as f64,
+        device: reserved + pl.cuda_context,
         phase_a,
         transient,
     }
@@ -794,7 +884,7 @@ fn build(pl: &Plan, m: u32) -> Estimate {
     let slope = slope_alloc * (1.0 + ALLOCATOR_TRANSIENT_SHARE);
     let fixed = fixed_alloc
         + allocator_overhead(persistent + pl.grads, pl.weights_transient_a)
-        + CUDA_CONTEXT_BYTES as f64;
+        + pl.cuda_context;
 
     let breakdown = if ev.phase_a {
         Breakdown {
@@ -804,7 +894,7 @@ fn build(pl: &Plan, m: u32) -> Estimate {
             master_weights: pl.master as u64,
             activations: (pl.act_per_sample * mf) as u64,
             logits: (pl.logits_per_sample * mf) as u64,
-            cuda_context: CUDA_CONTEXT_BYTES,
+            cuda_context: pl.cuda_context as u64,
             allocator_overhead: 0,
         }
     } else {
@@ -815,7 +905,7 @@ fn build(pl: &Plan, m: u32) -> Estimate {
             master_weights: pl.master as u64,
             activations: 0,
             logits: 0,
-            cuda_context: CUDA_CONTEXT_BYTES,
+            cuda_context: pl.cuda_context as u64,
             allocator_overhead: 0,
         }
     };
@@ -871,7 +961,7 @@ fn max_batch_of_plan(pl: &Plan, budget: u64) -> Option<u32> {
         + pl.grads_in_a
         + pl.weights_transient_a
         + allocator_overhead(persistent + pl.grads, pl.weights_transient_a)
-        + CUDA_CONTEXT_BYTES as f64;
+        + pl.cuda_context;
     let slope = (pl.act_per_sample + pl.logits_per_sample) * (1.0 + ALLOCATOR_TRANSIENT_SHARE);
     const CAP: u32 = 1 << 20;
     let mut guess = if slope <= 0.0 {

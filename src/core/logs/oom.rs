@@ -118,7 +118,6 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::super::{parse_str, LogOutcome};
-    use super::*;
     use crate::core::units::{GIB, MIB};
 
     fn gib(x: f64) -> u64 {

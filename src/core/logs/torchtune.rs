@@ -5,9 +5,9 @@
 //! - after model init, `training.log_memory_stats`:
 //!   ```text
 //!   Memory stats after model init:
-//!   	GPU peak memory allocation: 16.50 GiB
-//!   	GPU peak memory reserved: 16.64 GiB
-//!   	GPU peak memory active: 16.50 GiB
+//!       GPU peak memory allocation: 16.50 GiB
+//!       GPU peak memory reserved: 16.64 GiB
+//!       GPU peak memory active: 16.50 GiB
 //!   ```
 //!   (torchtune ≤ 0.2 divided by 1e9 and printed `GB`; newer versions divide
 //!   by 2^30 and print `GiB`; NPU/XPU builds print their device name instead

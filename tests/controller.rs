@@ -12,13 +12,23 @@ fn checked_in_crd_matches_what_gpufit_crd_prints() {
         .arg("crd")
         .output()
         .expect("run gpufit crd");
-    assert!(out.status.success(), "gpufit crd failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "gpufit crd failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let printed = String::from_utf8(out.stdout).expect("utf-8 YAML");
-    let checked_in = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/trainingjob.yaml"))
-        .expect("read crds/trainingjob.yaml");
+    let checked_in = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crds/trainingjob.yaml"
+    ))
+    .expect("read crds/trainingjob.yaml");
     assert!(
         printed == checked_in,
         "crds/trainingjob.yaml is out of date: run `cargo run -- crd > crds/trainingjob.yaml`"
     );
-    assert!(printed.contains("shortNames:\n    - tj"), "short name tj missing");
+    assert!(
+        printed.contains("shortNames:\n    - tj"),
+        "short name tj missing"
+    );
 }

@@ -38,13 +38,47 @@ pub const GROUP: &str = "gpufit.io";
     namespaced,
     status = "TrainingJobStatus",
     doc = "A GPU training job whose engineering settings (micro batch, gradient accumulation, precision, activation checkpointing, compile, data loader) gpufit chooses, injects into a batch/v1 Job and learns from.",
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Pending, Running, Succeeded, Failed or Invalid"),
-    printcolumn(name = "GPU", type_ = "string", json_path = ".status.gpu", description = "GPU model the job runs on"),
-    printcolumn(name = "Micro Batch", type_ = "integer", json_path = ".status.suggestion.settings.microBatchSize", description = "Micro batch size gpufit chose"),
-    printcolumn(name = "Dtype", type_ = "string", json_path = ".status.suggestion.settings.dtype", description = "Training precision"),
-    printcolumn(name = "Confidence", type_ = "number", json_path = ".status.suggestion.confidence", description = "Confidence of the suggestion (0-1)"),
-    printcolumn(name = "Peak GiB", type_ = "number", json_path = ".status.peakGiB", description = "Measured peak GPU memory of the last finished attempt"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Pending, Running, Succeeded, Failed or Invalid"
+    ),
+    printcolumn(
+        name = "GPU",
+        type_ = "string",
+        json_path = ".status.gpu",
+        description = "GPU model the job runs on"
+    ),
+    printcolumn(
+        name = "Micro Batch",
+        type_ = "integer",
+        json_path = ".status.suggestion.settings.microBatchSize",
+        description = "Micro batch size gpufit chose"
+    ),
+    printcolumn(
+        name = "Dtype",
+        type_ = "string",
+        json_path = ".status.suggestion.settings.dtype",
+        description = "Training precision"
+    ),
+    printcolumn(
+        name = "Confidence",
+        type_ = "number",
+        json_path = ".status.suggestion.confidence",
+        description = "Confidence of the suggestion (0-1)"
+    ),
+    printcolumn(
+        name = "Peak GiB",
+        type_ = "number",
+        json_path = ".status.peakGiB",
+        description = "Measured peak GPU memory of the last finished attempt"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
@@ -435,6 +469,25 @@ pub struct Attempt {
     /// Why the attempt ended as it did (termination message excerpt, exit code).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// `metadata.generation` of the spec this attempt ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// Node the (first) pod ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// When the Job started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// When the Job finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// How many times the peak was looked up without an answer.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub peak_lookups: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// How an attempt ended.

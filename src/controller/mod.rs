@@ -16,7 +16,15 @@
 //! | [`api`]       | the HTTP API the Slurm hooks use                              |
 
 pub mod api;
+pub mod build;
 pub mod crd;
+pub mod gpu;
+pub mod inject;
+pub mod metrics;
+pub mod prom;
+pub mod reconcile;
+pub mod sidecar_client;
+pub mod validate;
 
 use thiserror::Error;
 

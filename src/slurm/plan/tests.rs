@@ -155,7 +155,8 @@ fn engineering_variables_the_user_sets_are_pins_unless_inherited_from_another_jo
 
 #[test]
 fn bad_requests_say_what_is_wrong() {
-    let cases: &[(&[(&str, &str)], Option<&str>, &str)] = &[
+    type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>, &'a str);
+    let cases: &[Case] = &[
         (
             &[("SLURM_JOB_ID", "1"), ("GPUFIT_MODEL", "m")],
             None,
@@ -363,7 +364,8 @@ fn the_run_says_success_oom_or_other_error_from_the_exit_state() {
         .unwrap()
         .into();
     // (exit, derived, oom) → (success, reason)
-    let cases: &[(Option<i64>, Option<i64>, bool, bool, Option<FailureReason>)] = &[
+    type Case = (Option<i64>, Option<i64>, bool, bool, Option<FailureReason>);
+    let cases: &[Case] = &[
         (Some(0), Some(0), false, true, None),
         (Some(0), None, false, true, None),
         (

@@ -503,6 +503,35 @@ mod tests {
     }
 
     #[test]
+    fn proc_fs_reads_cgroup_and_environ_under_its_root() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let p = root.path().join("4321");
+        std::fs::create_dir(&p).expect("mkdir");
+        std::fs::write(
+            p.join("cgroup"),
+            "0::/system.slice/slurmstepd.scope/job_99/step_0/user/task_0\n",
+        )
+        .expect("write cgroup");
+        std::fs::write(p.join("environ"), b"A=1\0").expect("write environ");
+        let a = Attributor::from_proc_root(root.path().to_path_buf(), None);
+        let mut obs = vec![super::super::source::ProcessObservation {
+            pid: 4321,
+            gpu: 0,
+            used_bytes: 1,
+            max_bytes: None,
+            running: true,
+            job: None,
+        }];
+        a.attribute_all(&mut obs);
+        assert_eq!(
+            obs[0].job,
+            Some(JobKey::Slurm {
+                slurm_job_id: "99".into()
+            })
+        );
+    }
+
+    #[test]
     fn job_ids_are_namespace_slash_pod_uid_or_slurm_id() {
         assert_eq!(
             JobKey::Pod {

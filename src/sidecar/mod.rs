@@ -533,6 +533,95 @@ mod tests {
         assert_eq!((s.bf16, s.fp8), (false, false));
     }
 
+    /// Two GPUs, the second of which fails to read (as NVML reports a
+    /// device that fell off the bus), with one process on the first.
+    struct HalfBroken;
+
+    impl GpuSource for HalfBroken {
+        fn backend(&self) -> Backend {
+            Backend::Nvml
+        }
+        fn sample(&self) -> SourceSample {
+            let ok = GpuInfo {
+                index: 0,
+                uuid: "GPU-a".into(),
+                name: "NVIDIA A100-SXM4-80GB".into(),
+                memory_total_bytes: 80 << 30,
+                memory_used_bytes: 5 << 30,
+                memory_free_bytes: 75 << 30,
+                compute_capability: Some("8.0".into()),
+                utilization_ratio: Some(0.5),
+                mig_enabled: Some(false),
+                accounting_enabled: Some(false),
+                healthy: true,
+                error: None,
+            };
+            let broken = GpuInfo {
+                index: 1,
+                uuid: "GPU-b".into(),
+                healthy: false,
+                error: Some("memory: GPU is lost".into()),
+                ..ok.clone()
+            };
+            SourceSample {
+                gpus: vec![ok, broken],
+                processes: vec![ProcessObservation {
+                    pid: 77,
+                    gpu: 0,
+                    used_bytes: 5 << 30,
+                    max_bytes: None,
+                    running: true,
+                    job: Some(JobKey::Slurm {
+                        slurm_job_id: "31".into(),
+                    }),
+                }],
+            }
+        }
+    }
+
+    fn config() -> SidecarConfig {
+        SidecarConfig {
+            backend: BackendConfig::nvml(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            interval: DEFAULT_INTERVAL,
+            node: "n1".into(),
+            mapping_dir: None,
+            proc_root: PathBuf::from("/nonexistent"),
+            tracker: TrackerConfig::default(),
+        }
+    }
+
+    #[test]
+    fn a_gpu_that_fails_to_read_is_unhealthy_and_the_others_keep_working() {
+        let sc = Sidecar::with_source(&config(), Arc::new(HalfBroken), None).expect("sidecar");
+        let h = sc.health();
+        assert_eq!(h.status, "ok");
+        assert_eq!(h.unhealthy_gpus, vec![1]);
+        let text = sc.render_metrics().expect("metrics");
+        assert!(text.contains(r#"gpufit_gpu_healthy{gpu="1",model="NVIDIA A100-SXM4-80GB",node="n1",uuid="GPU-b"} 0"#), "{text}");
+        assert!(text.contains(r#"gpufit_gpu_memory_used_bytes{gpu="0",model="NVIDIA A100-SXM4-80GB",node="n1",uuid="GPU-a"} 5368709120"#), "{text}");
+        assert!(
+            !text.contains(r#"gpufit_gpu_memory_used_bytes{gpu="1""#),
+            "{text}"
+        );
+        assert_eq!(sc.job("31").map(|j| j.peak_bytes), Some(5 << 30));
+    }
+
+    #[test]
+    fn nvml_start_message_names_the_library_the_path_and_the_other_backends() {
+        let msg = nvml::nvml_start_message("loading libnvidia-ml.so.1", &"not found");
+        for want in [
+            "libnvidia-ml.so.1",
+            "LD_LIBRARY_PATH",
+            "--nvml-lib",
+            "--backend inventory",
+            "--backend simulate",
+            "nvidia-smi",
+        ] {
+            assert!(msg.contains(want), "missing {want}: {msg}");
+        }
+    }
+
     #[test]
     fn nvml_failure_on_this_machine_is_an_error_that_says_what_to_do() {
         // Machines of this project have no GPU and no libnvidia-ml; where one

@@ -32,6 +32,9 @@ pub struct BackendArgs {
     /// Memory of each synthetic GPU in GiB, overriding the catalog (needed for a model not in it).
     #[arg(long, env = "GPUFIT_SIDECAR_SIMULATE_MEMORY_GIB")]
     pub simulate_memory_gib: Option<f64>,
+    /// Synthetic demo jobs for `--backend simulate` whose memory rises, peaks and falls every minute.
+    #[arg(long, default_value_t = 0, env = "GPUFIT_SIDECAR_SIMULATE_DEMO_JOBS")]
+    pub simulate_demo_jobs: u32,
 }
 
 impl BackendArgs {
@@ -55,6 +58,7 @@ impl BackendArgs {
                 model: self.simulate_model.clone(),
                 memory_bytes,
                 node: node.to_string(),
+                demo_jobs: self.simulate_demo_jobs,
             },
         })
     }

@@ -87,6 +87,7 @@ impl BackendConfig {
                 model: simulate::DEFAULT_MODEL.to_string(),
                 memory_bytes: None,
                 node: node_name(),
+                demo_jobs: 0,
             },
         }
     }

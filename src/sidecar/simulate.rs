@@ -42,7 +42,14 @@ pub struct SimulateConfig {
     pub memory_bytes: Option<u64>,
     /// Seeds the synthetic UUIDs, so two simulated nodes differ.
     pub node: String,
+    /// Synthetic demo jobs whose memory cycles deterministically (0: none).
+    pub demo_jobs: u32,
 }
+
+/// A demo job's memory cycle: it rises for half the period, then falls.
+pub const DEMO_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+/// PIDs of demo processes start here, clear of test-registered ones.
+pub const DEMO_PID_BASE: u32 = 4_000_000;
 
 /// A process registered by a test workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,11 +92,19 @@ pub struct SimulatedSource {
     gpus: u32,
     uuids: Vec<String>,
     processes: Mutex<BTreeMap<u32, SimProcess>>,
+    demo_jobs: u32,
+    started: std::time::Instant,
 }
 
 impl SimulatedSource {
     /// Resolves the model through the catalog (memory override allowed).
     pub fn new(cfg: &SimulateConfig) -> Result<Self, SidecarError> {
+        if cfg.demo_jobs > 256 {
+            return Err(SidecarError::Config(format!(
+                "--simulate-demo-jobs {} is out of range: give 0 to 256",
+                cfg.demo_jobs
+            )));
+        }
         if cfg.gpus == 0 || cfg.gpus > 64 {
             return Err(SidecarError::Config(format!(
                 "--simulate-gpus {} is out of range: give 1 to 64",
@@ -137,7 +152,41 @@ impl SimulatedSource {
             gpus: cfg.gpus,
             uuids,
             processes: Mutex::new(BTreeMap::new()),
+            demo_jobs: cfg.demo_jobs,
+            started: std::time::Instant::now(),
         })
+    }
+
+    /// The demo processes at `elapsed` since start: job `i` runs on GPU
+    /// `i % gpus`; its memory is a triangle wave between 10 % and 10 % + 60 %
+    /// / (jobs on that GPU) of the GPU, phase-shifted per job, so a demo
+    /// dashboard shows rises, peaks and falls and the peaks survive.
+    pub fn demo_processes(&self, elapsed: std::time::Duration) -> Vec<SimProcess> {
+        let total = self.spec.memory_bytes as f64;
+        let per_gpu = self.demo_jobs.div_ceil(self.gpus).max(1) as f64;
+        let period = DEMO_PERIOD.as_secs_f64();
+        (0..self.demo_jobs)
+            .map(|i| {
+                let phase = (elapsed.as_secs_f64() / period + f64::from(i) / 7.0).fract();
+                let tri = 1.0 - (2.0 * phase - 1.0).abs();
+                let bytes = total * (0.1 + 0.6 * tri) / per_gpu;
+                SimProcess {
+                    pid: DEMO_PID_BASE + i,
+                    gpu: i % self.gpus,
+                    job: if i % 2 == 0 {
+                        SimJob::Pod {
+                            namespace: "demo".into(),
+                            pod: format!("demo-train-{i}"),
+                        }
+                    } else {
+                        SimJob::Slurm {
+                            slurm_job_id: format!("{}", 90_000 + i),
+                        }
+                    },
+                    memory_bytes: bytes as u64,
+                }
+            })
+            .collect()
     }
 
     /// Registers a process or updates its memory (same PID).
@@ -194,9 +243,10 @@ impl GpuSource for SimulatedSource {
 
     fn sample(&self) -> SourceSample {
         let procs = lock(&self.processes);
+        let demo = self.demo_processes(self.started.elapsed());
         let mut used = vec![0u64; self.gpus as usize];
-        let mut processes = Vec::with_capacity(procs.len());
-        for p in procs.values() {
+        let mut processes = Vec::with_capacity(procs.len() + demo.len());
+        for p in procs.values().chain(demo.iter()) {
             if let Some(u) = used.get_mut(p.gpu as usize) {
                 *u = u.saturating_add(p.memory_bytes);
             }
@@ -244,6 +294,7 @@ mod tests {
             model: DEFAULT_MODEL.into(),
             memory_bytes: None,
             node: node.into(),
+            demo_jobs: 0,
         }
     }
 
@@ -298,6 +349,32 @@ mod tests {
             .is_err());
         assert!(s.remove(1));
         assert!(!s.remove(1));
+    }
+
+    #[test]
+    fn demo_jobs_rise_peak_and_fall_within_their_gpu() {
+        let mut c = cfg("n");
+        c.demo_jobs = 16;
+        let s = SimulatedSource::new(&c).expect("simulate");
+        let total = s.spec.memory_bytes;
+        let at = |secs: f64| s.demo_processes(std::time::Duration::from_secs_f64(secs));
+        assert_eq!(at(0.0), at(0.0), "deterministic");
+        assert_eq!(at(0.0).len(), 16);
+        let job0: Vec<u64> = (0..=60).map(|t| at(f64::from(t))[0].memory_bytes).collect();
+        let (min, max) = (job0.iter().min().copied(), job0.iter().max().copied());
+        assert!(max > min, "memory moves");
+        let peak_at = job0.iter().position(|b| Some(*b) == max).unwrap_or(0);
+        assert!(
+            peak_at > 0 && peak_at < 60,
+            "rises then falls: peak at {peak_at}"
+        );
+        for t in 0..60 {
+            let mut per_gpu = [0u64; 8];
+            for p in at(f64::from(t)) {
+                per_gpu[p.gpu as usize] += p.memory_bytes;
+            }
+            assert!(per_gpu.iter().all(|u| *u <= total));
+        }
     }
 
     #[test]

@@ -429,3 +429,52 @@ fn bad_flags_are_usage_errors_not_panics() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn in_process_sidecar_serves_until_stopped_and_then_refuses_connections() {
+    use gpufit::sidecar::{
+        Backend, BackendConfig, SidecarConfig, SimulateConfig, TrackerConfig, DEFAULT_INTERVAL,
+    };
+    let cfg = SidecarConfig {
+        backend: BackendConfig {
+            backend: Backend::Simulate,
+            inventory: None,
+            nvml_lib: None,
+            simulate: SimulateConfig {
+                gpus: 2,
+                model: "Test Card".into(),
+                memory_bytes: Some(8 * GIB),
+                node: "inproc".into(),
+                demo_jobs: 0,
+            },
+        },
+        listen: "127.0.0.1:0".parse().expect("socket address"),
+        interval: DEFAULT_INTERVAL,
+        node: "inproc".into(),
+        mapping_dir: None,
+        proc_root: "/proc".into(),
+        tracker: TrackerConfig::default(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let running = gpufit::sidecar::start(&cfg).await.expect("sidecar starts");
+        let base = format!("http://{}", running.addr);
+        let b = base.clone();
+        let gpus = tokio::task::spawn_blocking(move || get_json(&format!("{b}/v1/gpus")))
+            .await
+            .expect("request thread");
+        assert_eq!(gpus["node"], "inproc");
+        assert_eq!(gpus["gpus"][1]["memory_total_bytes"], 8 * GIB);
+        running.stop().await;
+        let refused = tokio::task::spawn_blocking(move || {
+            agent().get(&format!("{base}/healthz")).call().is_err()
+        })
+        .await
+        .expect("request thread");
+        assert!(refused, "stopped sidecar still answers");
+    });
+}

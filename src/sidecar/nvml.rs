@@ -83,7 +83,14 @@ impl NvmlSource {
                 .ok()
                 .map(|c| format!("{}.{}", c.major, c.minor));
         }
-        let mem = dev.memory_info().map_err(|e| format!("memory: {e}"))?;
+        let mem = dev.memory_info().map_err(|e| match e {
+            // nvml-wrapper calls nvmlDeviceGetMemoryInfo_v2, which drivers
+            // before R510 do not export.
+            nvml_wrapper::error::NvmlError::FailedToLoadSymbol(_) => {
+                format!("memory: {e} (the NVIDIA driver is older than R510: upgrade it)")
+            }
+            _ => format!("memory: {e}"),
+        })?;
         known.total = mem.total;
         // Optional readings: unsupported on some devices (MIG instances, old
         // boards), which is not a fault of the device.

@@ -179,3 +179,52 @@ async fn shutdown_signal() {
         _ = term => {},
     }
 }
+
+/// `gpufit gpus --live`: what the sidecar's source sees on this node now.
+pub fn print_live(g: &Global, source: &BackendArgs) -> crate::Result<ExitCode> {
+    let node = crate::sidecar::node_name();
+    let gpus = crate::sidecar::live_gpus(&source.to_config(&node)?)?;
+    if g.output == super::OutputFormat::Json {
+        super::print_json(&gpus)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    t.set_header([
+        "GPU",
+        "Name",
+        "Memory total",
+        "Used",
+        "Free",
+        "CC",
+        "Util",
+        "MIG",
+        "Health",
+        "UUID",
+    ]);
+    for gpu in &gpus {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        t.add_row([
+            gpu.index.to_string(),
+            gpu.name.clone(),
+            crate::core::units::fmt_gib(gpu.memory_total_bytes),
+            crate::core::units::fmt_gib(gpu.memory_used_bytes),
+            crate::core::units::fmt_gib(gpu.memory_free_bytes),
+            opt(gpu.compute_capability.clone()),
+            opt(gpu.utilization_ratio.map(|u| format!("{:.0}%", u * 100.0))),
+            opt(gpu
+                .mig_enabled
+                .map(|m| if m { "on" } else { "off" }.to_string())),
+            match &gpu.error {
+                Some(e) => format!("unhealthy: {e}"),
+                None => "ok".into(),
+            },
+            gpu.uuid.clone(),
+        ]);
+    }
+    println!("{t}");
+    if gpus.is_empty() {
+        eprintln!("no GPU seen by the {} backend on {node}", source.backend);
+    }
+    Ok(ExitCode::SUCCESS)
+}

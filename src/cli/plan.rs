@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
-use super::suggest::AdviceArgs;
+use super::suggest::{AdviceArgs, Resolved};
 use super::{print_json, Global, OutputFormat};
 use crate::core::advisor::{Strategy, Suggestion};
 use crate::core::units::fmt_gib;
@@ -23,7 +23,7 @@ pub fn run(g: &Global, args: PlanArgs) -> crate::Result<ExitCode> {
         .collect::<crate::Result<_>>()?;
     match g.output {
         OutputFormat::Json => print_json(&plan)?,
-        OutputFormat::Table => print_plan(&r.workload.model.name, &plan),
+        OutputFormat::Table => print_plan(&r, &plan),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -32,7 +32,9 @@ fn on_off(b: bool) -> String {
     if b { "on" } else { "off" }.to_string()
 }
 
-fn print_plan(model: &str, plan: &[Suggestion]) {
+fn print_plan(r: &Resolved, plan: &[Suggestion]) {
+    let model = &r.workload.model.name;
+    let gpus = r.workload.gpus;
     let Some(first) = plan.first() else {
         return;
     };
@@ -41,22 +43,28 @@ fn print_plan(model: &str, plan: &[Suggestion]) {
     let mut header = vec![format!("{model} on {}", first.gpu)];
     header.extend(plan.iter().map(|s| s.strategy.to_string()));
     t.set_header(header);
-    let rows: [(&str, fn(&Suggestion) -> String); 11] = [
-        ("micro_batch_size", |s| s.settings.micro_batch_size.to_string()),
-        ("gradient_accumulation_steps", |s| {
+    let rows: [(&str, &dyn Fn(&Suggestion) -> String); 11] = [
+        ("micro_batch_size", &|s| {
+            s.settings.micro_batch_size.to_string()
+        }),
+        ("gradient_accumulation_steps", &|s| {
             s.settings.gradient_accumulation_steps.to_string()
         }),
-        ("effective batch", |s| s.effective_batch.to_string()),
-        ("dtype", |s| s.settings.dtype.to_string()),
-        ("activation_checkpointing", |s| {
+        ("effective batch", &|s| s.effective_batch(gpus).to_string()),
+        ("dtype", &|s| s.settings.dtype.to_string()),
+        ("activation_checkpointing", &|s| {
             on_off(s.settings.activation_checkpointing)
         }),
-        ("compile", |s| on_off(s.settings.compile)),
-        ("predicted peak", |s| fmt_gib(s.predicted_peak_bytes)),
-        ("memory used", |s| format!("{:.0} %", s.memory_fraction * 100.0)),
-        ("target", |s| format!("{:.0} %", s.target_fraction * 100.0)),
-        ("confidence", |s| format!("{:.2}", s.confidence)),
-        ("source", |s| s.source.as_str().to_string()),
+        ("compile", &|s| on_off(s.settings.compile)),
+        ("predicted peak", &|s| fmt_gib(s.predicted_peak_bytes)),
+        ("memory used", &|s| {
+            format!("{:.0} %", s.memory_fraction * 100.0)
+        }),
+        ("target", &|s| {
+            format!("{:.0} %", r.targets.for_strategy(s.strategy) * 100.0)
+        }),
+        ("confidence", &|s| format!("{:.2}", s.confidence)),
+        ("source", &|s| s.source.as_str().to_string()),
     ];
     for (name, f) in rows {
         let mut row = vec![name.to_string()];

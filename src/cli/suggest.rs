@@ -23,7 +23,7 @@ pub struct GpuArgs {
     /// GPU model as nvidia-smi prints it (`NVIDIA A100-SXM4-80GB`, `H100`,
     /// `RTX 4090` …), or `auto` to read the local GPU through NVML.
     #[arg(long, env = "GPUFIT_GPU")]
-    pub gpu: String,
+    pub gpu: Option<String>,
     /// GPU memory in GiB: overrides the catalog, or describes a GPU that is
     /// not in it (then assumed bf16-capable; pin --dtype otherwise).
     #[arg(long, env = "GPUFIT_GPU_MEMORY")]
@@ -33,17 +33,23 @@ pub struct GpuArgs {
 impl GpuArgs {
     /// Resolves the GPU: NVML for `auto`, else the catalog; `--gpu-memory` wins.
     pub fn resolve(&self) -> crate::Result<GpuSpec> {
-        let mut spec = if self.gpu.trim().eq_ignore_ascii_case("auto") {
+        let name = self.gpu.as_deref().map(str::trim).unwrap_or_default();
+        if name.is_empty() {
+            return Err(crate::Error::Usage(
+                "which GPU? pass --gpu NAME (e.g. --gpu \"NVIDIA A100-SXM4-80GB\"; `gpufit gpus` lists them) or --gpu auto".into(),
+            ));
+        }
+        let mut spec = if name.eq_ignore_ascii_case("auto") {
             crate::sidecar::local_gpu().map_err(|e| {
                 crate::Error::Usage(format!(
                     "--gpu auto needs a local NVIDIA GPU and its driver (NVML): {e}. Name the GPU instead, e.g. --gpu \"NVIDIA A100-SXM4-80GB\""
                 ))
             })?
         } else {
-            match (lookup_gpu(&self.gpu), self.gpu_memory) {
+            match (lookup_gpu(name), self.gpu_memory) {
                 (Ok(s), _) => s,
                 (Err(_), Some(_)) => GpuSpec {
-                    name: self.gpu.trim().to_string(),
+                    name: name.to_string(),
                     memory_bytes: 0,
                     compute_capability: "unknown".into(),
                     bf16: true,
@@ -237,7 +243,7 @@ pub fn run(g: &Global, args: SuggestArgs) -> crate::Result<ExitCode> {
     let s = r.suggest(args.strategy)?;
     match g.output {
         OutputFormat::Json => print_json(&s)?,
-        OutputFormat::Table => print_table(&r.workload, &s),
+        OutputFormat::Table => print_table(&r.workload, r.targets.for_strategy(s.strategy), &s),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -251,7 +257,7 @@ fn yes_no(b: bool) -> &'static str {
 }
 
 /// The suggestion for a person.
-pub fn print_table(w: &Workload, s: &Suggestion) {
+pub fn print_table(w: &Workload, target: f64, s: &Suggestion) {
     let e = &s.settings;
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
@@ -266,10 +272,16 @@ pub fn print_table(w: &Workload, s: &Suggestion) {
             "gradient_accumulation_steps",
             e.gradient_accumulation_steps.to_string(),
         ),
-        ("effective batch", s.effective_batch.to_string()),
+        ("effective batch", s.effective_batch(w.gpus).to_string()),
         ("dtype", e.dtype.to_string()),
-        ("activation_checkpointing", yes_no(e.activation_checkpointing).into()),
-        ("activation_offloading", yes_no(e.activation_offloading).into()),
+        (
+            "activation_checkpointing",
+            yes_no(e.activation_checkpointing).into(),
+        ),
+        (
+            "activation_offloading",
+            yes_no(e.activation_offloading).into(),
+        ),
         ("compile", yes_no(e.compile).into()),
         (
             "data loader",
@@ -287,7 +299,7 @@ pub fn print_table(w: &Workload, s: &Suggestion) {
                 "{} ({:.0} % of GPU, target {:.0} %)",
                 fmt_gib(s.predicted_peak_bytes),
                 s.memory_fraction * 100.0,
-                s.target_fraction * 100.0
+                target * 100.0
             ),
         ),
         ("confidence", format!("{:.2}", s.confidence)),

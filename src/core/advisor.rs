@@ -187,13 +187,14 @@ pub struct Suggestion {
     pub gpu: String,
     pub reasoning: String,
     pub warnings: Vec<String>,
-    /// Samples per optimizer step over all GPUs: m × a × W (equals the
-    /// global batch when one was given).
-    #[serde(default)]
-    pub effective_batch: u32,
-    /// The target fraction of GPU memory this strategy aimed at.
-    #[serde(default)]
-    pub target_fraction: f64,
+}
+
+impl Suggestion {
+    /// Samples per optimizer step over `gpus` data-parallel GPUs: m × a × W
+    /// (equals the global batch when one was given).
+    pub fn effective_batch(&self, gpus: u32) -> u32 {
+        self.settings.micro_batch_size * self.settings.gradient_accumulation_steps * gpus
+    }
 }
 
 /// Everything the advisor needs for one suggestion.
@@ -1137,8 +1138,6 @@ impl<'a> Ctx<'a> {
             gpu: self.gpu_name().to_string(),
             reasoning: format!("{reason}. {batch_sentence}"),
             warnings,
-            effective_batch: e.m * a * w.gpus,
-            target_fraction: self.target(s),
         }
     }
 

@@ -123,7 +123,10 @@ fn suggest_prints_the_contract_fields_as_json() {
     assert!(v["confidence"].as_f64().unwrap() < 0.5);
     assert!(v["micro_batch_size"].as_u64().unwrap() >= 1);
     let peak = v["predicted_peak_bytes"].as_u64().unwrap();
-    assert!(peak > 0 && (peak as f64) <= 0.85 * 81920.0 * 1048576.0, "{peak}");
+    assert!(
+        peak > 0 && (peak as f64) <= 0.85 * 81920.0 * 1048576.0,
+        "{peak}"
+    );
 }
 
 #[test]
@@ -134,7 +137,16 @@ fn suggest_keeps_the_global_batch_through_accumulation() {
             &["suggest"],
             &args(
                 MODEL,
-                &["--gpu", A100, "--global-batch", "96", "--gpus", "2", "-o", "json"],
+                &[
+                    "--gpu",
+                    A100,
+                    "--global-batch",
+                    "96",
+                    "--gpus",
+                    "2",
+                    "-o",
+                    "json",
+                ],
             ),
         ),
         &[],
@@ -150,7 +162,10 @@ fn suggest_prints_a_table_for_a_person() {
     let out = env.run(&args(&["suggest"], &args(MODEL, &["--gpu", A100])), &[]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    assert!(t.contains("micro_batch_size") && t.contains("confidence"), "{t}");
+    assert!(
+        t.contains("micro_batch_size") && t.contains("confidence"),
+        "{t}"
+    );
     assert!(t.contains("effective batch changed"), "{t}");
 }
 
@@ -163,8 +178,16 @@ fn pins_are_kept_and_a_pin_predicted_to_oom_is_a_warning() {
             &args(
                 MODEL,
                 &[
-                    "--gpu", A100, "--micro-batch", "512", "--checkpointing", "off", "--dtype", "bf16",
-                    "-o", "json",
+                    "--gpu",
+                    A100,
+                    "--micro-batch",
+                    "512",
+                    "--checkpointing",
+                    "off",
+                    "--dtype",
+                    "bf16",
+                    "-o",
+                    "json",
                 ],
             ),
         ),
@@ -195,7 +218,10 @@ fn plan_shows_three_monotone_strategies() {
     assert_eq!(plan[2]["compile"], true);
     let table = env.run(&args(&["plan"], &args(MODEL, &["--gpu", A100])), &[]);
     let t = text(&table);
-    assert!(t.contains("conservative") && t.contains("aggressive"), "{t}");
+    assert!(
+        t.contains("conservative") && t.contains("aggressive"),
+        "{t}"
+    );
     assert!(t.contains("Data loader"), "{t}");
 }
 
@@ -242,7 +268,16 @@ fn model_line(env: &Env, gpu: &[&str]) -> (f64, f64) {
                     MODEL,
                     &args(
                         gpu,
-                        &["--dtype", "bf16", "--checkpointing", "off", "--micro-batch", m, "-o", "json"],
+                        &[
+                            "--dtype",
+                            "bf16",
+                            "--checkpointing",
+                            "off",
+                            "--micro-batch",
+                            m,
+                            "-o",
+                            "json",
+                        ],
                     ),
                 ),
             ),
@@ -275,9 +310,19 @@ fn find_max_batch_searches_from_the_prediction_records_trials_and_teaches_sugges
     ];
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_train.sh");
     let cmd = format!("sh {} {{micro_batch_size}}", script.display());
-    let pins = ["--dtype", "bf16", "--checkpointing", "off", "--compile", "off"];
+    let pins = [
+        "--dtype",
+        "bf16",
+        "--checkpointing",
+        "off",
+        "--compile",
+        "off",
+    ];
     let predicted = env.json(
-        &args(&["suggest", "--strategy", "aggressive"], &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"])))),
+        &args(
+            &["suggest", "--strategy", "aggressive"],
+            &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
+        ),
         &[],
     )["micro_batch_size"]
         .as_u64()
@@ -285,7 +330,15 @@ fn find_max_batch_searches_from_the_prediction_records_trials_and_teaches_sugges
 
     let v = env.json(
         &args(
-            &["find-max-batch", "--cmd", cmd.as_str(), "--steps", "3", "--timeout", "20s"],
+            &[
+                "find-max-batch",
+                "--cmd",
+                cmd.as_str(),
+                "--steps",
+                "3",
+                "--timeout",
+                "20s",
+            ],
             &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
         ),
         &fake,
@@ -297,19 +350,33 @@ fn find_max_batch_searches_from_the_prediction_records_trials_and_teaches_sugges
         .lines()
         .map(|l| l.trim().parse().unwrap())
         .collect();
-    assert_eq!(tried[0], predicted, "starts from the advisor's prediction, not 1: {tried:?}");
+    assert_eq!(
+        tried[0], predicted,
+        "starts from the advisor's prediction, not 1: {tried:?}"
+    );
     let n = v["trials"].as_array().unwrap().len();
     assert_eq!(n, tried.len());
     assert_eq!(v["recorded"].as_u64().unwrap() as usize, n);
-    assert!(v["trials"].as_array().unwrap().iter().any(|t| t["outcome"] == "oom"));
+    assert!(v["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["outcome"] == "oom"));
 
     // The recorded trials now drive suggest: measured peaks, OOM boundary.
     let s = env.json(
-        &args(&["suggest"], &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"])))),
+        &args(
+            &["suggest"],
+            &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
+        ),
         &[],
     );
     assert_eq!(s["source"], "historical_data_with_memory", "{s}");
-    assert!(s["reasoning"].as_str().unwrap().to_lowercase().contains("memory analysis"));
+    assert!(s["reasoning"]
+        .as_str()
+        .unwrap()
+        .to_lowercase()
+        .contains("memory analysis"));
     let m = s["micro_batch_size"].as_u64().unwrap();
     let expected = ((0.85 * cap_mb - tf) / ts).floor() as u64;
     assert!(m <= 20, "never at or above the OOM: {m}");
@@ -320,7 +387,10 @@ fn find_max_batch_searches_from_the_prediction_records_trials_and_teaches_sugges
     // Aggressive, 93 % target, is capped by the recorded OOM at 21 and the
     // largest success 20.
     let a = env.json(
-        &args(&["suggest", "--strategy", "aggressive"], &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"])))),
+        &args(
+            &["suggest", "--strategy", "aggressive"],
+            &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
+        ),
         &[],
     );
     assert!(a["micro_batch_size"].as_u64().unwrap() <= 20);
@@ -334,7 +404,14 @@ fn find_max_batch_stops_on_a_failure_that_is_not_an_oom() {
     let cmd = format!("sh {} {{batch}}", script.display());
     let out = env.run(
         &args(
-            &["find-max-batch", "--cmd", cmd.as_str(), "--steps", "1", "--no-record"],
+            &[
+                "find-max-batch",
+                "--cmd",
+                cmd.as_str(),
+                "--steps",
+                "1",
+                "--no-record",
+            ],
             &args(MODEL, &["--gpu", A100]),
         ),
         &[("FAKE_MODE", "crash".to_string())],
@@ -342,7 +419,10 @@ fn find_max_batch_stops_on_a_failure_that_is_not_an_oom() {
     assert!(!out.status.success());
     let t = text(&out);
     assert!(t.contains("without a CUDA out-of-memory error"), "{t}");
-    assert!(t.contains("FileNotFoundError"), "the output tail is shown: {t}");
+    assert!(
+        t.contains("FileNotFoundError"),
+        "the output tail is shown: {t}"
+    );
 }
 
 #[test]
@@ -353,13 +433,23 @@ fn find_max_batch_kills_a_trial_over_its_time_limit() {
     let started = Instant::now();
     let out = env.run(
         &args(
-            &["find-max-batch", "--cmd", cmd.as_str(), "--timeout", "1s", "--no-record"],
+            &[
+                "find-max-batch",
+                "--cmd",
+                cmd.as_str(),
+                "--timeout",
+                "1s",
+                "--no-record",
+            ],
             &args(MODEL, &["--gpu", A100]),
         ),
         &[("FAKE_MODE", "hang".to_string())],
     );
     assert!(!out.status.success());
-    assert!(started.elapsed() < Duration::from_secs(20), "killed at the limit");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "killed at the limit"
+    );
     assert!(text(&out).contains("raise --timeout"), "{}", text(&out));
 }
 
@@ -382,7 +472,13 @@ seed: 1234
 ";
     std::fs::write(&cfg, original).unwrap();
     let s = env.json(
-        &args(&["suggest"], &args(MODEL, &["--gpu", A100, "--global-batch", "64", "-o", "json"])),
+        &args(
+            &["suggest"],
+            &args(
+                MODEL,
+                &["--gpu", A100, "--global-batch", "64", "-o", "json"],
+            ),
+        ),
         &[],
     );
     let sug = env.path("s.json");
@@ -402,7 +498,8 @@ seed: 1234
     assert!(out.status.success(), "{}", text(&out));
     let bak = std::fs::read_to_string(env.path("lora.yaml.bak")).unwrap();
     assert_eq!(bak, original);
-    let new: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let new: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     assert_eq!(new["batch_size"].as_u64(), s["micro_batch_size"].as_u64());
     assert_eq!(
         new["gradient_accumulation_steps"].as_u64(),
@@ -410,5 +507,7 @@ seed: 1234
     );
     assert_eq!(new["model"]["lora_rank"].as_u64(), Some(16));
     assert_eq!(new["seed"].as_u64(), Some(1234));
-    assert!(std::fs::read_to_string(&cfg).unwrap().starts_with("# torchtune LoRA config"));
+    assert!(std::fs::read_to_string(&cfg)
+        .unwrap()
+        .starts_with("# torchtune LoRA config"));
 }

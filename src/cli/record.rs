@@ -28,7 +28,14 @@ pub enum FailureArg {
 #[derive(Debug, clap::Args)]
 pub struct RecordArgs {
     #[command(flatten)]
-    pub workload: WorkloadArgs,
+    pub workload: Box<WorkloadArgs>,
+    #[command(flatten)]
+    pub run: Box<RunArgs>,
+}
+
+/// The run's GPU, settings and result (boxed: clap's enum of commands stays small).
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
     /// GPU model the run used, as nvidia-smi prints it (catalog names are
     /// canonicalised, e.g. `a100-80gb` → `NVIDIA A100-SXM4-80GB`).
     #[arg(long, env = "GPUFIT_GPU")]
@@ -174,11 +181,12 @@ struct Output<'a> {
     notes: Vec<String>,
 }
 
-pub fn run(g: &Global, a: RecordArgs) -> crate::Result<ExitCode> {
+pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
+    let k = key(&args.workload)?;
+    let a = *args.run;
     if a.micro_batch == 0 {
         return Err(usage("--micro-batch must be at least 1"));
     }
-    let k = key(&a.workload)?;
     let dtype: Dtype = a.dtype.parse().map_err(usage)?;
     let grad_accum = match a.grad_accum {
         Some(0) => return Err(usage("--grad-accum must be at least 1")),

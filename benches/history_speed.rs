@@ -25,7 +25,9 @@ const GPUS: [&str; 5] = [
 /// 20 sequence lengths, each 25 % above the last: no two within the 10 %
 /// similarity window, so every (model, GPU, seq) is its own key.
 fn seq_lens() -> Vec<u32> {
-    (0..20).map(|k| (512.0 * 1.25f64.powi(k)).round() as u32).collect()
+    (0..20)
+        .map(|k| (512.0 * 1.25f64.powi(k)).round() as u32)
+        .collect()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -77,7 +79,11 @@ fn main() {
     // --- parse only (reader, no store) ---
     let t = Instant::now();
     let f = std::fs::File::open(&src).expect("open jsonl");
-    let rd = JsonlReader::new(BufReader::with_capacity(1 << 20, f), "bench", ImportOptions::default());
+    let rd = JsonlReader::new(
+        BufReader::with_capacity(1 << 20, f),
+        "bench",
+        ImportOptions::default(),
+    );
     let parsed = rd.filter(|r| r.is_ok()).count();
     let parse_s = t.elapsed().as_secs_f64();
 
@@ -86,7 +92,11 @@ fn main() {
     let store = SqliteStore::open(&db).expect("open sqlite");
     let t = Instant::now();
     let f = std::fs::File::open(&src).expect("open jsonl");
-    let mut rd = JsonlReader::new(BufReader::with_capacity(1 << 20, f), "bench", ImportOptions::default());
+    let mut rd = JsonlReader::new(
+        BufReader::with_capacity(1 << 20, f),
+        "bench",
+        ImportOptions::default(),
+    );
     let stored = store.record_batch(&mut rd).expect("import");
     let import_s = t.elapsed().as_secs_f64();
     assert_eq!(stored as usize, n);

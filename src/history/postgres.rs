@@ -366,6 +366,25 @@ impl HistoryStore for PostgresStore {
         Ok(u(n))
     }
 
+    fn for_each(
+        &self,
+        f: &mut dyn FnMut(RunRecord) -> Result<(), HistoryError>,
+    ) -> Result<u64, HistoryError> {
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut c = self.lock();
+        let sql = format!("{} ORDER BY timestamp_us, id", schema::select_all());
+        // query_raw streams rows instead of collecting the whole table.
+        let mut rows = c
+            .query_raw(sql.as_str(), std::iter::empty::<i64>())
+            .map_err(|e| self.err(e))?;
+        let mut n = 0;
+        while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+            f(from_row(&self.url, &row)?)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     fn url(&self) -> String {
         self.url.clone()
     }

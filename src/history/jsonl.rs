@@ -269,8 +269,15 @@ pub fn parse_line(
     resolver: &mut Resolver,
     now: DateTime<Utc>,
 ) -> Result<RunRecord, &'static str> {
-    let l: Line =
-        serde_json::from_str(line).map_err(|_| "not a JSON object in the run_logs layout")?;
+    let l: Line = serde_json::from_str(line).map_err(|_| {
+        // Only on the failure path: tell a wrong field type from non-JSON.
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(serde_json::Value::Object(_)) => {
+                "a field has the wrong JSON type (e.g. a number written as text)"
+            }
+            _ => "not a JSON object in the run_logs layout",
+        }
+    })?;
     let cfg = l.config.ok_or("missing `config`")?;
     let res = l.result.ok_or("missing `result`")?;
     let model_raw = cfg
@@ -635,7 +642,9 @@ mod tests {
         assert!(parse(&frac).unwrap_err().contains("batch_size"));
         let nogpu = GOOD.replace("\"gpu_type\": \"NVIDIA A100-SXM4-80GB\"", "\"x\": 1");
         assert!(parse(&nogpu).unwrap_err().contains("gpu_type"));
-        assert!(parse("[1,2]").is_err());
+        assert!(parse("[1,2]").unwrap_err().contains("not a JSON object"));
+        let texty = GOOD.replace("\"batch_size\": 4", "\"batch_size\": \"4\"");
+        assert!(parse(&texty).unwrap_err().contains("wrong JSON type"));
         assert!(parse("{\"config\": {}}").unwrap_err().contains("result"));
         let baddtype = GOOD.replace("\"bf16\"", "\"int3\"");
         assert!(parse(&baddtype).unwrap_err().contains("dtype"));

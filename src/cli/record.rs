@@ -14,7 +14,7 @@ use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::units::{fmt_gib, gb, gib};
 use crate::core::workload::Method;
-use crate::history::jsonl::Resolver;
+use crate::history::jsonl::{Resolver, MAX_PEAK_BYTES};
 
 /// `oom` / `other` for `--failure`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -207,6 +207,11 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
         (_, Some(x), _) => finite_non_negative("--peak-gib", Some(x))?.map(gib),
         (_, _, b) => b,
     };
+    if let Some(b) = peak_flag.filter(|b| *b > MAX_PEAK_BYTES) {
+        return Err(usage(format!(
+            "the peak memory given ({b} bytes) is above 10000 GB: check the unit (--peak-gb, --peak-gib or --peak-bytes)"
+        )));
+    }
     let samples = finite_non_negative("--samples-per-sec", a.samples_per_sec)?;
     let tokens = finite_non_negative("--tokens-per-sec", a.tokens_per_sec)?;
     let duration = finite_non_negative("--duration-sec", a.duration_sec)?;

@@ -104,18 +104,19 @@ pub fn workload_from_spec(w: &WorkloadSpec, at: &str) -> Result<Workload, Valida
         }
         (None, Some(a)) => (arch_from_numbers(a, at)?, None),
     };
-    let method =
-        match (w.method, implied_method) {
-            (Some(m), Some(implied)) if m != implied => return Err(ValidationError::new(
+    let method = match (w.method, implied_method) {
+        (Some(m), Some(implied)) if m != implied => {
+            return Err(ValidationError::new(
                 format!("{at}.method"),
                 format!(
                     "`{m}` contradicts the model name, which implies `{implied}`: drop one of them"
                 ),
-            )),
-            (Some(m), _) => m,
-            (None, Some(implied)) => implied,
-            (None, None) => Method::Full,
-        };
+            ))
+        }
+        (Some(m), _) => m,
+        (None, Some(implied)) => implied,
+        (None, None) => Method::Full,
+    };
     let lora = match method {
         Method::Full => {
             if w.lora_rank.is_some() || w.lora_targets.is_some() {
@@ -203,7 +204,7 @@ fn arch_from_numbers(
         }
     }
     let kv = a.kv_heads.unwrap_or(a.heads);
-    if kv == 0 || kv > a.heads || a.heads % kv != 0 {
+    if kv == 0 || kv > a.heads || !a.heads.is_multiple_of(kv) {
         return Err(ValidationError::new(
             field("kvHeads"),
             format!(
@@ -212,7 +213,7 @@ fn arch_from_numbers(
             ),
         ));
     }
-    if a.hidden_size % a.heads != 0 {
+    if !a.hidden_size.is_multiple_of(a.heads) {
         return Err(ValidationError::new(
             field("heads"),
             format!(
@@ -260,7 +261,7 @@ pub fn check_pins(pins: &Pins, w: &Workload, at: &str) -> Result<(), ValidationE
     if let Some(g) = w.global_batch {
         let per_step = g / w.gpus.max(1);
         if let Some(m) = pins.micro_batch_size {
-            if per_step % m != 0 {
+            if !per_step.is_multiple_of(m) {
                 return Err(ValidationError::new(
                     format!("{at}.microBatchSize"),
                     format!(
@@ -271,7 +272,7 @@ pub fn check_pins(pins: &Pins, w: &Workload, at: &str) -> Result<(), ValidationE
             }
         }
         if let Some(a) = pins.gradient_accumulation_steps {
-            if per_step % a != 0 {
+            if !per_step.is_multiple_of(a) {
                 return Err(ValidationError::new(
                     format!("{at}.gradientAccumulationSteps"),
                     format!(

@@ -29,7 +29,7 @@ pub enum ModeArg {
 
 #[derive(Debug, clap::Args)]
 pub struct ControllerArgs {
-    /// Address of the Slurm HTTP API (POST /v1/suggest, /v1/runs).
+    /// Address of the HTTP endpoints: Slurm API (POST /v1/suggest, /v1/runs), /metrics, /healthz, /readyz.
     #[arg(long, default_value = "0.0.0.0:8080", env = "GPUFIT_LISTEN")]
     pub listen: SocketAddr,
     /// History store URL (sqlite:PATH or postgres://…); default the per-user SQLite file.
@@ -41,9 +41,6 @@ pub struct ControllerArgs {
     /// Serve only the HTTP API (for Slurm sites): no Kubernetes connection.
     #[arg(long, env = "GPUFIT_NO_KUBERNETES")]
     pub no_kubernetes: bool,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, default_value = "0.0.0.0:9090", env = "GPUFIT_METRICS_LISTEN")]
-    pub metrics_listen: SocketAddr,
     /// Default mode where neither the TrainingJob nor its namespace's
     /// `gpufit.io/mode` label says: Inject or Recommend.
     #[arg(long, value_enum, default_value = "Inject", env = "GPUFIT_MODE")]
@@ -78,9 +75,10 @@ pub struct ControllerArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "gpufit-controller", env = "GPUFIT_LEASE_NAME")]
     pub lease_name: String,
-    /// Namespace of the Lease (usually the controller's own, from the downward API).
-    #[arg(long, default_value = "gpufit", env = "GPUFIT_NAMESPACE")]
-    pub namespace: String,
+    /// Namespace of the Lease (default: the controller's own, POD_NAMESPACE
+    /// from the downward API, else `default`).
+    #[arg(long, env = "GPUFIT_NAMESPACE")]
+    pub namespace: Option<String>,
     /// This replica's identity in the Lease (default: POD_NAME, then the host name).
     #[arg(long, env = "GPUFIT_IDENTITY")]
     pub identity: Option<String>,
@@ -131,14 +129,18 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
     };
     let leader = (!args.no_leader_election).then(|| LeaderConfig {
         lease_name: args.lease_name.clone(),
-        namespace: args.namespace.clone(),
+        namespace: args
+            .namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".into()),
         identity: args.identity.clone().unwrap_or_else(run::default_identity),
         lease_duration: args.lease_duration,
         renew_every: args.lease_duration / 3,
     });
     let cfg = ControllerConfig {
         api: api_cfg,
-        metrics_listen: args.metrics_listen,
         webhook,
         mode: match args.mode {
             ModeArg::Inject => Mode::Inject,

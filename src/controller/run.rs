@@ -2,7 +2,6 @@
 //! namespaces), the leader-gated TrainingJob controller, the webhook (every
 //! replica), the Slurm HTTP API, and `/metrics` `/healthz` `/readyz`.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +15,7 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::Client;
 use tokio::sync::watch;
 
-use super::api::{self, ApiConfig};
+use super::api::{self, ApiConfig, ApiState};
 use super::crd::{Mode, TrainingJob};
 use super::leader::{self, LeaderConfig};
 use super::metrics::{self, Health, Metrics};
@@ -32,8 +31,6 @@ use crate::core::advisor::StrategyTargets;
 pub struct ControllerConfig {
     /// Slurm HTTP API.
     pub api: ApiConfig,
-    /// `/metrics`, `/healthz`, `/readyz`.
-    pub metrics_listen: SocketAddr,
     /// The admission webhook; `None` when no certificate is configured.
     pub webhook: Option<WebhookConfig>,
     /// Default mode (namespace labels and TrainingJob settings override it).
@@ -124,19 +121,30 @@ pub async fn run(
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
     {
-        let (m, h, s) = (metrics.clone(), health.clone(), stopped());
-        let listen = cfg.metrics_listen;
-        tokio::spawn(async move {
-            if let Err(e) = metrics::serve(listen, m, h, s).await {
-                tracing::error!(error = %e, "metrics server stopped");
+        // The Slurm HTTP API shares the history store and the port.
+        let token = match &cfg.api.token_file {
+            Some(p) => Some(api::read_token_file(p)?),
+            None => {
+                tracing::warn!("no --token-file: POST /v1/runs is refused");
+                None
             }
-        });
-    }
-    {
-        let (api_cfg, s) = (cfg.api.clone(), stopped());
+        };
+        let api_state = Arc::new(ApiState::new(history.clone(), token));
+        let (m, h, s) = (metrics.clone(), health.clone(), stopped());
+        let listen = cfg.api.listen;
+        let listener =
+            tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| ControllerError::Io {
+                    context: format!(
+                        "cannot listen on {listen} (is the port in use? pass --listen)"
+                    ),
+                    source: e,
+                })?;
+        drop(listener);
         tokio::spawn(async move {
-            if let Err(e) = api::serve(api_cfg, s).await {
-                tracing::error!(error = %e, "the Slurm HTTP API stopped");
+            if let Err(e) = metrics::serve(listen, m, h, Some(api_state), s).await {
+                tracing::error!(error = %e, "HTTP server stopped");
             }
         });
     }

@@ -707,5 +707,57 @@ pub fn peak_from_sidecar(v: &serde_json::Value) -> Option<u64> {
     v.get("job").and_then(peak_from_sidecar)
 }
 
+/// The job's output file: `SLURM_JOB_STDOUT` is the `--output` pattern as
+/// given (`out/%j.out`), so its `%` fields are filled in here and a relative
+/// path is taken from the job's working directory.
+pub fn output_path(pattern: &str, env: &Env) -> Option<PathBuf> {
+    if pattern.is_empty() || pattern == "/dev/null" {
+        return None;
+    }
+    let get = |k: &str| env.get(k).cloned().unwrap_or_default();
+    let job = get("SLURM_JOB_ID");
+    let mut out = String::new();
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut width = String::new();
+        while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            width.push(*d);
+            chars.next();
+        }
+        let value = match chars.next() {
+            Some('%') => "%".to_string(),
+            Some('j') | Some('J') => job.clone(),
+            Some('A') => env
+                .get("SLURM_ARRAY_JOB_ID")
+                .cloned()
+                .unwrap_or_else(|| job.clone()),
+            Some('a') => get("SLURM_ARRAY_TASK_ID"),
+            Some('u') => get("SLURM_JOB_USER"),
+            Some('x') => get("SLURM_JOB_NAME"),
+            Some('N') => get("SLURMD_NODENAME"),
+            // Node, step and task numbers of the batch script's output.
+            Some('n') | Some('s') | Some('t') => "0".to_string(),
+            Some(other) => format!("%{width}{other}"),
+            None => "%".to_string(),
+        };
+        let w: usize = width.parse().unwrap_or(0);
+        if value.len() < w && value.bytes().all(|b| b.is_ascii_digit()) {
+            out.push_str(&"0".repeat(w - value.len()));
+        }
+        out.push_str(&value);
+    }
+    let path = PathBuf::from(out);
+    if path.is_absolute() {
+        Some(path)
+    } else {
+        env.get("SLURM_JOB_WORK_DIR")
+            .map(|d| Path::new(d).join(path))
+    }
+}
+
 #[cfg(test)]
 mod tests;

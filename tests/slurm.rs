@@ -12,15 +12,13 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufit::controller::api::{self, ApiState};
 use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::EngineeringSettings;
-use gpufit::core::similarity::HistoryQuery;
 use gpufit::core::workload::Method;
-use gpufit::history::{HistoryError, HistoryStore, ListFilter};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
 
@@ -33,49 +31,10 @@ fn free_port() -> u16 {
 
 // === the API in process ===
 
-/// An in-memory store, so the API tests need no database.
-#[derive(Default)]
-struct MemStore(Mutex<Vec<RunRecord>>);
-
-impl HistoryStore for MemStore {
-    fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {
-        let mut v = self.0.lock().unwrap();
-        let mut r = run.clone();
-        r.id = Some(v.len() as i64 + 1);
-        v.push(r);
-        Ok(v.len() as i64)
-    }
-    fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {
-        Ok(self
-            .0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| q.matches(r))
-            .cloned()
-            .collect())
-    }
-    fn list(&self, f: &ListFilter) -> Result<Vec<RunRecord>, HistoryError> {
-        let v = self.0.lock().unwrap();
-        Ok(v.iter()
-            .rev()
-            .filter(|r| f.model.as_ref().is_none_or(|m| &r.model == m))
-            .filter(|r| f.gpu_model.as_ref().is_none_or(|g| &r.gpu_model == g))
-            .take(f.limit.unwrap_or(usize::MAX))
-            .cloned()
-            .collect())
-    }
-    fn set_peak(&self, _id: i64, _peak: u64) -> Result<(), HistoryError> {
-        Ok(())
-    }
-    fn count(&self) -> Result<u64, HistoryError> {
-        Ok(self.0.lock().unwrap().len() as u64)
-    }
-}
-
 /// An API server on a free port, stopped on drop.
 struct ApiServer {
     addr: SocketAddr,
+    _dir: tempfile::TempDir,
     rt: Option<tokio::runtime::Runtime>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -87,10 +46,10 @@ impl ApiServer {
             .enable_all()
             .build()
             .unwrap();
-        let state = Arc::new(ApiState::new(
-            Arc::new(MemStore::default()),
-            token.map(str::to_string),
-        ));
+        let dir = tempfile::tempdir().unwrap();
+        let store = gpufit::history::open(&format!("sqlite:{}/h.db", dir.path().display()))
+            .expect("a SQLite history in a temp dir");
+        let state = Arc::new(ApiState::new(Arc::from(store), token.map(str::to_string)));
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
@@ -101,6 +60,7 @@ impl ApiServer {
         }));
         ApiServer {
             addr,
+            _dir: dir,
             rt: Some(rt),
             stop: Some(tx),
         }

@@ -610,14 +610,10 @@ fn output_shows_oom(path: &Path, uid: Option<&String>) -> bool {
     is_cuda_oom(&String::from_utf8_lossy(&buf))
 }
 
-/// PyTorch's CUDA out-of-memory messages (`torch.OutOfMemoryError: CUDA out
-/// of memory. Tried to allocate …`, and the CUDA runtime's
-/// `CUDA error: out of memory`).
+/// Whether a job's output shows PyTorch's CUDA out-of-memory error (the log
+/// parsers' own test, so Kubernetes and Slurm agree).
 pub fn is_cuda_oom(text: &str) -> bool {
-    text.contains("CUDA out of memory")
-        || text.contains("OutOfMemoryError")
-        || text.contains("CUDA error: out of memory")
-        || text.contains("CUBLAS_STATUS_ALLOC_FAILED")
+    text.lines().any(crate::core::logs::oom::is_oom_line)
 }
 
 fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError> {

@@ -518,35 +518,74 @@ impl Cluster {
     /// `sbatch --wait` a script with one GPU; returns the job id, its
     /// output, and whether it exited 0.
     fn sbatch(&self, extra: &[&str], env: &[(&str, &str)], script: &str) -> (String, String, bool) {
-        let path = self.dir.join(format!("job-{}.sh", free_port()));
+        self.sbatch_during(extra, env, script, |_, _| {})
+    }
+
+    /// Like [`Cluster::sbatch`]; a script that runs `$GPUFIT_TEST_GATE`
+    /// waits there while `during(job id, its GPU indices)` runs.
+    fn sbatch_during(
+        &self,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        script: &str,
+        during: impl FnOnce(&str, &str),
+    ) -> (String, String, bool) {
+        let n = free_port();
+        let path = self.dir.join(format!("job-{n}.sh"));
+        let gate = self.dir.join("out").join(format!("gate-{n}"));
+        write_exec(
+            &gate,
+            &format!(
+                "#!/bin/sh\necho \"$SLURM_JOB_ID $SLURM_JOB_GPUS\" > {g}.tmp && mv {g}.tmp {g}.started\nwhile [ ! -e {g}.go ]; do sleep 0.05; done\n",
+                g = gate.display()
+            ),
+        );
         write_exec(&path, script);
         let mut cmd = self.cmd("sbatch");
         cmd.args(["--wait", "--gres=gpu:1", "--parsable"])
             .arg(format!("--output={}/out/%j.out", self.dir.display()))
             .arg(format!("--chdir={}/out", self.dir.display()))
             .args(extra)
-            .arg(&path);
+            .arg(&path)
+            .env("GPUFIT_TEST_GATE", &gate)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let out = run_with_deadline(&mut cmd, Duration::from_secs(60));
-        let id = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .next()
-            .unwrap_or("")
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        assert!(
-            !id.is_empty(),
-            "sbatch printed no job id: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        // sbatch's stdout is block-buffered into a pipe: the job id of a
+        // gated job comes from the gate, the others' once sbatch has exited.
+        let started = PathBuf::from(format!("{}.started", gate.display()));
+        let mut during = Some(during);
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if let Some(f) = during.as_ref().and(std::fs::read_to_string(&started).ok()) {
+                let (job, gpus) = f.trim().split_once(' ').unwrap_or((f.trim(), ""));
+                if let Some(d) = during.take() {
+                    d(job, gpus);
+                }
+                std::fs::write(format!("{}.go", gate.display()), "").unwrap();
+            }
+            if t.elapsed() > Duration::from_secs(90) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("sbatch --wait did not return within 90 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        let _ = child.stdout.take().unwrap().read_to_string(&mut stdout);
+        let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+        let id = stdout.trim().split(';').next().unwrap_or("").to_string();
+        assert!(!id.is_empty(), "sbatch printed no job id: {stderr}");
         let output =
             std::fs::read_to_string(self.dir.join(format!("out/{id}.out"))).unwrap_or_default();
-        (id, output, out.status.success())
+        (id, output, status.success())
     }
 
     /// The TaskProlog's wall time for a job (from the wrapper's record).
@@ -598,24 +637,6 @@ fn run_ok(cmd: &mut Command) {
     );
 }
 
-fn run_with_deadline(cmd: &mut Command, timeout: Duration) -> std::process::Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not finish within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
-}
-
 /// `GPUFIT_*` variables a job printed with `env`.
 fn gpufit_vars(output: &str) -> std::collections::BTreeMap<String, String> {
     output
@@ -627,6 +648,28 @@ fn gpufit_vars(output: &str) -> std::collections::BTreeMap<String, String> {
 }
 
 const PRINT_ENV: &str = "#!/bin/sh\nenv | sort\necho job-ran\n";
+/// Prints its environment, then waits at the test's gate (while the test
+/// plays the training process's GPU memory on the simulate sidecar).
+const PRINT_ENV_GATED: &str = "#!/bin/sh\nenv | sort\n\"$GPUFIT_TEST_GATE\"\necho job-ran\n";
+
+/// Plays a training process of `job` using `bytes` on its GPU, then ending.
+fn simulate_training(sidecar: &str, job: &str, gpus: &str, bytes: u64) {
+    let gpu: u32 = gpus.split(',').next().unwrap_or("0").parse().unwrap_or(0);
+    let pid: u32 = 40_000 + job.parse::<u32>().unwrap_or(0);
+    let body = serde_json::json!({
+        "pid": pid, "gpu": gpu, "job": {"slurm_job_id": job}, "memory_bytes": bytes
+    });
+    let (status, resp) = call(
+        agent().post(&format!("{sidecar}/v1/simulate/processes")),
+        Some(&body.to_string()),
+    );
+    assert_eq!(status, 200, "simulate process: {resp}");
+    let (status, resp) = call(
+        agent().delete(&format!("{sidecar}/v1/simulate/processes/{pid}")),
+        None,
+    );
+    assert_eq!(status, 200, "end simulated process: {resp}");
+}
 
 /// Waits for a daemon's URL to answer; fails with its log when it exits.
 fn wait_for_http(d: &mut Daemon, url: &str, log: &Path) {
@@ -670,7 +713,14 @@ fn start_sidecar(dir: &Path) -> (Daemon, String) {
     let mut d = Daemon::spawn(
         "sidecar",
         Command::new(BIN)
-            .args(["sidecar", "--backend", "simulate", "--listen"])
+            .args([
+                "sidecar",
+                "--backend",
+                "simulate",
+                "--simulate-gpus",
+                "2",
+                "--listen",
+            ])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--mapping-dir")
             .arg(dir.join("gpu-jobs"))
@@ -761,7 +811,14 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
         start_controller(dir, &format!("sqlite:{}/history.db", dir.display()));
     let (_sidecar, side_url) = start_sidecar(dir);
     cluster.write_config(&config(&ctl_url, Some(&side_url)));
-    let (job1, out, ok) = cluster.sbatch(&[], &workload_env, PRINT_ENV);
+    let peak = 30 * (1u64 << 30);
+    let (job1, out, ok) =
+        cluster.sbatch_during(&[], &workload_env, PRINT_ENV_GATED, |job, gpus| {
+            // While the job runs, the Prolog's mapping names it on its GPU.
+            let mapped = std::fs::read_to_string(dir.join("gpu-jobs").join(gpus)).unwrap();
+            assert_eq!(mapped.trim(), job, "mapping file of GPU {gpus}");
+            simulate_training(&side_url, job, gpus, peak);
+        });
     assert!(ok, "job {job1}: {out}");
     let vars = gpufit_vars(&out);
     for k in [
@@ -802,8 +859,9 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
     assert_eq!(run.seq_len, 2048);
     assert_eq!(run.gpu_model, vars["GPUFIT_GPU_MODEL"]);
     assert!(run.predicted_peak_bytes.is_some(), "{run:?}");
-    assert!(
-        run.result.peak_memory_bytes.is_some_and(|p| p > 0),
+    assert_eq!(
+        run.result.peak_memory_bytes,
+        Some(peak),
         "peak from the sidecar: {run:?}"
     );
     assert!(

@@ -9,7 +9,8 @@ invariants the chart promises (docs/helm.md): least-privilege RBAC, an opt-in
 webhook that fails open, leader election, a sidecar only on GPU nodes,
 consistent Services/ServiceMonitors/TLS wiring, and Grafana dashboards whose
 PromQL parses (promtool). Value sets the chart must refuse are rendered too,
-and must fail with a message that says what to change.
+and must fail with a message that says what to change (from values.schema.json
+for wrong types and enums, from the templates' `fail` for combinations).
 
 Run: bash scripts/helm_venv.sh && .build/helm-venv/bin/python scripts/helm_check.py
      [--dump-args FILE]   also write each case's controller/sidecar command
@@ -350,8 +351,8 @@ FAILING: list[Case_fails] = [
         "leaderElection.enabled=true",
     ),
     Case_fails("postgres without a secret", {"history": {"type": "postgres"}}, "history.postgres.existingSecret"),
-    Case_fails("unknown history type", {"history": {"type": "mysql"}}, "history.type must be"),
-    Case_fails("unknown mode", {"controller": {"mode": "Mutate"}}, "controller.mode must be"),
+    Case_fails("unknown history type", {"history": {"type": "mysql"}}, "/history/type"),
+    Case_fails("unknown mode", {"controller": {"mode": "Mutate"}}, "/controller/mode"),
     Case_fails(
         "no TLS source",
         {"webhook": {"tls": {"certManager": {"enabled": False}}}},
@@ -362,12 +363,14 @@ FAILING: list[Case_fails] = [
         {"webhook": {"tls": {"certManager": {"enabled": False}, "existingSecret": "x"}}},
         "webhook.tls.caBundle",
     ),
-    Case_fails("bad failurePolicy", {"webhook": {"failurePolicy": "Maybe"}}, "failurePolicy must be"),
+    Case_fails("bad failurePolicy", {"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
     Case_fails("webhook timeout too long", {"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
     Case_fails("webhook matching everything", {"webhook": {"objectSelector": None}}, "objectSelector must not be empty"),
     Case_fails("inventory backend without inventory", {"sidecar": {"backend": "inventory"}}, "sidecar.inventory"),
-    Case_fails("unknown sidecar backend", {"sidecar": {"backend": "dcgm"}}, "sidecar.backend must be"),
-    Case_fails("zero replicas", {"controller": {"replicas": 0}}, "at least 1"),
+    Case_fails("unknown sidecar backend", {"sidecar": {"backend": "dcgm"}}, "/sidecar/backend"),
+    Case_fails("replicas not a number", {"controller": {"replicas": "three"}}, "/controller/replicas"),
+    Case_fails("sidecar interval not a duration", {"sidecar": {"interval": "fast"}}, "/sidecar/interval"),
+    Case_fails("zero replicas", {"controller": {"replicas": 0}}, "/controller/replicas"),
 ]
 
 
@@ -827,6 +830,23 @@ def check_dashboard_configmaps(r: Rendered, files: dict[str, str], p: Problems) 
             p.check(json.loads(v) == json.loads(files[k]), f"ConfigMap copy of {k} differs from dashboards/{k}")
 
 
+# ---------------------------------------------------------------- values schema
+
+
+def check_values_schema(values: dict, schema: dict | None, p: Problems, path: str = "") -> None:
+    """Every key of values.yaml is declared in values.schema.json (so the two stay in step)."""
+    if not p.check(schema is not None, "values.schema.json is missing"):
+        return
+    props = schema.get("properties")
+    if props is None:
+        return  # a free-form map (labels, resources, affinity …)
+    for key, val in values.items():
+        where = f"{path}.{key}" if path else key
+        if p.check(key in props, f"values.yaml: {where} is not declared in values.schema.json"):
+            if isinstance(val, dict):
+                check_values_schema(val, props[key], p, where)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -869,6 +889,9 @@ def run(dump_args: Path | None) -> int:
                     problems.check("v1alpha1" in served, "TrainingJob CRD must serve v1alpha1")
                     for v in spec["versions"]:
                         problems.check("status" in v.get("subresources", {}), f"TrainingJob {v['name']}: status subresource")
+
+        problems.context = "values.schema.json"
+        check_values_schema(chart.values, chart.schema, problems)
 
         problems.context = "dashboards"
         exprs: list[tuple[str, str]] = []

@@ -830,6 +830,64 @@ def check_dashboard_configmaps(r: Rendered, files: dict[str, str], p: Problems) 
             p.check(json.loads(v) == json.loads(files[k]), f"ConfigMap copy of {k} differs from dashboards/{k}")
 
 
+# ---------------------------------------------------------------- CRD schema vs examples
+
+
+def structural_to_jsonschema(node: Any) -> Any:
+    """A CRD's OpenAPI v3 structural schema as JSON Schema, as the API server
+    applies it with strict field validation (kubectl's default): `nullable`
+    admits null, unknown fields are rejected unless
+    x-kubernetes-preserve-unknown-fields, int-or-string admits both."""
+    if isinstance(node, list):
+        return [structural_to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: structural_to_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if node.get("type") == "object" and "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields") \
+            and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if node.get("nullable") and "enum" in out:
+        out["enum"] = list(out["enum"]) + [None]
+    return out
+
+
+def check_examples_against_crd(crd: dict, p: Problems) -> int:
+    """Every TrainingJob under examples/ must be accepted by the chart's CRD."""
+    import jsonschema
+
+    versions = {v["name"]: v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v.get("served")}
+    count = 0
+    for path in sorted((ROOT / "examples").rglob("*.y*ml")) if (ROOT / "examples").is_dir() else []:
+        try:
+            docs = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+        except yaml.YAMLError as e:
+            p.add(f"{path.relative_to(ROOT)}: not valid YAML: {e}")
+            continue
+        for d in docs:
+            if d.get("kind") != "TrainingJob":
+                continue
+            group, _, version = str(d.get("apiVersion", "")).partition("/")
+            if not p.check(group == "gpufit.io" and version in versions,
+                           f"{path.relative_to(ROOT)}: apiVersion {d.get('apiVersion')} is not served by the CRD"):
+                continue
+            schema = structural_to_jsonschema(versions[version])
+            # metadata is validated by the API server itself, not the CRD schema.
+            schema.setdefault("properties", {})["metadata"] = {"type": "object"}
+            schema["properties"]["apiVersion"] = {"type": "string"}
+            schema["properties"]["kind"] = {"type": "string"}
+            errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(d), key=lambda e: list(e.path))
+            for e in errors[:5]:
+                where = ".".join(str(x) for x in e.path) or "<root>"
+                p.add(f"{path.relative_to(ROOT)}: TrainingJob {d.get('metadata', {}).get('name')} rejected by the CRD at {where}: {e.message}")
+            count += 1
+    return count
+
+
 # ---------------------------------------------------------------- values schema
 
 
@@ -866,6 +924,7 @@ def command_lines(r: Rendered) -> dict[str, Any]:
 
 def run(dump_args: Path | None) -> int:
     problems = Problems()
+    examples = 0
     dumped: dict[str, Any] = {}
     dashboards = {f.name: f.read_text() for f in sorted((CHART / "dashboards").glob("*.json"))}
 
@@ -889,6 +948,7 @@ def run(dump_args: Path | None) -> int:
                     problems.check("v1alpha1" in served, "TrainingJob CRD must serve v1alpha1")
                     for v in spec["versions"]:
                         problems.check("status" in v.get("subresources", {}), f"TrainingJob {v['name']}: status subresource")
+                    examples = check_examples_against_crd(doc, problems)
 
         problems.context = "values.schema.json"
         check_values_schema(chart.values, chart.schema, problems)
@@ -954,7 +1014,8 @@ def run(dump_args: Path | None) -> int:
     print(
         f"helm_check: ok — {len(CASES)} value sets rendered, linted and validated "
         f"(Kubernetes {', '.join(KUBE_VERSIONS)}), {len(FAILING)} bad value sets refused, "
-        f"{len(dashboards)} dashboards / {len(exprs)} PromQL queries checked"
+        f"{len(dashboards)} dashboards / {len(exprs)} PromQL queries checked, "
+        f"{examples} example TrainingJobs checked against the CRD"
     )
     return 0
 

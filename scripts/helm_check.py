@@ -79,6 +79,7 @@ ALLOWED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "pods/log"): {"get"},
     ("", "nodes"): {"get", "list", "watch"},
+    ("", "namespaces"): {"get", "list", "watch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"},
@@ -91,6 +92,7 @@ REQUIRED_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "pods/log"): {"get"},
     ("", "nodes"): {"get", "list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
     ("", "events"): {"create"},
 }
 REQUIRED_LEASE_VERBS = {"get", "create", "update"}
@@ -684,6 +686,16 @@ def check_sidecar(r: Rendered, p: Problems) -> None:
             p.check(mounts.get(vol, {}).get("readOnly") is True, f"the host's {needed} must be mounted read-only")
     p.check(set(host_paths.values()) <= {"/proc", "/sys/fs/cgroup"}, f"unexpected hostPath volumes: {sorted(host_paths.values())}")
     p.check(spec.get("automountServiceAccountToken") is False, "the sidecar needs no API token")
+    http = next((pt for pt in c.get("ports", []) if pt.get("name") == "http"), {})
+    dep = r.one("Deployment")
+    sidecar_urls = [a.split("=", 1)[1] for a in (container(dep, "controller").get("args", []) if dep else []) if a.startswith("--sidecar-url=")]
+    if r.merged["sidecar"]["hostPort"]:
+        p.check(http.get("hostPort") == http.get("containerPort"), "sidecar.hostPort: the http port must be open on the node's IP")
+        if dep:
+            p.check(sidecar_urls == [f"http://{{host_ip}}:{http.get('containerPort')}"],
+                    f"the controller must reach each node's sidecar at http://{{host_ip}}:{http.get('containerPort')} (got {sidecar_urls})")
+    else:
+        p.check("hostPort" not in http and not sidecar_urls, "sidecar.hostPort=false: no hostPort and no --sidecar-url")
     svc = r.one("Service", "-sidecar")
     if p.check(svc is not None, "the sidecar needs a Service (metrics scraping)"):
         check_service_targets(svc, ds, p)

@@ -227,3 +227,86 @@ fn the_chart_crd_is_the_crd_the_controller_generates() {
         );
     }
 }
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry
+            .unwrap_or_else(|e| panic!("cannot read an entry of {}: {e}", dir.display()))
+            .path();
+        if path.is_dir() {
+            rust_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `gpufit_…` metric names in a PromQL expression, with the suffixes
+/// Prometheus adds to histograms removed.
+fn metric_names(expr: &str) -> Vec<String> {
+    let re = regex::Regex::new(r"\bgpufit_[a-z0-9_]+").expect("static regex");
+    re.find_iter(expr)
+        .map(|m| {
+            let name = m.as_str();
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name)
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn dashboards_only_query_metrics_that_gpufit_exports() {
+    let dir = root().join("charts/gpufit/dashboards");
+    let mut used = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot read {dir:?}: {e}")) {
+        let path = entry.expect("dashboard dir entry").path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let json: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path:?} is not JSON: {e}"));
+        let mut stack = vec![&json];
+        while let Some(v) = stack.pop() {
+            match v {
+                serde_json::Value::Object(m) => {
+                    for (k, v) in m {
+                        match (k.as_str(), v) {
+                            ("expr" | "definition", serde_json::Value::String(s)) => {
+                                used.extend(metric_names(s))
+                            }
+                            _ => stack.push(v),
+                        }
+                    }
+                }
+                serde_json::Value::Array(a) => stack.extend(a),
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        used.len() >= 5,
+        "the dashboards query only {used:?}: expected the sidecar's and the controller's metrics"
+    );
+    let mut files = Vec::new();
+    rust_sources(&root().join("src"), &mut files);
+    let sources: String = files
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
+    let missing: Vec<&String> = used
+        .iter()
+        .filter(|m| !sources.contains(&format!("\"{m}\"")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboards query {missing:?}, which no metric definition under src/ exports \
+         (rename the panel's query, or export the metric)"
+    );
+}

@@ -23,6 +23,11 @@ if [ ${#need[@]} -gt 0 ]; then
   done
 fi
 
+# Helm rendering/validation runs in a Python virtual environment under .build/.
+if [ -f scripts/helm_venv.sh ]; then
+  bash scripts/helm_venv.sh
+fi
+
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --all-targets -- --test-threads 2

@@ -1,10 +1,46 @@
-//! The controller's HTTP API used by the Slurm hooks (`POST /v1/suggest`,
-//! `POST /v1/runs`, `GET /v1/runs`), with a bearer token for writes.
+//! The controller's HTTP API used by the Slurm hooks (SPEC §7, §8):
+//!
+//! | route                       | what                                                    | auth   |
+//! |-----------------------------|---------------------------------------------------------|--------|
+//! | `POST /v1/suggest`          | workload + GPU + strategy + pins → the `Suggestion` JSON of `gpufit suggest --output json` | none   |
+//! | `POST /v1/runs`             | a `RunRecord` → `{"id": …}` (201)                        | bearer |
+//! | `GET /v1/runs?model=&gpu=&limit=` | recorded runs, newest first                       | none   |
+//! | `GET /healthz`              | `{"status":"ok"}`                                       | none   |
+//!
+//! Writes need `Authorization: Bearer <token>` where the token is read from
+//! `--token-file` and compared in constant time. Without a token file writes
+//! are refused (an open write endpoint would let anyone poison the fleet's
+//! history). Every request has a body-size limit (413) and a time limit (503);
+//! every error is JSON `{"error": "...", "status": N}` saying what is wrong.
+//!
+//! [`ApiState`] + [`handle`] are the reusable part: the Kubernetes controller
+//! mounts them in its own server (see [`ApiState::owns_path`]); [`serve`]
+//! runs them alone (`gpufit controller --no-kubernetes`).
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq;
 
 use super::ControllerError;
+use crate::core::advisor::{self, AdviceRequest, Strategy, StrategyTargets, Suggestion};
+use crate::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
+use crate::core::run::RunRecord;
+use crate::core::settings::Pins;
+use crate::core::similarity::HistoryQuery;
+use crate::core::workload::{
+    Attention, Framework, LoraConfig, LoraTarget, Method as TrainMethod, Optimizer, Sharding,
+    Workload,
+};
+use crate::history::{HistoryStore, ListFilter};
 
 /// How the API server is started.
 #[derive(Debug, Clone)]
@@ -14,13 +50,696 @@ pub struct ApiConfig {
     pub token_file: Option<PathBuf>,
 }
 
+/// Request limits. The defaults are generous for the payloads involved (a
+/// run record is ~1 KiB) and short enough that a stuck request cannot pile up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ApiLimits {
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Wall-clock limit of one request, body read included.
+    pub request_timeout: Duration,
+    /// Largest `limit` accepted by `GET /v1/runs`.
+    pub max_list: usize,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            max_body_bytes: 64 * 1024,
+            request_timeout: Duration::from_secs(10),
+            max_list: 1000,
+        }
+    }
+}
+
+/// What every request shares: the history store, the write token, limits
+/// and the strategy targets.
+pub struct ApiState {
+    history: Arc<dyn HistoryStore>,
+    token: Option<Vec<u8>>,
+    /// Request limits (public so an embedding server can tune them).
+    pub limits: ApiLimits,
+    /// Memory targets per strategy used by `POST /v1/suggest`.
+    pub targets: StrategyTargets,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("limits", &self.limits)
+            .field("targets", &self.targets)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    /// A state over an open store; `token` None refuses every write.
+    pub fn new(history: Arc<dyn HistoryStore>, token: Option<String>) -> Self {
+        ApiState {
+            history,
+            token: token.map(|t| t.into_bytes()),
+            limits: ApiLimits::default(),
+            targets: StrategyTargets::default(),
+        }
+    }
+
+    /// Opens the history store and reads the token file of `cfg`.
+    /// Blocking (opens a database): call it before the runtime serves, or
+    /// through `spawn_blocking`.
+    pub fn from_config(cfg: &ApiConfig) -> Result<Self, ControllerError> {
+        let token = match &cfg.token_file {
+            Some(p) => Some(read_token_file(p)?),
+            None => {
+                tracing::warn!(
+                    "no --token-file: POST /v1/runs is refused; give a token file to accept runs from Slurm epilogs"
+                );
+                None
+            }
+        };
+        let store = crate::history::open(&cfg.history_url).map_err(|e| {
+            ControllerError::Other(format!("cannot open the history for the HTTP API: {e}"))
+        })?;
+        Ok(ApiState::new(Arc::from(store), token))
+    }
+
+    /// Whether a request path belongs to this API (for a server that mounts
+    /// it beside other routes).
+    pub fn owns_path(path: &str) -> bool {
+        matches!(path, "/v1/suggest" | "/v1/runs" | "/healthz")
+    }
+
+    /// The store behind the API.
+    pub fn history(&self) -> Arc<dyn HistoryStore> {
+        self.history.clone()
+    }
+
+    fn authorized(&self, header: Option<&HeaderValue>) -> Result<(), ApiError> {
+        let Some(expected) = &self.token else {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "writes are disabled: the controller was started without --token-file",
+            ));
+        };
+        let given = header
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "missing `Authorization: Bearer <token>` header: writes need the token of the controller's --token-file",
+                )
+            })?;
+        // Constant-time over the bytes; only the length can leak, and the
+        // token is long random data, so that says nothing useful.
+        if bool::from(given.as_bytes().ct_eq(expected)) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "wrong bearer token: use the token of the controller's --token-file",
+            ))
+        }
+    }
+}
+
+/// Reads a bearer token from a file (surrounding whitespace trimmed).
+pub fn read_token_file(path: &std::path::Path) -> Result<String, ControllerError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ControllerError::Other(format!("cannot read token file {}: {e}", path.display()))
+    })?;
+    let token = text.trim().to_string();
+    if token.is_empty() {
+        return Err(ControllerError::Other(format!(
+            "token file {} is empty: put a long random token in it (e.g. `openssl rand -hex 32`)",
+            path.display()
+        )));
+    }
+    Ok(token)
+}
+
+// === request and response types ===
+
+/// A workload as the Slurm hooks describe it: a catalog model plus the
+/// scientific numbers. Resolved with the model catalog on the controller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    /// Catalog model id (`meta-llama/Llama-3.1-8B`, `llama-3.1-8b`, a torchtune name).
+    pub model: String,
+    /// full, lora or qlora; default the method the model name implies, else full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<TrainMethod>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_rank: Option<u32>,
+    /// Default q and v (the PEFT and torchtune default for Llama-style models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_targets: Option<Vec<LoraTarget>>,
+    pub seq_len: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch: Option<u32>,
+    /// Data-parallel GPUs; default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<Optimizer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<Sharding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework: Option<Framework>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<Attention>,
+}
+
+/// The GPU of a suggestion: a catalog name, or a full spec with live values
+/// (which win over the catalog).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum GpuRef {
+    Name(String),
+    Spec(GpuSpec),
+}
+
+/// Body of `POST /v1/suggest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuggestRequest {
+    pub workload: WorkloadSpec,
+    pub gpu: GpuRef,
+    /// Default balanced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+    #[serde(default)]
+    pub pins: Pins,
+}
+
+/// Body of an error response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub status: u16,
+}
+
+/// An API error: a status and a message that says what is wrong.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// The JSON response for this error.
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let mut resp = json_response(
+            self.status,
+            &ErrorBody {
+                error: self.message,
+                status: self.status.as_u16(),
+            },
+        );
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.status.as_u16())
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+// === the pure-ish request logic, shared with the Slurm hooks' local mode ===
+
+/// Canonical model id for a name (catalog id when the catalog knows it),
+/// so runs recorded under an alias land on the same history key.
+pub fn canonical_model(name: &str) -> String {
+    lookup_model(name)
+        .map(|m| m.arch.name)
+        .unwrap_or_else(|_| name.to_string())
+}
+
+/// Resolves a workload spec with the model catalog and validates it.
+pub fn resolve_workload(spec: &WorkloadSpec) -> Result<Workload, ApiError> {
+    let mref = lookup_model(&spec.model)
+        .map_err(|e| ApiError::bad_request(format!("workload.model: {e}")))?;
+    let method = spec.method.or(mref.method).unwrap_or(TrainMethod::Full);
+    let lora = match method {
+        TrainMethod::Full => None,
+        TrainMethod::Lora | TrainMethod::Qlora => Some(LoraConfig {
+            rank: spec.lora_rank.ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "workload.lora_rank is required for method {method} (typically 8–64)"
+                ))
+            })?,
+            targets: spec
+                .lora_targets
+                .clone()
+                .unwrap_or_else(|| vec![LoraTarget::Q, LoraTarget::V]),
+        }),
+    };
+    let workload = Workload {
+        model: mref.arch,
+        method,
+        lora,
+        seq_len: spec.seq_len,
+        optimizer: spec.optimizer.unwrap_or(Optimizer::Adamw),
+        global_batch: spec.global_batch,
+        gpus: spec.gpus.unwrap_or(1),
+        sharding: spec.sharding.unwrap_or(Sharding::None),
+        framework: spec.framework.unwrap_or(Framework::Generic),
+        attention: spec.attention.unwrap_or(Attention::Sdpa),
+    };
+    workload
+        .validate()
+        .map_err(|e| ApiError::bad_request(format!("workload: {e}")))?;
+    Ok(workload)
+}
+
+/// Resolves the GPU of a request (catalog name, or a live spec).
+pub fn resolve_gpu(gpu: &GpuRef) -> Result<GpuSpec, ApiError> {
+    match gpu {
+        GpuRef::Name(n) => lookup_gpu(n).map_err(|e| ApiError::bad_request(format!("gpu: {e}"))),
+        GpuRef::Spec(s) if s.memory_bytes == 0 => Err(ApiError::bad_request(
+            "gpu.memory_bytes must be positive: give the GPU's total memory in bytes",
+        )),
+        GpuRef::Spec(s) => Ok(s.clone()),
+    }
+}
+
+/// The whole suggestion: resolve, read similar runs, ask the advisor.
+/// Blocking (reads the history): async callers use `spawn_blocking`.
+pub fn suggest_blocking(
+    history: &dyn HistoryStore,
+    targets: StrategyTargets,
+    req: &SuggestRequest,
+) -> Result<Suggestion, ApiError> {
+    let workload = resolve_workload(&req.workload)?;
+    let gpu = resolve_gpu(&req.gpu)?;
+    let query = HistoryQuery::new(
+        &workload.model.name,
+        workload.method,
+        &gpu.name,
+        workload.seq_len,
+    );
+    let runs = history.similar(&query).map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot read the history: {e}"),
+        )
+    })?;
+    let advice = AdviceRequest {
+        workload: &workload,
+        gpu: &gpu,
+        strategy: req.strategy.unwrap_or(Strategy::Balanced),
+        targets,
+        pins: &req.pins,
+        history: &runs,
+    };
+    advisor::suggest(&advice).map_err(|e| match e {
+        // Does-not-fit is a valid answer about the request, not a server fault.
+        advisor::AdvisorError::DoesNotFit { .. } => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+        }
+        other => ApiError::bad_request(other.to_string()),
+    })
+}
+
+// === HTTP ===
+
+/// The response type of every route.
+pub type ApiResponse = Response<Full<Bytes>>;
+
+fn json_response<T: Serialize>(status: StatusCode, value: &T) -> ApiResponse {
+    let body = serde_json::to_vec(value).unwrap_or_else(|e| {
+        format!("{{\"error\":\"cannot serialize the response: {e}\",\"status\":500}}").into_bytes()
+    });
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// Handles one request: routes it, applies the body-size and time limits,
+/// and turns every failure into a JSON error. Generic over the body so any
+/// hyper server (or a test) can call it.
+pub async fn handle<B>(state: Arc<ApiState>, req: Request<B>) -> ApiResponse
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let limit = state.limits.request_timeout;
+    let resp = match tokio::time::timeout(limit, route(state, req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => e.into_response(),
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the request took longer than the {} s limit; retry later",
+                limit.as_secs_f64()
+            ),
+        )
+        .into_response(),
+    };
+    tracing::debug!(%method, %path, status = resp.status().as_u16(), "api request");
+    resp
+}
+
+async fn route<B>(state: Arc<ApiState>, req: Request<B>) -> Result<ApiResponse, ApiError>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let path = req.uri().path().to_string();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => Ok(json_response(
+            StatusCode::OK,
+            &serde_json::json!({"status": "ok"}),
+        )),
+        (&Method::POST, "/v1/suggest") => {
+            let body: SuggestRequest = read_json(&state, req).await?;
+            let st = state.clone();
+            let s = blocking(move || suggest_blocking(st.history.as_ref(), st.targets, &body))
+                .await??;
+            Ok(json_response(StatusCode::OK, &s))
+        }
+        (&Method::POST, "/v1/runs") => {
+            state.authorized(req.headers().get(AUTHORIZATION))?;
+            let mut run: RunRecord = read_json(&state, req).await?;
+            validate_run(&run)?;
+            run.id = None;
+            run.model = canonical_model(&run.model);
+            let st = state.clone();
+            let id = blocking(move || st.history.record(&run))
+                .await?
+                .map_err(|e| {
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("cannot record the run: {e}"),
+                    )
+                })?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &serde_json::json!({ "id": id }),
+            ))
+        }
+        (&Method::GET, "/v1/runs") => {
+            let filter = list_filter(req.uri().query().unwrap_or(""), state.limits.max_list)?;
+            let st = state.clone();
+            let runs = blocking(move || st.history.list(&filter))
+                .await?
+                .map_err(|e| {
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("cannot read the history: {e}"),
+                    )
+                })?;
+            Ok(json_response(StatusCode::OK, &runs))
+        }
+        (_, "/healthz" | "/v1/suggest" | "/v1/runs") => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!(
+                "{} is not allowed on {path}: use {}",
+                req.method(),
+                match path.as_str() {
+                    "/v1/suggest" => "POST",
+                    "/v1/runs" => "GET or POST",
+                    _ => "GET",
+                }
+            ),
+        )),
+        _ => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no route {path}: the API has POST /v1/suggest, POST and GET /v1/runs, GET /healthz"),
+        )),
+    }
+}
+
+/// Runs blocking history work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("internal error while serving the request: {e}"),
+        )
+    })
+}
+
+async fn read_json<T, B>(state: &ApiState, req: Request<B>) -> Result<T, ApiError>
+where
+    T: serde::de::DeserializeOwned,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let max = state.limits.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body is larger than the {max}-byte limit"),
+        )
+    };
+    // Refuse early when the client announces a large body.
+    if let Some(len) = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > max as u64 {
+            return Err(too_large());
+        }
+    }
+    let bytes = Limited::new(req.into_body(), max)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                too_large()
+            } else {
+                ApiError::bad_request(format!("cannot read the request body: {e}"))
+            }
+        })?
+        .to_bytes();
+    if bytes.is_empty() {
+        return Err(ApiError::bad_request(
+            "empty request body: send a JSON object",
+        ));
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+fn validate_run(run: &RunRecord) -> Result<(), ApiError> {
+    if run.model.trim().is_empty() {
+        return Err(ApiError::bad_request("run.model must not be empty"));
+    }
+    if run.gpu_model.trim().is_empty() {
+        return Err(ApiError::bad_request("run.gpu_model must not be empty"));
+    }
+    if run.seq_len == 0 || run.gpus == 0 || run.settings.micro_batch_size == 0 {
+        return Err(ApiError::bad_request(
+            "run.seq_len, run.gpus and run.settings.micro_batch_size must be positive",
+        ));
+    }
+    Ok(())
+}
+
+/// Parses `model=&gpu=&limit=` (percent-encoded, `+` as space).
+fn list_filter(query: &str, max_list: usize) -> Result<ListFilter, ApiError> {
+    let mut f = ListFilter {
+        limit: Some(100.min(max_list)),
+        ..ListFilter::default()
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v)
+            .ok_or_else(|| ApiError::bad_request(format!("query `{k}`: bad percent-encoding")))?;
+        match k {
+            "model" => f.model = Some(canonical_model(&v)),
+            "gpu" | "gpu_model" => f.gpu_model = Some(v),
+            "limit" => {
+                let n: usize = v.parse().map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "query limit=`{v}` is not a number: use 1 to {max_list}"
+                    ))
+                })?;
+                if n == 0 || n > max_list {
+                    return Err(ApiError::bad_request(format!(
+                        "query limit={n} is out of range: use 1 to {max_list}"
+                    )));
+                }
+                f.limit = Some(n);
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter `{other}`: use model, gpu, limit"
+                )))
+            }
+        }
+    }
+    Ok(f)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+// === server ===
+
 /// Serves the API until `shutdown` resolves.
 pub async fn serve(
     cfg: ApiConfig,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ControllerError> {
-    let _ = (cfg, shutdown);
-    Err(ControllerError::Other(
-        "the controller HTTP API is not implemented yet".into(),
-    ))
+    let c = cfg.clone();
+    let state = tokio::task::spawn_blocking(move || ApiState::from_config(&c))
+        .await
+        .map_err(|e| ControllerError::Other(format!("cannot open the history: {e}")))??;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| {
+            ControllerError::Other(format!(
+                "cannot listen on {}: {e} (is another process using it? choose --listen)",
+                cfg.listen
+            ))
+        })?;
+    serve_on(listener, Arc::new(state), shutdown).await
+}
+
+/// Serves the API on a bound listener until `shutdown` resolves, then lets
+/// open requests finish for up to 5 s.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    state: Arc<ApiState>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ControllerError> {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "controller HTTP API listening");
+    }
+    let mut conns = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let st = state.clone();
+                conns.spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let st = st.clone();
+                        async move { Ok::<_, Infallible>(handle(st, req).await) }
+                    });
+                    let conn = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(Duration::from_secs(5))
+                        .serve_connection(TokioIo::new(stream), svc);
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, "connection ended: {e}");
+                    }
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    let drain = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(5), drain)
+        .await
+        .is_err()
+    {
+        conns.abort_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_filter_reads_model_gpu_and_limit() {
+        let f = list_filter("gpu=NVIDIA+A100-SXM4-80GB&limit=5", 1000).unwrap();
+        assert_eq!(f.gpu_model.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
+        assert_eq!(f.limit, Some(5));
+        assert_eq!(f.model, None);
+    }
+
+    #[test]
+    fn list_filter_refuses_a_limit_out_of_range_and_unknown_keys() {
+        assert!(list_filter("limit=0", 1000).is_err());
+        assert!(list_filter("limit=1001", 1000).is_err());
+        assert!(list_filter("limit=abc", 1000).is_err());
+        assert!(list_filter("colour=red", 1000).is_err());
+    }
+
+    #[test]
+    fn percent_decoding_handles_escapes_and_rejects_broken_ones() {
+        assert_eq!(percent_decode("a%2Fb+c").as_deref(), Some("a/b c"));
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%4"), None);
+    }
+
+    #[test]
+    fn suggest_request_accepts_a_gpu_name_or_a_live_spec() {
+        let r: SuggestRequest = serde_json::from_str(
+            r#"{"workload":{"model":"m","seq_len":2048},"gpu":"NVIDIA A100-SXM4-80GB"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.gpu, GpuRef::Name("NVIDIA A100-SXM4-80GB".into()));
+        let r: SuggestRequest = serde_json::from_str(
+            r#"{"workload":{"model":"m","seq_len":2048},"strategy":"extreme","gpu":{"name":"X","memory_bytes":1,"compute_capability":"8.0","bf16":true,"fp8":false,"bf16_tflops":1.0}}"#,
+        )
+        .unwrap();
+        assert!(matches!(r.gpu, GpuRef::Spec(ref s) if s.name == "X"));
+        assert_eq!(r.strategy, Some(Strategy::Aggressive));
+    }
 }

@@ -1,5 +1,15 @@
 //! Run-history stores behind one trait: SQLite (embedded default),
 //! PostgreSQL (shared fleet store), JSON Lines import/export.
+//!
+//! Every store keeps the same table (`runs`, one row per [`RunRecord`],
+//! schema in [`schema`]) with an index on the similarity key
+//! `(model, method, gpu_model, seq_len)`, so [`HistoryStore::similar`] is an
+//! index range scan. Schemas are versioned and migrated forward on open.
+
+pub mod jsonl;
+pub mod postgres;
+pub mod schema;
+pub mod sqlite;
 
 use thiserror::Error;
 
@@ -10,8 +20,27 @@ use crate::core::similarity::HistoryQuery;
 pub enum HistoryError {
     #[error("history store `{url}`: {message}")]
     Store { url: String, message: String },
-    #[error("unsupported history URL `{0}`: use sqlite:PATH, postgres://… or a .jsonl path")]
+    #[error("unsupported history URL `{0}`: use sqlite:PATH (or a path ending in .db) or postgres://…; JSON Lines files go through `gpufit history import`")]
     BadUrl(String),
+    /// Another process holds the write lock longer than the busy timeout.
+    #[error("history store `{url}` is locked by another process (waited {waited_ms} ms): retry when the other gpufit or sqlite3 session has finished; nothing was written")]
+    Locked { url: String, waited_ms: u64 },
+    /// The file is not a SQLite database, or is damaged. It is left untouched.
+    #[error("history store `{url}` is not a readable gpufit history ({message}); the file was left untouched: move it away, or point --history / GPUFIT_HISTORY at another path")]
+    Corrupt { url: String, message: String },
+    /// The store was written by a newer gpufit.
+    #[error("history store `{url}` has schema version {found}, newer than this gpufit supports ({supported}): upgrade gpufit")]
+    SchemaTooNew {
+        url: String,
+        found: i64,
+        supported: i64,
+    },
+    /// Reading or writing a file (JSON Lines import/export) failed.
+    #[error("{path}: {message}")]
+    Io { path: String, message: String },
+    /// No run with this id.
+    #[error("history store `{url}` has no run with id {id}")]
+    NoSuchRun { url: String, id: i64 },
 }
 
 /// Filter for `list`.
@@ -23,7 +52,8 @@ pub struct ListFilter {
 }
 
 /// One interface over every store. Synchronous: async callers use
-/// `tokio::task::spawn_blocking`.
+/// `tokio::task::spawn_blocking` (the PostgreSQL store runs its own small
+/// runtime and must not be called from a tokio worker thread directly).
 pub trait HistoryStore: Send + Sync {
     /// Stores a run; returns its id.
     fn record(&self, run: &RunRecord) -> Result<i64, HistoryError>;
@@ -34,15 +64,132 @@ pub trait HistoryStore: Send + Sync {
     /// Fills in a peak that was unknown when the run was recorded.
     fn set_peak(&self, id: i64, peak_memory_bytes: u64) -> Result<(), HistoryError>;
     fn count(&self) -> Result<u64, HistoryError>;
+
+    /// Stores many runs atomically: all of them, or (on the first error,
+    /// from the iterator or the store) none. Returns how many were stored.
+    /// Stores override this with one transaction and a prepared statement.
+    fn record_batch(
+        &self,
+        runs: &mut dyn Iterator<Item = Result<RunRecord, HistoryError>>,
+    ) -> Result<u64, HistoryError> {
+        let mut n = 0;
+        for r in runs {
+            self.record(&r?)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Every run, oldest first, streamed to `f` (for export). The default
+    /// goes through `list`; stores override it to stream without holding
+    /// every record in memory.
+    fn for_each(
+        &self,
+        f: &mut dyn FnMut(RunRecord) -> Result<(), HistoryError>,
+    ) -> Result<u64, HistoryError> {
+        let mut all = self.list(&ListFilter::default())?;
+        all.reverse();
+        let n = all.len() as u64;
+        for r in all {
+            f(r)?;
+        }
+        Ok(n)
+    }
+
+    /// The URL the store was opened with, for messages (passwords hidden).
+    fn url(&self) -> String {
+        "history".to_string()
+    }
 }
 
 /// The default store: `GPUFIT_HISTORY` if set, else a SQLite file at the
-/// per-user data path (e.g. `~/.local/share/gpufit/history.db`).
+/// per-user data path (`dirs::data_dir()/gpufit/history.db`, e.g.
+/// `~/.local/share/gpufit/history.db` on Linux).
 pub fn default_url() -> String {
-    std::env::var("GPUFIT_HISTORY").unwrap_or_else(|_| "sqlite:history.db".to_string())
+    match std::env::var("GPUFIT_HISTORY") {
+        Ok(v) if !v.trim().is_empty() => v,
+        _ => match dirs::data_dir() {
+            Some(d) => format!("sqlite:{}", d.join("gpufit").join("history.db").display()),
+            None => "sqlite:history.db".to_string(),
+        },
+    }
+}
+
+/// What a history URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Sqlite(std::path::PathBuf),
+    Postgres(String),
+}
+
+/// Parses a history URL: `sqlite:PATH`, `sqlite://PATH`, a path ending in
+/// `.db`/`.sqlite`/`.sqlite3`, or `postgres://…`/`postgresql://…`.
+pub fn parse_url(url: &str) -> Result<StoreUrl, HistoryError> {
+    let u = url.trim();
+    if let Some(rest) = u
+        .strip_prefix("sqlite://")
+        .or_else(|| u.strip_prefix("sqlite:"))
+    {
+        if rest.is_empty() {
+            return Err(HistoryError::BadUrl(url.to_string()));
+        }
+        return Ok(StoreUrl::Sqlite(rest.into()));
+    }
+    if u.starts_with("postgres://") || u.starts_with("postgresql://") {
+        return Ok(StoreUrl::Postgres(u.to_string()));
+    }
+    let lower = u.to_ascii_lowercase();
+    if [".db", ".sqlite", ".sqlite3"]
+        .iter()
+        .any(|e| lower.ends_with(e))
+    {
+        return Ok(StoreUrl::Sqlite(u.into()));
+    }
+    Err(HistoryError::BadUrl(url.to_string()))
 }
 
 /// Opens a store by URL: `sqlite:PATH` (or a `.db` path), `postgres://…`.
+/// The SQLite file and its directory are created when missing.
 pub fn open(url: &str) -> Result<Box<dyn HistoryStore>, HistoryError> {
-    Err(HistoryError::BadUrl(url.to_string()))
+    match parse_url(url)? {
+        StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(&path)?)),
+        StoreUrl::Postgres(conn) => Ok(Box::new(self::postgres::PostgresStore::connect(&conn)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_and_db_paths_parse_to_a_path() {
+        assert_eq!(
+            parse_url("sqlite:/tmp/h.db").unwrap(),
+            StoreUrl::Sqlite("/tmp/h.db".into())
+        );
+        assert_eq!(
+            parse_url("sqlite:///tmp/h").unwrap(),
+            StoreUrl::Sqlite("/tmp/h".into())
+        );
+        assert_eq!(
+            parse_url("runs.sqlite3").unwrap(),
+            StoreUrl::Sqlite("runs.sqlite3".into())
+        );
+    }
+
+    #[test]
+    fn postgres_urls_are_kept_whole() {
+        let u = "postgresql://gpufit@127.0.0.1:5432/fleet";
+        assert_eq!(parse_url(u).unwrap(), StoreUrl::Postgres(u.into()));
+    }
+
+    #[test]
+    fn an_unknown_scheme_says_which_are_supported() {
+        let e = parse_url("mysql://x").unwrap_err().to_string();
+        assert!(
+            e.contains("sqlite:PATH") && e.contains("postgres://"),
+            "{e}"
+        );
+        assert!(parse_url("sqlite:").is_err());
+    }
 }

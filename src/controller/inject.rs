@@ -1,0 +1,209 @@
+//! The one injection code path, shared by the reconciler (Jobs it creates)
+//! and the admission webhook (Jobs and PyTorchJobs users create): every
+//! container of every pod template (every rank of a distributed job) gets the
+//! same `GPUFIT_*` environment variables and the same `{placeholder}`
+//! substitutions, and the object gets annotations saying what was set and why.
+//!
+//! It works on JSON values rather than typed structs so the webhook never
+//! drops a field that k8s-openapi does not know (newer API servers, CRDs).
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::core::advisor::Suggestion;
+use crate::core::settings::EngineeringSettings;
+
+use super::crd::{Mode, SettingsStatus};
+
+/// Annotation with the settings gpufit wrote (Inject mode), as JSON.
+pub const ANN_APPLIED: &str = "gpufit.io/applied-settings";
+/// Annotation with the settings gpufit recommends (Recommend mode), as JSON.
+pub const ANN_RECOMMENDATION: &str = "gpufit.io/recommendation";
+/// Annotation with the advisor's reasoning (why).
+pub const ANN_REASON: &str = "gpufit.io/reason";
+
+/// Placeholders substituted in `command` and `args`, without braces.
+pub const PLACEHOLDERS: [&str; 10] = [
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "dtype",
+    "activation_checkpointing",
+    "activation_offloading",
+    "compile",
+    "num_workers",
+    "pin_memory",
+    "persistent_workers",
+    "prefetch_factor",
+];
+
+/// The environment variables for a set of engineering settings, in a fixed order.
+pub fn env_vars(s: &EngineeringSettings) -> Vec<(&'static str, String)> {
+    vec![
+        ("GPUFIT_MICRO_BATCH_SIZE", s.micro_batch_size.to_string()),
+        (
+            "GPUFIT_GRAD_ACCUM_STEPS",
+            s.gradient_accumulation_steps.to_string(),
+        ),
+        ("GPUFIT_DTYPE", s.dtype.as_str().to_string()),
+        (
+            "GPUFIT_ACTIVATION_CHECKPOINTING",
+            s.activation_checkpointing.to_string(),
+        ),
+        (
+            "GPUFIT_ACTIVATION_OFFLOADING",
+            s.activation_offloading.to_string(),
+        ),
+        ("GPUFIT_COMPILE", s.compile.to_string()),
+        (
+            "GPUFIT_DATALOADER_NUM_WORKERS",
+            s.dataloader.num_workers.to_string(),
+        ),
+        (
+            "GPUFIT_DATALOADER_PIN_MEMORY",
+            s.dataloader.pin_memory.to_string(),
+        ),
+        (
+            "GPUFIT_DATALOADER_PERSISTENT_WORKERS",
+            s.dataloader.persistent_workers.to_string(),
+        ),
+        (
+            "GPUFIT_DATALOADER_PREFETCH_FACTOR",
+            s.dataloader.prefetch_factor.to_string(),
+        ),
+    ]
+}
+
+/// The value each placeholder is replaced with.
+pub fn placeholder_values(s: &EngineeringSettings) -> [(&'static str, String); 10] {
+    [
+        ("micro_batch_size", s.micro_batch_size.to_string()),
+        (
+            "gradient_accumulation_steps",
+            s.gradient_accumulation_steps.to_string(),
+        ),
+        ("dtype", s.dtype.as_str().to_string()),
+        (
+            "activation_checkpointing",
+            s.activation_checkpointing.to_string(),
+        ),
+        ("activation_offloading", s.activation_offloading.to_string()),
+        ("compile", s.compile.to_string()),
+        ("num_workers", s.dataloader.num_workers.to_string()),
+        ("pin_memory", s.dataloader.pin_memory.to_string()),
+        (
+            "persistent_workers",
+            s.dataloader.persistent_workers.to_string(),
+        ),
+        ("prefetch_factor", s.dataloader.prefetch_factor.to_string()),
+    ]
+}
+
+/// Replaces every `{placeholder}` in one word.
+pub fn substitute(word: &str, s: &EngineeringSettings) -> String {
+    if !word.contains('{') {
+        return word.to_string();
+    }
+    let mut out = word.to_string();
+    for (name, value) in placeholder_values(s) {
+        out = out.replace(&format!("{{{name}}}"), &value);
+    }
+    out
+}
+
+/// The annotations an object gets: what was set (or recommended) and why.
+pub fn annotations(suggestion: &Suggestion, mode: Mode) -> BTreeMap<String, String> {
+    let what = json!({
+        "settings": SettingsStatus::from(&suggestion.settings),
+        "source": suggestion.source,
+        "strategy": suggestion.strategy,
+        "confidence": suggestion.confidence,
+        "predictedPeakBytes": suggestion.predicted_peak_bytes,
+        "gpu": suggestion.gpu,
+    });
+    let key = match mode {
+        Mode::Inject => ANN_APPLIED,
+        Mode::Recommend => ANN_RECOMMENDATION,
+    };
+    let mut m = BTreeMap::new();
+    m.insert(key.to_string(), what.to_string());
+    m.insert(ANN_REASON.to_string(), suggestion.reasoning.clone());
+    m
+}
+
+/// Injects the settings into a pod template given as JSON
+/// (`{"metadata": …, "spec": {"containers": […]}}`): every container gets
+/// the `GPUFIT_*` variables (replacing same-named ones) and its
+/// `command`/`args` placeholders filled; the template gets the annotations.
+/// With `set_termination_policy`, containers without a
+/// `terminationMessagePolicy` get `FallbackToLogsOnError`, so a CUDA
+/// out-of-memory message in the log reaches the pod status.
+pub fn inject_pod_template(
+    template: &mut Value,
+    suggestion: &Suggestion,
+    mode: Mode,
+    set_termination_policy: bool,
+) {
+    let anns = annotations(suggestion, mode);
+    if let Some(t) = template.as_object_mut() {
+        let meta = t.entry("metadata").or_insert_with(|| json!({}));
+        add_annotations(meta, &anns);
+    }
+    if mode == Mode::Recommend {
+        return;
+    }
+    let Some(containers) = template
+        .pointer_mut("/spec/containers")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    let env = env_vars(&suggestion.settings);
+    for c in containers.iter_mut() {
+        let Some(c) = c.as_object_mut() else { continue };
+        let list = c.entry("env").or_insert_with(|| json!([]));
+        if !list.is_array() {
+            *list = json!([]);
+        }
+        if let Some(list) = list.as_array_mut() {
+            list.retain(|e| {
+                let n = e.get("name").and_then(Value::as_str).unwrap_or("");
+                !env.iter().any(|(k, _)| *k == n)
+            });
+            for (k, v) in &env {
+                list.push(json!({"name": k, "value": v}));
+            }
+        }
+        for field in ["command", "args"] {
+            if let Some(words) = c.get_mut(field).and_then(Value::as_array_mut) {
+                for w in words.iter_mut() {
+                    if let Some(s) = w.as_str() {
+                        *w = Value::String(substitute(s, &suggestion.settings));
+                    }
+                }
+            }
+        }
+        if set_termination_policy && !c.contains_key("terminationMessagePolicy") {
+            c.insert(
+                "terminationMessagePolicy".into(),
+                Value::String("FallbackToLogsOnError".into()),
+            );
+        }
+    }
+}
+
+/// Adds annotations to a JSON `metadata` object.
+pub fn add_annotations(meta: &mut Value, anns: &BTreeMap<String, String>) {
+    let Some(meta) = meta.as_object_mut() else {
+        return;
+    };
+    let a = meta.entry("annotations").or_insert_with(|| json!({}));
+    if !a.is_object() {
+        *a = json!({});
+    }
+    if let Some(a) = a.as_object_mut() {
+        for (k, v) in anns {
+            a.insert(k.clone(), Value::String(v.clone()));
+        }
+    }
+}

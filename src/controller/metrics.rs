@@ -1,0 +1,265 @@
+//! The controller's own metrics (a `prometheus` registry), the reconcile
+//! timer that records on `Drop`, and the small HTTP server for `/metrics`,
+//! `/healthz` and `/readyz`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+    TextEncoder,
+};
+
+use super::api::ApiState;
+use super::ControllerError;
+
+/// Every metric the controller exports.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// Reconciles by result (`ok`, `error`).
+    pub reconciles: IntCounterVec,
+    /// Reconcile duration in seconds.
+    pub reconcile_duration: Histogram,
+    /// Reconcile errors by [`ControllerError::metric_label`].
+    pub errors: IntCounterVec,
+    /// Suggestions made, by source and strategy.
+    pub suggestions: IntCounterVec,
+    /// CUDA out-of-memory failures seen.
+    pub ooms: IntCounter,
+    /// Relative prediction error (predicted − measured) / measured.
+    pub prediction_error: Histogram,
+    /// Webhook admissions by kind and result (`mutated`, `untouched`, `denied`, `error`).
+    pub webhook_requests: IntCounterVec,
+    /// Webhook handling time in seconds.
+    pub webhook_duration: HistogramVec,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reconciles = IntCounterVec::new(
+            Opts::new(
+                "gpufit_controller_reconciles_total",
+                "TrainingJob reconciles by result",
+            ),
+            &["result"],
+        )
+        .expect("static metric definition");
+        let reconcile_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "gpufit_controller_reconcile_duration_seconds",
+                "Time spent in one TrainingJob reconcile",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+        )
+        .expect("static metric definition");
+        let errors = IntCounterVec::new(
+            Opts::new("gpufit_controller_errors_total", "Reconcile errors by kind"),
+            &["error"],
+        )
+        .expect("static metric definition");
+        let suggestions = IntCounterVec::new(
+            Opts::new(
+                "gpufit_controller_suggestions_total",
+                "Suggestions made, by source and strategy",
+            ),
+            &["source", "strategy"],
+        )
+        .expect("static metric definition");
+        let ooms = IntCounter::new(
+            "gpufit_controller_ooms_total",
+            "CUDA out-of-memory failures seen in finished Jobs",
+        )
+        .expect("static metric definition");
+        let prediction_error = Histogram::with_opts(
+            HistogramOpts::new(
+                "gpufit_controller_prediction_error_ratio",
+                "(predicted - measured) / measured peak GPU memory of finished Jobs",
+            )
+            .buckets(vec![
+                -0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ]),
+        )
+        .expect("static metric definition");
+        let webhook_requests = IntCounterVec::new(
+            Opts::new(
+                "gpufit_webhook_requests_total",
+                "Admission requests by kind and result",
+            ),
+            &["kind", "result"],
+        )
+        .expect("static metric definition");
+        let webhook_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "gpufit_webhook_duration_seconds",
+                "Time to answer one admission request",
+            )
+            .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1]),
+            &["kind"],
+        )
+        .expect("static metric definition");
+        for c in [
+            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reconcile_duration.clone()),
+            Box::new(errors.clone()),
+            Box::new(suggestions.clone()),
+            Box::new(ooms.clone()),
+            Box::new(prediction_error.clone()),
+            Box::new(webhook_requests.clone()),
+            Box::new(webhook_duration.clone()),
+        ] {
+            registry.register(c).expect("metric names are unique");
+        }
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_duration,
+            errors,
+            suggestions,
+            ooms,
+            prediction_error,
+            webhook_requests,
+            webhook_duration,
+        }
+    }
+
+    /// Starts timing one reconcile; the time is recorded when the guard drops.
+    pub fn reconcile_timer(&self) -> ReconcileTimer {
+        ReconcileTimer {
+            start: Instant::now(),
+            histogram: self.reconcile_duration.clone(),
+        }
+    }
+
+    /// Counts a failed reconcile by its bounded error label.
+    pub fn record_error(&self, e: &ControllerError) {
+        self.reconciles.with_label_values(&["error"]).inc();
+        self.errors.with_label_values(&[e.metric_label()]).inc();
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Records the reconcile duration on `Drop` (the controller-rs pattern), so
+/// every return path is timed.
+pub struct ReconcileTimer {
+    start: Instant,
+    histogram: Histogram,
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        self.histogram.observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+/// Liveness/readiness state shared with the HTTP endpoints.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Set once the controller (or webhook) is up and serving.
+    pub ready: AtomicBool,
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz`, and every other path through
+/// the Slurm HTTP API (`api`) when given, on one port, until `shutdown` resolves.
+pub async fn serve(
+    listen: SocketAddr,
+    metrics: Metrics,
+    health: Arc<Health>,
+    api: Option<Arc<ApiState>>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ControllerError> {
+    let listener =
+        tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| ControllerError::Io {
+                context: format!("cannot listen on {listen} (is the port in use? pass --listen)"),
+                source: e,
+            })?;
+    tracing::info!(%listen, "serving /metrics, /healthz, /readyz");
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => { tracing::warn!(error = %e, "accept failed"); continue; }
+            },
+        };
+        let metrics = metrics.clone();
+        let health = health.clone();
+        let api = api.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let metrics = metrics.clone();
+                let health = health.clone();
+                let api = api.clone();
+                async move {
+                    let ours = matches!(req.uri().path(), "/metrics" | "/healthz" | "/readyz");
+                    Ok::<_, Infallible>(match api {
+                        Some(api) if !ours => super::api::handle(api, req).await,
+                        _ => route(&req, &metrics, &health),
+                    })
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics connection ended");
+            }
+        });
+    }
+}
+
+fn route<B>(req: &Request<B>, metrics: &Metrics, health: &Health) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r
+    };
+    match req.uri().path() {
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, metrics.render());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => {
+            if health.ready.load(Ordering::Relaxed) {
+                text(StatusCode::OK, "ready\n".into())
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into())
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz or /readyz\n".into(),
+        ),
+    }
+}

@@ -1,0 +1,167 @@
+//! PyTorch's CUDA out-of-memory error.
+//!
+//! Current wording (PyTorch ≥ 2.1, `c10/cuda/CUDACachingAllocator.cpp`):
+//! ```text
+//! torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total
+//! capacity of 79.15 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process
+//! has 78.08 GiB memory in use. Of the allocated memory 75.12 GiB is allocated by PyTorch, and
+//! 1.98 GiB is reserved by PyTorch but unallocated. …
+//! ```
+//! Older wording (PyTorch ≤ 2.0):
+//! `RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total
+//! capacity; 14.56 GiB already allocated; 3.19 MiB free; 14.73 GiB reserved in total by PyTorch)`.
+//! Sizes come from PyTorch's `format_size`: `bytes`, `KiB`, `MiB`, `GiB` —
+//! binary units. ROCm builds say `HIP out of memory`; a raw driver failure
+//! says `CUDA error: out of memory`.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+use super::{cut, num, to_bytes, LogFormat, OomInfo, ParsedLog};
+
+const SIZE: &str = r"([0-9]+(?:\.[0-9]+)?) ?(bytes|KiB|MiB|GiB|TiB)";
+
+fn re(pattern: &str) -> Regex {
+    Regex::new(&pattern.replace("{SIZE}", SIZE)).expect("static regex")
+}
+
+static TRIED: LazyLock<Regex> = LazyLock::new(|| re(r"Tried to allocate {SIZE}"));
+static TOTAL_NEW: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"GPU ([0-9]+) has a total capacit(?:y|ies) of {SIZE} of which {SIZE} is free")
+});
+static TOTAL_OLD: LazyLock<Regex> = LazyLock::new(|| re(r"\(GPU ([0-9]+); {SIZE} total capacity"));
+static IN_USE: LazyLock<Regex> = LazyLock::new(|| re(r"this process has {SIZE} memory in use"));
+static ALLOC_NEW: LazyLock<Regex> = LazyLock::new(|| re(r"{SIZE} is allocated by PyTorch"));
+static UNALLOC_NEW: LazyLock<Regex> =
+    LazyLock::new(|| re(r"{SIZE} is reserved by PyTorch but unallocated"));
+static ALLOC_OLD: LazyLock<Regex> = LazyLock::new(|| re(r"{SIZE} already allocated"));
+static FREE_OLD: LazyLock<Regex> = LazyLock::new(|| re(r"; {SIZE} free"));
+static RESERVED_OLD: LazyLock<Regex> = LazyLock::new(|| re(r"{SIZE} reserved in total by PyTorch"));
+
+fn size(c: &regex::Captures<'_>, i: usize) -> Option<u64> {
+    to_bytes(num(c.get(i)?.as_str())?, c.get(i + 1)?.as_str())
+}
+
+/// Whether a line is an out-of-memory error.
+pub fn is_oom_line(line: &str) -> bool {
+    line.contains("CUDA out of memory")
+        || line.contains("HIP out of memory")
+        || line.contains("CUDA error: out of memory")
+        || line.contains("OutOfMemoryError")
+}
+
+#[derive(Debug, Default)]
+pub struct State {
+    info: Option<OomInfo>,
+}
+
+impl State {
+    pub fn feed(&mut self, line: &str) {
+        if !is_oom_line(line) && self.info.is_none() {
+            return;
+        }
+        // The message is one line in PyTorch, but people wrap it: the lines
+        // right after an OOM line may carry its sizes, so keep reading them.
+        let starts_new = is_oom_line(line);
+        let info = self.info.get_or_insert_with(OomInfo::default);
+        if starts_new && info.message.is_empty() {
+            info.message = cut(line.trim(), 400);
+        }
+        if let Some(c) = TRIED.captures(line) {
+            info.tried_to_allocate_bytes = size(&c, 1).or(info.tried_to_allocate_bytes);
+        }
+        if let Some(c) = TOTAL_NEW.captures(line) {
+            info.gpu_index = c[1].parse().ok().or(info.gpu_index);
+            info.gpu_total_bytes = size(&c, 2).or(info.gpu_total_bytes);
+            info.gpu_free_bytes = size(&c, 4).or(info.gpu_free_bytes);
+        } else if let Some(c) = TOTAL_OLD.captures(line) {
+            info.gpu_index = c[1].parse().ok().or(info.gpu_index);
+            info.gpu_total_bytes = size(&c, 2).or(info.gpu_total_bytes);
+            if let Some(f) = FREE_OLD.captures(line) {
+                info.gpu_free_bytes = size(&f, 1).or(info.gpu_free_bytes);
+            }
+        }
+        if let Some(c) = IN_USE.captures(line) {
+            info.process_in_use_bytes = size(&c, 1).or(info.process_in_use_bytes);
+        }
+        if let Some(c) = ALLOC_NEW
+            .captures(line)
+            .or_else(|| ALLOC_OLD.captures(line))
+        {
+            info.allocated_bytes = size(&c, 1).or(info.allocated_bytes);
+        }
+        if let Some(c) = RESERVED_OLD.captures(line) {
+            info.reserved_bytes = size(&c, 1).or(info.reserved_bytes);
+        } else if let Some(c) = UNALLOC_NEW.captures(line) {
+            // New wording gives reserved-but-unallocated; reserved = allocated + that.
+            if let (Some(a), Some(u)) = (info.allocated_bytes, size(&c, 1)) {
+                info.reserved_bytes = Some(a.saturating_add(u));
+            }
+        }
+    }
+
+    /// Writes what was found; returns whether an OOM was seen.
+    pub fn finish(self, out: &mut ParsedLog) -> bool {
+        let Some(info) = self.info else {
+            return false;
+        };
+        out.formats.push(LogFormat::CudaOom);
+        if info.gpu_total_bytes.is_some() {
+            out.gpu_total_bytes = info.gpu_total_bytes;
+        }
+        out.oom = Some(info);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse_str, LogOutcome};
+    use crate::core::units::{GIB, MIB};
+
+    fn gib(x: f64) -> u64 {
+        (x * GIB as f64).round() as u64
+    }
+
+    #[test]
+    fn current_wording_gives_total_capacity_and_sizes() {
+        let p = parse_str(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.08 GiB memory in use. Of the allocated memory 75.12 GiB is allocated by PyTorch, and 1.98 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n",
+        )
+        .unwrap();
+        assert_eq!(p.outcome, Some(LogOutcome::OutOfMemory));
+        assert_eq!(p.gpu_total_bytes, Some(gib(79.15)));
+        let o = p.oom.unwrap();
+        assert_eq!(o.tried_to_allocate_bytes, Some(2 * GIB));
+        assert_eq!(o.gpu_free_bytes, Some(gib(1.06)));
+        assert_eq!(o.process_in_use_bytes, Some(gib(78.08)));
+        assert_eq!(o.allocated_bytes, Some(gib(75.12)));
+        assert_eq!(o.reserved_bytes, Some(gib(75.12) + gib(1.98)));
+        assert_eq!(o.gpu_index, Some(0));
+    }
+
+    #[test]
+    fn old_wording_gives_total_capacity_and_sizes() {
+        let p = parse_str(
+            "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 1; 15.78 GiB total capacity; 14.56 GiB already allocated; 3.19 MiB free; 14.73 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.\n",
+        )
+        .unwrap();
+        let o = p.oom.clone().unwrap();
+        assert_eq!(p.gpu_total_bytes, Some(gib(15.78)));
+        assert_eq!(o.tried_to_allocate_bytes, Some(20 * MIB));
+        assert_eq!(o.reserved_bytes, Some(gib(14.73)));
+        assert_eq!(o.gpu_free_bytes, Some((3.19 * MIB as f64).round() as u64));
+        assert_eq!(o.gpu_index, Some(1));
+        let r = p.to_run_result(true);
+        assert!(!r.success);
+        assert_eq!(r.failure_reason, Some(crate::core::run::FailureReason::Oom));
+    }
+
+    #[test]
+    fn a_driver_level_oom_without_sizes_is_still_an_oom() {
+        let p = parse_str("RuntimeError: CUDA error: out of memory\n").unwrap();
+        assert_eq!(p.outcome, Some(LogOutcome::OutOfMemory));
+        assert_eq!(p.gpu_total_bytes, None);
+    }
+}

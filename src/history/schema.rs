@@ -1,0 +1,173 @@
+//! The `runs` table shared by the SQLite and PostgreSQL stores, and the
+//! text spellings of enums stored in it.
+//!
+//! One row per run; integers are 64-bit (`INTEGER` in SQLite, `BIGINT` in
+//! PostgreSQL), booleans `INTEGER 0/1` / `BOOLEAN`, the timestamp is
+//! microseconds since the Unix epoch (UTC). Migrations are numbered from 1;
+//! a store records the last one applied (SQLite `PRAGMA user_version`,
+//! PostgreSQL table `gpufit_schema`).
+
+use chrono::{DateTime, TimeZone, Utc};
+
+use crate::core::run::{FailureReason, RunSource};
+use crate::core::settings::Dtype;
+use crate::core::workload::Method;
+
+/// Columns in insert/select order (without `id`, which comes first on select).
+pub const COLUMNS: [&str; 29] = [
+    "timestamp_us",
+    "cluster",
+    "node",
+    "source",
+    "job_id",
+    "model",
+    "method",
+    "gpu_model",
+    "seq_len",
+    "lora_rank",
+    "gpus",
+    "global_batch",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "dtype",
+    "activation_checkpointing",
+    "activation_offloading",
+    "compile",
+    "num_workers",
+    "pin_memory",
+    "persistent_workers",
+    "prefetch_factor",
+    "success",
+    "failure_reason",
+    "peak_memory_bytes",
+    "samples_per_sec",
+    "tokens_per_sec",
+    "duration_sec",
+    "predicted_peak_bytes",
+];
+
+/// `CREATE TABLE` body for one dialect: integer, boolean and float type names.
+pub fn create_runs(int: &str, boolean: &str, float: &str, id: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS runs (
+            id {id},
+            timestamp_us {int} NOT NULL,
+            cluster TEXT,
+            node TEXT,
+            source TEXT NOT NULL,
+            job_id TEXT,
+            model TEXT NOT NULL,
+            method TEXT NOT NULL,
+            gpu_model TEXT NOT NULL,
+            seq_len {int} NOT NULL,
+            lora_rank {int},
+            gpus {int} NOT NULL,
+            global_batch {int},
+            micro_batch_size {int} NOT NULL,
+            gradient_accumulation_steps {int} NOT NULL,
+            dtype TEXT NOT NULL,
+            activation_checkpointing {boolean} NOT NULL,
+            activation_offloading {boolean} NOT NULL,
+            compile {boolean} NOT NULL,
+            num_workers {int} NOT NULL,
+            pin_memory {boolean} NOT NULL,
+            persistent_workers {boolean} NOT NULL,
+            prefetch_factor {int} NOT NULL,
+            success {boolean} NOT NULL,
+            failure_reason TEXT,
+            peak_memory_bytes {int},
+            samples_per_sec {float},
+            tokens_per_sec {float},
+            duration_sec {float},
+            predicted_peak_bytes {int}
+        );
+        CREATE INDEX IF NOT EXISTS runs_similarity_key ON runs (model, method, gpu_model, seq_len);
+        CREATE INDEX IF NOT EXISTS runs_timestamp ON runs (timestamp_us);"
+    )
+}
+
+/// `SELECT id, <columns> FROM runs`.
+pub fn select_all() -> String {
+    format!("SELECT id, {} FROM runs", COLUMNS.join(", "))
+}
+
+/// `INSERT INTO runs (<columns>) VALUES (<placeholders>)` with `p(i)` for
+/// the i-th (1-based) placeholder.
+pub fn insert(p: impl Fn(usize) -> String) -> String {
+    let ph: Vec<String> = (1..=COLUMNS.len()).map(p).collect();
+    format!(
+        "INSERT INTO runs ({}) VALUES ({})",
+        COLUMNS.join(", "),
+        ph.join(", ")
+    )
+}
+
+pub fn source_str(s: RunSource) -> &'static str {
+    match s {
+        RunSource::Kubernetes => "kubernetes",
+        RunSource::Slurm => "slurm",
+        RunSource::Cli => "cli",
+        RunSource::FindMaxBatch => "find_max_batch",
+        RunSource::Import => "import",
+    }
+}
+
+pub fn parse_source(s: &str) -> Option<RunSource> {
+    Some(match s {
+        "kubernetes" => RunSource::Kubernetes,
+        "slurm" => RunSource::Slurm,
+        "cli" => RunSource::Cli,
+        "find_max_batch" => RunSource::FindMaxBatch,
+        "import" => RunSource::Import,
+        _ => return None,
+    })
+}
+
+pub fn failure_str(f: FailureReason) -> &'static str {
+    match f {
+        FailureReason::Oom => "OOM",
+        FailureReason::OtherError => "other_error",
+    }
+}
+
+/// Accepts `OOM`/`oom`/`out_of_memory` and `other_error`/`other`/`error`.
+pub fn parse_failure(s: &str) -> Option<FailureReason> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "oom" | "out_of_memory" | "cuda_oom" | "outofmemoryerror" => Some(FailureReason::Oom),
+        "other_error" | "other" | "error" => Some(FailureReason::OtherError),
+        _ => None,
+    }
+}
+
+pub fn parse_method(s: &str) -> Option<Method> {
+    s.parse().ok()
+}
+
+pub fn parse_dtype(s: &str) -> Option<Dtype> {
+    s.parse().ok()
+}
+
+pub fn ts_to_us(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+pub fn us_to_ts(us: i64) -> DateTime<Utc> {
+    Utc.timestamp_micros(us)
+        .single()
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+}
+
+/// u64 → i64 for storage, saturating (sizes here are far below 2^63).
+pub fn i(x: u64) -> i64 {
+    i64::try_from(x).unwrap_or(i64::MAX)
+}
+
+/// i64 → u64 from storage; negative values (never written) read as 0.
+pub fn u(x: i64) -> u64 {
+    u64::try_from(x).unwrap_or(0)
+}
+
+/// i64 → u32 from storage, saturating.
+pub fn u32_of(x: i64) -> u32 {
+    u32::try_from(x.max(0)).unwrap_or(u32::MAX)
+}

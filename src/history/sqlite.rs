@@ -1,0 +1,437 @@
+//! The embedded default store: one SQLite file (rusqlite, bundled).
+//!
+//! - WAL journal, `synchronous=NORMAL`: readers never block the writer and a
+//!   crash loses at most the last transaction, never an older record.
+//! - A busy timeout (default 5 s): two gpufit processes writing at once wait
+//!   for each other; past the timeout the caller gets
+//!   [`HistoryError::Locked`] and nothing is written.
+//! - A file that is not SQLite, or is damaged, gives
+//!   [`HistoryError::Corrupt`]; gpufit never rewrites or deletes it.
+//! - Schema migrations are numbered; `PRAGMA user_version` holds the last
+//!   one applied, and a file from a newer gpufit is refused, not downgraded.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{params_from_iter, Connection, ErrorCode, OpenFlags, Row, TransactionBehavior};
+
+use super::schema::{self, i, u, u32_of};
+use super::{HistoryError, HistoryStore, ListFilter};
+use crate::core::run::{RunRecord, RunResult};
+use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
+use crate::core::similarity::HistoryQuery;
+
+/// Migrations, in order; migration k (1-based) brings the file to version k.
+fn migrations() -> Vec<String> {
+    vec![schema::create_runs(
+        "INTEGER",
+        "INTEGER",
+        "REAL",
+        "INTEGER PRIMARY KEY",
+    )]
+}
+
+/// Schema version this build writes.
+pub fn schema_version() -> i64 {
+    migrations().len() as i64
+}
+
+/// Options for opening a SQLite store.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// How long a write waits for another process's lock.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    /// 5 s busy timeout, or `GPUFIT_HISTORY_BUSY_TIMEOUT_MS` when set.
+    fn default() -> Self {
+        let ms = std::env::var("GPUFIT_HISTORY_BUSY_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(5_000);
+        SqliteOptions {
+            busy_timeout: Duration::from_millis(ms),
+        }
+    }
+}
+
+/// SQLite-backed history.
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+    url: String,
+    busy_timeout: Duration,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) the file at `path` with default options.
+    pub fn open(path: &Path) -> Result<Self, HistoryError> {
+        Self::open_with(path, SqliteOptions::default())
+    }
+
+    pub fn open_with(path: &Path, opts: SqliteOptions) -> Result<Self, HistoryError> {
+        let url = format!("sqlite:{}", path.display());
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| HistoryError::Store {
+                url: url.clone(),
+                message: format!("cannot create directory {}: {e}", dir.display()),
+            })?;
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(|e| map_err(&url, opts.busy_timeout, e))?;
+        let store = SqliteStore {
+            conn: Mutex::new(conn),
+            url,
+            busy_timeout: opts.busy_timeout,
+        };
+        store.init()?;
+        Ok(store)
+    }
+
+    /// The file path.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(self.url.trim_start_matches("sqlite:"))
+    }
+
+    fn err(&self, e: rusqlite::Error) -> HistoryError {
+        map_err(&self.url, self.busy_timeout, e)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave the connection in a
+        // half-written state (SQLite rolls back), so a poisoned lock is safe.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn init(&self) -> Result<(), HistoryError> {
+        let mut conn = self.lock();
+        conn.busy_timeout(self.busy_timeout)
+            .map_err(|e| self.err(e))?;
+        // Reading the header first: a non-SQLite file fails here, untouched.
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        let supported = schema_version();
+        if version > supported {
+            return Err(HistoryError::SchemaTooNew {
+                url: self.url.clone(),
+                found: version,
+                supported,
+            });
+        }
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| self.err(e))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(|e| self.err(e))?;
+        // 64 MiB page cache: large imports build the index in memory.
+        conn.pragma_update(None, "cache_size", -65536)
+            .map_err(|e| self.err(e))?;
+        if version < supported {
+            // IMMEDIATE: two processes opening a fresh file migrate one after
+            // the other; the second sees the new version and does nothing.
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|e| self.err(e))?;
+            let current: i64 = tx
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .map_err(|e| self.err(e))?;
+            for (k, sql) in migrations().iter().enumerate() {
+                let to = k as i64 + 1;
+                if to <= current {
+                    continue;
+                }
+                tx.execute_batch(sql).map_err(|e| self.err(e))?;
+                tx.pragma_update(None, "user_version", to)
+                    .map_err(|e| self.err(e))?;
+            }
+            tx.commit().map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    /// Runs `PRAGMA quick_check` (reads the whole file): Ok when intact.
+    pub fn check(&self) -> Result<(), HistoryError> {
+        let conn = self.lock();
+        let res: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        if res == "ok" {
+            Ok(())
+        } else {
+            Err(HistoryError::Corrupt {
+                url: self.url.clone(),
+                message: res,
+            })
+        }
+    }
+}
+
+fn map_err(url: &str, busy: Duration, e: rusqlite::Error) -> HistoryError {
+    if let rusqlite::Error::SqliteFailure(f, msg) = &e {
+        match f.code {
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                return HistoryError::Locked {
+                    url: url.to_string(),
+                    waited_ms: busy.as_millis() as u64,
+                }
+            }
+            ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => {
+                return HistoryError::Corrupt {
+                    url: url.to_string(),
+                    message: msg.clone().unwrap_or_else(|| f.to_string()),
+                }
+            }
+            ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::PermissionDenied => {
+                return HistoryError::Store {
+                    url: url.to_string(),
+                    message: format!(
+                        "{e}: check that the file and its directory are writable by this user"
+                    ),
+                }
+            }
+            _ => {}
+        }
+    }
+    HistoryError::Store {
+        url: url.to_string(),
+        message: e.to_string(),
+    }
+}
+
+fn params(r: &RunRecord) -> Vec<rusqlite::types::Value> {
+    use rusqlite::types::Value::{Integer, Null, Real, Text};
+    let opt_i = |x: Option<u64>| x.map_or(Null, |v| Integer(i(v)));
+    let opt_f = |x: Option<f64>| x.filter(|v| v.is_finite()).map_or(Null, Real);
+    let opt_t = |x: &Option<String>| x.clone().map_or(Null, Text);
+    let b = |x: bool| Integer(x as i64);
+    let s = &r.settings;
+    vec![
+        Integer(schema::ts_to_us(r.timestamp)),
+        opt_t(&r.cluster),
+        opt_t(&r.node),
+        Text(schema::source_str(r.source).into()),
+        opt_t(&r.job_id),
+        Text(r.model.clone()),
+        Text(r.method.as_str().into()),
+        Text(r.gpu_model.clone()),
+        Integer(r.seq_len as i64),
+        opt_i(r.lora_rank.map(u64::from)),
+        Integer(r.gpus as i64),
+        opt_i(r.global_batch.map(u64::from)),
+        Integer(s.micro_batch_size as i64),
+        Integer(s.gradient_accumulation_steps as i64),
+        Text(s.dtype.as_str().into()),
+        b(s.activation_checkpointing),
+        b(s.activation_offloading),
+        b(s.compile),
+        Integer(s.dataloader.num_workers as i64),
+        b(s.dataloader.pin_memory),
+        b(s.dataloader.persistent_workers),
+        Integer(s.dataloader.prefetch_factor as i64),
+        b(r.result.success),
+        r.result
+            .failure_reason
+            .map_or(Null, |f| Text(schema::failure_str(f).into())),
+        opt_i(r.result.peak_memory_bytes),
+        opt_f(r.result.samples_per_sec),
+        opt_f(r.result.tokens_per_sec),
+        opt_f(r.result.duration_sec),
+        opt_i(r.predicted_peak_bytes),
+    ]
+}
+
+fn bad(col: usize, what: &str, v: &str) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        col,
+        rusqlite::types::Type::Text,
+        format!("unknown {what} `{v}`").into(),
+    )
+}
+
+fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
+    let source: String = row.get(4)?;
+    let method: String = row.get(7)?;
+    let dtype: String = row.get(15)?;
+    let failure: Option<String> = row.get(24)?;
+    let opt_u =
+        |i: usize| -> rusqlite::Result<Option<u64>> { Ok(row.get::<_, Option<i64>>(i)?.map(u)) };
+    Ok(RunRecord {
+        id: Some(row.get(0)?),
+        timestamp: schema::us_to_ts(row.get(1)?),
+        cluster: row.get(2)?,
+        node: row.get(3)?,
+        source: schema::parse_source(&source).ok_or_else(|| bad(4, "source", &source))?,
+        job_id: row.get(5)?,
+        model: row.get(6)?,
+        method: schema::parse_method(&method).ok_or_else(|| bad(7, "method", &method))?,
+        gpu_model: row.get(8)?,
+        seq_len: u32_of(row.get(9)?),
+        lora_rank: row.get::<_, Option<i64>>(10)?.map(u32_of),
+        gpus: u32_of(row.get(11)?),
+        global_batch: row.get::<_, Option<i64>>(12)?.map(u32_of),
+        settings: EngineeringSettings {
+            micro_batch_size: u32_of(row.get(13)?),
+            gradient_accumulation_steps: u32_of(row.get(14)?),
+            dtype: schema::parse_dtype(&dtype).ok_or_else(|| bad(15, "dtype", &dtype))?,
+            activation_checkpointing: row.get(16)?,
+            activation_offloading: row.get(17)?,
+            compile: row.get(18)?,
+            dataloader: DataLoaderSettings {
+                num_workers: u32_of(row.get(19)?),
+                pin_memory: row.get(20)?,
+                persistent_workers: row.get(21)?,
+                prefetch_factor: u32_of(row.get(22)?),
+            },
+        },
+        result: RunResult {
+            success: row.get(23)?,
+            failure_reason: match failure {
+                Some(f) => {
+                    Some(schema::parse_failure(&f).ok_or_else(|| bad(24, "failure_reason", &f))?)
+                }
+                None => None,
+            },
+            peak_memory_bytes: opt_u(25)?,
+            samples_per_sec: row.get(26)?,
+            tokens_per_sec: row.get(27)?,
+            duration_sec: row.get(28)?,
+        },
+        predicted_peak_bytes: opt_u(29)?,
+    })
+}
+
+fn insert_sql() -> String {
+    schema::insert(|k| format!("?{k}"))
+}
+
+impl HistoryStore for SqliteStore {
+    fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare_cached(&insert_sql())
+            .map_err(|e| self.err(e))?;
+        stmt.execute(params_from_iter(params(run)))
+            .map_err(|e| self.err(e))?;
+        Ok(conn.last_insert_rowid())
+    }
+
+    fn record_batch(
+        &self,
+        runs: &mut dyn Iterator<Item = Result<RunRecord, HistoryError>>,
+    ) -> Result<u64, HistoryError> {
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| self.err(e))?;
+        let mut n = 0u64;
+        {
+            let mut stmt = tx.prepare_cached(&insert_sql()).map_err(|e| self.err(e))?;
+            for r in runs {
+                // On any error the transaction is dropped, i.e. rolled back:
+                // the batch is all or nothing, existing rows are untouched.
+                let r = r?;
+                stmt.execute(params_from_iter(params(&r)))
+                    .map_err(|e| self.err(e))?;
+                n += 1;
+            }
+        }
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(n)
+    }
+
+    fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {
+        let conn = self.lock();
+        let sql = format!(
+            "{} WHERE model = ?1 AND method = ?2 AND gpu_model = ?3 AND seq_len BETWEEN ?4 AND ?5",
+            schema::select_all()
+        );
+        let mut stmt = conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(
+                rusqlite::params![
+                    q.model,
+                    q.method.as_str(),
+                    q.gpu_model,
+                    q.seq_len_min as i64,
+                    q.seq_len_max as i64
+                ],
+                from_row,
+            )
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
+    fn list(&self, f: &ListFilter) -> Result<Vec<RunRecord>, HistoryError> {
+        let conn = self.lock();
+        let limit = f.limit.map_or(-1, |l| l.min(i64::MAX as usize) as i64);
+        let sql = format!(
+            "{} WHERE (?1 IS NULL OR model = ?1) AND (?2 IS NULL OR gpu_model = ?2) ORDER BY timestamp_us DESC, id DESC LIMIT ?3",
+            schema::select_all()
+        );
+        let mut stmt = conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(rusqlite::params![f.model, f.gpu_model, limit], from_row)
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
+    fn set_peak(&self, id: i64, peak: u64) -> Result<(), HistoryError> {
+        let conn = self.lock();
+        let n = conn
+            .execute(
+                "UPDATE runs SET peak_memory_bytes = ?1 WHERE id = ?2",
+                rusqlite::params![i(peak), id],
+            )
+            .map_err(|e| self.err(e))?;
+        if n == 0 {
+            return Err(HistoryError::NoSuchRun {
+                url: self.url.clone(),
+                id,
+            });
+        }
+        Ok(())
+    }
+
+    fn count(&self) -> Result<u64, HistoryError> {
+        let conn = self.lock();
+        let n: i64 = conn
+            .query_row("SELECT COUNT(*) FROM runs", [], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        Ok(u(n))
+    }
+
+    fn for_each(
+        &self,
+        f: &mut dyn FnMut(RunRecord) -> Result<(), HistoryError>,
+    ) -> Result<u64, HistoryError> {
+        let conn = self.lock();
+        let sql = format!("{} ORDER BY timestamp_us, id", schema::select_all());
+        let mut stmt = conn.prepare(&sql).map_err(|e| self.err(e))?;
+        let mut rows = stmt.query([]).map_err(|e| self.err(e))?;
+        let mut n = 0;
+        while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+            f(from_row(row).map_err(|e| self.err(e))?)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+}

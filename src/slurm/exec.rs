@@ -1,0 +1,719 @@
+//! The thin executor of the Slurm hooks: reads the environment, the site
+//! config, the job comment (`scontrol`), the sidecar and the controller (or a
+//! local history), and performs what [`super::plan`] decides.
+//!
+//! Every hook fails open: a Slurm hook that exits non-zero fails the job
+//! (TaskProlog) or drains the node (Prolog/Epilog), so these functions never
+//! return an error to the caller; they log why to stderr (which slurmd
+//! keeps in its log) and do nothing.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+
+use super::plan::{self, Backend, Env, HookSettings, JobRequest, JobState, SiteConfig, TaskPlan};
+use super::SlurmError;
+use crate::controller::api::{self, GpuRef, SuggestRequest};
+use crate::core::advisor::{StrategyTargets, Suggestion};
+use crate::core::catalog::{lookup_gpu, GpuSpec};
+use crate::core::run::RunRecord;
+
+/// How long the Epilog waits for each service (it runs after the job, so it
+/// may take a little longer than the TaskProlog, but never long enough to
+/// hold the node).
+const EPILOG_HTTP_TIMEOUT: Duration = Duration::from_secs(3);
+/// Only the end of a job's output is searched for a CUDA OOM: that is where
+/// the traceback is, and output files can be huge.
+const OUTPUT_TAIL_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The process environment.
+pub fn read_env() -> Env {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// Reads the site config (`GPUFIT_SLURM_CONFIG`, else `/etc/gpufit/slurm.toml`
+/// when it exists) and merges it with the environment.
+pub fn load_settings(env: &Env) -> Result<HookSettings, SlurmError> {
+    let (path, explicit) = match env.get("GPUFIT_SLURM_CONFIG").filter(|p| !p.is_empty()) {
+        Some(p) => (PathBuf::from(p), true),
+        None => (PathBuf::from(plan::DEFAULT_CONFIG_PATH), false),
+    };
+    let file = match std::fs::read_to_string(&path) {
+        Ok(text) => SiteConfig::parse(&text, &path)?,
+        Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => SiteConfig::default(),
+        Err(e) => {
+            return Err(SlurmError::Config {
+                path,
+                message: format!("cannot read it: {e}"),
+            })
+        }
+    };
+    HookSettings::resolve(env, &file, &crate::history::default_url())
+}
+
+/// Logs why a hook did nothing: to stderr (kept by slurmd for Prolog and
+/// Epilog) and to syslog (slurmd discards a TaskProlog's stderr).
+fn log_skip(hook: &str, job: Option<&String>, why: &dyn std::fmt::Display) {
+    let job = job.map(String::as_str).unwrap_or("?");
+    let msg = format!("gpufit {hook}: job {job}: {why}");
+    tracing::warn!("{msg}");
+    syslog(&msg);
+}
+
+/// Best effort, never blocking: one datagram to the local syslog socket
+/// (RFC 3164 framing, facility user, severity warning).
+fn syslog(msg: &str) {
+    use std::os::unix::net::UnixDatagram;
+    if let Ok(sock) = UnixDatagram::unbound() {
+        let _ = sock.set_nonblocking(true);
+        let line = format!("<12>gpufit[{}]: {}", std::process::id(), msg);
+        let _ = sock.send_to(line.as_bytes(), "/dev/log");
+    }
+}
+
+// === TaskProlog ===
+
+/// Runs the TaskProlog and returns the `export` lines to print (empty when
+/// the job does not ask for gpufit or anything fails). Returns within the
+/// configured budget (≤ 1.9 s) even when a service hangs.
+pub fn task_prolog(env: Env) -> Vec<String> {
+    let start = Instant::now();
+    let job = env.get("SLURM_JOB_ID").cloned();
+    let settings = match load_settings(&env) {
+        Ok(s) => s,
+        Err(e) => {
+            log_skip("task-prolog", job.as_ref(), &e);
+            return Vec::new();
+        }
+    };
+    let budget = settings.timeout;
+    let (tx, rx) = mpsc::channel();
+    // The work runs on its own thread so a stuck call (DNS, a half-open
+    // socket, a locked database) cannot hold the job: past the budget the
+    // hook prints nothing and the process exits, abandoning the thread.
+    let spawned = std::thread::Builder::new()
+        .name("task-prolog".into())
+        .spawn(move || {
+            let deadline = start + budget;
+            let _ = tx.send(task_prolog_inner(&env, &settings, deadline));
+        });
+    if let Err(e) = spawned {
+        log_skip(
+            "task-prolog",
+            job.as_ref(),
+            &format!("cannot start a thread: {e}"),
+        );
+        return Vec::new();
+    }
+    match rx.recv_timeout(budget.saturating_sub(start.elapsed())) {
+        Ok(Ok(lines)) => lines,
+        Ok(Err(e)) => {
+            log_skip(
+                "task-prolog",
+                job.as_ref(),
+                &format!("{e}; the job runs without gpufit settings"),
+            );
+            Vec::new()
+        }
+        Err(_) => {
+            log_skip(
+                "task-prolog",
+                job.as_ref(),
+                &format!(
+                    "no suggestion within {} ms; the job runs without gpufit settings",
+                    budget.as_millis()
+                ),
+            );
+            Vec::new()
+        }
+    }
+}
+
+fn remaining(deadline: Instant) -> Result<Duration, SlurmError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left < Duration::from_millis(10) {
+        Err(SlurmError::Service("out of time".into()))
+    } else {
+        Ok(left)
+    }
+}
+
+fn task_prolog_inner(
+    env: &Env,
+    settings: &HookSettings,
+    deadline: Instant,
+) -> Result<Vec<String>, SlurmError> {
+    // The comment costs a slurmctld call per task: read it only for jobs
+    // that did not ask through the environment and that have GPUs at all.
+    let comment = if !plan::env_asks(env) && !plan::gpu_indices(env)?.is_empty() {
+        match env.get("SLURM_JOB_ID") {
+            Some(id) => {
+                plan::check_job_id(id)?;
+                job_comment(id, remaining(deadline)?)?
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    let job = match plan::plan_task_prolog(env, settings.strategy, comment.as_deref())? {
+        TaskPlan::Skip { reason } => {
+            tracing::debug!("gpufit task-prolog: {reason}");
+            return Ok(Vec::new());
+        }
+        TaskPlan::Ask(job) => job,
+    };
+    let gpu = find_gpu(settings, &job, deadline)?;
+    let request = job.suggest_request(gpu);
+    let suggestion = ask_suggestion(settings, &request, deadline)?;
+    let state = JobState {
+        job_id: job.job_id.clone(),
+        workload: job.workload.clone(),
+        suggestion: suggestion.clone(),
+        started_at: Utc::now(),
+        node: env.get("SLURMD_NODENAME").cloned(),
+    };
+    if let Err(e) = write_state(&settings.state_dir, &state) {
+        // The job still gets its settings; only the Epilog's record is lost.
+        tracing::warn!(
+            "gpufit task-prolog: job {}: {e}; the run will not be recorded",
+            job.job_id
+        );
+    }
+    Ok(plan::exports(&job.job_id, &suggestion))
+}
+
+/// The job's comment through `scontrol show job` (the TaskProlog does not
+/// see `SLURM_JOB_COMMENT`).
+pub fn job_comment(job_id: &str, timeout: Duration) -> Result<Option<String>, SlurmError> {
+    let out = run_with_timeout(
+        Command::new("scontrol").args(["show", "job", job_id]),
+        timeout,
+    )?;
+    Ok(parse_scontrol_comment(&out))
+}
+
+/// `Comment=` of `scontrol show job` output (its own line; the value runs
+/// to the end of the line). `(null)` is no comment.
+pub fn parse_scontrol_comment(out: &str) -> Option<String> {
+    out.lines()
+        .filter_map(|l| l.trim_start().strip_prefix("Comment="))
+        .map(|c| c.trim_end().to_string())
+        .find(|c| !c.is_empty() && c != "(null)")
+}
+
+fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Result<String, SlurmError> {
+    let name = format!("{:?}", cmd.get_program());
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| SlurmError::Service(format!("cannot run {name}: {e}")))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut out = String::new();
+                if let Some(mut o) = child.stdout.take() {
+                    let _ = o.read_to_string(&mut out);
+                }
+                if !status.success() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    return Err(SlurmError::Service(format!(
+                        "{name} failed ({status}): {}",
+                        err.trim()
+                    )));
+                }
+                return Ok(out);
+            }
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SlurmError::Service(format!(
+                    "{name} did not answer within {} ms",
+                    timeout.as_millis()
+                )));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(SlurmError::Service(format!("waiting for {name}: {e}"))),
+        }
+    }
+}
+
+fn agent(connect: Duration, total: Duration) -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout_connect(connect.min(total))
+        .timeout(total)
+        .build()
+}
+
+/// GPU of the job: the sidecar (`GET /v1/gpus`), else NVML, else the
+/// configured `GPUFIT_GPU`.
+fn find_gpu(
+    settings: &HookSettings,
+    job: &JobRequest,
+    deadline: Instant,
+) -> Result<GpuRef, SlurmError> {
+    if let Some(url) = &settings.sidecar_url {
+        let left = remaining(deadline)?;
+        // Leave the controller at least half of what is left.
+        match sidecar_gpu(url, &job.gpu_indices, left / 2) {
+            Ok(Some(g)) => return Ok(g),
+            Ok(None) => {
+                tracing::warn!("gpufit: sidecar {url} lists no GPU of this job; trying NVML")
+            }
+            Err(e) => tracing::warn!("gpufit: {e}; trying NVML"),
+        }
+    }
+    match crate::sidecar::local_gpu() {
+        Ok(g) => return Ok(GpuRef::Spec(g)),
+        Err(e) => tracing::debug!("gpufit: NVML: {e}"),
+    }
+    match &settings.gpu {
+        Some(name) => Ok(GpuRef::Name(name.clone())),
+        None => Err(SlurmError::Service(
+            "cannot tell the GPU model: no sidecar answered (GPUFIT_SIDECAR_URL), NVML is not available, and GPUFIT_GPU is not set".into(),
+        )),
+    }
+}
+
+/// The job's GPU from the sidecar's `GET /v1/gpus`.
+pub fn sidecar_gpu(
+    url: &str,
+    indices: &[u32],
+    timeout: Duration,
+) -> Result<Option<GpuRef>, SlurmError> {
+    let v: serde_json::Value = agent(Duration::from_millis(300), timeout)
+        .get(&format!("{url}/v1/gpus"))
+        .call()
+        .map_err(|e| SlurmError::Service(format!("sidecar {url}/v1/gpus: {e}")))?
+        .into_json()
+        .map_err(|e| SlurmError::Service(format!("sidecar {url}/v1/gpus: bad JSON: {e}")))?;
+    Ok(gpu_from_sidecar(&v, indices))
+}
+
+/// Picks the job's GPU out of a sidecar GPU list and turns it into a spec:
+/// the catalog entry with the live memory, or the live values alone.
+pub fn gpu_from_sidecar(v: &serde_json::Value, indices: &[u32]) -> Option<GpuRef> {
+    let list = v
+        .as_array()
+        .or_else(|| v.get("gpus").and_then(|g| g.as_array()))?;
+    let index_of = |g: &serde_json::Value| g.get("index").and_then(|i| i.as_u64());
+    let gpu = indices
+        .first()
+        .and_then(|want| list.iter().find(|g| index_of(g) == Some(u64::from(*want))))
+        .or_else(|| list.first())?;
+    let name = gpu
+        .get("name")
+        .or_else(|| gpu.get("model"))
+        .and_then(|n| n.as_str())?
+        .to_string();
+    let memory = [
+        "memory_total_bytes",
+        "memory_bytes",
+        "total_bytes",
+        "memory_total",
+    ]
+    .iter()
+    .find_map(|k| gpu.get(*k).and_then(|m| m.as_u64()))
+    .or_else(|| {
+        gpu.get("memory")
+            .and_then(|m| m.get("total_bytes").or_else(|| m.get("total")))
+            .and_then(|m| m.as_u64())
+    });
+    let cc = gpu
+        .get("compute_capability")
+        .and_then(|c| c.as_str())
+        .map(str::to_string);
+    match (lookup_gpu(&name), memory) {
+        (Ok(mut spec), Some(m)) if m > 0 => {
+            spec.memory_bytes = m;
+            Some(GpuRef::Spec(spec))
+        }
+        (Ok(spec), _) => Some(GpuRef::Spec(spec)),
+        (Err(_), Some(m)) if m > 0 => {
+            let cc = cc.unwrap_or_default();
+            let major_minor: f64 = cc.parse().unwrap_or(0.0);
+            Some(GpuRef::Spec(GpuSpec {
+                name,
+                memory_bytes: m,
+                // bf16 from compute capability 8.0, fp8 from 8.9 (SPEC §1).
+                bf16: major_minor >= 8.0,
+                fp8: major_minor >= 8.9,
+                compute_capability: cc,
+                bf16_tflops: 0.0,
+            }))
+        }
+        (Err(_), _) => Some(GpuRef::Name(name)),
+    }
+}
+
+fn ask_suggestion(
+    settings: &HookSettings,
+    req: &SuggestRequest,
+    deadline: Instant,
+) -> Result<Suggestion, SlurmError> {
+    match &settings.backend {
+        Backend::Controller(url) => {
+            let left = remaining(deadline)?;
+            let resp = agent(Duration::from_millis(500), left)
+                .post(&format!("{url}/v1/suggest"))
+                .send_json(req);
+            match resp {
+                Ok(r) => r.into_json::<Suggestion>().map_err(|e| {
+                    SlurmError::Service(format!("controller {url}: bad suggestion JSON: {e}"))
+                }),
+                Err(ureq::Error::Status(code, r)) => {
+                    let body = r.into_string().unwrap_or_default();
+                    let msg = serde_json::from_str::<api::ErrorBody>(&body)
+                        .map(|b| b.error)
+                        .unwrap_or(body);
+                    Err(SlurmError::Service(format!(
+                        "controller {url} answered {code}: {msg}"
+                    )))
+                }
+                Err(e) => Err(SlurmError::Service(format!(
+                    "controller {url} unreachable: {e}"
+                ))),
+            }
+        }
+        Backend::Local(history) => {
+            let store = crate::history::open(history)
+                .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
+            api::suggest_blocking(store.as_ref(), StrategyTargets::default(), req)
+                .map_err(|e| SlurmError::Service(format!("local suggestion: {}", e.message)))
+        }
+    }
+}
+
+/// Writes the job's state atomically (temp file + rename), readable by the
+/// Epilog. The state dir is world-writable and sticky, like /tmp.
+pub fn write_state(dir: &Path, state: &JobState) -> Result<(), SlurmError> {
+    let path = plan::state_path(dir, &state.job_id);
+    let tmp = dir.join(format!(".job-{}.{}.tmp", state.job_id, std::process::id()));
+    let io = |context: String| move |source| SlurmError::Io { context, source };
+    let text = serde_json::to_vec(state)
+        .map_err(|e| SlurmError::Other(format!("cannot serialize the job state: {e}")))?;
+    let mut f = std::fs::File::create(&tmp)
+        .map_err(io(format!("cannot write state file {}", tmp.display())))?;
+    f.write_all(&text)
+        .map_err(io(format!("cannot write state file {}", tmp.display())))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        SlurmError::Io {
+            context: format!("cannot move the state file to {}", path.display()),
+            source: e,
+        }
+    })
+}
+
+// === Prolog ===
+
+/// The Prolog (root): makes sure the state dir exists (mode 1777) and
+/// writes the GPU → job mapping files. Never fails the job.
+pub fn prolog(env: Env) {
+    let job = env.get("SLURM_JOB_ID").cloned();
+    if let Err(e) = prolog_inner(&env) {
+        log_skip("prolog", job.as_ref(), &e);
+    }
+}
+
+fn prolog_inner(env: &Env) -> Result<(), SlurmError> {
+    let settings = load_settings(env)?;
+    let Some(job_id) = env.get("SLURM_JOB_ID") else {
+        return Err(SlurmError::Job(
+            "SLURM_JOB_ID is not set: not running under Slurm".into(),
+        ));
+    };
+    plan::check_job_id(job_id)?;
+    ensure_state_dir(&settings.state_dir)?;
+    let Some(dir) = &settings.mapping_dir else {
+        return Ok(());
+    };
+    let gpus = plan::gpu_indices(env)?;
+    if gpus.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| SlurmError::Io {
+        context: format!("cannot create the mapping dir {}", dir.display()),
+        source: e,
+    })?;
+    for (path, content) in plan::mapping_files(dir, job_id, &gpus) {
+        std::fs::write(&path, content).map_err(|e| SlurmError::Io {
+            context: format!("cannot write mapping file {}", path.display()),
+            source: e,
+        })?;
+    }
+    Ok(())
+}
+
+fn ensure_state_dir(dir: &Path) -> Result<(), SlurmError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)))
+        .map_err(|e| SlurmError::Io {
+            context: format!("cannot create the state dir {}", dir.display()),
+            source: e,
+        })
+}
+
+// === Epilog ===
+
+/// The Epilog (root): removes the mapping files, and records the run of a
+/// job whose TaskProlog gave settings. Never fails.
+pub fn epilog(env: Env) {
+    let job = env.get("SLURM_JOB_ID").cloned();
+    if let Err(e) = epilog_inner(&env) {
+        log_skip("epilog", job.as_ref(), &e);
+    }
+}
+
+fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
+    let settings = load_settings(env)?;
+    let Some(job_id) = env.get("SLURM_JOB_ID") else {
+        return Err(SlurmError::Job(
+            "SLURM_JOB_ID is not set: not running under Slurm".into(),
+        ));
+    };
+    plan::check_job_id(job_id)?;
+    if let Some(dir) = &settings.mapping_dir {
+        for (path, content) in plan::mapping_files(dir, job_id, &plan::gpu_indices(env)?) {
+            // Only our own mapping: a later job may already own the GPU.
+            if std::fs::read_to_string(&path).is_ok_and(|c| c == content) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let path = plan::state_path(&settings.state_dir, job_id);
+    let Some(state) = read_state(&path, env)? else {
+        tracing::debug!("gpufit epilog: job {job_id}: no state file, nothing to record");
+        return Ok(());
+    };
+    let _ = std::fs::remove_file(&path);
+    let peak = match &settings.sidecar_url {
+        Some(url) => match sidecar_peak(url, job_id) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("gpufit epilog: job {job_id}: {e}; recording without peak memory");
+                None
+            }
+        },
+        None => None,
+    };
+    let (exit_status, derived_status) = plan::exit_state(env);
+    let oom = ["SLURM_JOB_STDOUT", "SLURM_JOB_STDERR"]
+        .iter()
+        .filter_map(|k| env.get(*k))
+        .filter_map(|p| plan::output_path(p, env))
+        .any(|p| output_shows_oom(&p, env.get("SLURM_JOB_UID")));
+    let outcome = plan::Outcome {
+        exit_status,
+        derived_status,
+        oom,
+        peak_memory_bytes: peak,
+        ended_at: Utc::now(),
+    };
+    let node = env.get("SLURMD_NODENAME").cloned();
+    let run = plan::build_run(&state, &outcome, settings.cluster.clone(), node);
+    record_run(&settings, &run)
+}
+
+/// Reads the TaskProlog's state, trusting it only when the job's own user
+/// (or root) wrote it: the state dir is world-writable.
+fn read_state(path: &Path, env: &Env) -> Result<Option<JobState>, SlurmError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(SlurmError::Io {
+                context: format!("cannot read state file {}", path.display()),
+                source: e,
+            })
+        }
+    };
+    if !owned_by_job_user(&meta, env.get("SLURM_JOB_UID")) {
+        return Err(SlurmError::Job(format!(
+            "state file {} is not a regular file of the job's user: ignored",
+            path.display()
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| SlurmError::Io {
+        context: format!("cannot read state file {}", path.display()),
+        source: e,
+    })?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| SlurmError::Job(format!("state file {} is not valid: {e}", path.display())))
+}
+
+fn owned_by_job_user(meta: &std::fs::Metadata, uid: Option<&String>) -> bool {
+    let uid_ok = match uid.and_then(|u| u.parse::<u32>().ok()) {
+        Some(u) => meta.uid() == u || meta.uid() == 0,
+        None => true,
+    };
+    meta.file_type().is_file() && uid_ok
+}
+
+/// Peak GPU memory of the job from the sidecar's `GET /v1/jobs/{id}`.
+pub fn sidecar_peak(url: &str, job_id: &str) -> Result<Option<u64>, SlurmError> {
+    let resp = agent(Duration::from_millis(500), EPILOG_HTTP_TIMEOUT)
+        .get(&format!("{url}/v1/jobs/{job_id}"))
+        .call();
+    match resp {
+        Ok(r) => {
+            let v: serde_json::Value = r
+                .into_json()
+                .map_err(|e| SlurmError::Service(format!("sidecar {url}: bad JSON: {e}")))?;
+            Ok(plan::peak_from_sidecar(&v))
+        }
+        Err(ureq::Error::Status(404, _)) => Ok(None),
+        Err(e) => Err(SlurmError::Service(format!(
+            "sidecar {url}/v1/jobs/{job_id}: {e}"
+        ))),
+    }
+}
+
+/// Whether the end of a job's output file shows a CUDA out-of-memory error.
+/// Reads only a regular file of the job's user (the Epilog runs as root).
+fn output_shows_oom(path: &Path, uid: Option<&String>) -> bool {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    if !owned_by_job_user(&meta, uid) {
+        return false;
+    }
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let start = meta.len().saturating_sub(OUTPUT_TAIL_BYTES);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return false;
+    }
+    let mut buf = Vec::new();
+    if f.take(OUTPUT_TAIL_BYTES).read_to_end(&mut buf).is_err() {
+        return false;
+    }
+    is_cuda_oom(&String::from_utf8_lossy(&buf))
+}
+
+/// Whether a job's output shows PyTorch's CUDA out-of-memory error (the log
+/// parsers' own test, so Kubernetes and Slurm agree).
+pub fn is_cuda_oom(text: &str) -> bool {
+    text.lines().any(crate::core::logs::oom::is_oom_line)
+}
+
+fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError> {
+    match &settings.backend {
+        Backend::Controller(url) => {
+            let token = match &settings.token_file {
+                Some(p) => api::read_token_file(p).map_err(|e| SlurmError::Service(e.to_string()))?,
+                None => {
+                    return Err(SlurmError::Service(
+                        "no token file (GPUFIT_TOKEN_FILE / token_file in the site config): the controller refuses runs without its token".into(),
+                    ))
+                }
+            };
+            let resp = agent(Duration::from_millis(500), EPILOG_HTTP_TIMEOUT)
+                .post(&format!("{url}/v1/runs"))
+                .set("Authorization", &format!("Bearer {token}"))
+                .send_json(run);
+            match resp {
+                Ok(_) => Ok(()),
+                Err(ureq::Error::Status(code, r)) => {
+                    let body = r.into_string().unwrap_or_default();
+                    Err(SlurmError::Service(format!(
+                        "controller {url} refused the run ({code}): {body}"
+                    )))
+                }
+                Err(e) => Err(SlurmError::Service(format!(
+                    "controller {url} unreachable: {e}"
+                ))),
+            }
+        }
+        Backend::Local(history) => {
+            let store = crate::history::open(history)
+                .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
+            let mut run = run.clone();
+            run.model = api::canonical_model(&run.model);
+            store
+                .record(&run)
+                .map(|_| ())
+                .map_err(|e| SlurmError::Service(format!("local history: {e}")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scontrol_comment_is_read_from_its_own_line() {
+        let out = "JobId=7 JobName=x\n   UserId=root(0) GroupId=root(0)\n   Comment=gpufit: model=m seq_len=2048 \n   StdOut=/tmp/o\n";
+        assert_eq!(
+            parse_scontrol_comment(out).as_deref(),
+            Some("gpufit: model=m seq_len=2048")
+        );
+        assert_eq!(parse_scontrol_comment("JobId=7\n   Comment=(null)\n"), None);
+        assert_eq!(parse_scontrol_comment("JobId=7\n"), None);
+    }
+
+    #[test]
+    fn the_sidecar_gpu_matching_the_job_index_is_chosen_and_live_memory_wins() {
+        let v = serde_json::json!({"gpus": [
+            {"index": 0, "name": "Some Unknown GPU", "memory_total_bytes": 1000, "compute_capability": "9.0"},
+            {"index": 1, "name": "Other Unknown GPU", "memory_total_bytes": 2000, "compute_capability": "7.5"},
+        ]});
+        match gpu_from_sidecar(&v, &[1]) {
+            Some(GpuRef::Spec(s)) => {
+                assert_eq!(s.name, "Other Unknown GPU");
+                assert_eq!(s.memory_bytes, 2000);
+                assert!(!s.bf16, "compute capability 7.5 has no bf16");
+            }
+            other => panic!("{other:?}"),
+        }
+        match gpu_from_sidecar(&v, &[]) {
+            Some(GpuRef::Spec(s)) => assert!(s.bf16 && s.fp8 && s.memory_bytes == 1000),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(gpu_from_sidecar(&serde_json::json!([]), &[0]), None);
+        assert_eq!(
+            gpu_from_sidecar(&serde_json::json!([{"name": "X"}]), &[0]),
+            Some(GpuRef::Name("X".into()))
+        );
+    }
+
+    #[test]
+    fn cuda_oom_messages_are_recognised_and_others_are_not() {
+        assert!(is_cuda_oom(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        ));
+        assert!(is_cuda_oom("RuntimeError: CUDA error: out of memory"));
+        assert!(!is_cuda_oom(
+            "RuntimeError: NCCL error: unhandled system error"
+        ));
+    }
+
+    #[test]
+    fn a_hanging_command_is_killed_at_its_timeout() {
+        let t = Instant::now();
+        let err = run_with_timeout(Command::new("sleep").arg("5"), Duration::from_millis(100))
+            .unwrap_err();
+        assert!(err.to_string().contains("did not answer"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,744 @@
+//! The pure part of the Slurm hooks: environment + job information → what
+//! to do. No I/O here; [`super::exec`] reads the inputs and performs the
+//! actions, so every decision is tested with tables.
+//!
+//! How a job asks for gpufit (either or both; the environment wins field by
+//! field because it is the more specific of the two):
+//! - `GPUFIT_MODEL`, `GPUFIT_SEQ_LEN`, `GPUFIT_GLOBAL_BATCH`, `GPUFIT_METHOD`,
+//!   `GPUFIT_LORA_RANK`, `GPUFIT_LORA_TARGETS`, `GPUFIT_GPUS`,
+//!   `GPUFIT_OPTIMIZER`, `GPUFIT_FRAMEWORK`, `GPUFIT_ZERO`,
+//!   `GPUFIT_ATTENTION`, `GPUFIT_STRATEGY` in the job's environment
+//!   (submitter's environment or `--export`);
+//! - a `gpufit:` section in `--comment`, e.g.
+//!   `--comment "gpufit: model=meta-llama/Llama-3.1-8B seq_len=2048 global_batch=32"`
+//!   (pairs separated by spaces or commas, ending at `;` or the end).
+//!
+//! Engineering fields the user sets (`GPUFIT_MICRO_BATCH_SIZE`, `GPUFIT_DTYPE`,
+//! `micro_batch_size=` in the comment, …) are pins: kept as they are.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::SlurmError;
+use crate::controller::api::{GpuRef, SuggestRequest, WorkloadSpec};
+use crate::core::advisor::{Strategy, Suggestion};
+use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::settings::{Dtype, Pins};
+use crate::core::workload::{Attention, Framework, LoraTarget, Method, Optimizer, Sharding};
+
+/// A hook's environment (name → value).
+pub type Env = BTreeMap<String, String>;
+
+/// Default site config file (override with `GPUFIT_SLURM_CONFIG`).
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpufit/slurm.toml";
+/// Default spool directory for per-job state (world-writable, sticky).
+pub const DEFAULT_STATE_DIR: &str = "/var/spool/gpufit";
+/// Default total time budget of the TaskProlog: below Slurm's patience and
+/// the 2 s promise, with room for process start-up.
+pub const DEFAULT_TIMEOUT_MS: u64 = 1500;
+/// Hard ceiling of the TaskProlog budget (fail open within 2 s).
+pub const MAX_TIMEOUT_MS: u64 = 1900;
+
+// === site settings ===
+
+/// The site config file (`/etc/gpufit/slurm.toml`). Every field can be
+/// overridden by the environment variable named in its doc.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteConfig {
+    /// `GPUFIT_CONTROLLER_URL`: the controller's HTTP API, e.g. `http://gpufit:8080`.
+    pub controller_url: Option<String>,
+    /// `GPUFIT_HISTORY`: local history used when no controller is configured.
+    pub history: Option<String>,
+    /// `GPUFIT_SIDECAR_URL`: the node sidecar, e.g. `http://127.0.0.1:9400`.
+    pub sidecar_url: Option<String>,
+    /// `GPUFIT_GPU`: GPU model name when neither the sidecar nor NVML answer.
+    pub gpu: Option<String>,
+    /// `GPUFIT_TOKEN_FILE`: bearer token for `POST /v1/runs` (root-readable only).
+    pub token_file: Option<PathBuf>,
+    /// `GPUFIT_STATE_DIR`: per-job state written by TaskProlog, read by Epilog.
+    pub state_dir: Option<PathBuf>,
+    /// `GPUFIT_MAPPING_DIR`: GPU index → job id files for the sidecar
+    /// (dcgm-exporter HPC convention); unset: Prolog writes none.
+    pub mapping_dir: Option<PathBuf>,
+    /// `GPUFIT_CLUSTER`: cluster name recorded with runs (default `SLURM_CLUSTER_NAME`).
+    pub cluster: Option<String>,
+    /// `GPUFIT_STRATEGY`: site default strategy (a job's own wins).
+    pub strategy: Option<String>,
+    /// `GPUFIT_TIMEOUT_MS`: TaskProlog time budget (capped at 1900 ms).
+    pub timeout_ms: Option<u64>,
+}
+
+impl SiteConfig {
+    /// Parses the TOML text of a site config.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, SlurmError> {
+        toml::from_str(text).map_err(|e| SlurmError::Config {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Where suggestions come from and runs go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// The controller's HTTP API.
+    Controller(String),
+    /// A history store opened by the hook itself.
+    Local(String),
+}
+
+/// Site config merged with the environment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HookSettings {
+    pub backend: Backend,
+    pub sidecar_url: Option<String>,
+    pub gpu: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub mapping_dir: Option<PathBuf>,
+    pub cluster: Option<String>,
+    pub strategy: Strategy,
+    /// Total TaskProlog budget.
+    pub timeout: Duration,
+}
+
+impl HookSettings {
+    /// Environment over file over defaults. `default_history` is the store
+    /// used when neither a controller nor a history is configured.
+    pub fn resolve(
+        env: &Env,
+        file: &SiteConfig,
+        default_history: &str,
+    ) -> Result<Self, SlurmError> {
+        let pick = |var: &str, f: &Option<String>| -> Option<String> {
+            non_empty(env.get(var)).or_else(|| f.clone().filter(|s| !s.trim().is_empty()))
+        };
+        let pick_path = |var: &str, f: &Option<PathBuf>| -> Option<PathBuf> {
+            non_empty(env.get(var))
+                .map(PathBuf::from)
+                .or_else(|| f.clone())
+        };
+        let backend = match pick("GPUFIT_CONTROLLER_URL", &file.controller_url) {
+            Some(url) => Backend::Controller(url.trim_end_matches('/').to_string()),
+            None => Backend::Local(
+                pick("GPUFIT_HISTORY", &file.history).unwrap_or_else(|| default_history.into()),
+            ),
+        };
+        let strategy = match pick("GPUFIT_STRATEGY", &file.strategy) {
+            Some(s) => s
+                .parse()
+                .map_err(|e: String| SlurmError::Job(format!("GPUFIT_STRATEGY: {e}")))?,
+            None => Strategy::Balanced,
+        };
+        let timeout_ms = match non_empty(env.get("GPUFIT_TIMEOUT_MS")) {
+            Some(v) => v.trim().parse::<u64>().map_err(|_| {
+                SlurmError::Job(format!(
+                    "GPUFIT_TIMEOUT_MS=`{v}` is not a number of milliseconds"
+                ))
+            })?,
+            None => file.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+        };
+        Ok(HookSettings {
+            backend,
+            sidecar_url: pick("GPUFIT_SIDECAR_URL", &file.sidecar_url)
+                .map(|u| u.trim_end_matches('/').to_string()),
+            gpu: pick("GPUFIT_GPU", &file.gpu),
+            token_file: pick_path("GPUFIT_TOKEN_FILE", &file.token_file),
+            state_dir: pick_path("GPUFIT_STATE_DIR", &file.state_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            mapping_dir: pick_path("GPUFIT_MAPPING_DIR", &file.mapping_dir),
+            cluster: pick("GPUFIT_CLUSTER", &file.cluster)
+                .or_else(|| non_empty(env.get("SLURM_CLUSTER_NAME"))),
+            strategy,
+            timeout: Duration::from_millis(timeout_ms.clamp(100, MAX_TIMEOUT_MS)),
+        })
+    }
+}
+
+fn non_empty(v: Option<&String>) -> Option<String> {
+    v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+// === what the job asks for ===
+
+/// The `gpufit:` section of a job comment, if any (text after `gpufit:`
+/// up to `;` or the end).
+pub fn comment_section(comment: &str) -> Option<&str> {
+    let lower = comment.to_ascii_lowercase();
+    let start = lower.find("gpufit:")? + "gpufit:".len();
+    let rest = &comment[start..];
+    let section = rest.split(';').next().unwrap_or("").trim();
+    Some(section)
+}
+
+/// `key=value` pairs of a comment section; keys normalized.
+fn comment_pairs(section: &str) -> Result<BTreeMap<String, String>, SlurmError> {
+    let mut out = BTreeMap::new();
+    for token in section
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|t| !t.is_empty())
+    {
+        let (k, v) = token.split_once('=').ok_or_else(|| {
+            SlurmError::Job(format!(
+                "job comment: `{token}` is not key=value (e.g. `gpufit: model=llama-3.1-8b seq_len=2048`)"
+            ))
+        })?;
+        out.insert(normalize_key(k), v.trim().to_string());
+    }
+    Ok(out)
+}
+
+/// `GPUFIT_SEQ_LEN`, `seq-len`, `SEQ_LEN` → `seq_len`.
+fn normalize_key(k: &str) -> String {
+    let k = k.trim().to_ascii_lowercase().replace('-', "_");
+    let k = k.strip_prefix("gpufit_").map(str::to_string).unwrap_or(k);
+    match k.as_str() {
+        "num_workers" => "dataloader_num_workers".into(),
+        "gradient_accumulation_steps" => "grad_accum_steps".into(),
+        _ => k,
+    }
+}
+
+/// Keys a job may give (without the `GPUFIT_` prefix).
+const WORKLOAD_KEYS: &[&str] = &[
+    "model",
+    "method",
+    "lora_rank",
+    "lora_targets",
+    "seq_len",
+    "global_batch",
+    "gpus",
+    "optimizer",
+    "framework",
+    "zero",
+    "attention",
+    "strategy",
+];
+/// Engineering keys a job may pin (the same names the TaskProlog exports).
+const PIN_KEYS: &[&str] = &[
+    "micro_batch_size",
+    "grad_accum_steps",
+    "dtype",
+    "activation_checkpointing",
+    "activation_offloading",
+    "compile",
+    "dataloader_num_workers",
+];
+
+/// What the TaskProlog should do for a task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskPlan {
+    /// Print nothing. `reason` is logged at debug level.
+    Skip { reason: String },
+    /// Ask for a suggestion and print its exports.
+    Ask(Box<JobRequest>),
+}
+
+/// A job that asks for gpufit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRequest {
+    pub job_id: String,
+    pub workload: WorkloadSpec,
+    pub strategy: Strategy,
+    pub pins: Pins,
+    /// Physical GPU indices on this node (`SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`).
+    pub gpu_indices: Vec<u32>,
+}
+
+impl JobRequest {
+    /// The API request for this job on a GPU.
+    pub fn suggest_request(&self, gpu: GpuRef) -> SuggestRequest {
+        SuggestRequest {
+            workload: self.workload.clone(),
+            gpu,
+            strategy: Some(self.strategy),
+            pins: self.pins.clone(),
+        }
+    }
+}
+
+/// Whether the job's environment alone asks for gpufit (then the comment
+/// need not be read, which saves a `scontrol` call per task).
+pub fn env_asks(env: &Env) -> bool {
+    non_empty(env.get("GPUFIT_MODEL")).is_some()
+}
+
+/// Decides the TaskProlog. `comment` is the job's comment when it was read
+/// (None when the environment already asks, or it could not be read).
+pub fn plan_task_prolog(
+    env: &Env,
+    site_strategy: Strategy,
+    comment: Option<&str>,
+) -> Result<TaskPlan, SlurmError> {
+    let Some(job_id) = non_empty(env.get("SLURM_JOB_ID")) else {
+        return Ok(TaskPlan::Skip {
+            reason: "SLURM_JOB_ID is not set: not running under Slurm".into(),
+        });
+    };
+    check_job_id(&job_id)?;
+    // A previous TaskProlog of this job (the batch step) already decided and
+    // its exports were inherited by this step: every rank keeps those.
+    let decided_for = non_empty(env.get("GPUFIT_JOB_ID"));
+    if decided_for.as_deref() == Some(job_id.as_str())
+        && env.contains_key("GPUFIT_SUGGESTION_SOURCE")
+    {
+        return Ok(TaskPlan::Skip {
+            reason: format!(
+                "job {job_id} already has its gpufit settings (inherited from its batch step)"
+            ),
+        });
+    }
+    // Exports inherited from another job (sbatch from inside a job) are stale,
+    // not pins the user chose.
+    let stale_exports = decided_for.is_some();
+
+    let mut fields: BTreeMap<String, String> = BTreeMap::new();
+    if let Some(section) = comment.and_then(comment_section) {
+        for (k, v) in comment_pairs(section)? {
+            if !WORKLOAD_KEYS.contains(&k.as_str()) && !PIN_KEYS.contains(&k.as_str()) {
+                return Err(SlurmError::Job(format!(
+                    "job comment: unknown key `{k}`: use {}, or pin {}",
+                    WORKLOAD_KEYS.join(", "),
+                    PIN_KEYS.join(", ")
+                )));
+            }
+            fields.insert(k, v);
+        }
+    }
+    for key in WORKLOAD_KEYS {
+        if let Some(v) = non_empty(env.get(&format!("GPUFIT_{}", key.to_ascii_uppercase()))) {
+            fields.insert(key.to_string(), v);
+        }
+    }
+    if !stale_exports {
+        for key in PIN_KEYS {
+            if let Some(v) = non_empty(env.get(&format!("GPUFIT_{}", key.to_ascii_uppercase()))) {
+                fields.insert(key.to_string(), v);
+            }
+        }
+    }
+    let Some(model) = fields.get("model").cloned() else {
+        return Ok(TaskPlan::Skip {
+            reason: format!(
+                "job {job_id} does not ask for gpufit (no GPUFIT_MODEL, no `gpufit:` comment)"
+            ),
+        });
+    };
+    let gpu_indices = gpu_indices(env)?;
+    let seq_len = parse_num::<u32>(&fields, "seq_len")?.ok_or_else(|| {
+        SlurmError::Job("GPUFIT_SEQ_LEN (or seq_len= in the comment) is required: the training sequence length in tokens".into())
+    })?;
+    let gpus = match parse_num::<u32>(&fields, "gpus")? {
+        Some(g) => Some(g),
+        None => {
+            // Data-parallel GPUs: those on this node times the job's nodes.
+            let nodes = non_empty(env.get("SLURM_JOB_NUM_NODES"))
+                .or_else(|| non_empty(env.get("SLURM_NNODES")))
+                .and_then(|n| n.parse::<u32>().ok())
+                .unwrap_or(1)
+                .max(1);
+            Some((gpu_indices.len() as u32).max(1) * nodes)
+        }
+    };
+    let sharding = match parse_num::<u8>(&fields, "zero")? {
+        None | Some(0) => None,
+        Some(1) => Some(Sharding::Zero1),
+        Some(2) => Some(Sharding::Zero2),
+        Some(3) => Some(Sharding::Zero3),
+        Some(z) => {
+            return Err(SlurmError::Job(format!(
+                "GPUFIT_ZERO={z}: use a ZeRO stage 0, 1, 2 or 3"
+            )))
+        }
+    };
+    let workload = WorkloadSpec {
+        model,
+        method: parse_with(&fields, "method", |s| s.parse::<Method>())?,
+        lora_rank: parse_num(&fields, "lora_rank")?,
+        lora_targets: parse_with(&fields, "lora_targets", parse_lora_targets)?,
+        seq_len,
+        global_batch: parse_num(&fields, "global_batch")?,
+        gpus,
+        optimizer: parse_with(&fields, "optimizer", parse_optimizer)?,
+        sharding,
+        framework: parse_with(&fields, "framework", parse_framework)?,
+        attention: parse_with(&fields, "attention", parse_attention)?,
+    };
+    let strategy =
+        parse_with(&fields, "strategy", |s| s.parse::<Strategy>())?.unwrap_or(site_strategy);
+    let pins = Pins {
+        micro_batch_size: parse_num(&fields, "micro_batch_size")?,
+        gradient_accumulation_steps: parse_num(&fields, "grad_accum_steps")?,
+        dtype: parse_with(&fields, "dtype", |s| s.parse::<Dtype>())?,
+        activation_checkpointing: parse_with(&fields, "activation_checkpointing", parse_bool)?,
+        activation_offloading: parse_with(&fields, "activation_offloading", parse_bool)?,
+        compile: parse_with(&fields, "compile", parse_bool)?,
+        num_workers: parse_num(&fields, "dataloader_num_workers")?,
+    };
+    Ok(TaskPlan::Ask(Box::new(JobRequest {
+        job_id,
+        workload,
+        strategy,
+        pins,
+        gpu_indices,
+    })))
+}
+
+/// Slurm job ids are decimal numbers; anything else is refused before it
+/// becomes part of a file name.
+pub fn check_job_id(id: &str) -> Result<(), SlurmError> {
+    if !id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(())
+    } else {
+        Err(SlurmError::Job(format!(
+            "SLURM_JOB_ID=`{id}` is not a job number"
+        )))
+    }
+}
+
+/// Physical GPU indices of the job on this node: `SLURM_JOB_GPUS` (set by
+/// Slurm for GPU gres), else `CUDA_VISIBLE_DEVICES` when it holds indices.
+pub fn gpu_indices(env: &Env) -> Result<Vec<u32>, SlurmError> {
+    for var in ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"] {
+        let Some(v) = non_empty(env.get(var)) else {
+            continue;
+        };
+        let parsed: Result<Vec<u32>, _> = v.split(',').map(|s| s.trim().parse::<u32>()).collect();
+        match parsed {
+            Ok(list) => return Ok(list),
+            // CUDA_VISIBLE_DEVICES may hold UUIDs or MIG ids: no indices then.
+            Err(_) if var == "CUDA_VISIBLE_DEVICES" => return Ok(Vec::new()),
+            Err(_) => {
+                return Err(SlurmError::Job(format!(
+                    "{var}=`{v}` is not a list of GPU indices"
+                )))
+            }
+        }
+    }
+    Ok(Vec::new())
+}
+
+fn parse_num<T: std::str::FromStr>(
+    f: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<T>, SlurmError> {
+    parse_with(f, key, |s| {
+        s.parse::<T>()
+            .map_err(|_| format!("`{s}` is not a whole number"))
+    })
+}
+
+fn parse_with<T, E: std::fmt::Display>(
+    f: &BTreeMap<String, String>,
+    key: &str,
+    p: impl Fn(&str) -> Result<T, E>,
+) -> Result<Option<T>, SlurmError> {
+    match f.get(key) {
+        None => Ok(None),
+        Some(v) => p(v.trim())
+            .map(Some)
+            .map_err(|e| SlurmError::Job(format!("GPUFIT_{}: {e}", key.to_ascii_uppercase()))),
+    }
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("`{s}` is not a switch: use true or false")),
+    }
+}
+
+fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
+    match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+        "adamw" | "adam" => Ok(Optimizer::Adamw),
+        "adamw8bit" | "adam8bit" | "pagedadamw8bit" => Ok(Optimizer::Adamw8bit),
+        "sgd" => Ok(Optimizer::Sgd),
+        "adafactor" => Ok(Optimizer::Adafactor),
+        _ => Err(format!(
+            "unknown optimizer `{s}`: use adamw, adamw8bit, sgd or adafactor"
+        )),
+    }
+}
+
+fn parse_framework(s: &str) -> Result<Framework, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "generic" => Ok(Framework::Generic),
+        "hf" | "huggingface" | "transformers" => Ok(Framework::Hf),
+        "torchtune" => Ok(Framework::Torchtune),
+        "litgpt" => Ok(Framework::Litgpt),
+        "lightning" => Ok(Framework::Lightning),
+        _ => Err(format!(
+            "unknown framework `{s}`: use generic, hf, torchtune, litgpt or lightning"
+        )),
+    }
+}
+
+fn parse_attention(s: &str) -> Result<Attention, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "sdpa" | "flash" | "flash_attention_2" => Ok(Attention::Sdpa),
+        "eager" => Ok(Attention::Eager),
+        _ => Err(format!("unknown attention `{s}`: use sdpa or eager")),
+    }
+}
+
+fn parse_lora_targets(s: &str) -> Result<Vec<LoraTarget>, String> {
+    if s.eq_ignore_ascii_case("all-linear") || s.eq_ignore_ascii_case("all_linear") {
+        return Ok(vec![
+            LoraTarget::Q,
+            LoraTarget::K,
+            LoraTarget::V,
+            LoraTarget::O,
+            LoraTarget::Gate,
+            LoraTarget::Up,
+            LoraTarget::Down,
+        ]);
+    }
+    // `+` or `:` separate targets inside a comment, where `,` separates pairs.
+    s.split([',', '+', ':'])
+        .filter(|t| !t.is_empty())
+        .map(
+            |t| match t.trim().to_ascii_lowercase().trim_end_matches("_proj") {
+                "q" => Ok(LoraTarget::Q),
+                "k" => Ok(LoraTarget::K),
+                "v" => Ok(LoraTarget::V),
+                "o" | "output" => Ok(LoraTarget::O),
+                "gate" | "w1" => Ok(LoraTarget::Gate),
+                "up" | "w3" => Ok(LoraTarget::Up),
+                "down" | "w2" => Ok(LoraTarget::Down),
+                "lm_head" | "output_proj" => Ok(LoraTarget::LmHead),
+                o => Err(format!(
+                    "unknown LoRA target `{o}`: use q,k,v,o,gate,up,down,lm_head or all-linear"
+                )),
+            },
+        )
+        .collect()
+}
+
+// === what the TaskProlog prints ===
+
+/// The `export NAME=value` lines for a suggestion. Slurm takes the value
+/// literally up to the end of the line, so values are single-line.
+pub fn exports(job_id: &str, s: &Suggestion) -> Vec<String> {
+    let source = serde_json::to_value(s.source)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{:?}", s.source));
+    // The same names and spellings the Kubernetes controller injects.
+    let mut pairs = crate::controller::inject::env_vars(&s.settings);
+    pairs.extend([
+        ("GPUFIT_SUGGESTION_SOURCE", source),
+        ("GPUFIT_CONFIDENCE", format!("{:.2}", s.confidence)),
+        (
+            "GPUFIT_PREDICTED_PEAK_BYTES",
+            s.predicted_peak_bytes.to_string(),
+        ),
+        ("GPUFIT_GPU_MODEL", s.gpu.clone()),
+        ("GPUFIT_REASONING", s.reasoning.clone()),
+        ("GPUFIT_JOB_ID", job_id.to_string()),
+    ]);
+    pairs
+        .into_iter()
+        .map(|(k, v)| format!("export {k}={}", single_line(&v)))
+        .collect()
+}
+
+fn single_line(v: &str) -> String {
+    v.chars()
+        .map(|c| {
+            if c == '\n' || c == '\r' || c == '\0' {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect::<String>()
+        .trim()
+        .to_string()
+}
+
+// === per-job state: TaskProlog → Epilog ===
+
+/// What the TaskProlog decided, saved for the Epilog (which does not see
+/// the job's `--export` variables nor the TaskProlog's exports).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobState {
+    pub job_id: String,
+    pub workload: WorkloadSpec,
+    pub suggestion: Suggestion,
+    /// When the TaskProlog ran (the run's start, for its duration).
+    pub started_at: DateTime<Utc>,
+    pub node: Option<String>,
+}
+
+/// The state file of a job.
+pub fn state_path(state_dir: &Path, job_id: &str) -> PathBuf {
+    state_dir.join(format!("job-{job_id}.json"))
+}
+
+// === Prolog: GPU → job mapping ===
+
+/// What the Prolog writes: one file per GPU index holding the job id
+/// (dcgm-exporter's HPC job-mapping convention), read by the sidecar.
+pub fn mapping_files(mapping_dir: &Path, job_id: &str, gpus: &[u32]) -> Vec<(PathBuf, String)> {
+    gpus.iter()
+        .map(|g| (mapping_dir.join(g.to_string()), format!("{job_id}\n")))
+        .collect()
+}
+
+// === Epilog: the run ===
+
+/// How the job ended, as the Epilog reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// `SLURM_JOB_EXIT_CODE` (a wait(2) status: 0 = success).
+    pub exit_status: Option<i64>,
+    /// `SLURM_JOB_DERIVED_EC`: highest exit status of the job's steps.
+    pub derived_status: Option<i64>,
+    /// A CUDA out-of-memory error was found in the job's output.
+    pub oom: bool,
+    /// Peak GPU memory of the job from the sidecar.
+    pub peak_memory_bytes: Option<u64>,
+    pub ended_at: DateTime<Utc>,
+}
+
+/// Reads the exit state from the Epilog's environment.
+pub fn exit_state(env: &Env) -> (Option<i64>, Option<i64>) {
+    let num = |k: &str| non_empty(env.get(k)).and_then(|v| v.parse::<i64>().ok());
+    (num("SLURM_JOB_EXIT_CODE"), num("SLURM_JOB_DERIVED_EC"))
+}
+
+/// The run record of a finished job.
+pub fn build_run(
+    state: &JobState,
+    outcome: &Outcome,
+    cluster: Option<String>,
+    node: Option<String>,
+) -> RunRecord {
+    let failed_exit = outcome.exit_status.is_some_and(|s| s != 0)
+        || outcome.derived_status.is_some_and(|s| s != 0);
+    let success = !outcome.oom && !failed_exit && outcome.exit_status.is_some();
+    let failure_reason = if outcome.oom {
+        Some(FailureReason::Oom)
+    } else if success {
+        None
+    } else {
+        Some(FailureReason::OtherError)
+    };
+    let duration = (outcome.ended_at - state.started_at).num_milliseconds() as f64 / 1000.0;
+    let s = &state.suggestion;
+    // The catalog's canonical name and the method the name implies, so the
+    // run lands on the key the advisor queries.
+    let resolved = crate::controller::api::resolve_workload(&state.workload).ok();
+    let (model, method) = match &resolved {
+        Some(w) => (w.model.name.clone(), w.method),
+        None => (
+            state.workload.model.clone(),
+            state.workload.method.unwrap_or(Method::Full),
+        ),
+    };
+    RunRecord {
+        id: None,
+        timestamp: outcome.ended_at,
+        cluster,
+        node: node.or_else(|| state.node.clone()),
+        source: RunSource::Slurm,
+        job_id: Some(state.job_id.clone()),
+        model,
+        method,
+        gpu_model: s.gpu.clone(),
+        seq_len: state.workload.seq_len,
+        lora_rank: state.workload.lora_rank,
+        gpus: state.workload.gpus.unwrap_or(1),
+        global_batch: state.workload.global_batch,
+        settings: s.settings.clone(),
+        result: RunResult {
+            success,
+            failure_reason,
+            peak_memory_bytes: outcome.peak_memory_bytes,
+            samples_per_sec: None,
+            tokens_per_sec: None,
+            duration_sec: (duration >= 0.0).then_some(duration),
+        },
+        predicted_peak_bytes: Some(s.predicted_peak_bytes),
+    }
+}
+
+/// The peak memory in a sidecar `GET /v1/jobs/{id}` answer.
+pub fn peak_from_sidecar(v: &serde_json::Value) -> Option<u64> {
+    let direct = ["peak_memory_bytes", "peak_bytes", "memory_peak_bytes"];
+    for k in direct {
+        if let Some(n) = v.get(k).and_then(|x| x.as_u64()) {
+            return Some(n);
+        }
+    }
+    // `{"peak": {"bytes": N, "method": …}}`
+    if let Some(n) = v
+        .get("peak")
+        .and_then(|p| p.get("bytes").or_else(|| p.get("peak_bytes")))
+        .and_then(|x| x.as_u64())
+    {
+        return Some(n);
+    }
+    v.get("job").and_then(peak_from_sidecar)
+}
+
+/// The job's output file: `SLURM_JOB_STDOUT` is the `--output` pattern as
+/// given (`out/%j.out`), so its `%` fields are filled in here and a relative
+/// path is taken from the job's working directory.
+pub fn output_path(pattern: &str, env: &Env) -> Option<PathBuf> {
+    if pattern.is_empty() || pattern == "/dev/null" {
+        return None;
+    }
+    let get = |k: &str| env.get(k).cloned().unwrap_or_default();
+    let job = get("SLURM_JOB_ID");
+    let mut out = String::new();
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut width = String::new();
+        while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            width.push(*d);
+            chars.next();
+        }
+        let value = match chars.next() {
+            Some('%') => "%".to_string(),
+            Some('j') | Some('J') => job.clone(),
+            Some('A') => env
+                .get("SLURM_ARRAY_JOB_ID")
+                .cloned()
+                .unwrap_or_else(|| job.clone()),
+            Some('a') => get("SLURM_ARRAY_TASK_ID"),
+            Some('u') => get("SLURM_JOB_USER"),
+            Some('x') => get("SLURM_JOB_NAME"),
+            Some('N') => get("SLURMD_NODENAME"),
+            // Node, step and task numbers of the batch script's output.
+            Some('n') | Some('s') | Some('t') => "0".to_string(),
+            Some(other) => format!("%{width}{other}"),
+            None => "%".to_string(),
+        };
+        let w: usize = width.parse().unwrap_or(0);
+        if value.len() < w && value.bytes().all(|b| b.is_ascii_digit()) {
+            out.push_str(&"0".repeat(w - value.len()));
+        }
+        out.push_str(&value);
+    }
+    let path = PathBuf::from(out);
+    if path.is_absolute() {
+        Some(path)
+    } else {
+        env.get("SLURM_JOB_WORK_DIR")
+            .map(|d| Path::new(d).join(path))
+    }
+}
+
+#[cfg(test)]
+mod tests;

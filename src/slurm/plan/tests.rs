@@ -1,0 +1,472 @@
+//! Table tests of the hooks' decisions.
+
+use super::*;
+use crate::core::advisor::SuggestionSource;
+use crate::core::settings::EngineeringSettings;
+
+fn env(pairs: &[(&str, &str)]) -> Env {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn ask(plan: TaskPlan) -> JobRequest {
+    match plan {
+        TaskPlan::Ask(r) => *r,
+        TaskPlan::Skip { reason } => panic!("expected a request, got skip: {reason}"),
+    }
+}
+
+fn suggestion() -> Suggestion {
+    Suggestion {
+        settings: EngineeringSettings {
+            micro_batch_size: 4,
+            gradient_accumulation_steps: 8,
+            ..EngineeringSettings::default()
+        },
+        predicted_peak_bytes: 60_000_000_000,
+        memory_fraction: 0.7,
+        confidence: 0.42,
+        source: SuggestionSource::Heuristic,
+        strategy: Strategy::Balanced,
+        gpu: "NVIDIA A100-SXM4-80GB".into(),
+        reasoning: "line one\nline two".into(),
+        warnings: vec![],
+    }
+}
+
+#[test]
+fn jobs_that_do_not_ask_for_gpufit_are_skipped() {
+    let cases: &[(&str, Env, Option<&str>)] = &[
+        ("no job id", env(&[("GPUFIT_MODEL", "m")]), None),
+        ("no model, no comment", env(&[("SLURM_JOB_ID", "7")]), None),
+        (
+            "empty model",
+            env(&[("SLURM_JOB_ID", "7"), ("GPUFIT_MODEL", " ")]),
+            None,
+        ),
+        (
+            "comment without section",
+            env(&[("SLURM_JOB_ID", "7")]),
+            Some("nightly eval run"),
+        ),
+        (
+            "already decided by the batch step",
+            env(&[
+                ("SLURM_JOB_ID", "7"),
+                ("GPUFIT_MODEL", "m"),
+                ("GPUFIT_SEQ_LEN", "2048"),
+                ("GPUFIT_JOB_ID", "7"),
+                ("GPUFIT_SUGGESTION_SOURCE", "heuristic"),
+            ]),
+            None,
+        ),
+    ];
+    for (name, e, comment) in cases {
+        let plan = plan_task_prolog(e, Strategy::Balanced, *comment).unwrap();
+        assert!(matches!(plan, TaskPlan::Skip { .. }), "{name}: {plan:?}");
+    }
+}
+
+#[test]
+fn the_environment_describes_the_workload_and_the_gpus() {
+    let e = env(&[
+        ("SLURM_JOB_ID", "42"),
+        ("SLURM_JOB_GPUS", "2,3"),
+        ("SLURM_JOB_NUM_NODES", "2"),
+        ("GPUFIT_MODEL", "meta-llama/Llama-3.1-8B"),
+        ("GPUFIT_SEQ_LEN", "4096"),
+        ("GPUFIT_GLOBAL_BATCH", "64"),
+        ("GPUFIT_METHOD", "lora"),
+        ("GPUFIT_LORA_RANK", "16"),
+        ("GPUFIT_LORA_TARGETS", "q_proj,v_proj,o"),
+        ("GPUFIT_OPTIMIZER", "adamw8bit"),
+        ("GPUFIT_ZERO", "2"),
+        ("GPUFIT_STRATEGY", "extreme"),
+    ]);
+    let r = ask(plan_task_prolog(&e, Strategy::Balanced, None).unwrap());
+    assert_eq!(r.job_id, "42");
+    assert_eq!(r.gpu_indices, vec![2, 3]);
+    assert_eq!(r.workload.model, "meta-llama/Llama-3.1-8B");
+    assert_eq!(r.workload.seq_len, 4096);
+    assert_eq!(r.workload.global_batch, Some(64));
+    assert_eq!(r.workload.method, Some(Method::Lora));
+    assert_eq!(r.workload.lora_rank, Some(16));
+    assert_eq!(
+        r.workload.lora_targets,
+        Some(vec![LoraTarget::Q, LoraTarget::V, LoraTarget::O])
+    );
+    assert_eq!(r.workload.optimizer, Some(Optimizer::Adamw8bit));
+    assert_eq!(r.workload.sharding, Some(Sharding::Zero2));
+    // 2 GPUs on this node × 2 nodes.
+    assert_eq!(r.workload.gpus, Some(4));
+    assert_eq!(r.strategy, Strategy::Aggressive);
+    assert_eq!(r.pins, Pins::default());
+}
+
+#[test]
+fn the_comment_section_describes_the_workload_and_the_environment_wins() {
+    let comment = "team-a nightly; gpufit: model=llama-3.1-8b, seq-len=2048 global_batch=32 micro_batch_size=2 compile=off; other";
+    let e = env(&[
+        ("SLURM_JOB_ID", "9"),
+        ("CUDA_VISIBLE_DEVICES", "0"),
+        ("GPUFIT_GLOBAL_BATCH", "16"),
+    ]);
+    let r = ask(plan_task_prolog(&e, Strategy::Conservative, Some(comment)).unwrap());
+    assert_eq!(r.workload.model, "llama-3.1-8b");
+    assert_eq!(r.workload.seq_len, 2048);
+    assert_eq!(
+        r.workload.global_batch,
+        Some(16),
+        "environment wins over comment"
+    );
+    assert_eq!(r.workload.gpus, Some(1));
+    assert_eq!(r.strategy, Strategy::Conservative, "site default strategy");
+    assert_eq!(r.pins.micro_batch_size, Some(2));
+    assert_eq!(r.pins.compile, Some(false));
+}
+
+#[test]
+fn engineering_variables_the_user_sets_are_pins_unless_inherited_from_another_job() {
+    let base = [
+        ("SLURM_JOB_ID", "5"),
+        ("GPUFIT_MODEL", "m"),
+        ("GPUFIT_SEQ_LEN", "1024"),
+        ("GPUFIT_MICRO_BATCH_SIZE", "3"),
+        ("GPUFIT_DTYPE", "bf16-mixed"),
+        ("GPUFIT_ACTIVATION_CHECKPOINTING", "1"),
+    ];
+    let r = ask(plan_task_prolog(&env(&base), Strategy::Balanced, None).unwrap());
+    assert_eq!(r.pins.micro_batch_size, Some(3));
+    assert_eq!(r.pins.dtype, Some(Dtype::Bf16Mixed));
+    assert_eq!(r.pins.activation_checkpointing, Some(true));
+
+    let mut stale = env(&base);
+    stale.insert("GPUFIT_JOB_ID".into(), "4".into());
+    stale.insert("GPUFIT_SUGGESTION_SOURCE".into(), "heuristic".into());
+    let r = ask(plan_task_prolog(&stale, Strategy::Balanced, None).unwrap());
+    assert_eq!(
+        r.pins,
+        Pins::default(),
+        "exports of job 4 are not pins of job 5"
+    );
+}
+
+#[test]
+fn bad_requests_say_what_is_wrong() {
+    type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>, &'a str);
+    let cases: &[Case] = &[
+        (
+            &[("SLURM_JOB_ID", "1"), ("GPUFIT_MODEL", "m")],
+            None,
+            "GPUFIT_SEQ_LEN",
+        ),
+        (
+            &[
+                ("SLURM_JOB_ID", "1"),
+                ("GPUFIT_MODEL", "m"),
+                ("GPUFIT_SEQ_LEN", "long"),
+            ],
+            None,
+            "not a whole number",
+        ),
+        (
+            &[
+                ("SLURM_JOB_ID", "1"),
+                ("GPUFIT_MODEL", "m"),
+                ("GPUFIT_SEQ_LEN", "8"),
+                ("GPUFIT_ZERO", "4"),
+            ],
+            None,
+            "ZeRO stage",
+        ),
+        (
+            &[
+                ("SLURM_JOB_ID", "1"),
+                ("GPUFIT_MODEL", "m"),
+                ("GPUFIT_SEQ_LEN", "8"),
+                ("GPUFIT_COMPILE", "maybe"),
+            ],
+            None,
+            "use true or false",
+        ),
+        (
+            &[("SLURM_JOB_ID", "1")],
+            Some("gpufit: model=m seq_len"),
+            "not key=value",
+        ),
+        (
+            &[("SLURM_JOB_ID", "1")],
+            Some("gpufit: model=m colour=red"),
+            "unknown key `colour`",
+        ),
+        (
+            &[("SLURM_JOB_ID", "../etc"), ("GPUFIT_MODEL", "m")],
+            None,
+            "not a job number",
+        ),
+        (
+            &[
+                ("SLURM_JOB_ID", "1"),
+                ("GPUFIT_MODEL", "m"),
+                ("GPUFIT_SEQ_LEN", "8"),
+                ("SLURM_JOB_GPUS", "a,b"),
+            ],
+            None,
+            "not a list of GPU indices",
+        ),
+    ];
+    for (vars, comment, want) in cases {
+        let err = plan_task_prolog(&env(vars), Strategy::Balanced, *comment).unwrap_err();
+        assert!(
+            err.to_string().contains(want),
+            "{vars:?} {comment:?}: got `{err}`, want `{want}`"
+        );
+    }
+}
+
+#[test]
+fn cuda_visible_devices_with_uuids_gives_no_indices() {
+    let e = env(&[("CUDA_VISIBLE_DEVICES", "GPU-1234,GPU-5678")]);
+    assert_eq!(gpu_indices(&e).unwrap(), Vec::<u32>::new());
+    let e = env(&[("SLURM_JOB_GPUS", "1"), ("CUDA_VISIBLE_DEVICES", "0")]);
+    assert_eq!(
+        gpu_indices(&e).unwrap(),
+        vec![1],
+        "SLURM_JOB_GPUS are physical indices"
+    );
+}
+
+#[test]
+fn comment_section_is_found_case_insensitively_and_ends_at_a_semicolon() {
+    let cases = [
+        ("gpufit: model=a", Some("model=a")),
+        ("x; GPUFIT: model=a seq_len=2; y", Some("model=a seq_len=2")),
+        ("gpufit:", Some("")),
+        ("nothing here", None),
+    ];
+    for (c, want) in cases {
+        assert_eq!(comment_section(c), want, "{c}");
+    }
+}
+
+#[test]
+fn exports_are_single_line_export_statements_with_every_setting() {
+    let lines = exports("42", &suggestion());
+    assert!(lines
+        .iter()
+        .all(|l| l.starts_with("export GPUFIT_") && !l.contains('\n')));
+    let get = |k: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("export {k}=")))
+            .unwrap_or_else(|| panic!("{k} missing in {lines:?}"))
+            .to_string()
+    };
+    assert_eq!(get("GPUFIT_MICRO_BATCH_SIZE"), "4");
+    assert_eq!(get("GPUFIT_GRAD_ACCUM_STEPS"), "8");
+    assert_eq!(get("GPUFIT_DTYPE"), "bf16");
+    assert_eq!(get("GPUFIT_ACTIVATION_CHECKPOINTING"), "false");
+    assert_eq!(get("GPUFIT_COMPILE"), "false");
+    assert_eq!(get("GPUFIT_SUGGESTION_SOURCE"), "heuristic");
+    assert_eq!(get("GPUFIT_CONFIDENCE"), "0.42");
+    assert_eq!(get("GPUFIT_REASONING"), "line one line two");
+    assert_eq!(get("GPUFIT_JOB_ID"), "42");
+}
+
+#[test]
+fn settings_take_the_environment_over_the_file_over_defaults() {
+    let file = SiteConfig {
+        controller_url: Some("http://ctl:8080/".into()),
+        sidecar_url: Some("http://127.0.0.1:9400".into()),
+        state_dir: Some("/srv/gpufit".into()),
+        timeout_ms: Some(99_999),
+        strategy: Some("conservative".into()),
+        ..SiteConfig::default()
+    };
+    let s = HookSettings::resolve(&env(&[]), &file, "sqlite:/d.db").unwrap();
+    assert_eq!(s.backend, Backend::Controller("http://ctl:8080".into()));
+    assert_eq!(s.state_dir, PathBuf::from("/srv/gpufit"));
+    assert_eq!(
+        s.timeout,
+        Duration::from_millis(MAX_TIMEOUT_MS),
+        "capped below 2 s"
+    );
+    assert_eq!(s.strategy, Strategy::Conservative);
+
+    let e = env(&[
+        ("GPUFIT_CONTROLLER_URL", "http://other:1"),
+        ("GPUFIT_MAPPING_DIR", "/run/map"),
+        ("SLURM_CLUSTER_NAME", "c1"),
+    ]);
+    let s = HookSettings::resolve(&e, &file, "sqlite:/d.db").unwrap();
+    assert_eq!(s.backend, Backend::Controller("http://other:1".into()));
+    assert_eq!(s.mapping_dir, Some(PathBuf::from("/run/map")));
+    assert_eq!(s.cluster.as_deref(), Some("c1"));
+
+    let s = HookSettings::resolve(&env(&[]), &SiteConfig::default(), "sqlite:/d.db").unwrap();
+    assert_eq!(s.backend, Backend::Local("sqlite:/d.db".into()));
+    assert_eq!(s.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+    assert_eq!(s.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
+}
+
+#[test]
+fn a_site_config_with_an_unknown_key_is_refused_with_its_path() {
+    let err = SiteConfig::parse("controler_url = \"x\"", Path::new("/etc/gpufit/slurm.toml"))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("/etc/gpufit/slurm.toml") && msg.contains("controler_url"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn mapping_files_name_each_gpu_index_and_hold_the_job_id() {
+    let files = mapping_files(Path::new("/run/map"), "77", &[0, 3]);
+    assert_eq!(
+        files,
+        vec![
+            (PathBuf::from("/run/map/0"), "77\n".to_string()),
+            (PathBuf::from("/run/map/3"), "77\n".to_string()),
+        ]
+    );
+}
+
+fn state() -> JobState {
+    JobState {
+        job_id: "42".into(),
+        workload: WorkloadSpec {
+            model: "my-custom-model".into(),
+            method: Some(Method::Lora),
+            lora_rank: Some(8),
+            lora_targets: None,
+            seq_len: 2048,
+            global_batch: Some(32),
+            gpus: Some(1),
+            optimizer: None,
+            sharding: None,
+            framework: None,
+            attention: None,
+        },
+        suggestion: suggestion(),
+        started_at: DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .into(),
+        node: Some("n1".into()),
+    }
+}
+
+#[test]
+fn the_run_says_success_oom_or_other_error_from_the_exit_state() {
+    let end: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-01-01T00:01:30Z")
+        .unwrap()
+        .into();
+    // (exit, derived, oom) → (success, reason)
+    type Case = (Option<i64>, Option<i64>, bool, bool, Option<FailureReason>);
+    let cases: &[Case] = &[
+        (Some(0), Some(0), false, true, None),
+        (Some(0), None, false, true, None),
+        (
+            Some(256),
+            Some(0),
+            false,
+            false,
+            Some(FailureReason::OtherError),
+        ),
+        (
+            Some(0),
+            Some(256),
+            false,
+            false,
+            Some(FailureReason::OtherError),
+        ),
+        (Some(256), Some(0), true, false, Some(FailureReason::Oom)),
+        (Some(0), Some(0), true, false, Some(FailureReason::Oom)),
+        (None, None, false, false, Some(FailureReason::OtherError)),
+    ];
+    for (exit, derived, oom, success, reason) in cases {
+        let out = Outcome {
+            exit_status: *exit,
+            derived_status: *derived,
+            oom: *oom,
+            peak_memory_bytes: Some(123),
+            ended_at: end,
+        };
+        let run = build_run(&state(), &out, Some("c".into()), None);
+        assert_eq!(run.result.success, *success, "{exit:?} {derived:?} {oom}");
+        assert_eq!(
+            run.result.failure_reason, *reason,
+            "{exit:?} {derived:?} {oom}"
+        );
+        assert_eq!(run.result.duration_sec, Some(90.0));
+        assert_eq!(run.result.peak_memory_bytes, Some(123));
+        assert_eq!(run.settings.micro_batch_size, 4);
+        assert_eq!(run.gpu_model, "NVIDIA A100-SXM4-80GB");
+        assert_eq!(run.source, RunSource::Slurm);
+        assert_eq!(run.job_id.as_deref(), Some("42"));
+        assert_eq!(run.node.as_deref(), Some("n1"));
+        assert_eq!(run.predicted_peak_bytes, Some(60_000_000_000));
+        // Scientific fields are carried over unchanged.
+        assert_eq!(
+            (run.seq_len, run.global_batch, run.lora_rank),
+            (2048, Some(32), Some(8))
+        );
+    }
+}
+
+#[test]
+fn the_exit_state_is_read_from_the_epilog_environment() {
+    let e = env(&[
+        ("SLURM_JOB_EXIT_CODE", "256"),
+        ("SLURM_JOB_DERIVED_EC", "0"),
+    ]);
+    assert_eq!(exit_state(&e), (Some(256), Some(0)));
+    assert_eq!(exit_state(&env(&[])), (None, None));
+}
+
+#[test]
+fn the_peak_is_found_in_the_sidecar_answer_shapes() {
+    let cases = [
+        (serde_json::json!({"peak_memory_bytes": 5}), Some(5)),
+        (serde_json::json!({"peak_bytes": 6}), Some(6)),
+        (
+            serde_json::json!({"peak": {"bytes": 7, "method": "sampled"}}),
+            Some(7),
+        ),
+        (
+            serde_json::json!({"job": {"peak_memory_bytes": 8}}),
+            Some(8),
+        ),
+        (serde_json::json!({"current_bytes": 9}), None),
+    ];
+    for (v, want) in cases {
+        assert_eq!(peak_from_sidecar(&v), want, "{v}");
+    }
+}
+
+#[test]
+fn the_output_pattern_is_filled_in_like_slurm_does() {
+    let e = env(&[
+        ("SLURM_JOB_ID", "42"),
+        ("SLURM_JOB_USER", "ada"),
+        ("SLURMD_NODENAME", "gpu01"),
+        ("SLURM_JOB_WORK_DIR", "/home/ada/run"),
+    ]);
+    let cases = [
+        ("/tmp/out/%j.out", Some("/tmp/out/42.out")),
+        ("slurm-%j.out", Some("/home/ada/run/slurm-42.out")),
+        ("/o/%u-%N-%6j-%%.log", Some("/o/ada-gpu01-000042-%.log")),
+        ("/o/%A_%a.out", Some("/o/42_.out")),
+        ("/dev/null", None),
+        ("", None),
+    ];
+    for (pattern, want) in cases {
+        assert_eq!(
+            output_path(pattern, &e),
+            want.map(PathBuf::from),
+            "{pattern}"
+        );
+    }
+}

@@ -1,0 +1,604 @@
+//! The history stores against one contract: SQLite on a temp file, and a
+//! real PostgreSQL server started by the test from Debian's binaries on
+//! 127.0.0.1 (a free port, a temp data directory), stopped afterwards.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::settings::{Dtype, EngineeringSettings};
+use gpufit::core::similarity::HistoryQuery;
+use gpufit::core::workload::Method;
+use gpufit::history::jsonl::{ImportOptions, JsonlReader};
+use gpufit::history::sqlite::{SqliteOptions, SqliteStore};
+use gpufit::history::{self, HistoryError, HistoryStore, ListFilter};
+
+// === fixtures ===
+
+fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
+    RunRecord {
+        id: None,
+        timestamp: Utc
+            .with_ymd_and_hms(2026, 1, 1, 10, minute, 0)
+            .single()
+            .expect("valid time"),
+        cluster: Some("c1".into()),
+        node: Some("n1".into()),
+        source: RunSource::Cli,
+        job_id: Some(format!("job-{minute}")),
+        model: model.into(),
+        method: Method::Lora,
+        gpu_model: gpu.into(),
+        seq_len: seq,
+        lora_rank: Some(16),
+        gpus: 1,
+        global_batch: Some(64),
+        settings: EngineeringSettings {
+            micro_batch_size: batch,
+            gradient_accumulation_steps: 64 / batch.max(1),
+            dtype: Dtype::Bf16,
+            activation_checkpointing: true,
+            ..EngineeringSettings::default()
+        },
+        result: RunResult {
+            success: true,
+            failure_reason: None,
+            peak_memory_bytes: Some(20_000_000_000 + batch as u64 * 1_000_000_000),
+            samples_per_sec: Some(3.5),
+            tokens_per_sec: Some(7168.0),
+            duration_sec: Some(600.0),
+        },
+        predicted_peak_bytes: Some(21_000_000_000),
+    }
+}
+
+fn oom(mut r: RunRecord) -> RunRecord {
+    r.result = RunResult {
+        success: false,
+        failure_reason: Some(FailureReason::Oom),
+        peak_memory_bytes: None,
+        samples_per_sec: None,
+        tokens_per_sec: None,
+        duration_sec: Some(12.0),
+    };
+    r
+}
+
+const M: &str = "meta-llama/Llama-3.1-8B";
+const A100: &str = "NVIDIA A100-SXM4-80GB";
+const H100: &str = "NVIDIA H100 80GB HBM3";
+
+/// The behaviour every store must have. Starts from an empty store.
+fn contract(store: &dyn HistoryStore) {
+    assert_eq!(store.count().unwrap(), 0);
+
+    // record → similar gives the same record back, id filled in.
+    let first = run(M, A100, 2048, 4, 1);
+    let id = store.record(&first).unwrap();
+    let got = store
+        .similar(&HistoryQuery::new(M, Method::Lora, A100, 2048))
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    let mut want = first.clone();
+    want.id = Some(id);
+    assert_eq!(got[0], want, "every field survives the round trip");
+
+    // similar: same key within ±10 % sequence; other keys excluded.
+    store.record(&run(M, A100, 2200, 8, 2)).unwrap(); // +7 %: similar
+    store.record(&run(M, A100, 4096, 8, 3)).unwrap(); // other seq
+    store.record(&run(M, H100, 2048, 8, 4)).unwrap(); // other GPU
+    store
+        .record(&run("Qwen/Qwen2.5-7B", A100, 2048, 8, 5))
+        .unwrap(); // other model
+    let mut full = run(M, A100, 2048, 8, 6);
+    full.method = Method::Full;
+    store.record(&full).unwrap(); // other method
+    store.record(&oom(run(M, A100, 2048, 16, 7))).unwrap(); // an OOM, same key
+    assert_eq!(store.count().unwrap(), 7);
+    let sim = store
+        .similar(&HistoryQuery::new(M, Method::Lora, A100, 2048))
+        .unwrap();
+    let mut batches: Vec<u32> = sim.iter().map(|r| r.settings.micro_batch_size).collect();
+    batches.sort();
+    assert_eq!(batches, vec![4, 8, 16]);
+    assert_eq!(sim.iter().filter(|r| r.is_oom()).count(), 1);
+
+    // list: newest first, filters, limit.
+    let all = store.list(&ListFilter::default()).unwrap();
+    assert_eq!(all.len(), 7);
+    assert!(all.windows(2).all(|w| w[0].timestamp >= w[1].timestamp));
+    assert_eq!(all[0].job_id.as_deref(), Some("job-7"));
+    let h100 = store
+        .list(&ListFilter {
+            gpu_model: Some(H100.into()),
+            ..ListFilter::default()
+        })
+        .unwrap();
+    assert_eq!(h100.len(), 1);
+    let two = store
+        .list(&ListFilter {
+            model: Some(M.into()),
+            limit: Some(2),
+            ..ListFilter::default()
+        })
+        .unwrap();
+    assert_eq!(two.len(), 2);
+
+    // set_peak fills in a peak; an unknown id is an error.
+    let mut late = run(M, A100, 2048, 2, 8);
+    late.result.peak_memory_bytes = None;
+    let late_id = store.record(&late).unwrap();
+    store.set_peak(late_id, 31_000_000_000).unwrap();
+    let back = store
+        .similar(&HistoryQuery::new(M, Method::Lora, A100, 2048))
+        .unwrap()
+        .into_iter()
+        .find(|r| r.id == Some(late_id))
+        .unwrap();
+    assert_eq!(back.result.peak_memory_bytes, Some(31_000_000_000));
+    assert!(matches!(
+        store.set_peak(999_999, 1),
+        Err(HistoryError::NoSuchRun { .. })
+    ));
+
+    // record_batch is all or nothing.
+    let before = store.count().unwrap();
+    let mut failing = vec![
+        Ok(run(M, A100, 2048, 1, 9)),
+        Ok(run(M, A100, 2048, 1, 10)),
+        Err(HistoryError::Io {
+            path: "x.jsonl".into(),
+            message: "disk went away".into(),
+        }),
+    ]
+    .into_iter();
+    assert!(store.record_batch(&mut failing).is_err());
+    assert_eq!(
+        store.count().unwrap(),
+        before,
+        "a failed batch stores nothing"
+    );
+    let mut ok = (0..50).map(|k| Ok(run(M, H100, 1024, 1 + k % 8, 11)));
+    assert_eq!(store.record_batch(&mut ok).unwrap(), 50);
+    assert_eq!(store.count().unwrap(), before + 50);
+
+    // for_each streams every record, oldest first.
+    let mut seen = 0;
+    let mut last = None;
+    store
+        .for_each(&mut |r| {
+            if let Some(prev) = last {
+                assert!(r.timestamp >= prev);
+            }
+            last = Some(r.timestamp);
+            seen += 1;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(seen, before + 50);
+}
+
+// === SQLite ===
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+#[test]
+fn sqlite_store_meets_the_contract() {
+    let d = tmp();
+    let store = SqliteStore::open(&d.path().join("h.db")).unwrap();
+    contract(&store);
+}
+
+#[test]
+fn sqlite_open_creates_missing_directories_and_records_survive_reopening() {
+    let d = tmp();
+    let path = d.path().join("a/b/history.db");
+    let url = format!("sqlite:{}", path.display());
+    {
+        let s = history::open(&url).unwrap();
+        s.record(&run(M, A100, 2048, 4, 1)).unwrap();
+    }
+    let s = history::open(&url).unwrap();
+    assert_eq!(s.count().unwrap(), 1);
+}
+
+#[test]
+fn sqlite_uses_wal_and_answers_similar_from_the_key_index() {
+    let d = tmp();
+    let path = d.path().join("h.db");
+    let _s = SqliteStore::open(&path).unwrap();
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let mode: String = c
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let version: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, gpufit::history::sqlite::schema_version());
+    let plan: Vec<String> = c
+        .prepare("EXPLAIN QUERY PLAN SELECT * FROM runs WHERE model = 'm' AND method = 'lora' AND gpu_model = 'g' AND seq_len BETWEEN 1 AND 2")
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(
+        plan.iter().any(|p| p.contains("runs_similarity_key")),
+        "plan: {plan:?}"
+    );
+}
+
+#[test]
+fn a_locked_sqlite_file_gives_a_clear_error_and_loses_nothing() {
+    let d = tmp();
+    let path = d.path().join("h.db");
+    let store = SqliteStore::open_with(
+        &path,
+        SqliteOptions {
+            busy_timeout: Duration::from_millis(200),
+        },
+    )
+    .unwrap();
+    store.record(&run(M, A100, 2048, 4, 1)).unwrap();
+
+    let holder = rusqlite::Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let err = store.record(&run(M, A100, 2048, 8, 2)).unwrap_err();
+    assert!(matches!(err, HistoryError::Locked { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("locked by another process") && msg.contains("nothing was written"),
+        "{msg}"
+    );
+    holder.execute_batch("ROLLBACK").unwrap();
+
+    store.record(&run(M, A100, 2048, 8, 3)).unwrap();
+    assert_eq!(store.count().unwrap(), 2, "the first record is still there");
+}
+
+#[test]
+fn a_corrupt_sqlite_file_gives_a_clear_error_and_is_left_untouched() {
+    let d = tmp();
+    let path = d.path().join("h.db");
+    let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 31 % 251) as u8).collect();
+    std::fs::write(&path, &garbage).unwrap();
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(matches!(err, HistoryError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("left untouched"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), garbage);
+}
+
+#[test]
+fn a_damaged_page_in_a_real_history_is_reported_not_hidden() {
+    let d = tmp();
+    let path = d.path().join("h.db");
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        let mut many = (0..2000).map(|k| Ok(run(M, A100, 2048, 1 + k % 8, 1)));
+        s.record_batch(&mut many).unwrap();
+        // Fold the WAL into the main file so the damage below hits real data.
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    }
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 16_384);
+    for b in &mut bytes[8192..12_288] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let outcome = SqliteStore::open(&path).and_then(|s| {
+        s.check()?;
+        s.list(&ListFilter::default()).map(|_| ())
+    });
+    let err = outcome.expect_err("damage must not go unnoticed");
+    assert!(
+        matches!(
+            err,
+            HistoryError::Corrupt { .. } | HistoryError::Store { .. }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_history_from_a_newer_gpufit_is_refused() {
+    let d = tmp();
+    let path = d.path().join("h.db");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute_batch("PRAGMA user_version = 99").unwrap();
+    drop(c);
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(
+        matches!(err, HistoryError::SchemaTooNew { found: 99, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn two_writers_on_one_sqlite_file_lose_no_record() {
+    let d = tmp();
+    let path = d.path().join("h.db");
+    SqliteStore::open(&path).unwrap();
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let p = path.clone();
+            std::thread::spawn(move || {
+                let s = SqliteStore::open(&p).unwrap();
+                for k in 0..100 {
+                    s.record(&run(M, A100, 2048, 1 + (k + t) % 8, 1)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(SqliteStore::open(&path).unwrap().count().unwrap(), 200);
+}
+
+#[test]
+fn jsonl_import_into_sqlite_counts_skipped_lines_and_export_round_trips() {
+    let d = tmp();
+    let src = d.path().join("run_logs.jsonl");
+    let mut f = std::fs::File::create(&src).unwrap();
+    let good = r#"{"timestamp": "2026-01-01T10:00:00", "config": {"model": "my-private-model", "max_seq_length": 2048, "batch_size": 8, "dtype": "bf16", "enable_activation_checkpointing": false, "enable_activation_offloading": false, "compile": true, "gradient_accumulation_steps": 2}, "result": {"success": true, "peak_memory_gb": 61.5, "samples_per_sec": 9.1, "failure_reason": null, "duration_sec": 300.0}, "gpu_type": "NVIDIA H100 80GB HBM3"}"#;
+    for k in 0..10 {
+        writeln!(
+            f,
+            "{}",
+            good.replace("\"batch_size\": 8", &format!("\"batch_size\": {}", k + 1))
+        )
+        .unwrap();
+    }
+    writeln!(f, "{{truncated").unwrap();
+    writeln!(f, "{}", good.replace("61.5", "-3")).unwrap();
+    f.write_all(&good.as_bytes()[..100]).unwrap();
+    drop(f);
+
+    let store = SqliteStore::open(&d.path().join("h.db")).unwrap();
+    let file = std::fs::File::open(&src).unwrap();
+    let mut rd = JsonlReader::new(
+        std::io::BufReader::new(file),
+        "run_logs.jsonl",
+        ImportOptions::default(),
+    );
+    assert_eq!(store.record_batch(&mut rd).unwrap(), 10);
+    let st = rd.stats();
+    assert_eq!((st.lines, st.imported, st.skipped), (13, 10, 3));
+
+    let recs = store
+        .similar(&HistoryQuery::new(
+            "my-private-model",
+            Method::Full,
+            H100,
+            2048,
+        ))
+        .unwrap();
+    assert_eq!(
+        recs.len(),
+        10,
+        "an unknown model keeps its name, method full"
+    );
+    assert!(recs
+        .iter()
+        .all(|r| r.result.peak_memory_bytes == Some(61_500_000_000)));
+
+    // Export and re-import into a second store: the same records.
+    let mut out = Vec::new();
+    store
+        .for_each(&mut |r| {
+            gpufit::history::jsonl::write_record(&mut out, &r).map_err(|e| HistoryError::Io {
+                path: "export".into(),
+                message: e.to_string(),
+            })
+        })
+        .unwrap();
+    let second = SqliteStore::open(&d.path().join("h2.db")).unwrap();
+    let mut rd2 = JsonlReader::new(&out[..], "export", ImportOptions::default());
+    assert_eq!(second.record_batch(&mut rd2).unwrap(), 10);
+    let strip = |mut v: Vec<RunRecord>| {
+        v.iter_mut().for_each(|r| r.id = None);
+        v
+    };
+    assert_eq!(
+        strip(second.list(&ListFilter::default()).unwrap()),
+        strip(store.list(&ListFilter::default()).unwrap())
+    );
+}
+
+// === PostgreSQL ===
+
+/// A PostgreSQL server on 127.0.0.1, stopped (and its directory removed) on drop.
+struct Postgres {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+    as_postgres_user: bool,
+    _dir: tempfile::TempDir,
+}
+
+fn find_pg_bin() -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .filter(|b| b.join("initdb").exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    match found.pop() {
+        Some(b) => b,
+        None => panic!(
+            "PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/initdb): install them with `apt-get install -y --no-install-recommends postgresql` (scripts/test.sh does it)"
+        ),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl Postgres {
+    fn pg_cmd(&self, tool: &str) -> Command {
+        let exe = self.bin.join(tool);
+        if self.as_postgres_user {
+            // initdb/postgres refuse to run as root.
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        }
+    }
+
+    fn start() -> Postgres {
+        let bin = find_pg_bin();
+        let dir = tmp();
+        let as_postgres_user = is_root();
+        let root = dir.path().join("pg");
+        std::fs::create_dir_all(&root).unwrap();
+        if as_postgres_user {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            let st = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&root)
+                .status()
+                .unwrap();
+            assert!(st.success(), "chown postgres failed");
+        }
+        let pg = Postgres {
+            bin,
+            data: root.join("data"),
+            port: free_port(),
+            as_postgres_user,
+            _dir: dir,
+        };
+        let out = pg
+            .pg_cmd("initdb")
+            .arg("-D")
+            .arg(&pg.data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let opts = format!(
+            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off",
+            pg.port,
+            root.display()
+        );
+        let out = pg
+            .pg_cmd("pg_ctl")
+            .arg("-D")
+            .arg(&pg.data)
+            .arg("-l")
+            .arg(root.join("log"))
+            .args(["-o", &opts, "-w", "-t", "30", "start"])
+            .output()
+            .expect("run pg_ctl start");
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}{}\nlog: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(root.join("log")).unwrap_or_default()
+        );
+        pg
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn create_db(&self, name: &str) -> String {
+        let mut c = postgres::Client::connect(&self.url(), postgres::NoTls).expect("connect");
+        c.batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create database");
+        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self
+            .pg_cmd("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "-w", "-t", "20", "stop"])
+            .output();
+    }
+}
+
+#[test]
+fn postgres_store_meets_the_same_contract_on_a_real_server() {
+    let pg = Postgres::start();
+
+    let url = pg.create_db("contract");
+    let store = history::open(&url).unwrap();
+    contract(store.as_ref());
+
+    // Reconnecting (a second replica) migrates nothing and sees every record.
+    let n = store.count().unwrap();
+    let again = history::open(&url).unwrap();
+    assert_eq!(again.count().unwrap(), n);
+
+    // Replicas starting together on a fresh database migrate exactly once.
+    let fresh = pg.create_db("racing");
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let u = fresh.clone();
+            std::thread::spawn(move || history::open(&u).map(|s| s.count().ok()))
+        })
+        .collect();
+    for h in handles {
+        let opened = h.join().unwrap();
+        assert!(opened.is_ok(), "{:?}", opened.err());
+    }
+    let mut c = postgres::Client::connect(&fresh, postgres::NoTls).unwrap();
+    let versions: i64 = c
+        .query_one("SELECT COUNT(*) FROM gpufit_schema", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(versions, 1);
+    let idx: i64 = c
+        .query_one(
+            "SELECT COUNT(*) FROM pg_indexes WHERE tablename = 'runs' AND indexname = 'runs_similarity_key'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(idx, 1, "the similarity key is indexed");
+
+    // A server that is not there is a clear error, not a hang.
+    let dead = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?connect_timeout=2",
+        free_port()
+    );
+    let err = history::open(&dead)
+        .err()
+        .expect("no server there")
+        .to_string();
+    assert!(err.contains("cannot connect"), "{err}");
+}

@@ -346,7 +346,7 @@ fn target_dims(a: &ModelArch, t: LoraTarget) -> (f64, f64, f64) {
 fn targeted_linear_params(a: &ModelArch, targets: &[LoraTarget]) -> f64 {
     targets
         .iter()
-        .filter(|t| **t != LoraTarget::LmHead && !(**t == LoraTarget::Gate && !a.gated_mlp))
+        .filter(|t| **t != LoraTarget::LmHead && (**t != LoraTarget::Gate || a.gated_mlp))
         .map(|&t| {
             let (din, dout, copies) = target_dims(a, t);
             din * dout * copies * a.num_layers as f64

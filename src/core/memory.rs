@@ -776,11 +776,12 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
     // --- optimizer-step temporaries ---
     // torch's default foreach AdamW (`_multi_tensor_adamw`) materialises
     // `exp_avg_sq.sqrt()` for every parameter at once: one more state-sized
-    // buffer. torchtune's configs set `fused: True` (no temporaries);
-    // bitsandbytes and SGD update in place.
+    // buffer. torchtune's configs set `fused: True` and DeepSpeed ZeRO uses
+    // its own fused Adam kernel (no temporaries); bitsandbytes and SGD
+    // update in place.
     let imp = opts
         .optimizer_impl
-        .unwrap_or(if w.framework == Framework::Torchtune {
+        .unwrap_or(if w.framework == Framework::Torchtune || deepspeed {
             OptimizerImpl::Fused
         } else {
             OptimizerImpl::Foreach

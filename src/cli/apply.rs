@@ -165,12 +165,15 @@ fn write_atomically(p: &Path, text: &str) -> crate::Result<()> {
     })
 }
 
+/// A key path in the config and the YAML scalar to write there.
+type KeyValue = (Vec<&'static str>, String);
+
 /// The engineering keys a framework's config carries, with values.
 fn keys_for(
     fw: ConfigFramework,
     s: &EngineeringSettings,
     text: &str,
-) -> crate::Result<(Vec<(Vec<&'static str>, String)>, Vec<String>)> {
+) -> crate::Result<(Vec<KeyValue>, Vec<String>)> {
     let b = |v: bool| v.to_string();
     let mut warnings = Vec::new();
     let dl = &s.dataloader;

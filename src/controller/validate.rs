@@ -104,18 +104,19 @@ pub fn workload_from_spec(w: &WorkloadSpec, at: &str) -> Result<Workload, Valida
         }
         (None, Some(a)) => (arch_from_numbers(a, at)?, None),
     };
-    let method =
-        match (w.method, implied_method) {
-            (Some(m), Some(implied)) if m != implied => return Err(ValidationError::new(
+    let method = match (w.method, implied_method) {
+        (Some(m), Some(implied)) if m != implied => {
+            return Err(ValidationError::new(
                 format!("{at}.method"),
                 format!(
                     "`{m}` contradicts the model name, which implies `{implied}`: drop one of them"
                 ),
-            )),
-            (Some(m), _) => m,
-            (None, Some(implied)) => implied,
-            (None, None) => Method::Full,
-        };
+            ))
+        }
+        (Some(m), _) => m,
+        (None, Some(implied)) => implied,
+        (None, None) => Method::Full,
+    };
     let lora = match method {
         Method::Full => {
             if w.lora_rank.is_some() || w.lora_targets.is_some() {

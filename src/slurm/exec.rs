@@ -58,9 +58,24 @@ pub fn load_settings(env: &Env) -> Result<HookSettings, SlurmError> {
     HookSettings::resolve(env, &file, &crate::history::default_url())
 }
 
+/// Logs why a hook did nothing: to stderr (kept by slurmd for Prolog and
+/// Epilog) and to syslog (slurmd discards a TaskProlog's stderr).
 fn log_skip(hook: &str, job: Option<&String>, why: &dyn std::fmt::Display) {
     let job = job.map(String::as_str).unwrap_or("?");
-    tracing::warn!("gpufit {hook}: job {job}: {why}");
+    let msg = format!("gpufit {hook}: job {job}: {why}");
+    tracing::warn!("{msg}");
+    syslog(&msg);
+}
+
+/// Best effort, never blocking: one datagram to the local syslog socket
+/// (RFC 3164 framing, facility user, severity warning).
+fn syslog(msg: &str) {
+    use std::os::unix::net::UnixDatagram;
+    if let Ok(sock) = UnixDatagram::unbound() {
+        let _ = sock.set_nonblocking(true);
+        let line = format!("<12>gpufit[{}]: {}", std::process::id(), msg);
+        let _ = sock.send_to(line.as_bytes(), "/dev/log");
+    }
 }
 
 // === TaskProlog ===
@@ -503,7 +518,8 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
     let oom = ["SLURM_JOB_STDOUT", "SLURM_JOB_STDERR"]
         .iter()
         .filter_map(|k| env.get(*k))
-        .any(|p| output_shows_oom(Path::new(p), env.get("SLURM_JOB_UID")));
+        .filter_map(|p| plan::output_path(p, env))
+        .any(|p| output_shows_oom(&p, env.get("SLURM_JOB_UID")));
     let outcome = plan::Outcome {
         exit_status,
         derived_status,
@@ -594,14 +610,10 @@ fn output_shows_oom(path: &Path, uid: Option<&String>) -> bool {
     is_cuda_oom(&String::from_utf8_lossy(&buf))
 }
 
-/// PyTorch's CUDA out-of-memory messages (`torch.OutOfMemoryError: CUDA out
-/// of memory. Tried to allocate …`, and the CUDA runtime's
-/// `CUDA error: out of memory`).
+/// Whether a job's output shows PyTorch's CUDA out-of-memory error (the log
+/// parsers' own test, so Kubernetes and Slurm agree).
 pub fn is_cuda_oom(text: &str) -> bool {
-    text.contains("CUDA out of memory")
-        || text.contains("OutOfMemoryError")
-        || text.contains("CUDA error: out of memory")
-        || text.contains("CUBLAS_STATUS_ALLOC_FAILED")
+    text.lines().any(crate::core::logs::oom::is_oom_line)
 }
 
 fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError> {

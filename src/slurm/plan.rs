@@ -196,7 +196,12 @@ fn comment_pairs(section: &str) -> Result<BTreeMap<String, String>, SlurmError> 
 /// `GPUFIT_SEQ_LEN`, `seq-len`, `SEQ_LEN` → `seq_len`.
 fn normalize_key(k: &str) -> String {
     let k = k.trim().to_ascii_lowercase().replace('-', "_");
-    k.strip_prefix("gpufit_").map(str::to_string).unwrap_or(k)
+    let k = k.strip_prefix("gpufit_").map(str::to_string).unwrap_or(k);
+    match k.as_str() {
+        "num_workers" => "dataloader_num_workers".into(),
+        "gradient_accumulation_steps" => "grad_accum_steps".into(),
+        _ => k,
+    }
 }
 
 /// Keys a job may give (without the `GPUFIT_` prefix).
@@ -222,7 +227,7 @@ const PIN_KEYS: &[&str] = &[
     "activation_checkpointing",
     "activation_offloading",
     "compile",
-    "num_workers",
+    "dataloader_num_workers",
 ];
 
 /// What the TaskProlog should do for a task.
@@ -373,7 +378,7 @@ pub fn plan_task_prolog(
         activation_checkpointing: parse_with(&fields, "activation_checkpointing", parse_bool)?,
         activation_offloading: parse_with(&fields, "activation_offloading", parse_bool)?,
         compile: parse_with(&fields, "compile", parse_bool)?,
-        num_workers: parse_num(&fields, "num_workers")?,
+        num_workers: parse_num(&fields, "dataloader_num_workers")?,
     };
     Ok(TaskPlan::Ask(Box::new(JobRequest {
         job_id,
@@ -520,37 +525,13 @@ fn parse_lora_targets(s: &str) -> Result<Vec<LoraTarget>, String> {
 /// The `export NAME=value` lines for a suggestion. Slurm takes the value
 /// literally up to the end of the line, so values are single-line.
 pub fn exports(job_id: &str, s: &Suggestion) -> Vec<String> {
-    let st = &s.settings;
     let source = serde_json::to_value(s.source)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_else(|| format!("{:?}", s.source));
-    let pairs: Vec<(&str, String)> = vec![
-        ("GPUFIT_MICRO_BATCH_SIZE", st.micro_batch_size.to_string()),
-        (
-            "GPUFIT_GRAD_ACCUM_STEPS",
-            st.gradient_accumulation_steps.to_string(),
-        ),
-        ("GPUFIT_DTYPE", st.dtype.as_str().to_string()),
-        (
-            "GPUFIT_ACTIVATION_CHECKPOINTING",
-            st.activation_checkpointing.to_string(),
-        ),
-        (
-            "GPUFIT_ACTIVATION_OFFLOADING",
-            st.activation_offloading.to_string(),
-        ),
-        ("GPUFIT_COMPILE", st.compile.to_string()),
-        ("GPUFIT_NUM_WORKERS", st.dataloader.num_workers.to_string()),
-        ("GPUFIT_PIN_MEMORY", st.dataloader.pin_memory.to_string()),
-        (
-            "GPUFIT_PERSISTENT_WORKERS",
-            st.dataloader.persistent_workers.to_string(),
-        ),
-        (
-            "GPUFIT_PREFETCH_FACTOR",
-            st.dataloader.prefetch_factor.to_string(),
-        ),
+    // The same names and spellings the Kubernetes controller injects.
+    let mut pairs = crate::controller::inject::env_vars(&s.settings);
+    pairs.extend([
         ("GPUFIT_SUGGESTION_SOURCE", source),
         ("GPUFIT_CONFIDENCE", format!("{:.2}", s.confidence)),
         (
@@ -560,7 +541,7 @@ pub fn exports(job_id: &str, s: &Suggestion) -> Vec<String> {
         ("GPUFIT_GPU_MODEL", s.gpu.clone()),
         ("GPUFIT_REASONING", s.reasoning.clone()),
         ("GPUFIT_JOB_ID", job_id.to_string()),
-    ];
+    ]);
     pairs
         .into_iter()
         .map(|(k, v)| format!("export {k}={}", single_line(&v)))
@@ -705,6 +686,58 @@ pub fn peak_from_sidecar(v: &serde_json::Value) -> Option<u64> {
         return Some(n);
     }
     v.get("job").and_then(peak_from_sidecar)
+}
+
+/// The job's output file: `SLURM_JOB_STDOUT` is the `--output` pattern as
+/// given (`out/%j.out`), so its `%` fields are filled in here and a relative
+/// path is taken from the job's working directory.
+pub fn output_path(pattern: &str, env: &Env) -> Option<PathBuf> {
+    if pattern.is_empty() || pattern == "/dev/null" {
+        return None;
+    }
+    let get = |k: &str| env.get(k).cloned().unwrap_or_default();
+    let job = get("SLURM_JOB_ID");
+    let mut out = String::new();
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut width = String::new();
+        while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            width.push(*d);
+            chars.next();
+        }
+        let value = match chars.next() {
+            Some('%') => "%".to_string(),
+            Some('j') | Some('J') => job.clone(),
+            Some('A') => env
+                .get("SLURM_ARRAY_JOB_ID")
+                .cloned()
+                .unwrap_or_else(|| job.clone()),
+            Some('a') => get("SLURM_ARRAY_TASK_ID"),
+            Some('u') => get("SLURM_JOB_USER"),
+            Some('x') => get("SLURM_JOB_NAME"),
+            Some('N') => get("SLURMD_NODENAME"),
+            // Node, step and task numbers of the batch script's output.
+            Some('n') | Some('s') | Some('t') => "0".to_string(),
+            Some(other) => format!("%{width}{other}"),
+            None => "%".to_string(),
+        };
+        let w: usize = width.parse().unwrap_or(0);
+        if value.len() < w && value.bytes().all(|b| b.is_ascii_digit()) {
+            out.push_str(&"0".repeat(w - value.len()));
+        }
+        out.push_str(&value);
+    }
+    let path = PathBuf::from(out);
+    if path.is_absolute() {
+        Some(path)
+    } else {
+        env.get("SLURM_JOB_WORK_DIR")
+            .map(|d| Path::new(d).join(path))
+    }
 }
 
 #[cfg(test)]

@@ -445,3 +445,28 @@ fn the_peak_is_found_in_the_sidecar_answer_shapes() {
         assert_eq!(peak_from_sidecar(&v), want, "{v}");
     }
 }
+
+#[test]
+fn the_output_pattern_is_filled_in_like_slurm_does() {
+    let e = env(&[
+        ("SLURM_JOB_ID", "42"),
+        ("SLURM_JOB_USER", "ada"),
+        ("SLURMD_NODENAME", "gpu01"),
+        ("SLURM_JOB_WORK_DIR", "/home/ada/run"),
+    ]);
+    let cases = [
+        ("/tmp/out/%j.out", Some("/tmp/out/42.out")),
+        ("slurm-%j.out", Some("/home/ada/run/slurm-42.out")),
+        ("/o/%u-%N-%6j-%%.log", Some("/o/ada-gpu01-000042-%.log")),
+        ("/o/%A_%a.out", Some("/o/42_.out")),
+        ("/dev/null", None),
+        ("", None),
+    ];
+    for (pattern, want) in cases {
+        assert_eq!(
+            output_path(pattern, &e),
+            want.map(PathBuf::from),
+            "{pattern}"
+        );
+    }
+}

@@ -1,0 +1,925 @@
+//! The Slurm integration, tested for real:
+//! - the controller's HTTP API in process (token, JSON errors, limits);
+//! - a one-node Slurm cluster on 127.0.0.1 (munged, slurmctld, slurmd from
+//!   Debian) whose TaskProlog/Prolog/Epilog are the project's `slurm/*.sh`
+//!   hooks running the test-built binary, with a running
+//!   `gpufit controller --no-kubernetes` and a simulate sidecar.
+//!
+//! The Slurm binaries must be installed (`bash scripts/test.sh` installs
+//! them); the cluster test fails, never skips, when they are missing.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpufit::controller::api::{self, ApiState};
+use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::settings::EngineeringSettings;
+use gpufit::core::workload::Method;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+// === the API in process ===
+
+/// An API server on a free port, stopped on drop.
+struct ApiServer {
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+    rt: Option<tokio::runtime::Runtime>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ApiServer {
+    fn start(token: Option<&str>) -> ApiServer {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = gpufit::history::open(&format!("sqlite:{}/h.db", dir.path().display()))
+            .expect("a SQLite history in a temp dir");
+        let state = Arc::new(ApiState::new(Arc::from(store), token.map(str::to_string)));
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        rt.spawn(api::serve_on(listener, state, async {
+            let _ = rx.await;
+        }));
+        ApiServer {
+            addr,
+            _dir: dir,
+            rt: Some(rt),
+            stop: Some(tx),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .build()
+}
+
+/// (status, JSON body) of a request, whatever the status.
+fn call(req: ureq::Request, body: Option<&str>) -> (u16, serde_json::Value) {
+    let resp = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    let resp = match resp {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("request failed: {e}"),
+    };
+    let status = resp.status();
+    let text = resp.into_string().unwrap();
+    let json =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("body is not JSON ({e}): {text}"));
+    (status, json)
+}
+
+fn run_record(job: &str) -> RunRecord {
+    RunRecord {
+        id: None,
+        timestamp: chrono::Utc::now(),
+        cluster: Some("test".into()),
+        node: Some("n1".into()),
+        source: RunSource::Slurm,
+        job_id: Some(job.into()),
+        model: "my-org/custom-model".into(),
+        method: Method::Full,
+        gpu_model: "NVIDIA A100-SXM4-80GB".into(),
+        seq_len: 2048,
+        lora_rank: None,
+        gpus: 1,
+        global_batch: Some(16),
+        settings: EngineeringSettings {
+            micro_batch_size: 4,
+            gradient_accumulation_steps: 4,
+            ..EngineeringSettings::default()
+        },
+        result: RunResult {
+            success: true,
+            failure_reason: None,
+            peak_memory_bytes: Some(50_000_000_000),
+            samples_per_sec: None,
+            tokens_per_sec: None,
+            duration_sec: Some(60.0),
+        },
+        predicted_peak_bytes: Some(48_000_000_000),
+    }
+}
+
+#[test]
+fn writes_need_the_bearer_token_and_reads_do_not() {
+    let srv = ApiServer::start(Some("s3cret-token"));
+    let a = agent();
+    let body = serde_json::to_string(&run_record("1")).unwrap();
+
+    let (status, err) = call(a.post(&srv.url("/v1/runs")), Some(&body));
+    assert_eq!(status, 401, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Bearer"),
+        "{err}"
+    );
+
+    let (status, err) = call(
+        a.post(&srv.url("/v1/runs"))
+            .set("Authorization", "Bearer wrong"),
+        Some(&body),
+    );
+    assert_eq!(status, 401, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("wrong bearer token"),
+        "{err}"
+    );
+
+    let (status, ok) = call(
+        a.post(&srv.url("/v1/runs"))
+            .set("Authorization", "Bearer s3cret-token"),
+        Some(&body),
+    );
+    assert_eq!(status, 201, "{ok}");
+    assert_eq!(ok["id"], 1);
+
+    let (status, runs) = call(
+        a.get(&srv.url("/v1/runs?gpu=NVIDIA+A100-SXM4-80GB&limit=5")),
+        None,
+    );
+    assert_eq!(status, 200);
+    let runs: Vec<RunRecord> = serde_json::from_value(runs).unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].job_id.as_deref(), Some("1"));
+    assert_eq!(runs[0].settings.micro_batch_size, 4);
+
+    let (status, runs) = call(a.get(&srv.url("/v1/runs?gpu=Tesla+T4")), None);
+    assert_eq!((status, runs.as_array().map(Vec::len)), (200, Some(0)));
+}
+
+#[test]
+fn without_a_token_file_writes_are_refused() {
+    let srv = ApiServer::start(None);
+    let body = serde_json::to_string(&run_record("1")).unwrap();
+    let (status, err) = call(
+        agent()
+            .post(&srv.url("/v1/runs"))
+            .set("Authorization", "Bearer anything"),
+        Some(&body),
+    );
+    assert_eq!(status, 403, "{err}");
+    assert!(
+        err["error"].as_str().unwrap().contains("--token-file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_requests_get_json_errors_that_say_what_is_wrong() {
+    let srv = ApiServer::start(Some("t"));
+    let a = agent();
+    let cases: Vec<(ureq::Request, Option<&str>, u16, &str)> = vec![
+        (
+            a.post(&srv.url("/v1/suggest")),
+            Some("{not json"),
+            400,
+            "invalid JSON body",
+        ),
+        (
+            a.post(&srv.url("/v1/suggest")),
+            Some(""),
+            400,
+            "empty request body",
+        ),
+        (
+            a.post(&srv.url("/v1/suggest")),
+            Some(r#"{"workload":{"model":"x","seq_len":8},"gpu":"T4","colour":1}"#),
+            400,
+            "unknown field `colour`",
+        ),
+        (
+            a.post(&srv.url("/v1/runs"))
+                .set("Authorization", "Bearer t"),
+            Some(r#"{"model":"x"}"#),
+            400,
+            "missing field",
+        ),
+        (a.get(&srv.url("/v1/runs?limit=0")), None, 400, "limit=0"),
+        (
+            a.get(&srv.url("/v1/nothing")),
+            None,
+            404,
+            "no route /v1/nothing",
+        ),
+        (a.get(&srv.url("/v1/suggest")), None, 405, "use POST"),
+    ];
+    for (req, body, want_status, want_msg) in cases {
+        let (status, err) = call(req, body);
+        assert_eq!(status, want_status, "{err}");
+        assert_eq!(err["status"], want_status);
+        assert!(
+            err["error"].as_str().unwrap().contains(want_msg),
+            "want `{want_msg}` in {err}"
+        );
+    }
+    let (status, ok) = call(a.get(&srv.url("/healthz")), None);
+    assert_eq!((status, ok["status"].as_str()), (200, Some("ok")));
+}
+
+#[test]
+fn a_body_over_the_size_limit_is_refused_with_413() {
+    let srv = ApiServer::start(Some("t"));
+    let big = format!(
+        r#"{{"workload":{{"model":"{}","seq_len":8}},"gpu":"T4"}}"#,
+        "x".repeat(200 * 1024)
+    );
+    let (status, err) = call(agent().post(&srv.url("/v1/suggest")), Some(&big));
+    assert_eq!(status, 413, "{err}");
+    assert!(err["error"].as_str().unwrap().contains("limit"), "{err}");
+
+    // Without a Content-Length (chunked), the limit still holds.
+    let mut s = std::net::TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/suggest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .unwrap();
+    let chunk = "y".repeat(32 * 1024);
+    for _ in 0..4 {
+        if write!(s, "{:x}\r\n{chunk}\r\n", chunk.len()).is_err() {
+            break;
+        }
+    }
+    let _ = write!(s, "0\r\n\r\n");
+    let mut resp = vec![0u8; 4096];
+    let n = s.read(&mut resp).unwrap();
+    let head = String::from_utf8_lossy(&resp[..n]);
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+}
+
+// === a real Slurm cluster ===
+
+/// A child process killed (and reaped) on drop.
+struct Daemon {
+    name: &'static str,
+    child: Child,
+}
+
+impl Daemon {
+    fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> Daemon {
+        let out = std::fs::File::create(log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Daemon { name, child }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn require(bins: &[&str]) {
+    let missing: Vec<&str> = bins
+        .iter()
+        .copied()
+        .filter(|b| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {b}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "Slurm test needs {missing:?} on PATH: install them with \
+         `apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge` \
+         (bash scripts/test.sh does it)"
+    );
+}
+
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn http_ok(url: &str) -> bool {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .get(url)
+        .call()
+        .is_ok()
+}
+
+/// One Slurm node on 127.0.0.1 whose hooks are the project's scripts.
+struct Cluster {
+    dir: PathBuf,
+    conf: PathBuf,
+    // Dropped in reverse: slurmd, slurmctld, munged.
+    daemons: Vec<Daemon>,
+}
+
+impl Cluster {
+    fn start(dir: &Path) -> Cluster {
+        require(&[
+            "munged",
+            "mungekey",
+            "slurmctld",
+            "slurmd",
+            "sbatch",
+            "sinfo",
+            "scontrol",
+        ]);
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for sub in ["munge", "state", "spool", "dev", "out"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        chmod(dir, 0o755);
+        chmod(&dir.join("out"), 0o1777);
+        let munge = dir.join("munge");
+        run_ok(Command::new("mungekey").args([
+            "--create",
+            &format!("--keyfile={}", munge.join("munge.key").display()),
+            "--bits=1024",
+        ]));
+        chmod(&munge.join("munge.key"), 0o600);
+        // Fake GPUs: gres needs character devices (plain files are refused).
+        for i in 0..2 {
+            run_ok(Command::new("mknod").args([
+                dir.join(format!("dev/nvidia{i}")).to_str().unwrap(),
+                "c",
+                "195",
+                &i.to_string(),
+            ]));
+        }
+        // Hook wrappers: set where the binary and the site config are, then
+        // run the project's hook. The TaskProlog's wall time is recorded.
+        let env_lines = format!(
+            "export GPUFIT_BIN={BIN}\nexport GPUFIT_SLURM_CONFIG={}\n",
+            dir.join("gpufit.toml").display()
+        );
+        let hooks = repo.join("slurm");
+        write_exec(
+            &dir.join("task_prolog.sh"),
+            &format!(
+                "#!/bin/sh\n{env_lines}s=$(date +%s%N)\n{}\ne=$(date +%s%N)\necho \"$SLURM_JOB_ID $s $e\" >> {}\nexit 0\n",
+                hooks.join("task_prolog.sh").display(),
+                dir.join("taskprolog.times").display()
+            ),
+        );
+        std::fs::write(dir.join("taskprolog.times"), "").unwrap();
+        chmod(&dir.join("taskprolog.times"), 0o666);
+        for hook in ["prolog", "epilog"] {
+            write_exec(
+                &dir.join(format!("{hook}.sh")),
+                &format!(
+                    "#!/bin/sh\n{env_lines}exec {} 2>>{}\n",
+                    hooks.join(format!("{hook}.sh")).display(),
+                    dir.join(format!("{hook}.log")).display()
+                ),
+            );
+        }
+        let d = dir.display();
+        let conf = dir.join("slurm.conf");
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::fs::write(
+            &conf,
+            format!(
+                "ClusterName=test\nSlurmctldHost=localhost\nSlurmctldPort={}\nSlurmdPort={}\n\
+                 SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nCredType=cred/munge\n\
+                 AuthInfo=socket={d}/munge/munge.socket.2\nStateSaveLocation={d}/state\n\
+                 SlurmdSpoolDir={d}/spool/%n\nSlurmctldPidFile={d}/slurmctld.pid\n\
+                 SlurmdPidFile={d}/slurmd-%n.pid\nSlurmctldLogFile={d}/slurmctld.log\n\
+                 SlurmdLogFile={d}/slurmd-%n.log\nProctrackType=proctrack/linuxproc\n\
+                 TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
+                 AccountingStorageType=accounting_storage/none\nSelectType=select/cons_tres\n\
+                 SelectTypeParameters=CR_Core\nMpiDefault=none\nReturnToService=2\n\
+                 MailProg=/bin/true\nPrologFlags=Alloc\nProlog={d}/prolog.sh\n\
+                 Epilog={d}/epilog.sh\nTaskProlog={d}/task_prolog.sh\nGresTypes=gpu\n\
+                 NodeName=localhost CPUs={cpus} RealMemory=20000 Gres=gpu:2 State=UNKNOWN\n\
+                 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n",
+                free_port(),
+                free_port()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("gres.conf"),
+            format!("AutoDetect=off\nNodeName=localhost Name=gpu File={d}/dev/nvidia[0-1]\n"),
+        )
+        .unwrap();
+
+        let mut c = Cluster {
+            dir: dir.to_path_buf(),
+            conf: conf.clone(),
+            daemons: Vec::new(),
+        };
+        c.daemons.push(Daemon::spawn(
+            "munged",
+            Command::new("munged").args([
+                "--foreground",
+                "--force",
+                &format!("--key-file={}", munge.join("munge.key").display()),
+                &format!("--socket={}", munge.join("munge.socket.2").display()),
+                &format!("--pid-file={}", munge.join("munged.pid").display()),
+                &format!("--log-file={}", munge.join("munged.log").display()),
+                &format!("--seed-file={}", munge.join("munged.seed").display()),
+            ]),
+            &dir.join("munged.out"),
+        ));
+        wait_until("munged's socket", Duration::from_secs(10), || {
+            munge.join("munge.socket.2").exists().then_some(())
+        });
+        c.daemons.push(Daemon::spawn(
+            "slurmctld",
+            Command::new("setsid")
+                .args(["slurmctld", "-D", "-f"])
+                .arg(&conf)
+                .env("SLURM_CONF", &conf),
+            &dir.join("slurmctld.out"),
+        ));
+        c.daemons.push(Daemon::spawn(
+            "slurmd",
+            Command::new("setsid")
+                .args(["slurmd", "-D", "-N", "localhost", "-f"])
+                .arg(&conf)
+                .env("SLURM_CONF", &conf),
+            &dir.join("slurmd.out"),
+        ));
+        wait_until("the Slurm node to be idle", Duration::from_secs(30), || {
+            let out = c.cmd("sinfo").args(["-h", "-o", "%T"]).output().ok()?;
+            (String::from_utf8_lossy(&out.stdout).trim() == "idle").then_some(())
+        });
+        c
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+
+    /// `sbatch --wait` a script with one GPU; returns the job id, its
+    /// output, and whether it exited 0.
+    fn sbatch(&self, extra: &[&str], env: &[(&str, &str)], script: &str) -> (String, String, bool) {
+        self.sbatch_during(extra, env, script, |_, _| {})
+    }
+
+    /// Like [`Cluster::sbatch`]; a script that runs `$GPUFIT_TEST_GATE`
+    /// waits there while `during(job id, its GPU indices)` runs.
+    fn sbatch_during(
+        &self,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        script: &str,
+        during: impl FnOnce(&str, &str),
+    ) -> (String, String, bool) {
+        let n = free_port();
+        let path = self.dir.join(format!("job-{n}.sh"));
+        let gate = self.dir.join("out").join(format!("gate-{n}"));
+        write_exec(
+            &gate,
+            &format!(
+                "#!/bin/sh\necho \"$SLURM_JOB_ID $SLURM_JOB_GPUS\" > {g}.tmp && mv {g}.tmp {g}.started\nwhile [ ! -e {g}.go ]; do sleep 0.05; done\n",
+                g = gate.display()
+            ),
+        );
+        write_exec(&path, script);
+        let mut cmd = self.cmd("sbatch");
+        cmd.args(["--wait", "--gres=gpu:1", "--parsable"])
+            .arg(format!("--output={}/out/%j.out", self.dir.display()))
+            .arg(format!("--chdir={}/out", self.dir.display()))
+            .args(extra)
+            .arg(&path)
+            .env("GPUFIT_TEST_GATE", &gate)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        // sbatch's stdout is block-buffered into a pipe: the job id of a
+        // gated job comes from the gate, the others' once sbatch has exited.
+        let started = PathBuf::from(format!("{}.started", gate.display()));
+        let mut during = Some(during);
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if let Some(f) = during.as_ref().and(std::fs::read_to_string(&started).ok()) {
+                let (job, gpus) = f.trim().split_once(' ').unwrap_or((f.trim(), ""));
+                if let Some(d) = during.take() {
+                    d(job, gpus);
+                }
+                std::fs::write(format!("{}.go", gate.display()), "").unwrap();
+            }
+            if t.elapsed() > Duration::from_secs(90) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("sbatch --wait did not return within 90 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        let _ = child.stdout.take().unwrap().read_to_string(&mut stdout);
+        let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+        let id = stdout.trim().split(';').next().unwrap_or("").to_string();
+        assert!(!id.is_empty(), "sbatch printed no job id: {stderr}");
+        let output =
+            std::fs::read_to_string(self.dir.join(format!("out/{id}.out"))).unwrap_or_default();
+        (id, output, status.success())
+    }
+
+    /// The TaskProlog's wall time for a job (from the wrapper's record).
+    fn task_prolog_time(&self, job: &str) -> Duration {
+        let times = std::fs::read_to_string(self.dir.join("taskprolog.times")).unwrap();
+        let line = times
+            .lines()
+            .find(|l| l.split(' ').next() == Some(job))
+            .unwrap_or_else(|| panic!("no TaskProlog time for job {job} in {times}"));
+        let n: Vec<u64> = line
+            .split(' ')
+            .skip(1)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        Duration::from_nanos(n[1] - n[0])
+    }
+
+    fn write_config(&self, lines: &[String]) {
+        let p = self.dir.join("gpufit.toml");
+        std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+        chmod(&p, 0o644);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        while let Some(mut d) = self.daemons.pop() {
+            d.stop();
+        }
+    }
+}
+
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn write_exec(p: &Path, text: &str) {
+    std::fs::write(p, text).unwrap();
+    chmod(p, 0o755);
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `GPUFIT_*` variables a job printed with `env`.
+fn gpufit_vars(output: &str) -> std::collections::BTreeMap<String, String> {
+    output
+        .lines()
+        .filter(|l| l.starts_with("GPUFIT_"))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+const PRINT_ENV: &str = "#!/bin/sh\nenv | sort\necho job-ran\n";
+/// Prints its environment, then waits at the test's gate (while the test
+/// plays the training process's GPU memory on the simulate sidecar).
+const PRINT_ENV_GATED: &str = "#!/bin/sh\nenv | sort\n\"$GPUFIT_TEST_GATE\"\necho job-ran\n";
+
+/// Plays a training process of `job` using `bytes` on its GPU, then ending.
+fn simulate_training(sidecar: &str, job: &str, gpus: &str, bytes: u64) {
+    let gpu: u32 = gpus.split(',').next().unwrap_or("0").parse().unwrap_or(0);
+    let pid: u32 = 40_000 + job.parse::<u32>().unwrap_or(0);
+    let body = serde_json::json!({
+        "pid": pid, "gpu": gpu, "job": {"slurm_job_id": job}, "memory_bytes": bytes
+    });
+    let (status, resp) = call(
+        agent().post(&format!("{sidecar}/v1/simulate/processes")),
+        Some(&body.to_string()),
+    );
+    assert_eq!(status, 200, "simulate process: {resp}");
+    let (status, resp) = call(
+        agent().delete(&format!("{sidecar}/v1/simulate/processes/{pid}")),
+        None,
+    );
+    assert_eq!(status, 200, "end simulated process: {resp}");
+}
+
+/// Waits for a daemon's URL to answer; fails with its log when it exits.
+fn wait_for_http(d: &mut Daemon, url: &str, log: &Path) {
+    wait_until(
+        &format!("{} at {url}", d.name),
+        Duration::from_secs(20),
+        || {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!(
+                    "{} exited ({status}) before answering: {}",
+                    d.name,
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            http_ok(url).then_some(())
+        },
+    );
+}
+
+fn start_controller(dir: &Path, history: &str) -> (Daemon, String) {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut d = Daemon::spawn(
+        "controller",
+        Command::new(BIN)
+            .args(["controller", "--no-kubernetes", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--history", history, "--token-file"])
+            .arg(dir.join("token"))
+            .env("GPUFIT_LOG", "info"),
+        &dir.join(format!("controller-{port}.log")),
+    );
+    let log = dir.join(format!("controller-{port}.log"));
+    wait_for_http(&mut d, &format!("{url}/healthz"), &log);
+    (d, url)
+}
+
+fn start_sidecar(dir: &Path) -> (Daemon, String) {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut d = Daemon::spawn(
+        "sidecar",
+        Command::new(BIN)
+            .args([
+                "sidecar",
+                "--backend",
+                "simulate",
+                "--simulate-gpus",
+                "2",
+                "--listen",
+            ])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--mapping-dir")
+            .arg(dir.join("gpu-jobs"))
+            .env("GPUFIT_LOG", "info"),
+        &dir.join("sidecar.log"),
+    );
+    wait_for_http(&mut d, &format!("{url}/healthz"), &dir.join("sidecar.log"));
+    (d, url)
+}
+
+fn runs_of_job(controller: &str, job: &str) -> Option<RunRecord> {
+    let runs: Vec<RunRecord> = agent()
+        .get(&format!("{controller}/v1/runs?limit=1000"))
+        .call()
+        .ok()?
+        .into_json()
+        .ok()?;
+    runs.into_iter().find(|r| r.job_id.as_deref() == Some(job))
+}
+
+/// Every Slurm scenario runs in this one test, in order, on one cluster.
+#[test]
+fn slurm_jobs_get_settings_record_runs_and_fail_open() {
+    let tmp = tempfile::Builder::new()
+        .prefix("gpufit-slurm-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
+    let cluster = Cluster::start(dir);
+    std::fs::write(dir.join("token"), "test-token-0123456789abcdef\n").unwrap();
+    chmod(&dir.join("token"), 0o600);
+    std::fs::create_dir_all(dir.join("gpu-jobs")).unwrap();
+    let state_dir = dir.join("gpufit-state");
+    let config = |controller: &str, sidecar: Option<&str>| {
+        let mut c = vec![
+            format!("controller_url = \"{controller}\""),
+            format!("token_file = \"{}\"", dir.join("token").display()),
+            format!("state_dir = \"{}\"", state_dir.display()),
+            format!("mapping_dir = \"{}\"", dir.join("gpu-jobs").display()),
+        ];
+        match sidecar {
+            Some(url) => c.push(format!("sidecar_url = \"{url}\"")),
+            None => c.push("gpu = \"NVIDIA A100-SXM4-80GB\"".to_string()),
+        }
+        c
+    };
+    let model = "meta-llama/Llama-3.1-8B";
+    let workload_env = [
+        ("GPUFIT_MODEL", model),
+        ("GPUFIT_SEQ_LEN", "2048"),
+        ("GPUFIT_GLOBAL_BATCH", "16"),
+        ("GPUFIT_METHOD", "lora"),
+        ("GPUFIT_LORA_RANK", "16"),
+    ];
+    let no_settings = |out: &str| {
+        gpufit_vars(out)
+            .keys()
+            .all(|k| workload_env.iter().any(|(w, _)| w == k))
+    };
+
+    // 1. A job that does not ask for gpufit is left untouched.
+    let blackhole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole = format!("http://{}", blackhole.local_addr().unwrap());
+    cluster.write_config(&config(&hole, None));
+    let (job, out, ok) = cluster.sbatch(&[], &[], PRINT_ENV);
+    assert!(ok && out.contains("job-ran"), "job {job}: {out}");
+    assert!(
+        gpufit_vars(&out).is_empty(),
+        "job {job} got gpufit variables: {out}"
+    );
+    assert!(out.contains("SLURM_JOB_GPUS="), "the job has a GPU: {out}");
+
+    // 2. A controller that accepts connections and never answers: the job
+    //    runs without settings; the TaskProlog's own budget ends the wait.
+    let (job, out, ok) = cluster.sbatch(&[], &workload_env, PRINT_ENV);
+    assert!(ok && out.contains("job-ran"), "job {job}: {out}");
+    assert!(no_settings(&out), "no settings: {out}");
+    let t = cluster.task_prolog_time(&job);
+    assert!(
+        t < Duration::from_secs(2),
+        "TaskProlog took {t:?} with a hanging controller"
+    );
+    drop(blackhole);
+
+    // 3. A job asking through its environment gets the settings of a
+    //    suggestion from the controller, for the sidecar's GPU.
+    let (mut controller, ctl_url) =
+        start_controller(dir, &format!("sqlite:{}/history.db", dir.display()));
+    let (_sidecar, side_url) = start_sidecar(dir);
+    cluster.write_config(&config(&ctl_url, Some(&side_url)));
+    let peak = 30 * (1u64 << 30);
+    let (job1, out, ok) =
+        cluster.sbatch_during(&[], &workload_env, PRINT_ENV_GATED, |job, gpus| {
+            // While the job runs, the Prolog's mapping names it on its GPU.
+            let mapped = std::fs::read_to_string(dir.join("gpu-jobs").join(gpus)).unwrap();
+            assert_eq!(mapped.trim(), job, "mapping file of GPU {gpus}");
+            simulate_training(&side_url, job, gpus, peak);
+        });
+    assert!(ok, "job {job1}: {out}");
+    let vars = gpufit_vars(&out);
+    for k in [
+        "GPUFIT_MICRO_BATCH_SIZE",
+        "GPUFIT_GRAD_ACCUM_STEPS",
+        "GPUFIT_DTYPE",
+        "GPUFIT_ACTIVATION_CHECKPOINTING",
+        "GPUFIT_COMPILE",
+        "GPUFIT_SUGGESTION_SOURCE",
+        "GPUFIT_CONFIDENCE",
+    ] {
+        assert!(vars.contains_key(k), "job {job1} lacks {k}: {out}");
+    }
+    assert_eq!(vars["GPUFIT_SUGGESTION_SOURCE"], "heuristic", "{out}");
+    let m: u32 = vars["GPUFIT_MICRO_BATCH_SIZE"].parse().unwrap();
+    let a: u32 = vars["GPUFIT_GRAD_ACCUM_STEPS"].parse().unwrap();
+    assert_eq!(m * a, 16, "global batch kept exactly: {vars:?}");
+    let gpus: serde_json::Value = agent()
+        .get(&format!("{side_url}/v1/gpus"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert!(
+        gpus.to_string().contains(&vars["GPUFIT_GPU_MODEL"]),
+        "GPU model {} is the sidecar's: {gpus}",
+        vars["GPUFIT_GPU_MODEL"]
+    );
+
+    // 4. The Epilog recorded the run (settings used, success, the sidecar's
+    //    peak) and removed the job's mapping and state files.
+    let run = wait_until("the Epilog's run record", Duration::from_secs(20), || {
+        runs_of_job(&ctl_url, &job1)
+    });
+    assert!(run.result.success, "{run:?}");
+    assert_eq!(run.settings.micro_batch_size, m);
+    assert_eq!(run.source, RunSource::Slurm);
+    assert_eq!(run.seq_len, 2048);
+    assert_eq!(run.gpu_model, vars["GPUFIT_GPU_MODEL"]);
+    assert!(run.predicted_peak_bytes.is_some(), "{run:?}");
+    assert_eq!(
+        run.result.peak_memory_bytes,
+        Some(peak),
+        "peak from the sidecar: {run:?}"
+    );
+    assert!(
+        !state_dir.join(format!("job-{job1}.json")).exists(),
+        "state file cleaned up"
+    );
+    assert!(
+        std::fs::read_dir(dir.join("gpu-jobs"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "the Epilog removes the job's mapping files"
+    );
+
+    // 5. The next job of the same key (asking through --comment this time,
+    //    and running as an unprivileged user) learns from that run.
+    let comment = format!(
+        "--comment=team-a; gpufit: model={model} seq_len=2048 global_batch=16 method=lora lora_rank=16"
+    );
+    let (job2, out, ok) =
+        cluster.sbatch(&["--uid=nobody", "--gid=nogroup", &comment], &[], PRINT_ENV);
+    assert!(ok, "job {job2}: {out}");
+    let vars2 = gpufit_vars(&out);
+    let source = vars2
+        .get("GPUFIT_SUGGESTION_SOURCE")
+        .unwrap_or_else(|| panic!("job {job2} got no settings: {out}"));
+    assert_ne!(
+        source, "heuristic",
+        "job {job2} should learn from job {job1}: {vars2:?}"
+    );
+    let run2 = wait_until("the second run record", Duration::from_secs(20), || {
+        runs_of_job(&ctl_url, &job2)
+    });
+    assert!(run2.result.success, "{run2:?}");
+
+    // 6. A job that runs out of memory is recorded as an OOM.
+    let oom_script = "#!/bin/sh\necho 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.'\nexit 1\n";
+    let (job3, out, ok) = cluster.sbatch(&[], &workload_env, oom_script);
+    assert!(!ok, "job {job3} failed: {out}");
+    let run3 = wait_until("the OOM run record", Duration::from_secs(20), || {
+        runs_of_job(&ctl_url, &job3)
+    });
+    assert!(!run3.result.success);
+    assert_eq!(
+        run3.result.failure_reason,
+        Some(FailureReason::Oom),
+        "{run3:?}"
+    );
+
+    // 7. Controller stopped: the job still runs, without gpufit variables,
+    //    and the TaskProlog added well under 2 s.
+    controller.stop();
+    let (job4, out, ok) = cluster.sbatch(&[], &workload_env, PRINT_ENV);
+    assert!(ok && out.contains("job-ran"), "job {job4}: {out}");
+    assert!(no_settings(&out), "no settings: {out}");
+    let t = cluster.task_prolog_time(&job4);
+    assert!(
+        t < Duration::from_secs(2),
+        "TaskProlog took {t:?} with the controller down"
+    );
+}

@@ -35,7 +35,10 @@ const TARGET_GPU: &str = "NVIDIA A100-SXM4-80GB";
 const CONNECTIONS: usize = 64;
 
 fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Deterministic xorshift, so every run builds the same history.
@@ -62,7 +65,13 @@ fn synthetic_run(i: u64, rng: &mut Rng, canonical: &str) -> RunRecord {
     } else {
         (
             format!("org-{}/model-{}", r % 97, (r >> 8) % 211),
-            ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA L4", "Tesla T4"][(r >> 20) as usize % 4].to_string(),
+            [
+                "NVIDIA H100 80GB HBM3",
+                "NVIDIA A100-SXM4-40GB",
+                "NVIDIA L4",
+                "Tesla T4",
+            ][(r >> 20) as usize % 4]
+                .to_string(),
             [512, 1024, 2048, 4096, 8192][(r >> 24) as usize % 5],
         )
     };
@@ -117,11 +126,16 @@ fn build_history(path: &Path, records: u64, canonical: &str) -> Box<dyn HistoryS
     let mut done = 0u64;
     while done < records {
         let n = (records - done).min(50_000);
-        let mut it = (done..done + n).map(|i| Ok::<_, HistoryError>(synthetic_run(i, &mut rng, canonical)));
+        let mut it =
+            (done..done + n).map(|i| Ok::<_, HistoryError>(synthetic_run(i, &mut rng, canonical)));
         store.record_batch(&mut it).expect("insert runs");
         done += n;
     }
-    eprintln!("built {} with {records} runs in {:.1?}", path.display(), start.elapsed());
+    eprintln!(
+        "built {} with {records} runs in {:.1?}",
+        path.display(),
+        start.elapsed()
+    );
     store
 }
 
@@ -177,15 +191,23 @@ async fn start(history: Box<dyn HistoryStore>, dir: &Path) -> Server {
         targets: StrategyTargets::default(),
         default_mode: Mode::Inject,
     });
-    let server = WebhookServer::bind(&WebhookConfig { listen: "127.0.0.1:0".parse().unwrap(), cert: c, key: k })
-        .await
-        .expect("bind");
+    let server = WebhookServer::bind(&WebhookConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        cert: c,
+        key: k,
+    })
+    .await
+    .expect("bind");
     let addr = server.local_addr().expect("addr");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.serve(state, async {
         let _ = rx.await;
     }));
-    Server { addr, ca_pem: cert.cert.pem(), stop: tx }
+    Server {
+        addr,
+        ca_pem: cert.cert.pem(),
+        stop: tx,
+    }
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
@@ -195,15 +217,20 @@ async fn connect(addr: std::net::SocketAddr, ca_pem: &str) -> Sender {
     for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
         roots.add(c.expect("pem")).expect("root");
     }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("tls")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("tls")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let _ = tcp.set_nodelay(true);
     let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(rustls::pki_types::ServerName::try_from("localhost").expect("name"), tcp)
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").expect("name"),
+            tcp,
+        )
         .await
         .expect("tls");
     let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
@@ -235,7 +262,11 @@ async fn load(server: &Server, rate: u64, seconds: u64) -> Phase {
     let total = rate * seconds;
     let (tx, rx) = async_channel(total as usize);
     let mut workers = Vec::new();
-    let results = Arc::new(std::sync::Mutex::new((Vec::with_capacity(total as usize), 0u64, 0u64)));
+    let results = Arc::new(std::sync::Mutex::new((
+        Vec::with_capacity(total as usize),
+        0u64,
+        0u64,
+    )));
     for _ in 0..CONNECTIONS {
         let mut sender = connect(server.addr, &server.ca_pem).await;
         let rx = rx.clone();
@@ -285,8 +316,17 @@ async fn load(server: &Server, rate: u64, seconds: u64) -> Phase {
         let _ = w.await;
     }
     let elapsed = start.elapsed();
-    let r = Arc::try_unwrap(results).ok().expect("workers done").into_inner().expect("results");
-    Phase { latencies: r.0, errors: r.1, not_mutated: r.2, elapsed }
+    let r = Arc::try_unwrap(results)
+        .ok()
+        .expect("workers done")
+        .into_inner()
+        .expect("results");
+    Phase {
+        latencies: r.0,
+        errors: r.1,
+        not_mutated: r.2,
+        elapsed,
+    }
 }
 
 type Job = (Instant, Vec<u8>);
@@ -321,17 +361,24 @@ fn main() {
     let canonical = gpufit::core::catalog::lookup_model(TARGET_MODEL)
         .map(|m| m.arch.name)
         .unwrap_or_else(|e| panic!("the benchmark's model must be in the catalog: {e}"));
-    let db: PathBuf = std::env::var("GPUFIT_BENCH_DB").map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("target/bench-data/webhook-{records}.db"))
-    });
+    let db: PathBuf = std::env::var("GPUFIT_BENCH_DB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("target/bench-data/webhook-{records}.db"))
+        });
     if let Some(d) = db.parent() {
         std::fs::create_dir_all(d).expect("bench data dir");
     }
     let big = build_history(&db, records, &canonical);
     let tmp = tempfile::tempdir().expect("temp dir");
-    let empty = gpufit::history::open(&format!("sqlite:{}", tmp.path().join("empty.db").display())).expect("empty history");
+    let empty = gpufit::history::open(&format!("sqlite:{}", tmp.path().join("empty.db").display()))
+        .expect("empty history");
 
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
         println!("webhook_load: HTTPS loopback, {CONNECTIONS} keep-alive connections, open loop {rate} req/s for {seconds} s per phase");
         let s = start(big, tmp.path()).await;

@@ -1246,9 +1246,15 @@ fn lease_client(lease: Arc<Mutex<Option<Value>>>) -> Client {
                         (201, v)
                     }
                     ("PUT", p) if p == format!("{base}/gpufit-controller") => {
-                        let current = l.as_ref().and_then(|v| v["metadata"]["resourceVersion"].as_str()).unwrap_or("");
+                        let current = l
+                            .as_ref()
+                            .and_then(|v| v["metadata"]["resourceVersion"].as_str())
+                            .unwrap_or("");
                         if body["metadata"]["resourceVersion"].as_str() != Some(current) {
-                            (409, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "conflict"}))
+                            (
+                                409,
+                                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "conflict"}),
+                            )
                         } else {
                             let mut v = body.clone();
                             let next = current.parse::<u64>().unwrap_or(0) + 1;
@@ -1257,7 +1263,10 @@ fn lease_client(lease: Arc<Mutex<Option<Value>>>) -> Client {
                             (200, v)
                         }
                     }
-                    _ => (500, json!({"kind": "Status", "code": 500, "message": format!("unexpected {method} {path}")})),
+                    _ => (
+                        500,
+                        json!({"kind": "Status", "code": 500, "message": format!("unexpected {method} {path}")}),
+                    ),
                 }
             };
             send.send_response(
@@ -1289,20 +1298,53 @@ async fn the_first_replica_takes_the_lease_and_a_second_waits_until_it_expires()
     let lease = Arc::new(Mutex::new(None));
     let api: kube::Api<Lease> = kube::Api::namespaced(lease_client(lease.clone()), "gpufit");
 
-    assert!(try_acquire(&api, &lease_cfg("replica-a")).await.expect("api"), "a takes the free lease");
-    assert!(try_acquire(&api, &lease_cfg("replica-a")).await.expect("api"), "a renews its lease");
-    assert!(!try_acquire(&api, &lease_cfg("replica-b")).await.expect("api"), "b must not take a live lease");
-    assert_eq!(lease.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"], "replica-a");
+    assert!(
+        try_acquire(&api, &lease_cfg("replica-a"))
+            .await
+            .expect("api"),
+        "a takes the free lease"
+    );
+    assert!(
+        try_acquire(&api, &lease_cfg("replica-a"))
+            .await
+            .expect("api"),
+        "a renews its lease"
+    );
+    assert!(
+        !try_acquire(&api, &lease_cfg("replica-b"))
+            .await
+            .expect("api"),
+        "b must not take a live lease"
+    );
+    assert_eq!(
+        lease.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"],
+        "replica-a"
+    );
 
     // a stops renewing: the lease expires and b takes over.
-    lease.lock().unwrap().as_mut().unwrap()["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
-    assert!(try_acquire(&api, &lease_cfg("replica-b")).await.expect("api"), "b takes the expired lease");
+    lease.lock().unwrap().as_mut().unwrap()["spec"]["renewTime"] =
+        json!("2020-01-01T00:00:00.000000Z");
+    assert!(
+        try_acquire(&api, &lease_cfg("replica-b"))
+            .await
+            .expect("api"),
+        "b takes the expired lease"
+    );
     let held = lease.lock().unwrap().clone().unwrap();
     assert_eq!(held["spec"]["holderIdentity"], "replica-b");
     assert_eq!(held["spec"]["leaseTransitions"], 1);
-    assert!(!try_acquire(&api, &lease_cfg("replica-a")).await.expect("api"), "a is follower now");
+    assert!(
+        !try_acquire(&api, &lease_cfg("replica-a"))
+            .await
+            .expect("api"),
+        "a is follower now"
+    );
 
     // b releases on shutdown; a takes over at once.
-    release(&api, &lease_cfg("replica-b")).await.expect("release");
-    assert!(try_acquire(&api, &lease_cfg("replica-a")).await.expect("api"));
+    release(&api, &lease_cfg("replica-b"))
+        .await
+        .expect("release");
+    assert!(try_acquire(&api, &lease_cfg("replica-a"))
+        .await
+        .expect("api"));
 }

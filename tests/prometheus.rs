@@ -41,7 +41,11 @@ impl Proc {
         if let Some(e) = self.child.stderr.as_mut() {
             let _ = e.read_to_string(&mut s);
         }
-        format!("{} stderr: {}", self.what, &s[s.len().saturating_sub(2000)..])
+        format!(
+            "{} stderr: {}",
+            self.what,
+            &s[s.len().saturating_sub(2000)..]
+        )
     }
 }
 
@@ -106,7 +110,10 @@ fn start_sidecar() -> (Proc, SocketAddr) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start gpufit sidecar");
-    let mut p = Proc { child, what: "sidecar" };
+    let mut p = Proc {
+        child,
+        what: "sidecar",
+    };
     let url = format!("http://{addr}/healthz");
     let start = Instant::now();
     while !http_ok(&url) {
@@ -132,14 +139,20 @@ fn start_prometheus(target: SocketAddr, dir: &std::path::Path) -> (Proc, SocketA
     .expect("write prometheus.yml");
     let child = Command::new(bin)
         .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
         .arg(format!("--web.listen-address={addr}"))
         .arg("--storage.tsdb.retention.time=1h")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start prometheus");
-    let mut p = Proc { child, what: "prometheus" };
+    let mut p = Proc {
+        child,
+        what: "prometheus",
+    };
     let url = format!("http://{addr}/-/ready");
     let start = Instant::now();
     while !http_ok(&url) {
@@ -232,9 +245,15 @@ fn without_prometheus_data_the_peak_comes_from_the_sidecar() {
     // A Prometheus that is not there: the reader falls back to the sidecar.
     let dead = free_port();
     let reader = PromThenSidecar {
-        prom: Some(PromClient::new(&format!("http://127.0.0.1:{dead}"), Duration::from_secs(1))),
+        prom: Some(PromClient::new(
+            &format!("http://127.0.0.1:{dead}"),
+            Duration::from_secs(1),
+        )),
         query_template: DEFAULT_PEAK_QUERY.to_string(),
-        sidecar: Some(SidecarClient::new(&format!("http://{{host_ip}}:{}", sc.port()), Duration::from_secs(2))),
+        sidecar: Some(SidecarClient::new(
+            &format!("http://{{host_ip}}:{}", sc.port()),
+            Duration::from_secs(2),
+        )),
     };
     let measured = reader
         .job_peak(&PeakQuery {
@@ -267,7 +286,11 @@ fn a_prometheus_that_never_answers_times_out_with_a_clear_error() {
     let client = PromClient::new(&format!("http://{addr}"), Duration::from_millis(500));
     let start = Instant::now();
     let err = client.query("up", None).expect_err("must time out");
-    assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
     assert!(matches!(err, PromError::Timeout { .. }), "{err:?}");
     assert!(err.to_string().contains("did not answer"), "{err}");
     let _ = hold.join();
@@ -281,7 +304,9 @@ fn a_bad_query_is_reported_with_prometheus_own_message() {
     let client = PromClient::new(&format!("http://{pa}"), Duration::from_secs(5));
     let err = client.query("max(", None).expect_err("bad PromQL");
     match err {
-        PromError::Query { status, message, .. } => {
+        PromError::Query {
+            status, message, ..
+        } => {
             assert_eq!(status, "bad_data");
             assert!(!message.is_empty());
         }

@@ -40,8 +40,11 @@ fn gpu_node() -> Node {
 }
 
 fn namespace(name: &str, mode: Option<&str>) -> Namespace {
-    let labels = mode.map(|m| json!({"gpufit.io/mode": m})).unwrap_or(json!({}));
-    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).expect("namespace")
+    let labels = mode
+        .map(|m| json!({"gpufit.io/mode": m}))
+        .unwrap_or(json!({}));
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+        .expect("namespace")
 }
 
 async fn start_webhook() -> Webhook {
@@ -52,12 +55,16 @@ async fn start_webhook() -> Webhook {
     std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
     std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write key");
 
-    let history = gpufit::history::open(&format!("sqlite:{}", dir.path().join("h.db").display())).expect("sqlite history");
+    let history = gpufit::history::open(&format!("sqlite:{}", dir.path().join("h.db").display()))
+        .expect("sqlite history");
     let (nodes, mut nw) = reflector::store::<Node>();
     nw.apply_watcher_event(&watcher::Event::Apply(gpu_node()));
     let (namespaces, mut nsw) = reflector::store::<Namespace>();
     nsw.apply_watcher_event(&watcher::Event::Apply(namespace("ml", None)));
-    nsw.apply_watcher_event(&watcher::Event::Apply(namespace("careful", Some("Recommend"))));
+    nsw.apply_watcher_event(&watcher::Event::Apply(namespace(
+        "careful",
+        Some("Recommend"),
+    )));
     let state = Arc::new(WebhookState {
         history: Arc::from(history),
         nodes,
@@ -78,7 +85,12 @@ async fn start_webhook() -> Webhook {
     tokio::spawn(server.serve(state, async {
         let _ = rx.await;
     }));
-    Webhook { addr, ca_pem: cert.cert.pem(), stop: Some(tx), _dir: dir }
+    Webhook {
+        addr,
+        ca_pem: cert.cert.pem(),
+        stop: Some(tx),
+        _dir: dir,
+    }
 }
 
 /// POSTs over HTTPS, trusting only the test certificate; returns status and JSON.
@@ -87,18 +99,26 @@ async fn post(w: &Webhook, path: &str, body: &Value) -> (u16, Value) {
     for c in rustls_pemfile::certs(&mut w.ca_pem.as_bytes()) {
         roots.add(c.expect("pem")).expect("trust anchor");
     }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("tls versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("tls versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = tokio::net::TcpStream::connect(w.addr).await.expect("connect");
-    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-    let tls = connector.connect(name, tcp).await.expect("TLS handshake with the webhook certificate");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+    let tcp = tokio::net::TcpStream::connect(w.addr)
         .await
-        .expect("http handshake");
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake with the webhook certificate");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("http handshake");
     tokio::spawn(conn);
     let req = http::Request::post(path)
         .header("host", "localhost")
@@ -111,7 +131,10 @@ async fn post(w: &Webhook, path: &str, body: &Value) -> (u16, Value) {
         .expect("response");
     let status = resp.status().as_u16();
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 /// An AdmissionReview v1 as the API server sends it for a CREATE.
@@ -171,7 +194,9 @@ fn lora_annotations() -> Value {
 /// Decodes the base64 JSON patch of a response and applies it.
 fn apply_patch(original: &Value, response: &Value) -> Value {
     assert_eq!(response["response"]["patchType"], "JSONPatch");
-    let b64 = response["response"]["patch"].as_str().expect("patch is a base64 string");
+    let b64 = response["response"]["patch"]
+        .as_str()
+        .expect("patch is a base64 string");
     let bytes = decode_b64(b64);
     let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("a JSON patch");
     let mut doc = original.clone();
@@ -208,7 +233,12 @@ fn env(pod_template: &Value, container: usize) -> std::collections::BTreeMap<Str
         .as_array()
         .into_iter()
         .flatten()
-        .map(|e| (e["name"].as_str().unwrap().to_string(), e["value"].as_str().unwrap_or("").to_string()))
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["value"].as_str().unwrap_or("").to_string(),
+            )
+        })
         .collect()
 }
 
@@ -220,7 +250,10 @@ async fn an_opted_in_job_gets_the_settings_through_a_json_patch() {
     assert_eq!(status, 200);
     assert_eq!(resp["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(resp["kind"], "AdmissionReview");
-    assert_eq!(resp["response"]["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+    assert_eq!(
+        resp["response"]["uid"],
+        "705ab4f5-6393-11e8-b7cc-42010a800002"
+    );
     assert_eq!(resp["response"]["allowed"], true, "{resp}");
 
     let out = apply_patch(&obj, &resp);
@@ -229,7 +262,11 @@ async fn an_opted_in_job_gets_the_settings_through_a_json_patch() {
     let m: u32 = e["GPUFIT_MICRO_BATCH_SIZE"].parse().expect("micro batch");
     let a: u32 = e["GPUFIT_GRAD_ACCUM_STEPS"].parse().expect("accumulation");
     assert_eq!(m * a, 32, "the global batch of 32 on 1 GPU is kept");
-    assert!(e.contains_key("GPUFIT_DTYPE") && e.contains_key("GPUFIT_ACTIVATION_CHECKPOINTING") && e.contains_key("GPUFIT_COMPILE"));
+    assert!(
+        e.contains_key("GPUFIT_DTYPE")
+            && e.contains_key("GPUFIT_ACTIVATION_CHECKPOINTING")
+            && e.contains_key("GPUFIT_COMPILE")
+    );
     assert_eq!(e["WANDB_PROJECT"], "x", "the user's variables are kept");
     let args = t["spec"]["containers"][0]["args"].as_array().unwrap();
     assert_eq!(args[0], format!("--batch-size={m}"));
@@ -237,10 +274,14 @@ async fn an_opted_in_job_gets_the_settings_through_a_json_patch() {
     assert_eq!(args[2], "--lr=2e-4", "scientific args untouched");
     assert_eq!(args[3], "--seed=7");
     let anns = &out["metadata"]["annotations"];
-    let applied: Value = serde_json::from_str(anns[ANN_APPLIED].as_str().expect("applied annotation")).unwrap();
+    let applied: Value =
+        serde_json::from_str(anns[ANN_APPLIED].as_str().expect("applied annotation")).unwrap();
     assert_eq!(applied["settings"]["microBatchSize"], m);
     assert!(!anns[ANN_REASON].as_str().unwrap().is_empty());
-    assert_eq!(anns["gpufit.io/model"], "meta-llama/Llama-3.1-8B", "the user's annotations stay");
+    assert_eq!(
+        anns["gpufit.io/model"], "meta-llama/Llama-3.1-8B",
+        "the user's annotations stay"
+    );
 }
 
 #[tokio::test]
@@ -272,7 +313,10 @@ async fn a_bad_annotation_value_is_denied_with_a_message_naming_it() {
     assert_eq!(status, 200);
     assert_eq!(resp["response"]["allowed"], false);
     let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
-    assert!(msg.contains("gpufit.io/seq-len") && msg.contains("two thousand"), "{msg}");
+    assert!(
+        msg.contains("gpufit.io/seq-len") && msg.contains("two thousand"),
+        "{msg}"
+    );
 }
 
 #[tokio::test]
@@ -283,7 +327,10 @@ async fn a_misspelt_gpufit_annotation_is_denied_not_ignored() {
     let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
     assert_eq!(resp["response"]["allowed"], false);
     let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
-    assert!(msg.contains("gpufit.io/seqlen") && msg.contains("unknown"), "{msg}");
+    assert!(
+        msg.contains("gpufit.io/seqlen") && msg.contains("unknown"),
+        "{msg}"
+    );
 }
 
 #[tokio::test]
@@ -314,8 +361,10 @@ async fn a_pinned_micro_batch_in_annotations_is_kept() {
 #[tokio::test]
 async fn every_rank_of_a_pytorchjob_gets_the_same_settings() {
     let w = start_webhook().await;
-    let pod = |name: &str| json!({"spec": {"containers": [{"name": name, "image": "train:1",
-        "args": ["--micro-batch", "{micro_batch_size}"], "resources": {"limits": {"nvidia.com/gpu": 1}}}]}});
+    let pod = |name: &str| {
+        json!({"spec": {"containers": [{"name": name, "image": "train:1",
+        "args": ["--micro-batch", "{micro_batch_size}"], "resources": {"limits": {"nvidia.com/gpu": 1}}}]}})
+    };
     let mut anns = lora_annotations();
     anns["gpufit.io/global-batch"] = json!("64");
     let obj = json!({
@@ -334,9 +383,14 @@ async fn every_rank_of_a_pytorchjob_gets_the_same_settings() {
     assert_eq!(master, worker, "all ranks get the same settings");
     let m: u32 = master["GPUFIT_MICRO_BATCH_SIZE"].parse().unwrap();
     let a: u32 = master["GPUFIT_GRAD_ACCUM_STEPS"].parse().unwrap();
-    assert_eq!(m * a * 4, 64, "4 data-parallel ranks keep the global batch of 64");
     assert_eq!(
-        out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"][1],
+        m * a * 4,
+        64,
+        "4 data-parallel ranks keep the global batch of 64"
+    );
+    assert_eq!(
+        out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"]
+            [1],
         m.to_string()
     );
 }
@@ -349,7 +403,11 @@ async fn in_a_recommend_namespace_only_an_annotation_is_added() {
     assert_eq!(resp["response"]["allowed"], true, "{resp}");
     let out = apply_patch(&obj, &resp);
     assert!(out["metadata"]["annotations"][ANN_RECOMMENDATION].is_string());
-    assert_eq!(out["spec"]["template"]["spec"]["containers"], obj["spec"]["template"]["spec"]["containers"], "containers unchanged");
+    assert_eq!(
+        out["spec"]["template"]["spec"]["containers"],
+        obj["spec"]["template"]["spec"]["containers"],
+        "containers unchanged"
+    );
 }
 
 #[tokio::test]

@@ -1,7 +1,15 @@
 //! Flags shared by several commands: the workload description, pinned
 //! engineering settings, and the history store.
 
-use crate::core::workload::Workload;
+use std::path::Path;
+
+use crate::core::catalog::models::count_params;
+use crate::core::catalog::{all_models, arch_from_hf_config, lookup_model};
+use crate::core::memory::default_lora_targets;
+use crate::core::workload::{
+    ArchKind, Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding,
+    Workload,
+};
 
 /// `on` / `off` switch for flags like `--checkpointing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,8 +90,404 @@ pub struct WorkloadArgs {
 impl WorkloadArgs {
     /// Resolves the flags into a validated workload.
     pub fn resolve(&self) -> crate::Result<Workload> {
-        Err(crate::Error::Usage(
-            "workload resolution is not implemented yet".into(),
+        let (arch, implied) = self.resolve_model()?;
+        let method = match &self.method {
+            Some(m) => m.parse::<Method>().map_err(|e| usage("--method", &e))?,
+            None => implied.unwrap_or(Method::Full),
+        };
+        let framework = parse_framework(&self.framework)?;
+        let lora = match method {
+            Method::Full => {
+                if self.lora_rank.is_some() || self.lora_targets.is_some() {
+                    tracing::warn!("--lora-rank/--lora-targets are ignored with --method full");
+                }
+                None
+            }
+            Method::Lora | Method::Qlora => Some(LoraConfig {
+                // PEFT's `LoraConfig(r=8)` and torchtune's shipped configs
+                // (`lora_rank: 8`) both default to 8.
+                rank: self.lora_rank.unwrap_or(8),
+                targets: match &self.lora_targets {
+                    Some(t) => parse_lora_targets(t)?,
+                    None => default_lora_targets(framework),
+                },
+            }),
+        };
+        let seq_len = self.seq_len.ok_or_else(|| {
+            crate::Error::Usage(
+                "--seq-len is required: give the training sequence length in tokens, e.g. --seq-len 2048"
+                    .into(),
+            )
+        })?;
+        let w = Workload {
+            model: arch,
+            method,
+            lora,
+            seq_len,
+            optimizer: parse_optimizer(&self.optimizer)?,
+            global_batch: self.global_batch,
+            gpus: self.gpus,
+            sharding: parse_zero(self.zero)?,
+            framework,
+            attention: parse_attention(&self.attention)?,
+        };
+        w.validate()?;
+        Ok(w)
+    }
+
+    /// The architecture from `--model` (catalog name or config.json path)
+    /// or from `--params` and the shape flags; plus the method the name
+    /// implies (torchtune recipe names).
+    pub fn resolve_model(&self) -> crate::Result<(ModelArch, Option<Method>)> {
+        let (mut arch, implied) = match (&self.model, self.params) {
+            (Some(m), _) => {
+                let path = Path::new(m);
+                if m.ends_with(".json") || path.is_dir() || path.is_file() {
+                    (read_config(path)?, None)
+                } else {
+                    let r = lookup_model(m)?;
+                    (r.arch, r.method)
+                }
+            }
+            (None, Some(p)) => (arch_from_params(p)?, None),
+            (None, None) => {
+                return Err(crate::Error::Usage(
+                    "no model given: pass --model (a catalog id such as meta-llama/Llama-3.1-8B, see `gpufit models`, or a config.json path) or --params 7e9"
+                        .into(),
+                ))
+            }
+        };
+        // Shape flags override (or complete) what the model gave.
+        let pos = |flag: &'static str, v: Option<u32>| -> crate::Result<Option<u32>> {
+            match v {
+                Some(0) => Err(usage(flag, "must be a positive number")),
+                other => Ok(other),
+            }
+        };
+        if let Some(h) = pos("--hidden-size", self.hidden_size)? {
+            arch.hidden_size = h;
+        }
+        if let Some(l) = pos("--layers", self.layers)? {
+            arch.num_layers = l;
+        }
+        if let Some(a) = pos("--heads", self.heads)? {
+            arch.num_attention_heads = a;
+            arch.head_dim = arch.hidden_size / a.max(1);
+        }
+        if let Some(k) = pos("--kv-heads", self.kv_heads)? {
+            arch.num_kv_heads = k;
+        }
+        if let Some(i) = pos("--intermediate-size", self.intermediate_size)? {
+            arch.intermediate_size = i;
+        }
+        if let Some(v) = pos("--vocab-size", self.vocab_size)? {
+            arch.vocab_size = v;
+        }
+        if self.tied_embeddings {
+            arch.tied_embeddings = true;
+        }
+        if arch.num_attention_heads > arch.hidden_size || arch.head_dim == 0 {
+            return Err(usage(
+                "--heads",
+                &format!(
+                    "{} heads do not divide hidden size {}",
+                    arch.num_attention_heads, arch.hidden_size
+                ),
+            ));
+        }
+        if arch.num_kv_heads == 0 || arch.num_kv_heads > arch.num_attention_heads {
+            return Err(usage(
+                "--kv-heads",
+                "must be between 1 and the number of attention heads",
+            ));
+        }
+        if let Some(p) = self.params {
+            if self.model.is_some() {
+                arch.params = params_count(p)?;
+            }
+        } else if self.hidden_size.is_some()
+            || self.layers.is_some()
+            || self.intermediate_size.is_some()
+            || self.vocab_size.is_some()
+            || self.heads.is_some()
+            || self.kv_heads.is_some()
+        {
+            arch.params = count_params(&arch);
+        }
+        Ok((arch, implied))
+    }
+}
+
+fn usage(flag: &str, msg: &str) -> crate::Error {
+    crate::Error::Usage(format!("{flag}: {msg}"))
+}
+
+/// Reads a Hugging Face config.json (or a directory holding one).
+fn read_config(path: &Path) -> crate::Result<ModelArch> {
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    let text = std::fs::read_to_string(&file).map_err(|e| {
+        crate::Error::Usage(format!(
+            "--model {}: cannot read the config ({e}); give a catalog id (see `gpufit models`) or the path of a Hugging Face config.json",
+            file.display()
         ))
+    })?;
+    Ok(arch_from_hf_config(&file.display().to_string(), &text)?)
+}
+
+/// `--params 7e9`, `7B`, `1.5b`, `350M`: a positive parameter count.
+fn params_count(p: f64) -> crate::Result<u64> {
+    if !p.is_finite() || p < 1.0 {
+        return Err(usage(
+            "--params",
+            &format!("must be a positive parameter count (got {p}), e.g. --params 7e9"),
+        ));
+    }
+    Ok(p.round() as u64)
+}
+
+/// A model described only by its size: the shape of the catalog's
+/// closest dense decoder (so activations scale plausibly), with the given
+/// parameter count. Shape flags then override it.
+fn arch_from_params(p: f64) -> crate::Result<ModelArch> {
+    let n = params_count(p)?;
+    let best = all_models()
+        .into_iter()
+        .filter(|a| a.kind == ArchKind::DecoderOnly && a.num_experts <= 1 && a.gated_mlp)
+        .min_by(|a, b| {
+            let da = (a.params as f64 / n as f64).ln().abs();
+            let db = (b.params as f64 / n as f64).ln().abs();
+            da.total_cmp(&db)
+        })
+        .ok_or_else(|| crate::Error::Usage("the model catalog is empty".into()))?;
+    Ok(ModelArch {
+        name: format!("custom-{:.2}B", n as f64 / 1e9),
+        params: n,
+        // unknown context: do not reject any --seq-len
+        max_position_embeddings: 0,
+        ..best
+    })
+}
+
+/// `--framework`.
+pub fn parse_framework(s: &str) -> crate::Result<Framework> {
+    Ok(match s.trim().to_ascii_lowercase().as_str() {
+        "generic" | "pytorch" | "torch" => Framework::Generic,
+        "hf" | "huggingface" | "transformers" | "trl" => Framework::Hf,
+        "torchtune" | "tune" => Framework::Torchtune,
+        "litgpt" => Framework::Litgpt,
+        "lightning" | "pytorch-lightning" | "pl" => Framework::Lightning,
+        other => {
+            return Err(usage(
+                "--framework",
+                &format!(
+                    "unknown framework `{other}`: use generic, hf, torchtune, litgpt or lightning"
+                ),
+            ))
+        }
+    })
+}
+
+/// `--optimizer`.
+pub fn parse_optimizer(s: &str) -> crate::Result<Optimizer> {
+    let n: String = s
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    Ok(match n.as_str() {
+        "adamw" | "adam" | "adamwtorch" | "adamwtorchfused" => Optimizer::Adamw,
+        "adamw8bit" | "adam8bit" | "adamwbnb8bit" | "pagedadamw8bit" | "bnbadamw8bit" => {
+            Optimizer::Adamw8bit
+        }
+        "sgd" | "sgdmomentum" => Optimizer::Sgd,
+        "adafactor" => Optimizer::Adafactor,
+        _ => {
+            return Err(usage(
+                "--optimizer",
+                &format!("unknown optimizer `{s}`: use adamw, adamw8bit, sgd or adafactor"),
+            ))
+        }
+    })
+}
+
+/// `--attention`.
+pub fn parse_attention(s: &str) -> crate::Result<Attention> {
+    Ok(match s.trim().to_ascii_lowercase().as_str() {
+        "sdpa" | "flash" | "flash-attention" | "flash_attention_2" | "flash-attn" => {
+            Attention::Sdpa
+        }
+        "eager" | "math" => Attention::Eager,
+        other => {
+            return Err(usage(
+                "--attention",
+                &format!("unknown attention `{other}`: use sdpa or eager"),
+            ))
+        }
+    })
+}
+
+/// `--zero 0|1|2|3`.
+pub fn parse_zero(z: u8) -> crate::Result<Sharding> {
+    Ok(match z {
+        0 => Sharding::None,
+        1 => Sharding::Zero1,
+        2 => Sharding::Zero2,
+        3 => Sharding::Zero3,
+        other => {
+            return Err(usage(
+                "--zero",
+                &format!("ZeRO stage {other} does not exist: use 0, 1, 2 or 3"),
+            ))
+        }
+    })
+}
+
+/// `--lora-targets q,k,v,o,gate,up,down,lm_head` or `all-linear` (PEFT's
+/// spelling: every linear of the blocks, not the output head).
+pub fn parse_lora_targets(s: &str) -> crate::Result<Vec<LoraTarget>> {
+    use LoraTarget::*;
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let p = part.to_ascii_lowercase().replace('-', "_");
+        let p = p.trim_end_matches("_proj");
+        let t: &[LoraTarget] = match p {
+            "all_linear" | "all" => &[Q, K, V, O, Gate, Up, Down],
+            "q" | "query" => &[Q],
+            "k" | "key" => &[K],
+            "v" | "value" => &[V],
+            "o" | "output" | "out" | "dense" => &[O],
+            "gate" | "w1" => &[Gate],
+            "up" | "w3" => &[Up],
+            "down" | "w2" => &[Down],
+            "lm_head" | "head" | "output_head" => &[LmHead],
+            "mlp" => &[Gate, Up, Down],
+            _ => {
+                return Err(usage(
+                    "--lora-targets",
+                    &format!("unknown target `{part}`: use a comma list of q,k,v,o,gate,up,down,lm_head, or all-linear"),
+                ))
+            }
+        };
+        for x in t {
+            if !out.contains(x) {
+                out.push(*x);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(usage(
+            "--lora-targets",
+            "is empty: name at least one of q,k,v,o,gate,up,down,lm_head, or all-linear",
+        ));
+    }
+    out.sort();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        w: WorkloadArgs,
+    }
+
+    fn args(a: &[&str]) -> WorkloadArgs {
+        let mut v = vec!["t"];
+        v.extend_from_slice(a);
+        T::try_parse_from(v).unwrap().w
+    }
+
+    #[test]
+    fn torchtune_recipe_name_implies_lora_with_torchtune_defaults() {
+        let w = args(&[
+            "--model",
+            "llama3_1/8B_lora_single_device",
+            "--seq-len",
+            "2048",
+            "--framework",
+            "torchtune",
+        ])
+        .resolve()
+        .unwrap();
+        assert_eq!(w.method, Method::Lora);
+        assert_eq!(w.lora.unwrap().targets.len(), 6);
+    }
+
+    #[test]
+    fn explicit_method_wins_over_the_implied_one() {
+        let w = args(&[
+            "--model",
+            "llama3_1/8B_lora_single_device",
+            "--seq-len",
+            "512",
+            "--method",
+            "qlora",
+        ])
+        .resolve()
+        .unwrap();
+        assert_eq!(w.method, Method::Qlora);
+    }
+
+    #[test]
+    fn params_alone_describe_a_model() {
+        let w = args(&["--params", "7e9", "--seq-len", "4096"])
+            .resolve()
+            .unwrap();
+        assert_eq!(w.model.params, 7_000_000_000);
+        assert_eq!(w.model.hidden_size, 4096);
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag() {
+        let e = args(&["--params", "0", "--seq-len", "10"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.to_string().contains("--params"), "{e}");
+        let e = args(&["--model", "gpt2"]).resolve().unwrap_err();
+        assert!(e.to_string().contains("--seq-len"), "{e}");
+        let e = args(&["--model", "gpt2", "--seq-len", "4096"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.to_string().contains("--seq-len"), "{e}");
+        let e = args(&[
+            "--model",
+            "gpt2",
+            "--seq-len",
+            "64",
+            "--method",
+            "lora",
+            "--lora-rank",
+            "4096",
+        ])
+        .resolve()
+        .unwrap_err();
+        assert!(e.to_string().contains("--lora-rank"), "{e}");
+        let e = args(&["--model", "gpt2", "--seq-len", "64", "--zero", "4"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.to_string().contains("--zero"), "{e}");
+        let e = args(&["--model", "gpt2", "--seq-len", "64", "--optimizer", "lion"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.to_string().contains("--optimizer"), "{e}");
+    }
+
+    #[test]
+    fn lora_targets_parse_all_linear_and_hf_module_names() {
+        assert_eq!(parse_lora_targets("all-linear").unwrap().len(), 7);
+        assert_eq!(
+            parse_lora_targets("q_proj, v_proj").unwrap(),
+            vec![LoraTarget::Q, LoraTarget::V]
+        );
+        assert!(parse_lora_targets("q,zz").is_err());
     }
 }

@@ -1,15 +1,35 @@
-//! `gpufit controller`.
+//! `gpufit controller`: the Kubernetes controller (TrainingJob reconciler,
+//! admission webhook, leader election, metrics) plus the HTTP API the Slurm
+//! hooks use; `--no-kubernetes` serves only that API.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use super::Global;
 use crate::controller::api::{self, ApiConfig};
+use crate::controller::crd::Mode;
+use crate::controller::leader::LeaderConfig;
+use crate::controller::prom::DEFAULT_PEAK_QUERY;
+use crate::controller::run::{self, ControllerConfig};
+use crate::controller::webhook::WebhookConfig;
+use crate::core::advisor::StrategyTargets;
+
+/// `Inject` or `Recommend` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Write the settings into Jobs (default).
+    #[value(name = "Inject", alias = "inject")]
+    Inject,
+    /// Only annotate and report in status.
+    #[value(name = "Recommend", alias = "recommend")]
+    Recommend,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct ControllerArgs {
-    /// Address of the HTTP endpoints (Slurm API, /metrics, /healthz, /readyz).
+    /// Address of the HTTP endpoints: Slurm API (POST /v1/suggest, /v1/runs), /metrics, /healthz, /readyz.
     #[arg(long, default_value = "0.0.0.0:8080", env = "GPUFIT_LISTEN")]
     pub listen: SocketAddr,
     /// History store URL (sqlite:PATH or postgres://…); default the per-user SQLite file.
@@ -21,6 +41,56 @@ pub struct ControllerArgs {
     /// Serve only the HTTP API (for Slurm sites): no Kubernetes connection.
     #[arg(long, env = "GPUFIT_NO_KUBERNETES")]
     pub no_kubernetes: bool,
+    /// Default mode where neither the TrainingJob nor its namespace's
+    /// `gpufit.io/mode` label says: Inject or Recommend.
+    #[arg(long, value_enum, default_value = "Inject", env = "GPUFIT_MODE")]
+    pub mode: ModeArg,
+    /// Address of the HTTPS admission webhook (POST /mutate); served only
+    /// with --tls-cert and --tls-key.
+    #[arg(long, default_value = "0.0.0.0:8443", env = "GPUFIT_WEBHOOK_LISTEN")]
+    pub webhook_listen: SocketAddr,
+    /// PEM certificate (chain) of the webhook.
+    #[arg(long, env = "GPUFIT_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the webhook.
+    #[arg(long, env = "GPUFIT_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Prometheus base URL for peak GPU memory of finished Jobs (e.g. http://prometheus:9090).
+    #[arg(long, env = "GPUFIT_PROMETHEUS_URL")]
+    pub prometheus_url: Option<String>,
+    /// PromQL template for a Job's peak GPU memory in bytes; placeholders
+    /// {namespace}, {pods}, {job}, {range}. For dcgm-exporter use
+    /// `max(max_over_time(DCGM_FI_DEV_FB_USED{namespace="{namespace}",pod=~"{pods}"}[{range}])) * 1048576`.
+    #[arg(long, default_value = DEFAULT_PEAK_QUERY, env = "GPUFIT_PROM_QUERY")]
+    pub prom_query: String,
+    /// Timeout of each Prometheus or sidecar request.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, env = "GPUFIT_PROM_TIMEOUT")]
+    pub prom_timeout: Duration,
+    /// Node sidecar URL template, the fallback for peaks ({host_ip}, {node}), e.g. http://{host_ip}:9400.
+    #[arg(long, env = "GPUFIT_SIDECAR_URL")]
+    pub sidecar_url: Option<String>,
+    /// Watch TrainingJobs in this namespace only (default: all).
+    #[arg(long, env = "GPUFIT_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "gpufit-controller", env = "GPUFIT_LEASE_NAME")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: the controller's own, POD_NAMESPACE
+    /// from the downward API, else `default`).
+    #[arg(long, env = "GPUFIT_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// This replica's identity in the Lease (default: POD_NAME, then the host name).
+    #[arg(long, env = "GPUFIT_IDENTITY")]
+    pub identity: Option<String>,
+    /// Lease duration: another replica takes over this long after the last renewal.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, env = "GPUFIT_LEASE_DURATION")]
+    pub lease_duration: Duration,
+    /// Run without leader election (exactly one replica!).
+    #[arg(long, env = "GPUFIT_NO_LEADER_ELECTION")]
+    pub no_leader_election: bool,
+    /// Cluster name recorded with every run in the history.
+    #[arg(long, env = "GPUFIT_CLUSTER")]
+    pub cluster: Option<String>,
 }
 
 pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
@@ -32,18 +102,72 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
         context: "cannot start the async runtime".into(),
         source: e,
     })?;
-    if !args.no_kubernetes {
-        return Err(crate::Error::Usage(
-            "the Kubernetes controller is not implemented yet: use --no-kubernetes".into(),
-        ));
-    }
-    let cfg = ApiConfig {
+    let api_cfg = ApiConfig {
         listen: args.listen,
         history_url,
-        token_file: args.token_file,
+        token_file: args.token_file.clone(),
     };
-    rt.block_on(api::serve(cfg, async {
+    let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
+    };
+    if args.no_kubernetes {
+        rt.block_on(api::serve(api_cfg, shutdown))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.lease_duration < Duration::from_secs(3) {
+        return Err(crate::Error::Usage(
+            "--lease-duration must be at least 3s (the Lease is renewed every third of it)".into(),
+        ));
+    }
+    let webhook = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => Some(WebhookConfig {
+            listen: args.webhook_listen,
+            cert,
+            key,
+        }),
+        _ => None,
+    };
+    let leader = (!args.no_leader_election).then(|| LeaderConfig {
+        lease_name: args.lease_name.clone(),
+        namespace: args
+            .namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".into()),
+        identity: args.identity.clone().unwrap_or_else(run::default_identity),
+        lease_duration: args.lease_duration,
+        renew_every: args.lease_duration / 3,
+    });
+    let cfg = ControllerConfig {
+        api: api_cfg,
+        webhook,
+        mode: match args.mode {
+            ModeArg::Inject => Mode::Inject,
+            ModeArg::Recommend => Mode::Recommend,
+        },
+        prometheus_url: args.prometheus_url,
+        prom_query: args.prom_query,
+        prom_timeout: args.prom_timeout,
+        sidecar_url: args.sidecar_url,
+        watch_namespace: args.watch_namespace,
+        leader,
+        cluster: args.cluster,
+        targets: StrategyTargets::default(),
+    };
+    rt.block_on(run::run(cfg, async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
     }))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,14 +1,256 @@
-//! `gpufit estimate`.
+//! `gpufit estimate`: the memory model on one workload, as a breakdown.
 
 use std::process::ExitCode;
 
-use super::Global;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use serde::Serialize;
+
+use super::common::{OnOff, WorkloadArgs};
+use super::{Global, OutputFormat};
+use crate::core::catalog::{lookup_gpu, GpuSpec};
+use crate::core::memory::{self, BaseQuant, Estimate, ModelOptions};
+use crate::core::settings::{Dtype, EngineeringSettings};
+use crate::core::units::{fmt_gib, to_gib};
+use crate::core::workload::Workload;
 
 #[derive(Debug, clap::Args)]
-pub struct EstimateArgs {}
+pub struct EstimateArgs {
+    /// Boxed: keeps the `Command` enum small (clippy::large_enum_variant).
+    #[command(flatten)]
+    pub workload: Box<WorkloadArgs>,
+    /// Micro batch size (sequences per GPU per forward pass).
+    #[arg(long, default_value_t = 1, env = "GPUFIT_MICRO_BATCH_SIZE")]
+    pub micro_batch: u32,
+    /// Precision: fp32, bf16, fp16 (parameters held in that type, as
+    /// torchtune and litgpt do), bf16-mixed, fp16-mixed (fp32 parameters with
+    /// autocast, as HF Trainer and Lightning do).
+    #[arg(long, default_value = "bf16", env = "GPUFIT_DTYPE")]
+    pub dtype: String,
+    /// Activation checkpointing.
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub checkpointing: OnOff,
+    /// Activation offloading to CPU (with checkpointing, as torchtune does).
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub offloading: OnOff,
+    /// Gradient accumulation steps (> 1 keeps gradients alive during forward).
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: u32,
+    /// Storage of a LoRA model's frozen base: none (training dtype), int8,
+    /// nf4 (default: nf4 for qlora, none otherwise).
+    #[arg(long)]
+    pub base_quant: Option<String>,
+    /// GPU to compare with (NVML name such as `NVIDIA A100-SXM4-80GB`, see
+    /// `gpufit gpus`): prints the fraction used and the largest micro batch that fits.
+    #[arg(long, env = "GPUFIT_GPU")]
+    pub gpu: Option<String>,
+}
 
-pub fn run(_g: &Global, _args: EstimateArgs) -> crate::Result<ExitCode> {
-    Err(crate::Error::Usage(
-        "`gpufit estimate` is not implemented yet".into(),
-    ))
+/// The JSON document `--output json` prints.
+#[derive(Debug, Serialize)]
+struct Output<'a> {
+    model: &'a str,
+    method: String,
+    dtype: &'static str,
+    seq_len: u32,
+    activation_checkpointing: bool,
+    #[serde(flatten)]
+    estimate: &'a Estimate,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<GpuFit>,
+}
+
+#[derive(Debug, Serialize)]
+struct GpuFit {
+    name: String,
+    memory_bytes: u64,
+    /// peak_bytes / memory_bytes.
+    fraction: f64,
+    fits: bool,
+    /// Largest micro batch whose predicted peak fits the whole GPU; null when
+    /// even 1 does not.
+    max_micro_batch: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
+}
+
+/// Builds the engineering settings from the flags.
+pub fn settings_from(args: &EstimateArgs) -> crate::Result<EngineeringSettings> {
+    let dtype: Dtype = args
+        .dtype
+        .parse()
+        .map_err(|e: String| crate::Error::Usage(format!("--dtype: {e}")))?;
+    if args.micro_batch == 0 {
+        return Err(crate::Error::Usage(
+            "--micro-batch must be a positive number (got 0): use --micro-batch 1 or more".into(),
+        ));
+    }
+    if args.grad_accum == 0 {
+        return Err(crate::Error::Usage(
+            "--grad-accum must be a positive number (got 0): use --grad-accum 1 for none".into(),
+        ));
+    }
+    Ok(EngineeringSettings {
+        micro_batch_size: args.micro_batch,
+        gradient_accumulation_steps: args.grad_accum,
+        dtype,
+        activation_checkpointing: args.checkpointing.as_bool(),
+        activation_offloading: args.offloading.as_bool(),
+        ..Default::default()
+    })
+}
+
+fn options_from(args: &EstimateArgs) -> crate::Result<ModelOptions> {
+    let base_quant = match args
+        .base_quant
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None => None,
+        Some("none" | "bf16" | "fp16" | "fp32") => Some(BaseQuant::None),
+        Some("int8" | "8bit" | "llm.int8") => Some(BaseQuant::Int8),
+        Some("nf4" | "4bit" | "nf4-dq") => Some(BaseQuant::Nf4),
+        Some("nf4-no-dq" | "nf4-nodq") => Some(BaseQuant::Nf4NoDoubleQuant),
+        Some(other) => {
+            return Err(crate::Error::Usage(format!(
+                "--base-quant: unknown `{other}`: use none, int8, nf4 or nf4-no-dq"
+            )))
+        }
+    };
+    Ok(ModelOptions {
+        base_quant,
+        ..Default::default()
+    })
+}
+
+pub fn run(g: &Global, args: EstimateArgs) -> crate::Result<ExitCode> {
+    let w = args.workload.resolve()?;
+    let s = settings_from(&args)?;
+    let opts = options_from(&args)?;
+    let gpu = args.gpu.as_deref().map(lookup_gpu).transpose()?;
+    let est = memory::estimate_with(&w, &s, &opts)?;
+    let fit = gpu
+        .as_ref()
+        .map(|gpu| gpu_fit(&w, &s, &opts, &est, gpu))
+        .transpose()?;
+    match g.output {
+        OutputFormat::Json => super::print_json(&Output {
+            model: &w.model.name,
+            method: w.method.to_string(),
+            dtype: s.dtype.as_str(),
+            seq_len: w.seq_len,
+            activation_checkpointing: s.activation_checkpointing,
+            estimate: &est,
+            gpu: fit,
+        })?,
+        OutputFormat::Table => print_table(&w, &s, &est, fit.as_ref()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn gpu_fit(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+    est: &Estimate,
+    gpu: &GpuSpec,
+) -> crate::Result<GpuFit> {
+    let max = memory::max_micro_batch_with(w, s, opts, gpu.memory_bytes)?;
+    let mut warnings = Vec::new();
+    if s.dtype.needs_bf16() && !gpu.bf16 {
+        warnings.push(format!(
+            "{} (compute capability {}) has no bf16: use --dtype fp16-mixed or fp32",
+            gpu.name, gpu.compute_capability
+        ));
+    }
+    Ok(GpuFit {
+        name: gpu.name.clone(),
+        memory_bytes: gpu.memory_bytes,
+        fraction: est.peak_bytes as f64 / gpu.memory_bytes as f64,
+        fits: est.peak_bytes <= gpu.memory_bytes,
+        max_micro_batch: max,
+        warnings,
+    })
+}
+
+fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Option<&GpuFit>) {
+    let lora = w
+        .lora
+        .as_ref()
+        .map(|l| format!(" (rank {}, {} targets)", l.rank, l.targets.len()))
+        .unwrap_or_default();
+    println!(
+        "{} · {}{} · {} · seq {} · micro batch {} · checkpointing {} · {:?} · {:?} optimizer",
+        w.model.name,
+        w.method,
+        lora,
+        s.dtype,
+        w.seq_len,
+        s.micro_batch_size,
+        if s.activation_checkpointing {
+            "on"
+        } else {
+            "off"
+        },
+        w.framework,
+        w.optimizer,
+    );
+    let b = &est.breakdown;
+    let total = est.device_bytes.max(1) as f64;
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec!["component", "GiB", "share"]);
+    let rows: [(&str, u64); 8] = [
+        ("weights", b.weights),
+        ("gradients", b.gradients),
+        ("optimizer state", b.optimizer_state),
+        ("master weights (fp32)", b.master_weights),
+        ("activations", b.activations),
+        ("logits / loss buffers", b.logits),
+        ("CUDA context", b.cuda_context),
+        ("allocator overhead", b.allocator_overhead),
+    ];
+    for (name, v) in rows {
+        t.add_row(vec![
+            Cell::new(name),
+            Cell::new(format!("{:.2}", to_gib(v))).set_alignment(CellAlignment::Right),
+            Cell::new(format!("{:.1} %", 100.0 * v as f64 / total))
+                .set_alignment(CellAlignment::Right),
+        ]);
+    }
+    t.add_row(vec![
+        Cell::new("peak (nvidia-smi)"),
+        Cell::new(format!("{:.2}", to_gib(est.device_bytes))).set_alignment(CellAlignment::Right),
+        Cell::new("100.0 %").set_alignment(CellAlignment::Right),
+    ]);
+    println!("{t}");
+    println!(
+        "max_memory_allocated {} · max_memory_reserved {} · device {}",
+        fmt_gib(est.peak_allocated_bytes),
+        fmt_gib(est.peak_reserved_bytes),
+        fmt_gib(est.device_bytes)
+    );
+    println!(
+        "peak ≈ {} + {} × micro batch",
+        fmt_gib(est.fixed_bytes),
+        fmt_gib(est.per_sample_bytes)
+    );
+    if let Some(f) = fit {
+        println!(
+            "{} ({}): {:.1} % used{}",
+            f.name,
+            fmt_gib(f.memory_bytes),
+            100.0 * f.fraction,
+            if f.fits { "" } else { " — does NOT fit" }
+        );
+        match f.max_micro_batch {
+            Some(m) => println!("largest micro batch that fits: {m}"),
+            None => println!(
+                "even micro batch 1 does not fit: try --checkpointing on, --optimizer adamw8bit, --method qlora, or --zero 3 over more --gpus"
+            ),
+        }
+        for warn in &f.warnings {
+            println!("warning: {warn}");
+        }
+    }
 }

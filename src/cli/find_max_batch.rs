@@ -1,14 +1,606 @@
-//! `gpufit find-max-batch`.
+//! `gpufit find-max-batch`: the expensive path that really runs training
+//! steps. Runs a command template per trial, detects CUDA out-of-memory from
+//! exit status and output, binary-searches the largest micro batch starting
+//! from the advisor's prediction, and records every trial in the history.
 
-use std::process::ExitCode;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use super::Global;
+use chrono::Utc;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use super::suggest::AdviceArgs;
+use super::{print_json, Global, OutputFormat};
+use crate::core::advisor::{AdvisorError, Strategy};
+use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::settings::{Dtype, EngineeringSettings};
+use crate::core::units::fmt_gib;
 
 #[derive(Debug, clap::Args)]
-pub struct FindMaxBatchArgs {}
+pub struct FindMaxBatchArgs {
+    #[command(flatten)]
+    pub advice: AdviceArgs,
+    /// Command run per trial through `sh -c`. Placeholders: `{micro_batch_size}`
+    /// (alias `{batch}`), `{steps}`, `{dtype}`. The same values are in the
+    /// environment as GPUFIT_MICRO_BATCH_SIZE, GPUFIT_STEPS, GPUFIT_DTYPE,
+    /// GPUFIT_ACTIVATION_CHECKPOINTING, GPUFIT_COMPILE, GPUFIT_TRIAL.
+    #[arg(long)]
+    pub cmd: String,
+    /// Training steps each trial must complete.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u32,
+    /// Time limit per trial (e.g. `90s`, `10m`); a trial over it is killed.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// First micro batch to try (default: the advisor's aggressive prediction).
+    #[arg(long)]
+    pub start: Option<u32>,
+    /// Largest micro batch to consider (default: the per-GPU batch when
+    /// --global-batch is given, else 1024).
+    #[arg(long)]
+    pub max_batch: Option<u32>,
+    /// Most trials to run.
+    #[arg(long, default_value_t = 12)]
+    pub max_trials: u32,
+    /// Do not record the trials in the history.
+    #[arg(long)]
+    pub no_record: bool,
+}
 
-pub fn run(_g: &Global, _args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
-    Err(crate::Error::Usage(
-        "`gpufit find-max-batch` is not implemented yet".into(),
-    ))
+/// How one trial ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Success,
+    Oom,
+    Failed,
+    TimedOut,
+}
+
+/// One trial.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trial {
+    pub micro_batch_size: u32,
+    pub outcome: Outcome,
+    pub exit_code: Option<i32>,
+    pub duration_sec: f64,
+    pub peak_memory_bytes: Option<u64>,
+    /// Last lines of output (kept for failures).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub output_tail: String,
+}
+
+/// The command's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchResult {
+    /// Largest micro batch that completed the steps.
+    pub max_micro_batch: u32,
+    /// Smallest micro batch that ran out of memory, if one was seen.
+    pub smallest_oom: Option<u32>,
+    /// The advisor's prediction the search started from.
+    pub predicted: u32,
+    /// Largest micro batch ≤ max that divides the per-GPU batch (when
+    /// --global-batch was given) and the accumulation it needs.
+    pub for_global_batch: Option<(u32, u32)>,
+    pub settings: EngineeringSettings,
+    pub trials: Vec<Trial>,
+    pub recorded: usize,
+}
+
+/// Search state: everything below `lo` + 1 works, `hi` and above ran out of memory.
+#[derive(Debug, Clone, Copy)]
+struct Bracket {
+    /// Largest success (0: none yet).
+    lo: u32,
+    /// Smallest OOM (cap + 1: none yet).
+    hi: u32,
+    cap: u32,
+}
+
+impl Bracket {
+    /// The next micro batch to try, or None when the answer is known.
+    /// Grows ×2 until the first OOM, halves until the first success, then bisects.
+    fn next(&self) -> Option<u32> {
+        if self.hi <= self.lo + 1 {
+            return None;
+        }
+        let n = if self.lo == 0 {
+            (self.hi / 2).max(1)
+        } else if self.hi > self.cap {
+            (self.lo.saturating_mul(2)).min(self.cap)
+        } else {
+            self.lo + (self.hi - self.lo) / 2
+        };
+        (n > self.lo && n < self.hi).then_some(n)
+    }
+}
+
+pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
+    if args.cmd.trim().is_empty() {
+        return Err(crate::Error::Usage(
+            "--cmd is empty: give the training command, e.g. --cmd 'python train.py --batch-size {micro_batch_size}'".into(),
+        ));
+    }
+    if args.steps == 0 || args.max_trials == 0 {
+        return Err(crate::Error::Usage(
+            "--steps and --max-trials must be at least 1".into(),
+        ));
+    }
+    let r = args.advice.resolve()?;
+    let w = &r.workload;
+    // Start from the aggressive prediction: the search is for the maximum.
+    let sug = match r.suggest(Strategy::Aggressive) {
+        Ok(s) => Some(s),
+        Err(crate::Error::Advisor(AdvisorError::DoesNotFit { .. })) => None,
+        Err(e) => return Err(e),
+    };
+    let settings =
+        sug.as_ref()
+            .map(|s| s.settings.clone())
+            .unwrap_or_else(|| EngineeringSettings {
+                dtype: r.pins.dtype.unwrap_or(Dtype::Bf16),
+                activation_checkpointing: r.pins.activation_checkpointing.unwrap_or(true),
+                ..EngineeringSettings::default()
+            });
+    let per_gpu = w.global_batch.map(|gb| gb / w.gpus.max(1));
+    let cap = args
+        .max_batch
+        .or(per_gpu)
+        .unwrap_or(crate::core::advisor::MAX_MICRO_BATCH)
+        .max(1);
+    let predicted = sug
+        .as_ref()
+        .map(|s| s.settings.micro_batch_size)
+        .unwrap_or(1);
+    let start = args.start.unwrap_or(predicted).clamp(1, cap);
+
+    let store = if args.no_record {
+        None
+    } else {
+        let url = args
+            .advice
+            .history
+            .clone()
+            .unwrap_or_else(crate::history::default_url);
+        Some(crate::history::open(&url)?)
+    };
+
+    let pb = ProgressBar::new(args.max_trials as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} trial {pos}/{len} {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+    let say = |pb: &ProgressBar, line: String| {
+        if pb.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            pb.println(line);
+        }
+    };
+
+    let mut b = Bracket {
+        lo: 0,
+        hi: cap + 1,
+        cap,
+    };
+    let mut trials = Vec::new();
+    let mut recorded = 0usize;
+    let mut next = Some(start);
+    while let Some(m) = next {
+        if trials.len() as u32 >= args.max_trials {
+            say(
+                &pb,
+                format!("stopping after {} trials (--max-trials)", trials.len()),
+            );
+            break;
+        }
+        pb.set_message(format!("micro batch {m} running…"));
+        let t = run_trial(&args, &settings, m, trials.len() as u32 + 1)?;
+        pb.inc(1);
+        say(
+            &pb,
+            format!(
+                "trial {}: micro batch {m}: {}{} in {:.1}s",
+                trials.len() + 1,
+                match t.outcome {
+                    Outcome::Success => "ok",
+                    Outcome::Oom => "out of memory",
+                    Outcome::Failed => "failed",
+                    Outcome::TimedOut => "timed out",
+                },
+                t.peak_memory_bytes
+                    .map(|p| format!(", peak {}", fmt_gib(p)))
+                    .unwrap_or_default(),
+                t.duration_sec
+            ),
+        );
+        if let Some(store) = &store {
+            let rec = record_for(&r.workload, &r.gpu.name, &settings, &t, &r, m);
+            store.record(&rec)?;
+            recorded += 1;
+        }
+        let outcome = t.outcome;
+        let exit = t.exit_code;
+        let tail = t_tail(&t);
+        trials.push(t);
+        match outcome {
+            Outcome::Success => b.lo = b.lo.max(m),
+            Outcome::Oom => b.hi = b.hi.min(m),
+            Outcome::TimedOut => {
+                pb.finish_and_clear();
+                return Err(crate::Error::Usage(format!(
+                    "the trial at micro batch {m} did not finish {} steps within {}: raise --timeout or lower --steps",
+                    args.steps,
+                    humantime::format_duration(args.timeout)
+                )));
+            }
+            Outcome::Failed => {
+                pb.finish_and_clear();
+                return Err(crate::Error::Usage(format!(
+                    "the trial at micro batch {m} failed (exit {}) without a CUDA out-of-memory error, so the search cannot judge it: fix the command and rerun{tail}",
+                    exit.map(|c| c.to_string()).unwrap_or_else(|| "by signal".into())
+                )));
+            }
+        }
+        next = b.next();
+    }
+    pb.finish_and_clear();
+    if b.lo == 0 {
+        return Err(AdvisorError::DoesNotFit {
+            model: w.model.name.clone(),
+            gpu: r.gpu.name.clone(),
+            needed_gib: sug
+                .as_ref()
+                .map(|s| crate::core::units::to_gib(s.predicted_peak_bytes))
+                .unwrap_or(0.0),
+            capacity_gib: crate::core::units::to_gib(r.gpu.memory_bytes),
+            alternatives: vec![format!(
+                "even micro batch {} ran out of memory with {}: `gpufit suggest` lists what would fit (checkpointing, offloading, an 8-bit optimizer, QLoRA, ZeRO-3 over more GPUs)",
+                b.hi, settings.dtype
+            )],
+        }
+        .into());
+    }
+    let for_global_batch = per_gpu.and_then(|per| {
+        (1..=b.lo.min(per))
+            .rev()
+            .find(|d| per.is_multiple_of(*d))
+            .map(|d| (d, per / d))
+    });
+    let result = SearchResult {
+        max_micro_batch: b.lo,
+        smallest_oom: (b.hi <= cap).then_some(b.hi),
+        predicted,
+        for_global_batch,
+        settings: EngineeringSettings {
+            micro_batch_size: b.lo,
+            ..settings
+        },
+        trials,
+        recorded,
+    };
+    match g.output {
+        OutputFormat::Json => print_json(&result)?,
+        OutputFormat::Table => {
+            println!(
+                "Largest micro batch that completed {} steps: {} ({} trials, started from the advisor's {}{}).",
+                args.steps,
+                result.max_micro_batch,
+                result.trials.len(),
+                result.predicted,
+                result
+                    .smallest_oom
+                    .map(|o| format!("; {o} ran out of memory"))
+                    .unwrap_or_default()
+            );
+            if let Some((m, a)) = result.for_global_batch {
+                println!(
+                    "For the global batch {}: micro batch {m} × gradient accumulation {a} × {} GPU(s).",
+                    w.global_batch.unwrap_or(0),
+                    w.gpus
+                );
+            }
+            println!("Recorded {} trial(s) in the history.", result.recorded);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn t_tail(t: &Trial) -> String {
+    if t.output_tail.is_empty() {
+        String::new()
+    } else {
+        format!("; last output:\n{}", t.output_tail)
+    }
+}
+
+fn record_for(
+    w: &crate::core::workload::Workload,
+    gpu: &str,
+    settings: &EngineeringSettings,
+    t: &Trial,
+    r: &super::suggest::Resolved,
+    m: u32,
+) -> RunRecord {
+    let s = EngineeringSettings {
+        micro_batch_size: m,
+        ..settings.clone()
+    };
+    let predicted = crate::core::memory::estimate(&r.workload, &s)
+        .ok()
+        .map(|e| e.peak_bytes)
+        .filter(|&p| p > 0);
+    RunRecord {
+        id: None,
+        timestamp: Utc::now(),
+        cluster: None,
+        node: hostname(),
+        source: RunSource::FindMaxBatch,
+        job_id: None,
+        model: w.model.name.clone(),
+        method: w.method,
+        gpu_model: gpu.to_string(),
+        seq_len: w.seq_len,
+        lora_rank: w.lora.as_ref().map(|l| l.rank),
+        gpus: w.gpus,
+        global_batch: w.global_batch,
+        settings: s,
+        result: RunResult {
+            success: t.outcome == Outcome::Success,
+            failure_reason: match t.outcome {
+                Outcome::Success => None,
+                Outcome::Oom => Some(FailureReason::Oom),
+                Outcome::Failed | Outcome::TimedOut => Some(FailureReason::OtherError),
+            },
+            peak_memory_bytes: t.peak_memory_bytes,
+            samples_per_sec: None,
+            tokens_per_sec: None,
+            duration_sec: Some(t.duration_sec),
+        },
+        predicted_peak_bytes: predicted,
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Output kept per trial for parsing (the tail; OOM is detected while streaming).
+const TAIL_BYTES: usize = 256 * 1024;
+
+#[derive(Default)]
+struct Captured {
+    tail: Vec<u8>,
+    oom: bool,
+}
+
+fn pump(src: impl Read, into: Arc<Mutex<Captured>>) {
+    let mut r = BufReader::new(src);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                let oom = is_oom_line(&text);
+                if let Ok(mut c) = into.lock() {
+                    c.oom |= oom;
+                    c.tail.extend_from_slice(&line);
+                    if c.tail.len() > TAIL_BYTES {
+                        let cut = c.tail.len() - TAIL_BYTES;
+                        c.tail.drain(..cut);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// PyTorch's CUDA / ROCm out-of-memory messages (the shared log parser's rule).
+fn is_oom_line(line: &str) -> bool {
+    crate::core::logs::oom::is_oom_line(line)
+}
+
+/// The peak memory the training output reports (the shared log parsers:
+/// torchtune, HF, Lightning and plain `Peak memory: 45.2 GB` lines).
+fn peak_bytes(text: &str) -> Option<u64> {
+    crate::core::logs::parse_str(text)
+        .ok()
+        .and_then(|p| p.peak_memory_bytes())
+}
+
+fn run_trial(
+    args: &FindMaxBatchArgs,
+    settings: &EngineeringSettings,
+    m: u32,
+    trial: u32,
+) -> crate::Result<Trial> {
+    let cmd = args
+        .cmd
+        .replace("{micro_batch_size}", &m.to_string())
+        .replace("{batch}", &m.to_string())
+        .replace("{steps}", &args.steps.to_string())
+        .replace("{dtype}", settings.dtype.as_str());
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(&cmd)
+        .env("GPUFIT_MICRO_BATCH_SIZE", m.to_string())
+        .env("GPUFIT_STEPS", args.steps.to_string())
+        .env("GPUFIT_DTYPE", settings.dtype.as_str())
+        .env(
+            "GPUFIT_ACTIVATION_CHECKPOINTING",
+            settings.activation_checkpointing.to_string(),
+        )
+        .env("GPUFIT_COMPILE", settings.compile.to_string())
+        .env("GPUFIT_TRIAL", trial.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // Own process group, so a timeout kills the whole training tree.
+        c.process_group(0);
+    }
+    let started = Instant::now();
+    let mut child = c.spawn().map_err(|e| crate::Error::Io {
+        context: format!("cannot start `sh -c {cmd}`"),
+        source: e,
+    })?;
+    let cap = Arc::new(Mutex::new(Captured::default()));
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        let c2 = cap.clone();
+        pumps.push(std::thread::spawn(move || pump(out, c2)));
+    }
+    if let Some(err) = child.stderr.take() {
+        let c2 = cap.clone();
+        pumps.push(std::thread::spawn(move || pump(err, c2)));
+    }
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(crate::Error::Io {
+                    context: format!("waiting for trial {trial}"),
+                    source: e,
+                })
+            }
+        }
+        if started.elapsed() >= args.timeout {
+            timed_out = true;
+            kill_group(child.id());
+            let _ = child.kill();
+            break child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for p in pumps {
+        let _ = p.join();
+    }
+    let duration_sec = started.elapsed().as_secs_f64();
+    let captured = cap
+        .lock()
+        .map(|c| (c.oom, c.tail.clone()))
+        .unwrap_or_default();
+    let (oom, tail) = captured;
+    let text = String::from_utf8_lossy(&tail);
+    let exit_code = status.and_then(|s| s.code());
+    let ok = status.is_some_and(|s| s.success());
+    let outcome = if timed_out {
+        Outcome::TimedOut
+    } else if oom {
+        // PyTorch's message decides, whatever the exit status (scripts that
+        // catch the exception often still exit 0).
+        Outcome::Oom
+    } else if ok {
+        Outcome::Success
+    } else {
+        Outcome::Failed
+    };
+    Ok(Trial {
+        micro_batch_size: m,
+        outcome,
+        exit_code,
+        duration_sec,
+        peak_memory_bytes: if outcome == Outcome::Success {
+            peak_bytes(&text)
+        } else {
+            None
+        },
+        output_tail: if outcome == Outcome::Success {
+            String::new()
+        } else {
+            let last: Vec<&str> = text.lines().rev().take(8).collect();
+            last.into_iter().rev().collect::<Vec<_>>().join("\n")
+        },
+    })
+}
+
+#[cfg(unix)]
+fn kill_group(pid: u32) {
+    // `kill -KILL -PGID`: no unsafe libc call needed.
+    let _ = Command::new("kill")
+        .arg("-KILL")
+        .arg(format!("-{pid}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+#[cfg(not(unix))]
+fn kill_group(_pid: u32) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn search(start: u32, cap: u32, max_ok: u32) -> (u32, Vec<u32>) {
+        let mut b = Bracket {
+            lo: 0,
+            hi: cap + 1,
+            cap,
+        };
+        let mut tried = vec![];
+        let mut next = Some(start);
+        while let Some(m) = next {
+            tried.push(m);
+            if m <= max_ok {
+                b.lo = m
+            } else {
+                b.hi = m
+            }
+            next = b.next();
+        }
+        (b.lo, tried)
+    }
+
+    #[test]
+    fn the_search_finds_the_largest_working_batch_from_any_start() {
+        for max_ok in [1, 2, 7, 20, 33, 64] {
+            for start in [1, 5, 20, 21, 100] {
+                let (found, tried) = search(start, 128, max_ok);
+                assert_eq!(found, max_ok, "start {start} max_ok {max_ok}: {tried:?}");
+                assert_eq!(tried[0], start);
+                assert!(tried.len() <= 16, "{tried:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_good_prediction_needs_few_trials() {
+        let (found, tried) = search(20, 1024, 20);
+        assert_eq!(found, 20);
+        // 20 ok, 40 oom, then bisect 20..40: 5 more.
+        assert!(tried.len() <= 7, "{tried:?}");
+    }
+
+    #[test]
+    fn pytorch_oom_messages_are_recognised() {
+        assert!(is_oom_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB"));
+        assert!(!is_oom_line("step 10 loss 1.23"));
+    }
+
+    #[test]
+    fn printed_peaks_are_read_in_their_units() {
+        assert_eq!(peak_bytes("Peak memory: 45.2 GB"), Some(45_200_000_000));
+        assert_eq!(peak_bytes("no numbers here"), None);
+    }
+
+    #[test]
+    fn the_search_stops_at_the_cap() {
+        let (found, tried) = search(8, 16, 1000);
+        assert_eq!(found, 16);
+        assert_eq!(tried, vec![8, 16]);
+    }
 }

@@ -1,14 +1,63 @@
-//! `gpufit gpus`.
+//! `gpufit gpus`: the GPU catalog (and, with `--live`, the GPUs on this node).
 
 use std::process::ExitCode;
 
-use super::Global;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+
+use super::{Global, OutputFormat};
+use crate::core::catalog::{all_gpus, lookup_gpu, GpuSpec};
+use crate::core::units::to_gib;
 
 #[derive(Debug, clap::Args)]
-pub struct GpusArgs {}
+pub struct GpusArgs {
+    /// Show only this GPU (NVML name, case- and punctuation-tolerant).
+    pub name: Option<String>,
+    // `--live` (GPUs read from NVML on this node) is added by the sidecar
+    // work: it will replace `catalog_rows()` with the live list below.
+}
 
-pub fn run(_g: &Global, _args: GpusArgs) -> crate::Result<ExitCode> {
-    Err(crate::Error::Usage(
-        "`gpufit gpus` is not implemented yet".into(),
-    ))
+/// The rows to print: one named GPU, or the whole catalog.
+fn catalog_rows(args: &GpusArgs) -> crate::Result<Vec<GpuSpec>> {
+    Ok(match &args.name {
+        Some(n) => vec![lookup_gpu(n)?],
+        None => all_gpus(),
+    })
+}
+
+pub fn run(g: &Global, args: GpusArgs) -> crate::Result<ExitCode> {
+    let rows = catalog_rows(&args)?;
+    print_gpus(g, &rows)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints GPUs as a table or JSON (shared with the live listing).
+pub fn print_gpus(g: &Global, rows: &[GpuSpec]) -> crate::Result<()> {
+    match g.output {
+        OutputFormat::Json => super::print_json(&rows),
+        OutputFormat::Table => {
+            let mut t = Table::new();
+            t.load_preset(UTF8_FULL_CONDENSED);
+            t.set_header(vec![
+                "name",
+                "memory GiB",
+                "compute cap.",
+                "bf16",
+                "fp8",
+                "bf16 TFLOP/s",
+            ]);
+            for r in rows {
+                t.add_row(vec![
+                    Cell::new(&r.name),
+                    Cell::new(format!("{:.2}", to_gib(r.memory_bytes)))
+                        .set_alignment(CellAlignment::Right),
+                    Cell::new(&r.compute_capability),
+                    Cell::new(if r.bf16 { "yes" } else { "no" }),
+                    Cell::new(if r.fp8 { "yes" } else { "no" }),
+                    Cell::new(format!("{:.0}", r.bf16_tflops)).set_alignment(CellAlignment::Right),
+                ]);
+            }
+            println!("{t}");
+            Ok(())
+        }
+    }
 }

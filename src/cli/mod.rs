@@ -53,6 +53,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// `controller` has many flags; the enum is built once per process, so its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Predict the peak GPU memory of a training step, with a breakdown.

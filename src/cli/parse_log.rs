@@ -1,14 +1,102 @@
-//! `gpufit parse-log`.
+//! `gpufit parse-log FILE`: what a training log says about its run.
 
+use std::io::BufReader;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::Global;
+use comfy_table::Table;
+use serde::Serialize;
+
+use super::{Global, OutputFormat};
+use crate::core::logs::{self, LogOutcome, ParsedLog};
+use crate::core::units::fmt_gib;
 
 #[derive(Debug, clap::Args)]
-pub struct ParseLogArgs {}
+pub struct ParseLogArgs {
+    /// Training log (torchtune, Hugging Face Trainer, Lightning, a CUDA OOM
+    /// traceback, or plain `Peak memory:` lines); `-` reads standard input.
+    pub file: PathBuf,
+}
 
-pub fn run(_g: &Global, _args: ParseLogArgs) -> crate::Result<ExitCode> {
-    Err(crate::Error::Usage(
-        "`gpufit parse-log` is not implemented yet".into(),
-    ))
+/// JSON output: the parsed log plus the single peak figure gpufit records.
+#[derive(Serialize)]
+struct Output<'a> {
+    file: String,
+    /// The peak gpufit records (reserved, else used, else allocated, else active).
+    peak_memory_bytes: Option<u64>,
+    success: Option<bool>,
+    #[serde(flatten)]
+    parsed: &'a ParsedLog,
+}
+
+/// Reads and parses a log file (or stdin for `-`), streaming it.
+pub fn parse_file(path: &std::path::Path) -> crate::Result<ParsedLog> {
+    if path.as_os_str() == "-" {
+        let stdin = std::io::stdin();
+        return Ok(logs::parse_reader(stdin.lock())?);
+    }
+    let f = std::fs::File::open(path).map_err(|e| crate::Error::Io {
+        context: format!("cannot open log {}", path.display()),
+        source: e,
+    })?;
+    Ok(logs::parse_reader(BufReader::with_capacity(1 << 16, f))?)
+}
+
+pub fn run(g: &Global, args: ParseLogArgs) -> crate::Result<ExitCode> {
+    let p = parse_file(&args.file)?;
+    match g.output {
+        OutputFormat::Json => super::print_json(&Output {
+            file: args.file.display().to_string(),
+            peak_memory_bytes: p.peak_memory_bytes(),
+            success: p.success(),
+            parsed: &p,
+        })?,
+        OutputFormat::Table => print_table(&args.file.display().to_string(), &p),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(file: &str, p: &ParsedLog) {
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    let formats: Vec<&str> = p.formats.iter().map(|f| f.as_str()).collect();
+    let outcome = match p.outcome {
+        Some(LogOutcome::Completed) => "completed",
+        Some(LogOutcome::OutOfMemory) => "CUDA out of memory",
+        Some(LogOutcome::Failed) => "failed",
+        Some(LogOutcome::Unknown) | None => "unknown (no end-of-training line)",
+    };
+    let mem = |b: Option<u64>| b.map(|b| format!("{} ({b} bytes)", fmt_gib(b)));
+    let rows: Vec<(&str, Option<String>)> = vec![
+        ("log", Some(file.to_string())),
+        ("recognised", Some(formats.join(", "))),
+        ("outcome", Some(outcome.to_string())),
+        ("peak memory (recorded)", mem(p.peak_memory_bytes())),
+        ("peak reserved", mem(p.peak_reserved_bytes)),
+        ("peak allocated", mem(p.peak_allocated_bytes)),
+        ("peak active", mem(p.peak_active_bytes)),
+        ("peak used", mem(p.peak_used_bytes)),
+        ("GPU total memory", mem(p.gpu_total_bytes)),
+        ("tokens/s", p.tokens_per_sec.map(|v| format!("{v:.1}"))),
+        ("samples/s", p.samples_per_sec.map(|v| format!("{v:.3}"))),
+        ("steps/s", p.steps_per_sec.map(|v| format!("{v:.3}"))),
+        ("duration", p.duration_sec.map(|v| format!("{v:.1} s"))),
+        (
+            "OOM tried to allocate",
+            p.oom.as_ref().and_then(|o| mem(o.tried_to_allocate_bytes)),
+        ),
+        ("error", p.error_message.clone()),
+    ];
+    for (k, v) in rows {
+        if let Some(v) = v {
+            t.add_row(vec![k.to_string(), v]);
+        }
+    }
+    println!("{t}");
+    if p.long_lines > 0 || p.binary_lines > 0 {
+        eprintln!(
+            "note: {} over-long line(s) cut, {} line(s) not valid text",
+            p.long_lines, p.binary_lines
+        );
+    }
 }

@@ -1,14 +1,315 @@
-//! `gpufit suggest`.
+//! `gpufit suggest`: engineering settings for a workload on a GPU, from the
+//! memory model and the run history.
 
 use std::process::ExitCode;
 
-use super::Global;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+
+use super::common::{OnOff, WorkloadArgs};
+use super::{print_json, Global, OutputFormat};
+use crate::core::advisor::{
+    self, AdviceRequest, AdvisorOptions, BuiltinModel, Strategy, StrategyTargets, Suggestion,
+};
+use crate::core::catalog::{lookup_gpu, GpuSpec};
+use crate::core::run::RunRecord;
+use crate::core::settings::{Dtype, Pins};
+use crate::core::similarity::HistoryQuery;
+use crate::core::units::{fmt_gib, gib};
+use crate::core::workload::Workload;
+
+/// Which GPU: a catalog name, or `auto` for the local one.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GpuArgs {
+    /// GPU model as nvidia-smi prints it (`NVIDIA A100-SXM4-80GB`, `H100`,
+    /// `RTX 4090` …), or `auto` to read the local GPU through NVML.
+    #[arg(long, env = "GPUFIT_GPU")]
+    pub gpu: Option<String>,
+    /// GPU memory in GiB: overrides the catalog, or describes a GPU that is
+    /// not in it (then assumed bf16-capable; pin --dtype otherwise).
+    #[arg(long, env = "GPUFIT_GPU_MEMORY")]
+    pub gpu_memory: Option<f64>,
+}
+
+impl GpuArgs {
+    /// Resolves the GPU: NVML for `auto`, else the catalog; `--gpu-memory` wins.
+    pub fn resolve(&self) -> crate::Result<GpuSpec> {
+        let name = self.gpu.as_deref().map(str::trim).unwrap_or_default();
+        if name.is_empty() {
+            return Err(crate::Error::Usage(
+                "which GPU? pass --gpu NAME (e.g. --gpu \"NVIDIA A100-SXM4-80GB\"; `gpufit gpus` lists them) or --gpu auto".into(),
+            ));
+        }
+        let mut spec = if name.eq_ignore_ascii_case("auto") {
+            crate::sidecar::local_gpu().map_err(|e| {
+                crate::Error::Usage(format!(
+                    "--gpu auto needs a local NVIDIA GPU and its driver (NVML): {e}. Name the GPU instead, e.g. --gpu \"NVIDIA A100-SXM4-80GB\""
+                ))
+            })?
+        } else {
+            match (lookup_gpu(name), self.gpu_memory) {
+                (Ok(s), _) => s,
+                (Err(_), Some(_)) => GpuSpec {
+                    name: name.to_string(),
+                    memory_bytes: 0,
+                    compute_capability: "unknown".into(),
+                    bf16: true,
+                    fp8: false,
+                    bf16_tflops: 0.0,
+                },
+                (Err(e), None) => return Err(e.into()),
+            }
+        };
+        if let Some(g) = self.gpu_memory {
+            if !(g.is_finite() && g > 0.0) {
+                return Err(crate::Error::Usage(format!(
+                    "--gpu-memory must be a positive number of GiB (got {g}), e.g. --gpu-memory 80"
+                )));
+            }
+            spec.memory_bytes = gib(g);
+        }
+        Ok(spec)
+    }
+}
+
+/// Engineering settings the user fixes; gpufit keeps them and only warns.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PinArgs {
+    /// Pin the micro batch size (per GPU).
+    #[arg(long, env = "GPUFIT_MICRO_BATCH")]
+    pub micro_batch: Option<u32>,
+    /// Pin gradient accumulation steps.
+    #[arg(long)]
+    pub grad_accum: Option<u32>,
+    /// Pin the precision: fp32, bf16, fp16, bf16-mixed, fp16-mixed.
+    #[arg(long, env = "GPUFIT_DTYPE")]
+    pub dtype: Option<Dtype>,
+    /// Pin activation checkpointing.
+    #[arg(long, value_enum)]
+    pub checkpointing: Option<OnOff>,
+    /// Pin activation offloading to CPU memory.
+    #[arg(long, value_enum)]
+    pub offloading: Option<OnOff>,
+    /// Pin torch.compile.
+    #[arg(long, value_enum)]
+    pub compile: Option<OnOff>,
+    /// Pin data-loader workers.
+    #[arg(long)]
+    pub num_workers: Option<u32>,
+}
+
+impl PinArgs {
+    pub fn to_pins(&self) -> Pins {
+        Pins {
+            micro_batch_size: self.micro_batch,
+            gradient_accumulation_steps: self.grad_accum,
+            dtype: self.dtype,
+            activation_checkpointing: self.checkpointing.map(OnOff::as_bool),
+            activation_offloading: self.offloading.map(OnOff::as_bool),
+            compile: self.compile.map(OnOff::as_bool),
+            num_workers: self.num_workers,
+        }
+    }
+}
+
+/// Everything the advisor needs from the command line (shared by
+/// `suggest`, `plan`, `apply` and `find-max-batch`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AdviceArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub pins: PinArgs,
+    /// History store: `sqlite:PATH`, `postgres://…`; default: the per-user SQLite file.
+    #[arg(long, env = "GPUFIT_HISTORY")]
+    pub history: Option<String>,
+    /// Ignore the run history (memory model only).
+    #[arg(long)]
+    pub no_history: bool,
+    /// Target fraction of GPU memory for conservative.
+    #[arg(long, default_value_t = StrategyTargets::default().conservative, env = "GPUFIT_TARGET_CONSERVATIVE")]
+    pub target_conservative: f64,
+    /// Target fraction of GPU memory for balanced.
+    #[arg(long, default_value_t = StrategyTargets::default().balanced, env = "GPUFIT_TARGET_BALANCED")]
+    pub target_balanced: f64,
+    /// Target fraction of GPU memory for aggressive.
+    #[arg(long, default_value_t = StrategyTargets::default().aggressive, env = "GPUFIT_TARGET_AGGRESSIVE")]
+    pub target_aggressive: f64,
+}
+
+/// What the advisor was given, resolved from flags, catalog and history.
+pub struct Resolved {
+    pub workload: Workload,
+    pub gpu: GpuSpec,
+    pub pins: Pins,
+    pub targets: StrategyTargets,
+    pub history: Vec<RunRecord>,
+    /// Problems with the history store that did not stop the suggestion.
+    pub notes: Vec<String>,
+}
+
+impl AdviceArgs {
+    /// Resolves workload, GPU, pins and history.
+    pub fn resolve(&self) -> crate::Result<Resolved> {
+        let workload = self.workload.resolve()?;
+        let gpu = self.gpu.resolve()?;
+        let targets = StrategyTargets {
+            conservative: self.target_conservative,
+            balanced: self.target_balanced,
+            aggressive: self.target_aggressive,
+        };
+        targets.validate()?;
+        let mut notes = Vec::new();
+        let history = if self.no_history {
+            Vec::new()
+        } else {
+            let q = HistoryQuery::new(
+                &workload.model.name,
+                workload.method,
+                &gpu.name,
+                workload.seq_len,
+            );
+            match &self.history {
+                // An explicitly named store must work.
+                Some(url) => crate::history::open(url)?.similar(&q)?,
+                // The default store is a convenience: advice without it
+                // is still advice, so say so instead of failing.
+                None => {
+                    let url = crate::history::default_url();
+                    match crate::history::open(&url).and_then(|s| s.similar(&q)) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            tracing::warn!(%url, error = %e, "history unavailable");
+                            notes.push(format!(
+                                "history store {url} unavailable ({e}): advice from the memory model only"
+                            ));
+                            Vec::new()
+                        }
+                    }
+                }
+            }
+        };
+        Ok(Resolved {
+            workload,
+            gpu,
+            pins: self.pins.to_pins(),
+            targets,
+            history,
+            notes,
+        })
+    }
+}
+
+/// CPU cores per data-parallel GPU on this machine, for data-loader advice.
+pub fn cpus_per_gpu(gpus: u32) -> Option<u32> {
+    let cpus = std::thread::available_parallelism().ok()?.get() as u32;
+    // More than 8 GPUs are not on one node; spread over at most 8.
+    Some((cpus / gpus.clamp(1, 8)).max(1))
+}
+
+impl Resolved {
+    /// One strategy's suggestion.
+    pub fn suggest(&self, strategy: Strategy) -> crate::Result<Suggestion> {
+        let req = AdviceRequest {
+            workload: &self.workload,
+            gpu: &self.gpu,
+            strategy,
+            targets: self.targets,
+            pins: &self.pins,
+            history: &self.history,
+        };
+        let opts = AdvisorOptions {
+            model: &BuiltinModel,
+            cpus_per_gpu: cpus_per_gpu(self.workload.gpus),
+        };
+        let mut s = advisor::suggest_with(&req, &opts)?;
+        s.warnings.extend(self.notes.iter().cloned());
+        Ok(s)
+    }
+}
 
 #[derive(Debug, clap::Args)]
-pub struct SuggestArgs {}
+pub struct SuggestArgs {
+    #[command(flatten)]
+    pub advice: AdviceArgs,
+    /// conservative, balanced or aggressive (alias extreme).
+    #[arg(long, default_value = "balanced", env = "GPUFIT_STRATEGY")]
+    pub strategy: Strategy,
+}
 
-pub fn run(_g: &Global, _args: SuggestArgs) -> crate::Result<ExitCode> {
-    Err(crate::Error::Usage(
-        "`gpufit suggest` is not implemented yet".into(),
-    ))
+pub fn run(g: &Global, args: SuggestArgs) -> crate::Result<ExitCode> {
+    let r = args.advice.resolve()?;
+    let s = r.suggest(args.strategy)?;
+    match g.output {
+        OutputFormat::Json => print_json(&s)?,
+        OutputFormat::Table => print_table(&r.workload, r.targets.for_strategy(s.strategy), &s),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// The suggestion for a person.
+pub fn print_table(w: &Workload, target: f64, s: &Suggestion) {
+    let e = &s.settings;
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        format!("{} on {}", w.model.name, s.gpu),
+        s.strategy.to_string(),
+    ]);
+    let dl = &e.dataloader;
+    for (k, v) in [
+        ("micro_batch_size", e.micro_batch_size.to_string()),
+        (
+            "gradient_accumulation_steps",
+            e.gradient_accumulation_steps.to_string(),
+        ),
+        ("effective batch", s.effective_batch(w.gpus).to_string()),
+        ("dtype", e.dtype.to_string()),
+        (
+            "activation_checkpointing",
+            yes_no(e.activation_checkpointing).into(),
+        ),
+        (
+            "activation_offloading",
+            yes_no(e.activation_offloading).into(),
+        ),
+        ("compile", yes_no(e.compile).into()),
+        (
+            "data loader",
+            format!(
+                "{} workers, pin_memory {}, persistent {}, prefetch {}",
+                dl.num_workers,
+                yes_no(dl.pin_memory),
+                yes_no(dl.persistent_workers),
+                dl.prefetch_factor
+            ),
+        ),
+        (
+            "predicted peak",
+            format!(
+                "{} ({:.0} % of GPU, target {:.0} %)",
+                fmt_gib(s.predicted_peak_bytes),
+                s.memory_fraction * 100.0,
+                target * 100.0
+            ),
+        ),
+        ("confidence", format!("{:.2}", s.confidence)),
+        ("source", s.source.as_str().into()),
+    ] {
+        t.add_row(vec![k.to_string(), v]);
+    }
+    println!("{t}");
+    println!("{}", s.reasoning);
+    for w in &s.warnings {
+        println!("warning: {w}");
+    }
 }

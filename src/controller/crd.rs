@@ -38,47 +38,13 @@ pub const GROUP: &str = "gpufit.io";
     namespaced,
     status = "TrainingJobStatus",
     doc = "A GPU training job whose engineering settings (micro batch, gradient accumulation, precision, activation checkpointing, compile, data loader) gpufit chooses, injects into a batch/v1 Job and learns from.",
-    printcolumn(
-        name = "Phase",
-        type_ = "string",
-        json_path = ".status.phase",
-        description = "Pending, Running, Succeeded, Failed or Invalid"
-    ),
-    printcolumn(
-        name = "GPU",
-        type_ = "string",
-        json_path = ".status.gpu",
-        description = "GPU model the job runs on"
-    ),
-    printcolumn(
-        name = "Micro Batch",
-        type_ = "integer",
-        json_path = ".status.suggestion.settings.microBatchSize",
-        description = "Micro batch size gpufit chose"
-    ),
-    printcolumn(
-        name = "Dtype",
-        type_ = "string",
-        json_path = ".status.suggestion.settings.dtype",
-        description = "Training precision"
-    ),
-    printcolumn(
-        name = "Confidence",
-        type_ = "number",
-        json_path = ".status.suggestion.confidence",
-        description = "Confidence of the suggestion (0-1)"
-    ),
-    printcolumn(
-        name = "Peak GiB",
-        type_ = "number",
-        json_path = ".status.peakGiB",
-        description = "Measured peak GPU memory of the last finished attempt"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Pending, Running, Succeeded, Failed or Invalid"}"#,
+    printcolumn = r#"{"name":"GPU","type":"string","jsonPath":".status.gpu","description":"GPU model the job runs on"}"#,
+    printcolumn = r#"{"name":"Micro Batch","type":"integer","jsonPath":".status.suggestion.settings.microBatchSize","description":"Micro batch size gpufit chose"}"#,
+    printcolumn = r#"{"name":"Dtype","type":"string","jsonPath":".status.suggestion.settings.dtype","description":"Training precision"}"#,
+    printcolumn = r#"{"name":"Confidence","type":"number","jsonPath":".status.suggestion.confidence","description":"Confidence of the suggestion (0-1)"}"#,
+    printcolumn = r#"{"name":"Peak GiB","type":"number","jsonPath":".status.peakGiB","description":"Measured peak GPU memory of the last finished attempt"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {

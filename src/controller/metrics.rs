@@ -16,6 +16,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use super::api::ApiState;
 use super::ControllerError;
 
 /// Every metric the controller exports.
@@ -180,19 +181,22 @@ pub struct Health {
     pub ready: AtomicBool,
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
+/// Serves `/metrics`, `/healthz` and `/readyz`, and every other path through
+/// the Slurm HTTP API (`api`) when given, on one port, until `shutdown` resolves.
 pub async fn serve(
     listen: SocketAddr,
     metrics: Metrics,
     health: Arc<Health>,
+    api: Option<Arc<ApiState>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ControllerError> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| ControllerError::Io {
-            context: format!("cannot listen on {listen} for /metrics (is the port in use? pass --metrics-listen)"),
-            source: e,
-        })?;
+    let listener =
+        tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| ControllerError::Io {
+                context: format!("cannot listen on {listen} (is the port in use? pass --listen)"),
+                source: e,
+            })?;
     tracing::info!(%listen, "serving /metrics, /healthz, /readyz");
     tokio::pin!(shutdown);
     loop {
@@ -205,11 +209,19 @@ pub async fn serve(
         };
         let metrics = metrics.clone();
         let health = health.clone();
+        let api = api.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let metrics = metrics.clone();
                 let health = health.clone();
-                async move { Ok::<_, Infallible>(route(&req, &metrics, &health)) }
+                let api = api.clone();
+                async move {
+                    let ours = matches!(req.uri().path(), "/metrics" | "/healthz" | "/readyz");
+                    Ok::<_, Infallible>(match api {
+                        Some(api) if !ours => super::api::handle(api, req).await,
+                        _ => route(&req, &metrics, &health),
+                    })
+                }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             if let Err(e) = hyper::server::conn::http1::Builder::new()

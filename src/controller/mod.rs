@@ -20,11 +20,14 @@ pub mod build;
 pub mod crd;
 pub mod gpu;
 pub mod inject;
+pub mod leader;
 pub mod metrics;
 pub mod prom;
 pub mod reconcile;
+pub mod run;
 pub mod sidecar_client;
 pub mod validate;
+pub mod webhook;
 
 use thiserror::Error;
 

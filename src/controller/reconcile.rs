@@ -115,7 +115,7 @@ impl PeakReader for PromThenSidecar {
             };
             let mut promql = render_query(&self.query_template, &q.namespace, &q.job, &pods, range);
             if pods.is_empty() {
-                let prefix = super::prom::regex_alternation(&[q.job.clone()]);
+                let prefix = super::prom::regex_alternation(std::slice::from_ref(&q.job));
                 promql = promql.replace("pod=~\"\"", &format!("pod=~\"{prefix}-.*\""));
             }
             match prom.query_max(&promql, q.end.map(|e| e + 30.0)) {
@@ -170,6 +170,9 @@ pub struct Context {
     pub metrics: Metrics,
     pub recorder: Recorder,
     pub targets: StrategyTargets,
+    /// Mode when neither the spec, the TrainingJob's annotation nor the
+    /// namespace's label says.
+    pub default_mode: Mode,
     /// Cluster name recorded with each run.
     pub cluster: Option<String>,
     /// Consecutive failures per TrainingJob, for the error backoff.
@@ -198,6 +201,7 @@ impl Context {
             peaks,
             metrics,
             targets: StrategyTargets::default(),
+            default_mode: Mode::Inject,
             cluster: None,
             failures: Mutex::new(HashMap::new()),
         }
@@ -285,7 +289,8 @@ async fn reconcile_inner(tj: &TrainingJob, ctx: &Context) -> Result<Action, Cont
     st.observed_generation = generation;
 
     // --- dereference + validate ---
-    let validated = mode_default(tj, &ctx.namespaces).and_then(|m| validate::validate(&tj.spec, m));
+    let validated = mode_default(tj, &ctx.namespaces)
+        .and_then(|m| validate::validate(&tj.spec, Some(m.unwrap_or(ctx.default_mode))));
     let v = match validated {
         Ok(v) => v,
         Err(e) => {
@@ -457,9 +462,7 @@ async fn reconcile_inner(tj: &TrainingJob, ctx: &Context) -> Result<Action, Cont
     if st != old {
         patch_status(&tjs, &name, &st).await?;
     }
-    if let Err(e) = history_result {
-        return Err(e);
-    }
+    history_result?;
     if let Some(e) = create_error {
         return Err(e);
     }

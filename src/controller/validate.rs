@@ -204,7 +204,7 @@ fn arch_from_numbers(
         }
     }
     let kv = a.kv_heads.unwrap_or(a.heads);
-    if kv == 0 || kv > a.heads || a.heads % kv != 0 {
+    if kv == 0 || kv > a.heads || !a.heads.is_multiple_of(kv) {
         return Err(ValidationError::new(
             field("kvHeads"),
             format!(
@@ -213,7 +213,7 @@ fn arch_from_numbers(
             ),
         ));
     }
-    if a.hidden_size % a.heads != 0 {
+    if !a.hidden_size.is_multiple_of(a.heads) {
         return Err(ValidationError::new(
             field("heads"),
             format!(
@@ -261,7 +261,7 @@ pub fn check_pins(pins: &Pins, w: &Workload, at: &str) -> Result<(), ValidationE
     if let Some(g) = w.global_batch {
         let per_step = g / w.gpus.max(1);
         if let Some(m) = pins.micro_batch_size {
-            if per_step % m != 0 {
+            if !per_step.is_multiple_of(m) {
                 return Err(ValidationError::new(
                     format!("{at}.microBatchSize"),
                     format!(
@@ -272,7 +272,7 @@ pub fn check_pins(pins: &Pins, w: &Workload, at: &str) -> Result<(), ValidationE
             }
         }
         if let Some(a) = pins.gradient_accumulation_steps {
-            if per_step % a != 0 {
+            if !per_step.is_multiple_of(a) {
                 return Err(ValidationError::new(
                     format!("{at}.gradientAccumulationSteps"),
                     format!(

@@ -1,3 +1,361 @@
 //! The learner: fits peak ≈ fixed + slope × micro_batch from measured peaks
 //! (one point scales the memory model; two or more: least squares), treats
 //! OOMs as upper bounds, and tracks prediction error.
+//!
+//! Everything here is plain arithmetic over `f64` bytes; the advisor decides
+//! what to do with the fitted line.
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::run::RunRecord;
+
+/// A straight line `peak(m) = fixed + slope × m`, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Line {
+    pub fixed: f64,
+    pub slope: f64,
+}
+
+impl Line {
+    /// Predicted peak at micro batch `m`.
+    pub fn at(&self, m: u32) -> f64 {
+        self.fixed + self.slope * m as f64
+    }
+
+    /// Largest `m ≥ 1` with `at(m) ≤ budget`, capped at `cap`; None when even
+    /// `m = 1` is over the budget.
+    pub fn max_batch_under(&self, budget: f64, cap: u32) -> Option<u32> {
+        if self.at(1) > budget {
+            return None;
+        }
+        if self.slope <= 0.0 {
+            return Some(cap.max(1));
+        }
+        let m = ((budget - self.fixed) / self.slope).floor();
+        Some((m.max(1.0).min(cap as f64)) as u32)
+    }
+}
+
+/// How a [`Fit`] was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FitKind {
+    /// One distinct micro batch measured: the memory model's line scaled so it
+    /// passes through the measurement.
+    ScaledModel,
+    /// Two or more distinct micro batches: ordinary least squares.
+    LeastSquares,
+    /// Least squares gave a physically impossible line (slope ≤ 0, negative
+    /// fixed part, far off the model); the scaled model is used instead.
+    DegenerateFallback,
+}
+
+/// A line fitted to measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Fit {
+    pub line: Line,
+    pub kind: FitKind,
+    /// Measurements used.
+    pub points: usize,
+    /// Distinct micro batches among them.
+    pub distinct_batches: usize,
+    /// Largest micro batch measured (extrapolation starts beyond it).
+    pub max_measured_batch: u32,
+}
+
+/// One measured peak.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observation {
+    pub micro_batch: u32,
+    pub peak_bytes: u64,
+}
+
+/// A least-squares slope further than this factor from the memory model's
+/// slope is treated as degenerate (two noisy points close together can give
+/// any slope; activations do not really differ from the model by 4×).
+const MAX_SLOPE_RATIO: f64 = 4.0;
+
+/// Fits the line through `obs`, using `model` (the memory model's own line
+/// for the same settings) as the shape when there is only one distinct micro
+/// batch. Returns None when there is no usable observation.
+pub fn fit(model: Line, obs: &[Observation]) -> Option<Fit> {
+    let obs: Vec<Observation> = obs
+        .iter()
+        .copied()
+        .filter(|o| o.micro_batch > 0 && o.peak_bytes > 0)
+        .collect();
+    if obs.is_empty() {
+        return None;
+    }
+    let mut batches: Vec<u32> = obs.iter().map(|o| o.micro_batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let distinct = batches.len();
+    let max_measured_batch = *batches.last()?;
+    let scaled = scale_model(model, &obs);
+    let base = Fit {
+        line: scaled,
+        kind: FitKind::ScaledModel,
+        points: obs.len(),
+        distinct_batches: distinct,
+        max_measured_batch,
+    };
+    if distinct < 2 {
+        return Some(base);
+    }
+    let n = obs.len() as f64;
+    let mean_m = obs.iter().map(|o| o.micro_batch as f64).sum::<f64>() / n;
+    let mean_p = obs.iter().map(|o| o.peak_bytes as f64).sum::<f64>() / n;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for o in &obs {
+        let dx = o.micro_batch as f64 - mean_m;
+        sxy += dx * (o.peak_bytes as f64 - mean_p);
+        sxx += dx * dx;
+    }
+    let slope = sxy / sxx;
+    let fixed = mean_p - slope * mean_m;
+    let plausible = slope.is_finite()
+        && fixed.is_finite()
+        && slope > 0.0
+        && fixed >= 0.0
+        && (model.slope <= 0.0
+            || (slope <= model.slope * MAX_SLOPE_RATIO && slope >= model.slope / MAX_SLOPE_RATIO));
+    if !plausible {
+        return Some(Fit {
+            kind: FitKind::DegenerateFallback,
+            ..base
+        });
+    }
+    Some(Fit {
+        line: Line { fixed, slope },
+        kind: FitKind::LeastSquares,
+        ..base
+    })
+}
+
+/// The model's line scaled by one factor so that it passes through the mean
+/// of the measurements (least squares for a pure scale factor).
+fn scale_model(model: Line, obs: &[Observation]) -> Line {
+    let (mut num, mut den) = (0.0, 0.0);
+    for o in obs {
+        let p = model.at(o.micro_batch);
+        num += p * o.peak_bytes as f64;
+        den += p * p;
+    }
+    if den <= 0.0 || !num.is_finite() {
+        // The model knows nothing (zero line): a line through the origin and
+        // the mean measurement is the least-assuming shape.
+        let n = obs.len() as f64;
+        let mean_m = obs.iter().map(|o| o.micro_batch as f64).sum::<f64>() / n;
+        let mean_p = obs.iter().map(|o| o.peak_bytes as f64).sum::<f64>() / n;
+        return Line {
+            fixed: 0.0,
+            slope: mean_p / mean_m.max(1.0),
+        };
+    }
+    let k = num / den;
+    Line {
+        fixed: model.fixed * k,
+        slope: model.slope * k,
+    }
+}
+
+/// Uses an OOM at micro batch `oom_batch` on a GPU of `capacity` bytes as an
+/// upper bound: the true peak there was above capacity, so a line that says
+/// otherwise has too small a slope. Returns the line with its slope raised
+/// just enough that `at(oom_batch) ≥ capacity` (the fixed part is kept: it is
+/// the better-measured end).
+pub fn respect_oom(line: Line, oom_batch: u32, capacity: f64) -> Line {
+    if oom_batch == 0 || line.at(oom_batch) >= capacity {
+        return line;
+    }
+    Line {
+        fixed: line.fixed,
+        slope: ((capacity - line.fixed) / oom_batch as f64).max(line.slope),
+    }
+}
+
+/// Measured peaks of the successful runs among `runs`.
+pub fn observations(runs: &[&RunRecord]) -> Vec<Observation> {
+    runs.iter()
+        .filter(|r| r.result.success)
+        .filter_map(|r| {
+            Some(Observation {
+                micro_batch: r.settings.micro_batch_size,
+                peak_bytes: r.result.peak_memory_bytes?,
+            })
+        })
+        .filter(|o| o.micro_batch > 0 && o.peak_bytes > 0)
+        .collect()
+}
+
+/// Smallest micro batch that ran out of memory among `runs`, if any.
+pub fn smallest_oom(runs: &[&RunRecord]) -> Option<u32> {
+    runs.iter()
+        .filter(|r| r.is_oom())
+        .map(|r| r.settings.micro_batch_size)
+        .filter(|&m| m > 0)
+        .min()
+}
+
+/// Largest micro batch that succeeded among `runs`, if any.
+pub fn largest_success(runs: &[&RunRecord]) -> Option<u32> {
+    runs.iter()
+        .filter(|r| r.result.success)
+        .map(|r| r.settings.micro_batch_size)
+        .max()
+}
+
+// === prediction error tracking ===
+
+/// How well predictions matched measurements over a set of runs.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ErrorStats {
+    /// Runs with both a prediction and a measured peak.
+    pub count: usize,
+    /// Median of |predicted − measured| / measured.
+    pub median_abs: f64,
+    /// 90th percentile of the same.
+    pub p90_abs: f64,
+    /// Largest of the same.
+    pub max_abs: f64,
+    /// Mean signed error: > 0 means gpufit over-predicts.
+    pub mean_signed: f64,
+}
+
+/// Prediction-error statistics over runs that carry both numbers
+/// (see [`RunRecord::prediction_error`]).
+pub fn error_stats<'a>(runs: impl IntoIterator<Item = &'a RunRecord>) -> ErrorStats {
+    let errs: Vec<f64> = runs
+        .into_iter()
+        .filter_map(RunRecord::prediction_error)
+        .filter(|e| e.is_finite())
+        .collect();
+    error_stats_of(&errs)
+}
+
+/// Statistics of signed relative errors.
+pub fn error_stats_of(errs: &[f64]) -> ErrorStats {
+    if errs.is_empty() {
+        return ErrorStats::default();
+    }
+    let mut abs: Vec<f64> = errs.iter().map(|e| e.abs()).collect();
+    abs.sort_by(|a, b| a.total_cmp(b));
+    ErrorStats {
+        count: errs.len(),
+        median_abs: percentile(&abs, 0.5),
+        p90_abs: percentile(&abs, 0.9),
+        max_abs: abs[abs.len() - 1],
+        mean_signed: errs.iter().sum::<f64>() / errs.len() as f64,
+    }
+}
+
+/// Nearest-rank percentile of an ascending slice (`q` in 0..=1); 0 when empty.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: f64 = 1e9;
+
+    fn obs(m: u32, gb: f64) -> Observation {
+        Observation {
+            micro_batch: m,
+            peak_bytes: (gb * GB) as u64,
+        }
+    }
+
+    fn model() -> Line {
+        Line {
+            fixed: 10.0 * GB,
+            slope: 2.0 * GB,
+        }
+    }
+
+    #[test]
+    fn one_point_scales_the_model_through_the_measurement() {
+        // Model says 14 GB at m=2; measured 21 GB → everything ×1.5.
+        let f = fit(model(), &[obs(2, 21.0)]).unwrap();
+        assert_eq!(f.kind, FitKind::ScaledModel);
+        assert!((f.line.at(2) - 21.0 * GB).abs() < 1e3);
+        assert!((f.line.slope / model().slope - 1.5).abs() < 1e-9);
+        assert!((f.line.fixed / model().fixed - 1.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn two_points_recover_fixed_and_slope_by_least_squares() {
+        // True line 12 + 3m, quite unlike the model (10 + 2m).
+        let f = fit(model(), &[obs(2, 18.0), obs(6, 30.0), obs(4, 24.0)]).unwrap();
+        assert_eq!(f.kind, FitKind::LeastSquares);
+        assert!((f.line.fixed / GB - 12.0).abs() < 1e-6);
+        assert!((f.line.slope / GB - 3.0).abs() < 1e-6);
+        assert_eq!(f.max_measured_batch, 6);
+    }
+
+    #[test]
+    fn repeated_measurements_at_one_batch_still_scale_the_model() {
+        let f = fit(model(), &[obs(4, 18.0), obs(4, 18.2)]).unwrap();
+        assert_eq!(f.kind, FitKind::ScaledModel);
+        assert_eq!(f.distinct_batches, 1);
+    }
+
+    #[test]
+    fn a_decreasing_peak_is_a_degenerate_fit_and_falls_back_to_the_scaled_model() {
+        let f = fit(model(), &[obs(2, 20.0), obs(3, 19.0)]).unwrap();
+        assert_eq!(f.kind, FitKind::DegenerateFallback);
+        assert!(f.line.slope > 0.0);
+    }
+
+    #[test]
+    fn a_slope_wildly_off_the_model_is_treated_as_degenerate() {
+        // 2 → 3 adds 40 GB per sample: 20× the model's slope, noise not physics.
+        let f = fit(model(), &[obs(2, 14.0), obs(3, 54.0)]).unwrap();
+        assert_eq!(f.kind, FitKind::DegenerateFallback);
+    }
+
+    #[test]
+    fn no_usable_observation_gives_no_fit() {
+        assert!(fit(model(), &[]).is_none());
+        assert!(fit(model(), &[obs(0, 10.0), obs(3, 0.0)]).is_none());
+    }
+
+    #[test]
+    fn an_oom_below_the_line_raises_the_slope_to_reach_capacity() {
+        let line = Line {
+            fixed: 10.0 * GB,
+            slope: 2.0 * GB,
+        };
+        // Line says 30 GB at m=10 but m=10 OOMed on a 40 GB card.
+        let l2 = respect_oom(line, 10, 40.0 * GB);
+        assert!(l2.at(10) >= 40.0 * GB - 1.0);
+        assert_eq!(l2.fixed, line.fixed);
+        // An OOM the line already explains changes nothing.
+        assert_eq!(respect_oom(line, 20, 40.0 * GB), line);
+    }
+
+    #[test]
+    fn max_batch_under_a_budget_is_the_largest_fitting_batch() {
+        let l = model();
+        assert_eq!(l.max_batch_under(20.0 * GB, 1000), Some(5));
+        assert_eq!(l.max_batch_under(11.9 * GB, 1000), None);
+        assert_eq!(l.max_batch_under(1e6 * GB, 64), Some(64));
+    }
+
+    #[test]
+    fn error_stats_report_median_p90_and_bias() {
+        let s = error_stats_of(&[0.1, -0.2, 0.05, 0.3, -0.1]);
+        assert_eq!(s.count, 5);
+        assert!((s.median_abs - 0.1).abs() < 1e-12);
+        assert!((s.max_abs - 0.3).abs() < 1e-12);
+        assert!((s.p90_abs - 0.3).abs() < 1e-12);
+        assert!((s.mean_signed - 0.03).abs() < 1e-12);
+        assert_eq!(error_stats_of(&[]).count, 0);
+    }
+}

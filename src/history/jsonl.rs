@@ -40,6 +40,10 @@ use crate::core::settings::{DataLoaderSettings, Dtype, EngineeringSettings};
 use crate::core::units::{GB, GIB};
 use crate::core::workload::Method;
 
+/// Largest peak memory accepted (10 000 GB): far above any GPU or node, so
+/// only garbage is refused. `gpufit record` applies the same bound.
+pub const MAX_PEAK_BYTES: u64 = 10_000 * GB;
+
 /// Lines longer than this are skipped (a run record is well under 4 KiB).
 pub const MAX_LINE_BYTES: usize = 1 << 20;
 
@@ -269,8 +273,15 @@ pub fn parse_line(
     resolver: &mut Resolver,
     now: DateTime<Utc>,
 ) -> Result<RunRecord, &'static str> {
-    let l: Line =
-        serde_json::from_str(line).map_err(|_| "not a JSON object in the run_logs layout")?;
+    let l: Line = serde_json::from_str(line).map_err(|_| {
+        // Only on the failure path: tell a wrong field type from non-JSON.
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(serde_json::Value::Object(_)) => {
+                "a field has the wrong JSON type (e.g. a number written as text)"
+            }
+            _ => "not a JSON object in the run_logs layout",
+        }
+    })?;
     let cfg = l.config.ok_or("missing `config`")?;
     let res = l.result.ok_or("missing `result`")?;
     let model_raw = cfg
@@ -334,6 +345,9 @@ pub fn parse_line(
     let extra = l.gpufit.unwrap_or_default();
     let (model, name_method) = resolver.model(&model_raw);
     let gpu_model = resolver.gpu(&gpu_raw);
+    if extra.peak_memory_bytes.is_some_and(|b| b > MAX_PEAK_BYTES) {
+        return Err("absurd `gpufit.peak_memory_bytes` (above 10000 GB)");
+    }
     let peak_memory_bytes = extra.peak_memory_bytes.or_else(|| {
         peak_gb.map(|g| {
             let unit = match opts.peak_unit {
@@ -635,7 +649,9 @@ mod tests {
         assert!(parse(&frac).unwrap_err().contains("batch_size"));
         let nogpu = GOOD.replace("\"gpu_type\": \"NVIDIA A100-SXM4-80GB\"", "\"x\": 1");
         assert!(parse(&nogpu).unwrap_err().contains("gpu_type"));
-        assert!(parse("[1,2]").is_err());
+        assert!(parse("[1,2]").unwrap_err().contains("not a JSON object"));
+        let texty = GOOD.replace("\"batch_size\": 4", "\"batch_size\": \"4\"");
+        assert!(parse(&texty).unwrap_err().contains("wrong JSON type"));
         assert!(parse("{\"config\": {}}").unwrap_err().contains("result"));
         let baddtype = GOOD.replace("\"bf16\"", "\"int3\"");
         assert!(parse(&baddtype).unwrap_err().contains("dtype"));
@@ -701,6 +717,50 @@ mod tests {
         fn arbitrary_bytes_never_panic_the_reader(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
             let rd = JsonlReader::new(&bytes[..], "x", ImportOptions::default());
             for r in rd { prop_assert!(r.is_ok()); }
+        }
+
+        #[test]
+        fn export_then_import_round_trips_any_record(
+            micros in 0i64..4_000_000_000_000_000,
+            seq in 1u32..200_000,
+            batch in 1u32..4096,
+            accum in 1u32..512,
+            dtype_i in 0usize..5,
+            flags in proptest::array::uniform4(any::<bool>()),
+            peak in proptest::option::of(0u64..=MAX_PEAK_BYTES),
+            samples in proptest::option::of(0.0f64..1e6),
+            oom_fail in any::<bool>(),
+            model in "[a-zA-Z0-9_./-]{1,40}",
+            gpu in "[a-zA-Z0-9 -]{1,30}",
+        ) {
+            let mut r = parse(GOOD).unwrap();
+            r.timestamp = Utc.timestamp_micros(micros).single().unwrap();
+            r.model = model.clone();
+            r.method = method_from_name(&model);
+            r.gpu_model = gpu.trim().to_string();
+            prop_assume!(!r.gpu_model.is_empty());
+            r.seq_len = seq;
+            r.settings.micro_batch_size = batch;
+            r.settings.gradient_accumulation_steps = accum;
+            r.settings.dtype = Dtype::ALL[dtype_i];
+            r.settings.activation_checkpointing = flags[0];
+            r.settings.activation_offloading = flags[1];
+            r.settings.compile = flags[2];
+            r.result.success = flags[3];
+            r.result.failure_reason = if flags[3] { None } else if oom_fail { Some(FailureReason::Oom) } else { Some(FailureReason::OtherError) };
+            r.result.peak_memory_bytes = peak;
+            r.result.samples_per_sec = samples;
+            let mut out = Vec::new();
+            write_record(&mut out, &r).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            let mut back = parse(text.trim_end()).unwrap();
+            // serde_json's default float parser may be 1 ulp off on
+            // round trip; a throughput differing in the 16th digit is equal.
+            if let (Some(a), Some(b)) = (back.result.samples_per_sec, r.result.samples_per_sec) {
+                prop_assert!((a - b).abs() <= b.abs() * 1e-15);
+                back.result.samples_per_sec = r.result.samples_per_sec;
+            }
+            prop_assert_eq!(back, r);
         }
 
         #[test]

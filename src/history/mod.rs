@@ -96,8 +96,10 @@ pub trait HistoryStore: Send + Sync {
         Ok(n)
     }
 
-    /// The URL the store was opened with, for messages.
-    fn url(&self) -> String;
+    /// The URL the store was opened with, for messages (passwords hidden).
+    fn url(&self) -> String {
+        "history".to_string()
+    }
 }
 
 /// The default store: `GPUFIT_HISTORY` if set, else a SQLite file at the

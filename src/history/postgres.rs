@@ -15,7 +15,8 @@ use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use postgres::types::ToSql;
+use postgres::binary_copy::BinaryCopyInWriter;
+use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls, Row};
 
 use super::schema::{self, i, u, u32_of};
@@ -197,6 +198,42 @@ fn to_params(r: &RunRecord) -> Params {
     }
 }
 
+/// Column types in [`schema::COLUMNS`] order (for binary COPY).
+fn column_types() -> Vec<Type> {
+    use Type as T;
+    vec![
+        T::INT8,
+        T::TEXT,
+        T::TEXT,
+        T::TEXT,
+        T::TEXT,
+        T::TEXT,
+        T::TEXT,
+        T::TEXT,
+        T::INT8,
+        T::INT8,
+        T::INT8,
+        T::INT8,
+        T::INT8,
+        T::INT8,
+        T::TEXT,
+        T::BOOL,
+        T::BOOL,
+        T::BOOL,
+        T::INT8,
+        T::BOOL,
+        T::BOOL,
+        T::INT8,
+        T::BOOL,
+        T::TEXT,
+        T::INT8,
+        T::FLOAT8,
+        T::FLOAT8,
+        T::FLOAT8,
+        T::INT8,
+    ]
+}
+
 impl Params {
     /// References in [`schema::COLUMNS`] order.
     fn refs(&self) -> Vec<&(dyn ToSql + Sync)> {
@@ -291,17 +328,23 @@ impl HistoryStore for PostgresStore {
     ) -> Result<u64, HistoryError> {
         let mut c = self.lock();
         let mut tx = c.transaction().map_err(|e| self.err(e))?;
-        let stmt = tx
-            .prepare(&schema::insert(|k| format!("${k}")))
-            .map_err(|e| self.err(e))?;
+        // Binary COPY: one stream instead of a round trip per row.
+        let sql = format!(
+            "COPY runs ({}) FROM STDIN BINARY",
+            schema::COLUMNS.join(", ")
+        );
+        let sink = tx.copy_in(sql.as_str()).map_err(|e| self.err(e))?;
+        let mut w = BinaryCopyInWriter::new(sink, &column_types());
         let mut n = 0;
         for r in runs {
-            // Dropping `tx` on error rolls the whole batch back.
+            // On error, dropping the writer aborts the COPY and dropping
+            // `tx` rolls the whole batch back.
             let r = r?;
             let p = to_params(&r);
-            tx.execute(&stmt, &p.refs()).map_err(|e| self.err(e))?;
+            w.write(&p.refs()).map_err(|e| self.err(e))?;
             n += 1;
         }
+        w.finish().map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
         Ok(n)
     }
@@ -366,6 +409,25 @@ impl HistoryStore for PostgresStore {
         Ok(u(n))
     }
 
+    fn for_each(
+        &self,
+        f: &mut dyn FnMut(RunRecord) -> Result<(), HistoryError>,
+    ) -> Result<u64, HistoryError> {
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut c = self.lock();
+        let sql = format!("{} ORDER BY timestamp_us, id", schema::select_all());
+        // query_raw streams rows instead of collecting the whole table.
+        let mut rows = c
+            .query_raw(sql.as_str(), std::iter::empty::<i64>())
+            .map_err(|e| self.err(e))?;
+        let mut n = 0;
+        while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+            f(from_row(&self.url, &row)?)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     fn url(&self) -> String {
         self.url.clone()
     }
@@ -374,6 +436,19 @@ impl HistoryStore for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_types_and_parameters_match_the_columns_one_to_one() {
+        let r = crate::history::jsonl::parse_line(
+            r#"{"config": {"model": "m", "max_seq_length": 8, "batch_size": 1}, "result": {"success": true}, "gpu_type": "g"}"#,
+            &Default::default(),
+            &mut Default::default(),
+            chrono::Utc::now(),
+        )
+        .unwrap();
+        assert_eq!(column_types().len(), schema::COLUMNS.len());
+        assert_eq!(to_params(&r).refs().len(), schema::COLUMNS.len());
+    }
 
     #[test]
     fn passwords_are_not_shown_in_messages() {

@@ -45,9 +45,14 @@ pub struct SqliteOptions {
 }
 
 impl Default for SqliteOptions {
+    /// 5 s busy timeout, or `GPUFIT_HISTORY_BUSY_TIMEOUT_MS` when set.
     fn default() -> Self {
+        let ms = std::env::var("GPUFIT_HISTORY_BUSY_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(5_000);
         SqliteOptions {
-            busy_timeout: Duration::from_secs(5),
+            busy_timeout: Duration::from_millis(ms),
         }
     }
 }

@@ -1,10 +1,26 @@
 //! GPU catalog. Memory is what NVML reports as the card's total
 //! (e.g. 81920 MiB for an A100 80GB), not the marketing GB.
+//!
+//! Sources for `memory_mib`: the "Total" column of `nvidia-smi` (NVML's
+//! `nvmlDeviceGetMemoryInfo().total`, shown in MiB) as printed on each card in
+//! public logs and bug reports (PyTorch / vLLM / NVIDIA forum threads quoting
+//! `nvidia-smi` output and PyTorch's OOM message "GPU 0 has a total capacity of
+//! … GiB"). NVML reserves part of the physical memory for ECC / the driver, so
+//! the totals are a little below the marketing size (H100 80GB: 81559 MiB).
+//! For AMD Instinct cards the figure is `rocm-smi --showmeminfo vram` total.
+//! Compute capability: NVIDIA's "CUDA GPUs" table
+//! (<https://developer.nvidia.com/cuda-gpus>). `bf16_tflops`: dense (no
+//! sparsity) bf16 tensor TFLOP/s from each datasheet (fp16 for T4/V100,
+//! which have no bf16).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::CatalogError;
+use crate::core::units::MIB;
 
 /// A GPU model (catalog entry, or live values read from NVML which win).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -21,16 +37,393 @@ pub struct GpuSpec {
     pub bf16_tflops: f64,
 }
 
+/// One catalog row. `cc` "x.y" for NVIDIA; AMD rows carry their gfx arch and
+/// explicit precision flags.
+struct Row {
+    name: &'static str,
+    memory_mib: u64,
+    cc: &'static str,
+    /// bf16 / fp8 support; for NVIDIA derived from `cc` (bf16 from 8.0, fp8
+    /// from 8.9, SPEC §1) and checked by a test.
+    bf16: bool,
+    fp8: bool,
+    tflops: f64,
+    /// Other spellings people and tools use (GPU Feature Discovery's
+    /// `nvidia.com/gpu.product` label uses dashes: `NVIDIA-A100-SXM4-80GB`,
+    /// which normalisation already covers).
+    aliases: &'static [&'static str],
+}
+
+const fn nv(
+    name: &'static str,
+    memory_mib: u64,
+    cc: &'static str,
+    tflops: f64,
+    aliases: &'static [&'static str],
+) -> Row {
+    // bf16 from compute capability 8.0, fp8 from 8.9 (SPEC §1); compared as
+    // the (major, minor) digits of the "x.y" string.
+    let b = cc.as_bytes();
+    let major = (b[0] - b'0') as u32 * if b.len() > 3 { 10 } else { 1 }
+        + if b.len() > 3 { (b[1] - b'0') as u32 } else { 0 };
+    let minor = (b[b.len() - 1] - b'0') as u32;
+    let v = major * 10 + minor;
+    Row {
+        name,
+        memory_mib,
+        cc,
+        bf16: v >= 80,
+        fp8: v >= 89,
+        tflops,
+        aliases,
+    }
+}
+
+/// The catalog. Memory in MiB exactly as NVML reports the total.
+const ROWS: &[Row] = &[
+    // Turing. nvidia-smi on a T4 prints 15360MiB.
+    nv("Tesla T4", 15360, "7.5", 65.0, &["t4", "nvidia t4"]),
+    // Volta. nvidia-smi: 16160MiB (16 GB) and 32768MiB (32 GB SXM2/PCIe).
+    nv(
+        "Tesla V100-SXM2-16GB",
+        16160,
+        "7.0",
+        125.0,
+        &["v100-16gb", "v100 16gb", "v100-sxm2-16gb"],
+    ),
+    nv(
+        "Tesla V100-PCIE-16GB",
+        16160,
+        "7.0",
+        112.0,
+        &["v100-pcie-16gb", "v100 pcie 16gb"],
+    ),
+    nv(
+        "Tesla V100-SXM2-32GB",
+        32768,
+        "7.0",
+        125.0,
+        &["v100-32gb", "v100 32gb", "v100-sxm2-32gb"],
+    ),
+    nv(
+        "Tesla V100-PCIE-32GB",
+        32768,
+        "7.0",
+        112.0,
+        &["v100-pcie-32gb"],
+    ),
+    // Ampere. AWS g5 instances: `NVIDIA A10G`, 23028MiB.
+    nv("NVIDIA A10G", 23028, "8.6", 70.0, &["a10g"]),
+    // A100: 40960MiB / 81920MiB (NVIDIA A100 datasheet; nvidia-smi totals).
+    nv(
+        "NVIDIA A100-SXM4-40GB",
+        40960,
+        "8.0",
+        312.0,
+        &["a100-40gb", "a100 40gb", "a100-sxm4-40gb", "a100-sxm-40gb"],
+    ),
+    nv(
+        "NVIDIA A100-PCIE-40GB",
+        40960,
+        "8.0",
+        312.0,
+        &["a100-pcie-40gb", "a100 pcie 40gb"],
+    ),
+    nv(
+        "NVIDIA A100-SXM4-80GB",
+        81920,
+        "8.0",
+        312.0,
+        &["a100-80gb", "a100 80gb", "a100-sxm4-80gb", "a100-sxm-80gb"],
+    ),
+    nv(
+        "NVIDIA A100 80GB PCIe",
+        81920,
+        "8.0",
+        312.0,
+        &["a100-pcie-80gb", "a100 80gb pcie", "a100-80gb-pcie"],
+    ),
+    nv(
+        "NVIDIA GeForce RTX 3090",
+        24576,
+        "8.6",
+        71.0,
+        &["rtx 3090", "rtx3090", "3090"],
+    ),
+    nv(
+        "NVIDIA RTX A6000",
+        49140,
+        "8.6",
+        154.8,
+        &["rtx a6000", "a6000"],
+    ),
+    // Ada Lovelace. `NVIDIA L4` 23034MiB, `NVIDIA L40S` 46068MiB.
+    nv("NVIDIA L4", 23034, "8.9", 121.0, &["l4"]),
+    nv("NVIDIA L40S", 46068, "8.9", 362.0, &["l40s"]),
+    nv(
+        "NVIDIA GeForce RTX 4090",
+        24564,
+        "8.9",
+        165.2,
+        &["rtx 4090", "rtx4090", "4090"],
+    ),
+    nv(
+        "NVIDIA RTX 6000 Ada Generation",
+        49140,
+        "8.9",
+        364.2,
+        &["rtx 6000 ada", "rtx6000 ada", "6000 ada"],
+    ),
+    // Hopper. 81559MiB for the 80 GB parts, 95830MiB for the 94 GB NVL,
+    // 143771MiB for H200 (141 GB), 97871MiB for GH200 (96 GB HBM3).
+    nv(
+        "NVIDIA H100 PCIe",
+        81559,
+        "9.0",
+        756.0,
+        &["h100-pcie", "h100 pcie", "h100-pcie-80gb"],
+    ),
+    nv(
+        "NVIDIA H100 80GB HBM3",
+        81559,
+        "9.0",
+        989.0,
+        &[
+            "h100-sxm",
+            "h100 sxm",
+            "h100-sxm5-80gb",
+            "h100-80gb",
+            "h100 80gb",
+        ],
+    ),
+    nv(
+        "NVIDIA H100 NVL",
+        95830,
+        "9.0",
+        835.0,
+        &["h100-nvl", "h100 nvl"],
+    ),
+    nv(
+        "NVIDIA H200",
+        143771,
+        "9.0",
+        989.0,
+        &["h200", "h200-141gb", "h200 sxm"],
+    ),
+    nv(
+        "NVIDIA GH200 480GB",
+        97871,
+        "9.0",
+        989.0,
+        &["gh200", "gh200-96gb", "gh200 96gb"],
+    ),
+    // Blackwell. `NVIDIA B200` 183359MiB (180 GB HBM3e);
+    // `NVIDIA GeForce RTX 5090` 32607MiB.
+    nv("NVIDIA B200", 183359, "10.0", 2250.0, &["b200"]),
+    nv(
+        "NVIDIA GeForce RTX 5090",
+        32607,
+        "12.0",
+        209.5,
+        &["rtx 5090", "rtx5090", "5090"],
+    ),
+    // AMD Instinct: rocm-smi VRAM totals. MI250X: 64 GiB per GCD (each GCD is
+    // one device to the runtime); MI300X: 192 GiB (196592 MiB reported).
+    // bf16 on both (CDNA2/3); fp8 only on CDNA3 (MI300X).
+    Row {
+        name: "AMD Instinct MI250X",
+        memory_mib: 65536,
+        cc: "gfx90a",
+        bf16: true,
+        fp8: false,
+        tflops: 191.5,
+        aliases: &["mi250x", "mi250x/mi250"],
+    },
+    Row {
+        name: "AMD Instinct MI300X",
+        memory_mib: 196592,
+        cc: "gfx942",
+        bf16: true,
+        fp8: true,
+        tflops: 1307.4,
+        aliases: &["mi300x"],
+    },
+];
+
+/// Lower-case ASCII alphanumerics only; vendor words that tools add or drop
+/// ("nvidia", "geforce", "tesla", "amd", "instinct") are removed, so
+/// `NVIDIA-A100-SXM4-80GB`, `a100 sxm4 80gb` and `NVIDIA A100-SXM4-80GB` meet.
+fn normalize(s: &str) -> String {
+    let lower: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    lower
+        .split_whitespace()
+        .filter(|w| !matches!(*w, "nvidia" | "geforce" | "tesla" | "amd" | "instinct"))
+        .collect::<Vec<_>>()
+        .concat()
+}
+
+struct Index {
+    specs: Vec<GpuSpec>,
+    by_key: HashMap<String, usize>,
+}
+
+fn index() -> &'static Index {
+    static INDEX: OnceLock<Index> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        let specs: Vec<GpuSpec> = ROWS
+            .iter()
+            .map(|r| GpuSpec {
+                name: r.name.to_string(),
+                memory_bytes: r.memory_mib * MIB,
+                compute_capability: r.cc.to_string(),
+                bf16: r.bf16,
+                fp8: r.fp8,
+                bf16_tflops: r.tflops,
+            })
+            .collect();
+        let mut by_key = HashMap::new();
+        for (i, r) in ROWS.iter().enumerate() {
+            by_key.insert(normalize(r.name), i);
+            for a in r.aliases {
+                by_key.insert(normalize(a), i);
+            }
+        }
+        Index { specs, by_key }
+    })
+}
+
 /// Looks a GPU up by NVML/nvidia-smi name, case- and punctuation-tolerant.
 /// An unknown name is an error listing close matches, never a guess.
 pub fn lookup_gpu(name: &str) -> Result<GpuSpec, CatalogError> {
+    let idx = index();
+    let key = normalize(name);
+    if let Some(&i) = idx.by_key.get(&key) {
+        return Ok(idx.specs[i].clone());
+    }
     Err(CatalogError::UnknownGpu {
         name: name.to_string(),
-        suggestions: vec![],
+        suggestions: close_matches(&key),
     })
+}
+
+/// Up to three catalog names close to `key`: names containing it (so `a100`
+/// lists every A100 rather than picking one), then by edit distance.
+fn close_matches(key: &str) -> Vec<String> {
+    let idx = index();
+    if key.is_empty() {
+        return Vec::new();
+    }
+    let mut scored: Vec<(usize, usize)> = Vec::new();
+    for (i, r) in ROWS.iter().enumerate() {
+        let mut best = usize::MAX;
+        for cand in std::iter::once(r.name).chain(r.aliases.iter().copied()) {
+            let c = normalize(cand);
+            let d = if c.contains(key) || key.contains(&c) {
+                0
+            } else {
+                super::edit_distance(key, &c)
+            };
+            best = best.min(d);
+        }
+        scored.push((best, i));
+    }
+    scored.sort();
+    let limit = (key.len() / 2).max(2);
+    let zero = scored.iter().filter(|(d, _)| *d == 0).count();
+    scored
+        .into_iter()
+        .filter(|(d, _)| *d <= limit)
+        .take(zero.max(3))
+        .map(|(_, i)| idx.specs[i].name.clone())
+        .collect()
 }
 
 /// Every GPU in the catalog.
 pub fn all_gpus() -> Vec<GpuSpec> {
-    Vec::new()
+    index().specs.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::units::GIB;
+
+    #[test]
+    fn nvml_names_resolve_to_their_cards() {
+        let a = lookup_gpu("NVIDIA A100-SXM4-80GB").unwrap();
+        assert_eq!(a.memory_bytes, 81920 * MIB);
+        assert_eq!(a.compute_capability, "8.0");
+        assert!(a.bf16 && !a.fp8);
+        let h = lookup_gpu("NVIDIA H100 80GB HBM3").unwrap();
+        assert_eq!(h.memory_bytes, 81559 * MIB);
+        assert!(h.fp8);
+        let t = lookup_gpu("Tesla T4").unwrap();
+        assert!(!t.bf16);
+        assert_eq!(t.compute_capability, "7.5");
+    }
+
+    #[test]
+    fn lookup_ignores_case_and_punctuation() {
+        assert_eq!(
+            lookup_gpu("a100-80gb").unwrap().name,
+            "NVIDIA A100-SXM4-80GB"
+        );
+        assert_eq!(
+            lookup_gpu("nvidia_a100_sxm4_80gb").unwrap().name,
+            "NVIDIA A100-SXM4-80GB"
+        );
+        assert_eq!(
+            lookup_gpu("NVIDIA-GeForce-RTX-4090").unwrap().name,
+            "NVIDIA GeForce RTX 4090"
+        );
+        assert_eq!(lookup_gpu("t4").unwrap().name, "Tesla T4");
+    }
+
+    #[test]
+    fn ambiguous_name_is_an_error_listing_every_candidate() {
+        let Err(CatalogError::UnknownGpu { suggestions, .. }) = lookup_gpu("A100") else {
+            panic!("`A100` must not silently pick one of the A100s");
+        };
+        assert!(suggestions.iter().any(|s| s.contains("40GB")));
+        assert!(suggestions.iter().any(|s| s.contains("80GB")));
+    }
+
+    #[test]
+    fn unknown_gpu_suggests_close_names() {
+        let Err(e) = lookup_gpu("NVIDIA H100 80GB HBM") else {
+            panic!("a misspelt name must be an error");
+        };
+        let msg = e.to_string();
+        assert!(msg.contains("NVIDIA H100 80GB HBM3"), "{msg}");
+        assert!(lookup_gpu("Voodoo 5").is_err());
+    }
+
+    #[test]
+    fn precision_flags_follow_compute_capability() {
+        for g in all_gpus() {
+            if let Some((maj, min)) = g.compute_capability.split_once('.') {
+                let v: u32 = maj.parse::<u32>().unwrap() * 10 + min.parse::<u32>().unwrap();
+                assert_eq!(g.bf16, v >= 80, "{}", g.name);
+                assert_eq!(g.fp8, v >= 89, "{}", g.name);
+            }
+        }
+    }
+
+    #[test]
+    fn catalog_memory_is_below_marketing_size_but_close() {
+        for g in all_gpus() {
+            assert!(g.memory_bytes > 14 * GIB, "{}", g.name);
+            assert_eq!(g.memory_bytes % MIB, 0, "{} is whole MiB", g.name);
+        }
+        assert!(all_gpus().len() >= 25);
+    }
 }

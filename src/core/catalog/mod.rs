@@ -29,5 +29,23 @@ fn did_you_mean(s: &[String]) -> String {
     }
 }
 
-pub use gpus::{lookup_gpu, GpuSpec};
-pub use models::{lookup_model, ModelRef};
+pub use gpus::{all_gpus, lookup_gpu, GpuSpec};
+pub use models::{all_models, arch_from_hf_config, lookup_model, ModelRef};
+
+/// Levenshtein distance over bytes (names are ASCII after normalisation),
+/// used to list close matches for an unknown name.
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
+    let a = a.as_bytes();
+    let b = b.as_bytes();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}

@@ -1,0 +1,140 @@
+//! History speed: importing 1 000 000 `run_logs.jsonl` lines into SQLite,
+//! and `similar()` latency with 1 000 000 records over 10 000 keys.
+//!
+//! Run: `cargo bench --bench history_speed`
+//! (`GPUFIT_BENCH_RECORDS=100000` for a quicker, smaller run.)
+
+use std::io::{BufReader, BufWriter, Write};
+use std::time::Instant;
+
+use gpufit::core::similarity::HistoryQuery;
+use gpufit::core::workload::Method;
+use gpufit::history::jsonl::{ImportOptions, JsonlReader};
+use gpufit::history::sqlite::SqliteStore;
+use gpufit::history::HistoryStore;
+use rand::{Rng, SeedableRng};
+
+const MODELS: usize = 100;
+const GPUS: [&str; 5] = [
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA H100 80GB HBM3",
+    "NVIDIA A10G",
+    "NVIDIA L40S",
+    "NVIDIA GeForce RTX 4090",
+];
+/// 20 sequence lengths, each 25 % above the last: no two within the 10 %
+/// similarity window, so every (model, GPU, seq) is its own key.
+fn seq_lens() -> Vec<u32> {
+    (0..20)
+        .map(|k| (512.0 * 1.25f64.powi(k)).round() as u32)
+        .collect()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn main() {
+    let n: usize = std::env::var("GPUFIT_BENCH_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let seqs = seq_lens();
+    let keys = MODELS * GPUS.len() * seqs.len();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("run_logs.jsonl");
+
+    // --- generate the file (not timed) ---
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    {
+        let mut w = BufWriter::new(std::fs::File::create(&src).expect("create jsonl"));
+        for i in 0..n {
+            let key = i % keys;
+            let model = key / (GPUS.len() * seqs.len());
+            let gpu = GPUS[(key / seqs.len()) % GPUS.len()];
+            let seq = seqs[key % seqs.len()];
+            let batch: u32 = rng.gen_range(1..=64);
+            let oom = batch > 48;
+            let peak = 10.0 + batch as f64 * 1.1;
+            let ts = 1_700_000_000 + i as u64;
+            writeln!(
+                w,
+                r#"{{"timestamp": {ts}, "config": {{"model": "torchtune.models.bench.lora_model_{model}", "max_seq_length": {seq}, "batch_size": {batch}, "dtype": "bf16", "enable_activation_checkpointing": {}, "enable_activation_offloading": false, "compile": false, "gradient_accumulation_steps": 1}}, "result": {{"success": {}, "peak_memory_gb": {}, "samples_per_sec": {:.2}, "failure_reason": {}, "duration_sec": 600.0}}, "gpu_type": "{gpu}"}}"#,
+                i % 2 == 0,
+                !oom,
+                if oom { "null".to_string() } else { format!("{peak:.2}") },
+                batch as f64 * 0.7,
+                if oom { r#""OOM""# } else { "null" },
+            )
+            .expect("write jsonl");
+        }
+    }
+    let size = std::fs::metadata(&src).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "history_speed: {n} lines ({:.0} MB) over {keys} keys",
+        size as f64 / 1e6
+    );
+
+    // --- parse only (reader, no store) ---
+    let t = Instant::now();
+    let f = std::fs::File::open(&src).expect("open jsonl");
+    let rd = JsonlReader::new(
+        BufReader::with_capacity(1 << 20, f),
+        "bench",
+        ImportOptions::default(),
+    );
+    let parsed = rd.filter(|r| r.is_ok()).count();
+    let parse_s = t.elapsed().as_secs_f64();
+
+    // --- import into SQLite: one transaction, one prepared statement ---
+    let db = dir.path().join("history.db");
+    let store = SqliteStore::open(&db).expect("open sqlite");
+    let t = Instant::now();
+    let f = std::fs::File::open(&src).expect("open jsonl");
+    let mut rd = JsonlReader::new(
+        BufReader::with_capacity(1 << 20, f),
+        "bench",
+        ImportOptions::default(),
+    );
+    let stored = store.record_batch(&mut rd).expect("import");
+    let import_s = t.elapsed().as_secs_f64();
+    assert_eq!(stored as usize, n);
+    assert_eq!(parsed, n);
+    println!(
+        "import: {stored} records in {import_s:.2} s ({:.0} lines/s); of which JSON parsing + validation alone {parse_s:.2} s ({:.2} of the import); target ≤ 15 s for 1 000 000",
+        stored as f64 / import_s,
+        parse_s / import_s
+    );
+
+    // --- similar() latency: random keys, every query hits ~n/keys records ---
+    let queries = 10_000;
+    let mut lat = Vec::with_capacity(queries);
+    let mut hits = 0usize;
+    for _ in 0..queries {
+        let key = rng.gen_range(0..keys);
+        let model = key / (GPUS.len() * seqs.len());
+        let gpu = GPUS[(key / seqs.len()) % GPUS.len()];
+        let seq = seqs[key % seqs.len()];
+        // Catalog lookup fails for these synthetic names: the id is the
+        // name as written, the method read from it (lora).
+        let q = HistoryQuery::new(
+            &format!("torchtune.models.bench.lora_model_{model}"),
+            Method::Lora,
+            gpu,
+            seq,
+        );
+        let t = Instant::now();
+        let got = store.similar(&q).expect("similar");
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        hits += got.len();
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "similar(): {queries} queries, {:.1} records each on average: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        hits as f64 / queries as f64,
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99),
+        lat[lat.len() - 1]
+    );
+}

@@ -1,0 +1,238 @@
+//! `gpufit controller` in Kubernetes mode: wires the reflectors (nodes,
+//! namespaces), the leader-gated TrainingJob controller, the webhook (every
+//! replica), the Slurm HTTP API, and `/metrics` `/healthz` `/readyz`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::Client;
+use tokio::sync::watch;
+
+use super::api::{self, ApiConfig, ApiState};
+use super::crd::{Mode, TrainingJob};
+use super::leader::{self, LeaderConfig};
+use super::metrics::{self, Health, Metrics};
+use super::prom::PromClient;
+use super::reconcile::{self, Context, PromThenSidecar};
+use super::sidecar_client::SidecarClient;
+use super::webhook::{self, WebhookConfig, WebhookState};
+use super::ControllerError;
+use crate::core::advisor::StrategyTargets;
+
+/// Everything `gpufit controller` is configured with (flags and environment).
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Slurm HTTP API.
+    pub api: ApiConfig,
+    /// The admission webhook; `None` when no certificate is configured.
+    pub webhook: Option<WebhookConfig>,
+    /// Default mode (namespace labels and TrainingJob settings override it).
+    pub mode: Mode,
+    pub prometheus_url: Option<String>,
+    pub prom_query: String,
+    pub prom_timeout: Duration,
+    /// Sidecar base URL template, e.g. `http://{host_ip}:9400`.
+    pub sidecar_url: Option<String>,
+    /// Namespace to watch TrainingJobs in; `None`: all namespaces.
+    pub watch_namespace: Option<String>,
+    pub leader: Option<LeaderConfig>,
+    pub cluster: Option<String>,
+    pub targets: StrategyTargets,
+}
+
+/// The identity of this replica: `POD_NAME`, else the host name, else a random id.
+pub fn default_identity() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("gpufit-{:08x}", rand::random::<u32>()))
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run(
+    cfg: ControllerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ControllerError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let url = cfg.api.history_url.clone();
+    let history = tokio::task::spawn_blocking(move || crate::history::open(&url))
+        .await
+        .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
+    let history: Arc<dyn crate::history::HistoryStore> = Arc::from(history);
+
+    let client = Client::try_default().await.map_err(|e| {
+        ControllerError::Other(format!(
+            "cannot connect to Kubernetes ({e}): run in a cluster, set KUBECONFIG, or pass --no-kubernetes for the Slurm API alone"
+        ))
+    })?;
+
+    // Reflectors: nodes (GPU Feature Discovery labels) and namespaces (mode label).
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_stream = reflector(
+        node_writer,
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|r| {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "node watch failed; retrying");
+        }
+        futures::future::ready(())
+    });
+    tokio::spawn(node_stream);
+    let (namespaces, ns_writer) = reflector::store::<Namespace>();
+    let ns_stream = reflector(
+        ns_writer,
+        watcher(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|r| {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "namespace watch failed; retrying");
+        }
+        futures::future::ready(())
+    });
+    tokio::spawn(ns_stream);
+
+    let metrics = Metrics::new();
+    let health = Arc::new(Health::default());
+    {
+        // The Slurm HTTP API shares the history store and the port.
+        let token = match &cfg.api.token_file {
+            Some(p) => Some(api::read_token_file(p)?),
+            None => {
+                tracing::warn!("no --token-file: POST /v1/runs is refused");
+                None
+            }
+        };
+        let api_state = Arc::new(ApiState::new(history.clone(), token));
+        let (m, h, s) = (metrics.clone(), health.clone(), stopped());
+        let listen = cfg.api.listen;
+        let listener =
+            tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| ControllerError::Io {
+                    context: format!(
+                        "cannot listen on {listen} (is the port in use? pass --listen)"
+                    ),
+                    source: e,
+                })?;
+        drop(listener);
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve(listen, m, h, Some(api_state), s).await {
+                tracing::error!(error = %e, "HTTP server stopped");
+            }
+        });
+    }
+    if let Some(wcfg) = cfg.webhook.clone() {
+        let state = Arc::new(WebhookState {
+            history: history.clone(),
+            nodes: nodes.clone(),
+            namespaces: namespaces.clone(),
+            metrics: metrics.clone(),
+            targets: cfg.targets,
+            default_mode: cfg.mode,
+        });
+        // Bind now so a bad certificate fails the start, not silently later.
+        let server = webhook::WebhookServer::bind(&wcfg).await?;
+        tracing::info!(listen = %wcfg.listen, path = webhook::PATH, "serving the admission webhook");
+        let s = stopped();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve(state, s).await {
+                tracing::error!(error = %e, "webhook stopped");
+            }
+        });
+    }
+
+    let _ = nodes.wait_until_ready().await;
+    let _ = namespaces.wait_until_ready().await;
+    health.ready.store(true, Ordering::Relaxed);
+
+    let peaks = Arc::new(PromThenSidecar {
+        prom: cfg
+            .prometheus_url
+            .as_deref()
+            .map(|u| PromClient::new(u, cfg.prom_timeout)),
+        query_template: cfg.prom_query.clone(),
+        sidecar: cfg
+            .sidecar_url
+            .as_deref()
+            .map(|u| SidecarClient::new(u, cfg.prom_timeout)),
+    });
+    let mut ctx = Context::new(client.clone(), history, nodes, namespaces, peaks, metrics);
+    ctx.targets = cfg.targets;
+    ctx.default_mode = cfg.mode;
+    ctx.cluster = cfg.cluster.clone();
+    let ctx = Arc::new(ctx);
+
+    // Leadership: always leader without a Lease (one replica).
+    let (lead_tx, mut lead_rx) = watch::channel(cfg.leader.is_none());
+    if let Some(lcfg) = cfg.leader.clone() {
+        let (c, s) = (client.clone(), stopped());
+        tokio::spawn(leader::run(c, lcfg, lead_tx, s));
+    }
+
+    let (tjs, jobs): (Api<TrainingJob>, Api<Job>) = match &cfg.watch_namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let mut stop = stopped().boxed().shared();
+    loop {
+        tokio::select! {
+            _ = stop.clone() => return Ok(()),
+            r = lead_rx.wait_for(|l| *l) => {
+                if r.is_err() { return Ok(()); }
+            }
+        }
+        tracing::info!("leading: reconciling TrainingJobs");
+        let controller = Controller::new(tjs.clone(), watcher::Config::default())
+            .owns(
+                jobs.clone(),
+                watcher::Config::default().labels(super::build::LABEL_TRAINING_JOB),
+            )
+            .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
+            .for_each(|r| {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "reconcile stream");
+                }
+                futures::future::ready(())
+            });
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            _ = controller => {
+                tracing::warn!("controller stream ended; restarting");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            _ = lead_rx.wait_for(|l| !*l) => {
+                tracing::warn!("lost leadership: stopped reconciling");
+            }
+        }
+    }
+}

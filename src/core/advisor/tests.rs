@@ -1,0 +1,971 @@
+//! Advisor rules (SPEC §3), one test per rule. The memory model here is a
+//! small linear stand-in so the rules are tested as relations, independent
+//! of the real estimator's byte values.
+
+use chrono::Utc;
+use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest, ProptestConfig};
+
+use super::*;
+use crate::core::memory::{Breakdown, Estimate};
+use crate::core::run::{FailureReason, RunResult, RunSource};
+use crate::core::units::GIB;
+use crate::core::workload::{ArchKind, Attention, ModelArch};
+use proptest::strategy::Strategy as Strategy_;
+
+/// fixed + slope × m, with the usual directions: fp32 doubles both, QLoRA /
+/// LoRA / 8-bit optimizer / ZeRO-3 shrink the fixed part, checkpointing and
+/// offloading shrink the slope.
+struct Linear {
+    fixed_gib: f64,
+    slope_gib: f64,
+}
+
+impl MemoryModel for Linear {
+    fn estimate(&self, w: &Workload, s: &EngineeringSettings) -> Result<Estimate, MemoryError> {
+        w.validate()?;
+        if s.micro_batch_size == 0 {
+            return Err(MemoryError::ZeroMicroBatch);
+        }
+        let mut fixed = self.fixed_gib;
+        let mut slope = self.slope_gib * w.seq_len as f64 / 2048.0;
+        if s.dtype == Dtype::Fp32 {
+            fixed *= 2.0;
+            slope *= 2.0;
+        }
+        fixed *= match w.method {
+            Method::Full => 1.0,
+            Method::Lora => 0.4,
+            Method::Qlora => 0.15,
+        };
+        if w.optimizer == Optimizer::Adamw8bit {
+            fixed *= 0.7;
+        }
+        if matches!(w.sharding, Sharding::Zero3 | Sharding::Fsdp) {
+            fixed /= w.gpus as f64;
+        }
+        if s.activation_checkpointing {
+            slope *= 0.25;
+        }
+        if s.activation_offloading {
+            slope *= 0.5;
+        }
+        let fixed_b = (fixed * GIB as f64) as u64;
+        let slope_b = (slope * GIB as f64) as u64;
+        let peak = fixed_b + slope_b * s.micro_batch_size as u64;
+        Ok(Estimate {
+            micro_batch_size: s.micro_batch_size,
+            peak_bytes: peak,
+            fixed_bytes: fixed_b,
+            per_sample_bytes: slope_b,
+            peak_allocated_bytes: peak,
+            peak_reserved_bytes: peak,
+            device_bytes: peak,
+            breakdown: Breakdown::default(),
+        })
+    }
+}
+
+const MODEL: Linear = Linear {
+    fixed_gib: 20.0,
+    slope_gib: 2.0,
+};
+
+fn opts(m: &Linear) -> AdvisorOptions<'_> {
+    AdvisorOptions {
+        model: m,
+        cpus_per_gpu: Some(12),
+    }
+}
+
+fn workload() -> Workload {
+    Workload {
+        model: ModelArch {
+            name: "meta-llama/Llama-3.1-8B".into(),
+            kind: ArchKind::DecoderOnly,
+            params: 8_030_000_000,
+            hidden_size: 4096,
+            num_layers: 32,
+            num_attention_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            intermediate_size: 14336,
+            vocab_size: 128_256,
+            tied_embeddings: false,
+            gated_mlp: true,
+            num_experts: 1,
+            experts_per_token: 1,
+            max_position_embeddings: 131_072,
+        },
+        method: Method::Full,
+        lora: None,
+        seq_len: 2048,
+        optimizer: Optimizer::Adamw,
+        global_batch: None,
+        gpus: 1,
+        sharding: Sharding::None,
+        framework: Framework::Torchtune,
+        attention: Attention::Sdpa,
+    }
+}
+
+fn a100() -> GpuSpec {
+    GpuSpec {
+        name: "NVIDIA A100-SXM4-80GB".into(),
+        memory_bytes: 80 * GIB,
+        compute_capability: "8.0".into(),
+        bf16: true,
+        fp8: false,
+        bf16_tflops: 312.0,
+    }
+}
+
+fn t4() -> GpuSpec {
+    GpuSpec {
+        name: "Tesla T4".into(),
+        memory_bytes: 15 * GIB,
+        compute_capability: "7.5".into(),
+        bf16: false,
+        fp8: false,
+        bf16_tflops: 65.0,
+    }
+}
+
+/// A run of the test workload on the A100.
+fn run(m: u32, dtype: Dtype, ckpt: bool) -> RunRecord {
+    let w = workload();
+    RunRecord {
+        id: None,
+        timestamp: Utc::now(),
+        cluster: None,
+        node: None,
+        source: RunSource::Cli,
+        job_id: None,
+        model: w.model.name.clone(),
+        method: w.method,
+        gpu_model: a100().name,
+        seq_len: w.seq_len,
+        lora_rank: None,
+        gpus: 1,
+        global_batch: None,
+        settings: EngineeringSettings {
+            micro_batch_size: m,
+            dtype,
+            activation_checkpointing: ckpt,
+            ..EngineeringSettings::default()
+        },
+        result: RunResult {
+            success: true,
+            failure_reason: None,
+            peak_memory_bytes: None,
+            samples_per_sec: None,
+            tokens_per_sec: None,
+            duration_sec: None,
+        },
+        predicted_peak_bytes: None,
+    }
+}
+
+fn ok(m: u32) -> RunRecord {
+    run(m, Dtype::Bf16, false)
+}
+
+fn ok_peak(m: u32, gib: f64) -> RunRecord {
+    let mut r = ok(m);
+    r.result.peak_memory_bytes = Some((gib * GIB as f64) as u64);
+    r
+}
+
+fn oom(m: u32) -> RunRecord {
+    let mut r = ok(m);
+    r.result.success = false;
+    r.result.failure_reason = Some(FailureReason::Oom);
+    r
+}
+
+fn ask(
+    w: &Workload,
+    gpu: &GpuSpec,
+    s: Strategy,
+    pins: &Pins,
+    h: &[RunRecord],
+) -> Result<Suggestion, AdvisorError> {
+    ask_with(&MODEL, w, gpu, s, pins, h)
+}
+
+fn ask_with(
+    model: &Linear,
+    w: &Workload,
+    gpu: &GpuSpec,
+    s: Strategy,
+    pins: &Pins,
+    h: &[RunRecord],
+) -> Result<Suggestion, AdvisorError> {
+    let req = AdviceRequest {
+        workload: w,
+        gpu,
+        strategy: s,
+        targets: StrategyTargets::default(),
+        pins,
+        history: h,
+    };
+    suggest_with(&req, &opts(model))
+}
+
+fn balanced(h: &[RunRecord]) -> Suggestion {
+    ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &Pins::default(),
+        h,
+    )
+    .expect("a suggestion")
+}
+
+/// Pins that keep the candidate search on bf16 + checkpointing off, so
+/// tests about history see exactly the runs they wrote.
+fn bf16_no_ckpt() -> Pins {
+    Pins {
+        dtype: Some(Dtype::Bf16),
+        activation_checkpointing: Some(false),
+        ..Pins::default()
+    }
+}
+
+fn balanced_pinned(h: &[RunRecord]) -> Suggestion {
+    ask(&workload(), &a100(), Strategy::Balanced, &bf16_no_ckpt(), h).expect("a suggestion")
+}
+
+fn sentences(s: &str) -> usize {
+    s.split(". ").count()
+}
+
+// === sources ===
+
+#[test]
+fn without_history_the_source_is_heuristic_with_confidence_below_half() {
+    let s = balanced(&[]);
+    assert_eq!(s.source, SuggestionSource::Heuristic);
+    assert!(s.confidence < 0.5, "confidence {}", s.confidence);
+    assert!(s.memory_fraction <= 0.85 + 1e-9);
+    assert!(s.settings.micro_batch_size >= 1);
+}
+
+#[test]
+fn historical_data_starts_from_the_largest_success_with_the_settings_most_runs_used() {
+    // No peaks recorded; three runs with checkpointing on, one with it off.
+    let h = vec![
+        run(4, Dtype::Bf16, true),
+        run(12, Dtype::Bf16, true),
+        run(8, Dtype::Bf16, true),
+        run(2, Dtype::Bf16, false),
+    ];
+    let s = balanced(&h);
+    assert_eq!(s.source, SuggestionSource::HistoricalData);
+    assert!(s.settings.activation_checkpointing, "majority setting");
+    assert_eq!(s.settings.dtype, Dtype::Bf16);
+    assert!(
+        s.settings.micro_batch_size >= 12,
+        "got {}",
+        s.settings.micro_batch_size
+    );
+    assert!(s.confidence >= 0.5);
+}
+
+#[test]
+fn missing_memory_falls_back_to_historical_data_and_says_nothing_about_memory() {
+    let s = balanced_pinned(&[ok(3), ok(5)]);
+    assert_eq!(s.source, SuggestionSource::HistoricalData);
+    assert!(!s.reasoning.to_lowercase().contains("memory analysis"));
+    assert!(!s.reasoning.contains("measured"));
+    assert!(s.settings.micro_batch_size >= 5);
+}
+
+#[test]
+fn one_measured_point_scales_the_memory_model_and_extrapolates() {
+    // Model: 20 + 2m GiB. Measured 12 GiB at m=2 → the model is 0.5× too
+    // high, so a larger batch than the heuristic's fits.
+    let heuristic = balanced_pinned(&[]).settings.micro_batch_size;
+    let s = balanced_pinned(&[ok_peak(2, 12.0)]);
+    assert_eq!(s.source, SuggestionSource::HistoricalDataWithMemory);
+    assert!(
+        s.settings.micro_batch_size > heuristic,
+        "{} vs {heuristic}",
+        s.settings.micro_batch_size
+    );
+    assert!(s.predicted_peak_bytes as f64 <= 0.85 * (80 * GIB) as f64);
+    let r = s.reasoning.to_lowercase();
+    assert!(r.contains("memory analysis"), "{r}");
+    assert!(r.contains("12.0 gib"), "measured number in: {r}");
+    assert!(r.contains(&format!("micro batch {}", s.settings.micro_batch_size)));
+}
+
+#[test]
+fn two_measured_points_are_fitted_by_least_squares() {
+    // True line 30 + 1 GiB/sample (model says 20 + 2): 0.85 × 80 = 68 → m = 38.
+    let s = balanced_pinned(&[ok_peak(4, 34.0), ok_peak(10, 40.0)]);
+    assert_eq!(s.source, SuggestionSource::HistoricalDataWithMemory);
+    assert_eq!(s.settings.micro_batch_size, 38);
+    assert!(s.reasoning.contains("per sample"), "{}", s.reasoning);
+    let predicted_gib = s.predicted_peak_bytes as f64 / GIB as f64;
+    assert!((predicted_gib - 68.0).abs() < 0.5, "{predicted_gib}");
+}
+
+#[test]
+fn when_every_similar_run_failed_the_advice_is_micro_batch_one_with_checkpointing() {
+    let mut other = ok(2);
+    other.result.success = false;
+    other.result.failure_reason = Some(FailureReason::OtherError);
+    let s = balanced(&[oom(8), oom(4), other]);
+    assert_eq!(s.source, SuggestionSource::LearnedFromFailures);
+    assert_eq!(s.settings.micro_batch_size, 1);
+    assert!(s.settings.activation_checkpointing);
+    assert!(s.reasoning.contains("3 similar runs"), "{}", s.reasoning);
+}
+
+// === hard rules ===
+
+#[test]
+fn an_oom_caps_the_suggestion_strictly_below_it() {
+    // Memory says 38 would fit, but 20 ran out of memory with these settings.
+    let h = vec![ok_peak(4, 34.0), ok_peak(10, 40.0), oom(20)];
+    for strategy in Strategy::ALL {
+        let s = ask(&workload(), &a100(), strategy, &bf16_no_ckpt(), &h).unwrap();
+        assert!(
+            s.settings.micro_batch_size < 20,
+            "{strategy}: {}",
+            s.settings.micro_batch_size
+        );
+    }
+    let s = balanced_pinned(&h);
+    // The OOM also says the fitted slope was too small, so the answer is
+    // more careful than "19".
+    assert!(
+        (10..20).contains(&s.settings.micro_batch_size),
+        "{}",
+        s.settings.micro_batch_size
+    );
+    assert!(
+        s.reasoning.contains("20 ran out of memory"),
+        "{}",
+        s.reasoning
+    );
+}
+
+#[test]
+fn an_oom_with_checkpointing_off_says_nothing_about_checkpointing_on() {
+    let pins = Pins {
+        dtype: Some(Dtype::Bf16),
+        activation_checkpointing: Some(true),
+        ..Pins::default()
+    };
+    let without = ask(&workload(), &a100(), Strategy::Balanced, &pins, &[]).unwrap();
+    let with_oom_off = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &pins,
+        &[ok(1), oom(2)],
+    )
+    .unwrap();
+    assert_eq!(
+        without.settings.micro_batch_size,
+        with_oom_off.settings.micro_batch_size
+    );
+    assert!(with_oom_off.settings.micro_batch_size > 2);
+}
+
+#[test]
+fn an_oom_on_another_gpu_model_does_not_cap_the_suggestion() {
+    let mut other = oom(2);
+    other.gpu_model = "NVIDIA H100 80GB HBM3".into();
+    let s = balanced_pinned(&[other]);
+    assert!(s.settings.micro_batch_size > 2);
+    assert_eq!(s.source, SuggestionSource::Heuristic);
+}
+
+#[test]
+fn when_micro_batch_one_does_not_fit_the_error_lists_alternatives_that_fit() {
+    // 100 GiB fixed on an 80 GiB card.
+    let big = Linear {
+        fixed_gib: 100.0,
+        slope_gib: 2.0,
+    };
+    let err = ask_with(
+        &big,
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &Pins::default(),
+        &[],
+    )
+    .unwrap_err();
+    match err {
+        AdvisorError::DoesNotFit {
+            alternatives,
+            needed_gib,
+            capacity_gib,
+            ..
+        } => {
+            assert!(needed_gib > capacity_gib);
+            let all = alternatives.join(" | ");
+            assert!(all.contains("QLoRA"), "{all}");
+            assert!(all.contains("ZeRO-3 over 2 GPUs"), "{all}");
+            // Checkpointing alone does not save the fixed part: not listed.
+            assert!(
+                !all.starts_with("activation checkpointing (--checkpointing on)"),
+                "{all}"
+            );
+            // 8-bit AdamW: 100 × 0.7 = 70 GiB > 68 GiB target: not listed.
+            assert!(!all.contains("8-bit"), "{all}");
+        }
+        other => panic!("expected DoesNotFit, got {other:?}"),
+    }
+}
+
+#[test]
+fn when_nothing_at_all_fits_the_error_says_to_use_a_bigger_gpu() {
+    let huge = Linear {
+        fixed_gib: 100_000.0,
+        slope_gib: 2.0,
+    };
+    let err = ask_with(
+        &huge,
+        &workload(),
+        &t4(),
+        Strategy::Balanced,
+        &Pins::default(),
+        &[],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("GPU with more memory"), "{err}");
+}
+
+#[test]
+fn an_oom_at_micro_batch_one_with_checkpointing_is_does_not_fit() {
+    let mut r = run(1, Dtype::Bf16, true);
+    r.result.success = false;
+    r.result.failure_reason = Some(FailureReason::Oom);
+    let err = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &Pins::default(),
+        &[r],
+    )
+    .unwrap_err();
+    assert!(matches!(err, AdvisorError::DoesNotFit { .. }), "{err:?}");
+}
+
+// === strategies ===
+
+#[test]
+fn conservative_turns_checkpointing_on_and_compile_off_and_aggressive_compiles() {
+    let c = ask(
+        &workload(),
+        &a100(),
+        Strategy::Conservative,
+        &Pins::default(),
+        &[],
+    )
+    .unwrap();
+    assert!(c.settings.activation_checkpointing);
+    assert!(!c.settings.compile);
+    let a = ask(
+        &workload(),
+        &a100(),
+        Strategy::Aggressive,
+        &Pins::default(),
+        &[],
+    )
+    .unwrap();
+    assert!(a.settings.compile);
+}
+
+#[test]
+fn strategy_targets_are_configurable() {
+    let w = workload();
+    let pins = bf16_no_ckpt();
+    let mut targets = StrategyTargets::default();
+    let base = suggest_with(
+        &AdviceRequest {
+            workload: &w,
+            gpu: &a100(),
+            strategy: Strategy::Balanced,
+            targets,
+            pins: &pins,
+            history: &[],
+        },
+        &opts(&MODEL),
+    )
+    .unwrap();
+    targets.conservative = 0.5;
+    targets.balanced = 0.6;
+    let lower = suggest_with(
+        &AdviceRequest {
+            workload: &w,
+            gpu: &a100(),
+            strategy: Strategy::Balanced,
+            targets,
+            pins: &pins,
+            history: &[],
+        },
+        &opts(&MODEL),
+    )
+    .unwrap();
+    assert!(lower.settings.micro_batch_size < base.settings.micro_batch_size);
+    assert!(
+        lower.reasoning.contains("target 60 %"),
+        "{}",
+        lower.reasoning
+    );
+    targets.balanced = 1.5;
+    let bad = suggest_with(
+        &AdviceRequest {
+            workload: &w,
+            gpu: &a100(),
+            strategy: Strategy::Balanced,
+            targets,
+            pins: &pins,
+            history: &[],
+        },
+        &opts(&MODEL),
+    );
+    assert!(matches!(bad, Err(AdvisorError::BadPin(_))));
+}
+
+fn arb_history() -> impl Strategy_<Value = Vec<RunRecord>> {
+    let one = (1u32..64, 0u8..3, any::<bool>(), 10.0f64..90.0).prop_map(|(m, kind, ckpt, gib)| {
+        let mut r = run(m, Dtype::Bf16, ckpt);
+        match kind {
+            0 => r.result.peak_memory_bytes = Some((gib * GIB as f64) as u64),
+            1 => {}
+            _ => {
+                r.result.success = false;
+                r.result.failure_reason = Some(FailureReason::Oom);
+            }
+        }
+        r
+    });
+    proptest::collection::vec(one, 0..8)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn micro_batch_is_monotone_across_strategies(h in arb_history(), seq in 256u32..8192) {
+        let mut w = workload();
+        w.seq_len = seq;
+        let got: Vec<_> = Strategy::ALL
+            .iter()
+            .map(|&s| ask(&w, &a100(), s, &Pins::default(), &h))
+            .collect();
+        if got.iter().all(|g| g.is_ok()) {
+            let m: Vec<u32> = got.iter().map(|g| g.as_ref().unwrap().settings.micro_batch_size).collect();
+            prop_assert!(m[0] <= m[1] && m[1] <= m[2], "{m:?}");
+        }
+    }
+
+    #[test]
+    fn hard_rules_hold_for_any_history(h in arb_history(), strategy in 0usize..3) {
+        let s = Strategy::ALL[strategy];
+        if let Ok(sug) = ask(&workload(), &a100(), s, &Pins::default(), &h) {
+            let m = sug.settings.micro_batch_size;
+            // Never at or above an OOM of the same key and settings.
+            for r in h.iter().filter(|r| r.is_oom()) {
+                if r.settings.activation_checkpointing == sug.settings.activation_checkpointing
+                    && r.settings.dtype == sug.settings.dtype
+                {
+                    prop_assert!(m < r.settings.micro_batch_size, "m {m} vs oom {}", r.settings.micro_batch_size);
+                }
+            }
+            // Never predicted above the GPU's memory.
+            prop_assert!(sug.predicted_peak_bytes <= a100().memory_bytes);
+            prop_assert!(sug.confidence <= MAX_CONFIDENCE);
+            prop_assert!(sug.confidence > 0.0);
+        }
+    }
+
+    #[test]
+    fn the_global_batch_is_kept_exactly(g_per in 1u32..512, gpus in 1u32..9, strategy in 0usize..3) {
+        let mut w = workload();
+        w.gpus = gpus;
+        w.global_batch = Some(g_per * gpus);
+        let s = ask(&w, &a100(), Strategy::ALL[strategy], &Pins::default(), &[]).unwrap();
+        let e = &s.settings;
+        prop_assert_eq!(e.micro_batch_size * e.gradient_accumulation_steps * gpus, g_per * gpus);
+        prop_assert_eq!(s.effective_batch(gpus), g_per * gpus);
+        prop_assert!(s.reasoning.contains("keeps the global batch"));
+    }
+}
+
+#[test]
+fn the_global_batch_picks_the_largest_dividing_micro_batch_that_fits() {
+    // Without G balanced fits m = 20 (bf16, no ckpt: 20 + 2m·1.35 + margin ≤ 68).
+    let free = balanced_pinned(&[]).settings.micro_batch_size;
+    let mut w = workload();
+    w.global_batch = Some(64);
+    let s = ask(&w, &a100(), Strategy::Balanced, &bf16_no_ckpt(), &[]).unwrap();
+    let m = s.settings.micro_batch_size;
+    assert_eq!(64 % m, 0);
+    assert!(m <= free);
+    // The next divisor up would not fit.
+    assert!(2 * m > free, "m {m}, free {free}");
+}
+
+#[test]
+fn without_a_global_batch_the_reasoning_says_the_effective_batch_changed() {
+    let s = balanced(&[]);
+    assert_eq!(s.settings.gradient_accumulation_steps, 1);
+    assert!(
+        s.reasoning.contains("effective batch changed"),
+        "{}",
+        s.reasoning
+    );
+    assert!(sentences(&s.reasoning) <= 2, "{}", s.reasoning);
+}
+
+// === balanced floor ===
+
+#[test]
+fn balanced_never_goes_below_the_largest_micro_batch_that_already_succeeded() {
+    // A success at 30 measured 72 GiB, above the 68 GiB balanced target.
+    let s = balanced_pinned(&[ok_peak(30, 72.0), ok_peak(10, 32.0)]);
+    assert!(
+        s.settings.micro_batch_size >= 30,
+        "{}",
+        s.settings.micro_batch_size
+    );
+    // Conservative may go lower.
+    let c = ask(
+        &workload(),
+        &a100(),
+        Strategy::Conservative,
+        &bf16_no_ckpt(),
+        &[ok_peak(30, 72.0), ok_peak(10, 32.0)],
+    )
+    .unwrap();
+    assert!(c.settings.micro_batch_size < 30);
+}
+
+#[test]
+fn a_memory_changing_pin_lifts_the_balanced_floor() {
+    let h = [ok_peak(30, 72.0), ok_peak(10, 32.0)];
+    let pins = Pins {
+        micro_batch_size: Some(8),
+        ..bf16_no_ckpt()
+    };
+    let s = ask(&workload(), &a100(), Strategy::Balanced, &pins, &h).unwrap();
+    assert_eq!(s.settings.micro_batch_size, 8);
+    // Pinning checkpointing on: the ckpt-off success says nothing about it.
+    let pins = Pins {
+        activation_checkpointing: Some(true),
+        dtype: Some(Dtype::Bf16),
+        ..Pins::default()
+    };
+    let s = ask(&workload(), &a100(), Strategy::Balanced, &pins, &h).unwrap();
+    assert_eq!(s.source, SuggestionSource::Heuristic);
+}
+
+// === confidence ===
+
+#[test]
+fn confidence_grows_with_runs_memory_data_and_a_known_boundary_and_is_capped() {
+    let one = balanced_pinned(&[ok(4)]).confidence;
+    let three = balanced_pinned(&[ok(4), ok(6), ok(8)]).confidence;
+    assert!(three > one, "{three} vs {one}");
+    let mem = balanced_pinned(&[ok_peak(4, 34.0)]).confidence;
+    assert!(mem > one, "{mem} vs {one}");
+    let mem2 = balanced_pinned(&[ok_peak(4, 34.0), ok_peak(10, 40.0)]).confidence;
+    let bounded = balanced_pinned(&[ok_peak(4, 34.0), ok_peak(10, 40.0), oom(45)]).confidence;
+    assert!(bounded > mem2, "{bounded} vs {mem2}");
+    let many: Vec<RunRecord> = (1..40)
+        .map(|m| ok_peak(m, 30.0 + m as f64))
+        .chain([oom(60)])
+        .collect();
+    let capped = balanced_pinned(&many).confidence;
+    assert!(capped <= MAX_CONFIDENCE && capped > 0.9, "{capped}");
+}
+
+// === pins ===
+
+#[test]
+fn pins_win_and_a_pin_predicted_to_run_out_of_memory_is_a_warning() {
+    let pins = Pins {
+        micro_batch_size: Some(40),
+        activation_checkpointing: Some(false),
+        dtype: Some(Dtype::Fp32),
+        compile: Some(false),
+        ..Pins::default()
+    };
+    let s = ask(&workload(), &a100(), Strategy::Aggressive, &pins, &[]).unwrap();
+    assert_eq!(s.settings.micro_batch_size, 40);
+    assert_eq!(s.settings.dtype, Dtype::Fp32);
+    assert!(!s.settings.activation_checkpointing);
+    assert!(
+        !s.settings.compile,
+        "aggressive would compile, but the pin wins"
+    );
+    assert!(
+        s.warnings.iter().any(|w| w.contains("run out of memory")),
+        "{:?}",
+        s.warnings
+    );
+}
+
+#[test]
+fn the_last_pin_wins() {
+    let first = Pins {
+        micro_batch_size: Some(2),
+        ..Pins::default()
+    };
+    let later = Pins {
+        micro_batch_size: Some(6),
+        ..Pins::default()
+    };
+    let pins = first.merged_with(&later);
+    let s = ask(&workload(), &a100(), Strategy::Balanced, &pins, &[]).unwrap();
+    assert_eq!(s.settings.micro_batch_size, 6);
+}
+
+#[test]
+fn a_pinned_micro_batch_at_a_known_oom_is_kept_with_a_warning() {
+    let pins = Pins {
+        micro_batch_size: Some(8),
+        ..bf16_no_ckpt()
+    };
+    let s = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &pins,
+        &[oom(6), ok(2)],
+    )
+    .unwrap();
+    assert_eq!(s.settings.micro_batch_size, 8);
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("already ran out of memory")),
+        "{:?}",
+        s.warnings
+    );
+}
+
+#[test]
+fn no_scientific_field_is_ever_changed() {
+    let mut w = workload();
+    w.method = Method::Lora;
+    w.lora = Some(LoraConfig {
+        rank: 32,
+        targets: vec![LoraTarget::Q, LoraTarget::V],
+    });
+    w.global_batch = Some(96);
+    w.gpus = 4;
+    w.seq_len = 4096;
+    let before = w.clone();
+    let histories = [vec![], vec![ok(4)], vec![oom(8), oom(4)]];
+    for h in &histories {
+        for s in Strategy::ALL {
+            if let Ok(sug) = ask(&w, &a100(), s, &Pins::default(), h) {
+                // The global batch comes out exactly; the JSON carries only
+                // engineering fields (no model, seq_len, lora, optimizer...).
+                assert_eq!(sug.effective_batch(4), 96);
+                let json = serde_json::to_value(&sug).unwrap();
+                let keys: Vec<&str> = json
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .map(|k| k.as_str())
+                    .collect();
+                for scientific in [
+                    "seq_len",
+                    "max_seq_length",
+                    "lora",
+                    "lora_rank",
+                    "global_batch",
+                    "optimizer",
+                    "model",
+                    "method",
+                    "gpus",
+                    "learning_rate",
+                    "lr",
+                    "epochs",
+                    "seed",
+                ] {
+                    assert!(
+                        !keys.contains(&scientific),
+                        "suggestion carries {scientific}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(w, before, "the workload is untouched");
+}
+
+// === candidates ===
+
+#[test]
+fn candidates_respect_bf16_support() {
+    let mut w = workload();
+    w.framework = Framework::Hf;
+    let small = Linear {
+        fixed_gib: 4.0,
+        slope_gib: 0.5,
+    };
+    let s = ask_with(&small, &w, &t4(), Strategy::Balanced, &Pins::default(), &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.settings.dtype, Dtype::Fp16Mixed);
+    assert!(!s.settings.dtype.needs_bf16(), "{:?}", s.settings.dtype);
+    let s = ask(&w, &a100(), Strategy::Balanced, &Pins::default(), &[]).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Bf16Mixed);
+}
+
+#[test]
+fn the_fastest_candidate_that_meets_the_target_wins() {
+    // Small model: without checkpointing a large batch fits, so paying the
+    // recompute is slower → checkpointing off.
+    let small = Linear {
+        fixed_gib: 10.0,
+        slope_gib: 1.0,
+    };
+    let s = ask_with(
+        &small,
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &Pins::default(),
+        &[],
+    )
+    .unwrap();
+    assert!(!s.settings.activation_checkpointing);
+    assert_eq!(
+        s.settings.dtype,
+        Dtype::Bf16,
+        "bf16 beats fp32 on tensor cores"
+    );
+    // Huge activations: without checkpointing only micro batch 1 would fit at
+    // 4k tokens... and with it far more: checkpointing wins.
+    let act = Linear {
+        fixed_gib: 40.0,
+        slope_gib: 12.0,
+    };
+    let s = ask_with(
+        &act,
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &Pins::default(),
+        &[],
+    )
+    .unwrap();
+    assert!(s.settings.activation_checkpointing, "{s:?}");
+}
+
+#[test]
+fn measured_settings_are_judged_by_their_own_history() {
+    // Checkpointing on was measured to be far cheaper than the model thinks;
+    // checkpointing off has only the model → the measured candidate is used.
+    let h = vec![
+        {
+            let mut r = run(8, Dtype::Bf16, true);
+            r.result.peak_memory_bytes = Some(22 * GIB);
+            r
+        },
+        {
+            let mut r = run(16, Dtype::Bf16, true);
+            r.result.peak_memory_bytes = Some(24 * GIB);
+            r
+        },
+    ];
+    let s = balanced(&h);
+    assert!(s.settings.activation_checkpointing);
+    assert_eq!(s.source, SuggestionSource::HistoricalDataWithMemory);
+}
+
+#[test]
+fn balanced_compiles_only_where_compiling_has_worked() {
+    assert!(!balanced(&[]).settings.compile);
+    let mut r = ok_peak(4, 34.0);
+    r.settings.compile = true;
+    let s = balanced_pinned(&[r, ok_peak(10, 40.0)]);
+    assert!(s.settings.compile);
+}
+
+// === reasoning, data loader, errors ===
+
+#[test]
+fn reasoning_is_one_or_two_sentences_with_numbers() {
+    let s = balanced(&[]);
+    assert!(sentences(&s.reasoning) <= 2, "{}", s.reasoning);
+    assert!(s.reasoning.contains("GiB"));
+    assert!(s.reasoning.contains('%'));
+    assert!(s
+        .reasoning
+        .contains(&s.settings.micro_batch_size.to_string()));
+}
+
+#[test]
+fn data_loader_advice_follows_the_cpus_per_gpu() {
+    let s = balanced(&[]);
+    assert_eq!(
+        s.settings.dataloader.num_workers, 8,
+        "12 cores → 8 workers (capped)"
+    );
+    assert!(s.settings.dataloader.pin_memory && s.settings.dataloader.persistent_workers);
+    let few = AdvisorOptions {
+        model: &MODEL,
+        cpus_per_gpu: Some(1),
+    };
+    let w = workload();
+    let g = a100();
+    let p = Pins::default();
+    let req = AdviceRequest {
+        workload: &w,
+        gpu: &g,
+        strategy: Strategy::Balanced,
+        targets: StrategyTargets::default(),
+        pins: &p,
+        history: &[],
+    };
+    let s = suggest_with(&req, &few).unwrap();
+    assert_eq!(s.settings.dataloader.num_workers, 0);
+    assert!(!s.settings.dataloader.persistent_workers);
+}
+
+#[test]
+fn a_gpu_without_memory_and_a_zero_pin_are_clear_errors() {
+    let mut g = a100();
+    g.memory_bytes = 0;
+    assert!(matches!(
+        ask(&workload(), &g, Strategy::Balanced, &Pins::default(), &[]),
+        Err(AdvisorError::BadGpu(_))
+    ));
+    let pins = Pins {
+        micro_batch_size: Some(0),
+        ..Pins::default()
+    };
+    assert!(ask(&workload(), &a100(), Strategy::Balanced, &pins, &[]).is_err());
+}
+
+#[test]
+fn plan_gives_three_monotone_strategies() {
+    let w = workload();
+    let g = a100();
+    let p = Pins::default();
+    let req = AdviceRequest {
+        workload: &w,
+        gpu: &g,
+        strategy: Strategy::Balanced,
+        targets: StrategyTargets::default(),
+        pins: &p,
+        history: &[],
+    };
+    let plan = plan_with(&req, &opts(&MODEL)).unwrap();
+    assert_eq!(plan.len(), 3);
+    assert!(plan[0].settings.micro_batch_size <= plan[1].settings.micro_batch_size);
+    assert!(plan[1].settings.micro_batch_size <= plan[2].settings.micro_batch_size);
+    assert_eq!(plan[2].strategy, Strategy::Aggressive);
+}

@@ -1,0 +1,392 @@
+//! The simulate backend: deterministic synthetic GPUs, and processes that
+//! test workloads register over HTTP (`POST /v1/simulate/processes`,
+//! `DELETE /v1/simulate/processes/{pid}`) to play a job's memory over time.
+//! For demos and for testing the whole loop with no GPU.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::attribution::JobKey;
+use super::source::{Backend, GpuInfo, GpuSource, ProcessObservation, SourceSample};
+use super::SidecarError;
+use crate::core::catalog::{lookup_gpu, GpuSpec};
+
+/// The default simulated model.
+pub const DEFAULT_MODEL: &str = "NVIDIA H100 80GB HBM3";
+
+/// The default model's figures, used only when the catalog cannot resolve
+/// it, so that `--backend simulate` works on its own: 81559 MiB is what
+/// NVML reports as total for an H100 80GB HBM3 (nvidia-smi shows
+/// "81559MiB"); compute capability 9.0 (NVIDIA CUDA GPUs list).
+fn default_model_fallback() -> GpuSpec {
+    GpuSpec {
+        name: DEFAULT_MODEL.to_string(),
+        memory_bytes: 81_559 * crate::core::units::MIB,
+        compute_capability: "9.0".to_string(),
+        bf16: true,
+        fp8: true,
+        // H100 SXM dense BF16 tensor throughput, NVIDIA H100 datasheet.
+        bf16_tflops: 989.0,
+    }
+}
+
+/// How the synthetic GPUs look.
+#[derive(Debug, Clone)]
+pub struct SimulateConfig {
+    pub gpus: u32,
+    /// A catalog GPU name.
+    pub model: String,
+    /// Overrides the catalog's memory (bytes).
+    pub memory_bytes: Option<u64>,
+    /// Seeds the synthetic UUIDs, so two simulated nodes differ.
+    pub node: String,
+    /// Synthetic demo jobs whose memory cycles deterministically (0: none).
+    pub demo_jobs: u32,
+}
+
+/// A demo job's memory cycle: it rises for half the period, then falls.
+pub const DEMO_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+/// PIDs of demo processes start here, clear of test-registered ones.
+pub const DEMO_PID_BASE: u32 = 4_000_000;
+
+/// A process registered by a test workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimProcess {
+    pub pid: u32,
+    /// GPU index.
+    pub gpu: u32,
+    pub job: SimJob,
+    pub memory_bytes: u64,
+}
+
+/// Which job a simulated process belongs to: `{"namespace","pod"}` or `{"slurm_job_id"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SimJob {
+    Pod { namespace: String, pod: String },
+    Slurm { slurm_job_id: String },
+}
+
+impl SimJob {
+    pub fn key(&self) -> JobKey {
+        match self {
+            SimJob::Pod { namespace, pod } => JobKey::Pod {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
+            },
+            SimJob::Slurm { slurm_job_id } => JobKey::Slurm {
+                slurm_job_id: slurm_job_id.clone(),
+            },
+        }
+    }
+}
+
+/// Most simulated processes held at once: registration is an HTTP input.
+pub const MAX_SIM_PROCESSES: usize = 4096;
+
+/// Deterministic synthetic GPUs plus registered processes.
+pub struct SimulatedSource {
+    spec: GpuSpec,
+    gpus: u32,
+    uuids: Vec<String>,
+    processes: Mutex<BTreeMap<u32, SimProcess>>,
+    demo_jobs: u32,
+    started: std::time::Instant,
+}
+
+impl SimulatedSource {
+    /// Resolves the model through the catalog (memory override allowed).
+    pub fn new(cfg: &SimulateConfig) -> Result<Self, SidecarError> {
+        if cfg.demo_jobs > 256 {
+            return Err(SidecarError::Config(format!(
+                "--simulate-demo-jobs {} is out of range: give 0 to 256",
+                cfg.demo_jobs
+            )));
+        }
+        if cfg.gpus == 0 || cfg.gpus > 64 {
+            return Err(SidecarError::Config(format!(
+                "--simulate-gpus {} is out of range: give 1 to 64",
+                cfg.gpus
+            )));
+        }
+        let mut spec = match lookup_gpu(&cfg.model) {
+            Ok(s) => s,
+            Err(_) if cfg.model == DEFAULT_MODEL => default_model_fallback(),
+            Err(e) => match cfg.memory_bytes {
+                Some(m) => GpuSpec {
+                    name: cfg.model.clone(),
+                    memory_bytes: m,
+                    compute_capability: String::new(),
+                    bf16: false,
+                    fp8: false,
+                    bf16_tflops: 0.0,
+                },
+                None => {
+                    return Err(SidecarError::Config(format!(
+                    "--simulate-model: {e}; or give --simulate-memory for a GPU not in the catalog"
+                )))
+                }
+            },
+        };
+        if let Some(m) = cfg.memory_bytes {
+            spec.memory_bytes = m;
+        }
+        let seed = fnv1a(cfg.node.as_bytes());
+        let uuids = (0..cfg.gpus)
+            .map(|i| {
+                let h = fnv1a(&[seed.to_le_bytes(), u64::from(i).to_le_bytes()].concat());
+                format!(
+                    "GPU-{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+                    (h >> 32) as u32,
+                    (h >> 16) as u16,
+                    (h >> 4) as u16 & 0xfff,
+                    h as u16 & 0xfff,
+                    (seed ^ h) & 0xffff_ffff_ffff
+                )
+            })
+            .collect();
+        Ok(Self {
+            spec,
+            gpus: cfg.gpus,
+            uuids,
+            processes: Mutex::new(BTreeMap::new()),
+            demo_jobs: cfg.demo_jobs,
+            started: std::time::Instant::now(),
+        })
+    }
+
+    /// The demo processes at `elapsed` since start: job `i` runs on GPU
+    /// `i % gpus`; its memory is a triangle wave between 10 % and 10 % + 60 %
+    /// / (jobs on that GPU) of the GPU, phase-shifted per job, so a demo
+    /// dashboard shows rises, peaks and falls and the peaks survive.
+    pub fn demo_processes(&self, elapsed: std::time::Duration) -> Vec<SimProcess> {
+        let total = self.spec.memory_bytes as f64;
+        let per_gpu = self.demo_jobs.div_ceil(self.gpus).max(1) as f64;
+        let period = DEMO_PERIOD.as_secs_f64();
+        (0..self.demo_jobs)
+            .map(|i| {
+                let phase = (elapsed.as_secs_f64() / period + f64::from(i) / 7.0).fract();
+                let tri = 1.0 - (2.0 * phase - 1.0).abs();
+                let bytes = total * (0.1 + 0.6 * tri) / per_gpu;
+                SimProcess {
+                    pid: DEMO_PID_BASE + i,
+                    gpu: i % self.gpus,
+                    job: if i % 2 == 0 {
+                        SimJob::Pod {
+                            namespace: "demo".into(),
+                            pod: format!("demo-train-{i}"),
+                        }
+                    } else {
+                        SimJob::Slurm {
+                            slurm_job_id: format!("{}", 90_000 + i),
+                        }
+                    },
+                    memory_bytes: bytes as u64,
+                }
+            })
+            .collect()
+    }
+
+    /// Registers a process or updates its memory (same PID).
+    pub fn upsert(&self, p: SimProcess) -> Result<(), SidecarError> {
+        if p.gpu >= self.gpus {
+            return Err(SidecarError::BadRequest(format!(
+                "gpu {} does not exist: this simulated node has GPUs 0..{}",
+                p.gpu,
+                self.gpus - 1
+            )));
+        }
+        if p.memory_bytes > self.spec.memory_bytes {
+            return Err(SidecarError::BadRequest(format!(
+                "memory_bytes {} is more than GPU {}'s {} bytes",
+                p.memory_bytes, p.gpu, self.spec.memory_bytes
+            )));
+        }
+        let mut procs = lock(&self.processes);
+        if !procs.contains_key(&p.pid) && procs.len() >= MAX_SIM_PROCESSES {
+            return Err(SidecarError::BadRequest(format!(
+                "at most {MAX_SIM_PROCESSES} simulated processes: DELETE some first"
+            )));
+        }
+        procs.insert(p.pid, p);
+        Ok(())
+    }
+
+    /// Ends a process; false when it was not registered.
+    pub fn remove(&self, pid: u32) -> bool {
+        lock(&self.processes).remove(&pid).is_some()
+    }
+
+    /// Every registered process.
+    pub fn processes(&self) -> Vec<SimProcess> {
+        lock(&self.processes).values().cloned().collect()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// FNV-1a, 64 bit: a stable hash for deterministic synthetic ids.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl GpuSource for SimulatedSource {
+    fn backend(&self) -> Backend {
+        Backend::Simulate
+    }
+
+    fn sample(&self) -> SourceSample {
+        let procs = lock(&self.processes);
+        let demo = self.demo_processes(self.started.elapsed());
+        let mut used = vec![0u64; self.gpus as usize];
+        let mut processes = Vec::with_capacity(procs.len() + demo.len());
+        for p in procs.values().chain(demo.iter()) {
+            if let Some(u) = used.get_mut(p.gpu as usize) {
+                *u = u.saturating_add(p.memory_bytes);
+            }
+            processes.push(ProcessObservation {
+                pid: p.pid,
+                gpu: p.gpu,
+                used_bytes: p.memory_bytes,
+                max_bytes: None,
+                running: true,
+                job: Some(p.job.key()),
+            });
+        }
+        let gpus = (0..self.gpus)
+            .map(|i| {
+                let used = used[i as usize].min(self.spec.memory_bytes);
+                GpuInfo {
+                    index: i,
+                    uuid: self.uuids[i as usize].clone(),
+                    name: self.spec.name.clone(),
+                    memory_total_bytes: self.spec.memory_bytes,
+                    memory_used_bytes: used,
+                    memory_free_bytes: self.spec.memory_bytes - used,
+                    compute_capability: (!self.spec.compute_capability.is_empty())
+                        .then(|| self.spec.compute_capability.clone()),
+                    // Deterministic: busy while anything holds memory on it.
+                    utilization_ratio: Some(if used > 0 { 1.0 } else { 0.0 }),
+                    mig_enabled: Some(false),
+                    accounting_enabled: Some(false),
+                    healthy: true,
+                    error: None,
+                }
+            })
+            .collect();
+        SourceSample { gpus, processes }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(node: &str) -> SimulateConfig {
+        SimulateConfig {
+            gpus: 8,
+            model: DEFAULT_MODEL.into(),
+            memory_bytes: None,
+            node: node.into(),
+            demo_jobs: 0,
+        }
+    }
+
+    #[test]
+    fn simulated_gpus_are_deterministic_per_node_and_distinct() {
+        let a = SimulatedSource::new(&cfg("n1")).expect("simulate").sample();
+        let b = SimulatedSource::new(&cfg("n1")).expect("simulate").sample();
+        let c = SimulatedSource::new(&cfg("n2")).expect("simulate").sample();
+        assert_eq!(a.gpus, b.gpus);
+        assert_ne!(a.gpus[0].uuid, c.gpus[0].uuid);
+        let mut uuids: Vec<_> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
+        uuids.dedup();
+        assert_eq!(uuids.len(), 8);
+        assert!(a
+            .gpus
+            .iter()
+            .all(|g| g.name == DEFAULT_MODEL && g.memory_used_bytes == 0));
+    }
+
+    #[test]
+    fn registered_processes_fill_their_gpu_and_bad_ones_are_refused() {
+        let s = SimulatedSource::new(&cfg("n")).expect("simulate");
+        let job = SimJob::Slurm {
+            slurm_job_id: "5".into(),
+        };
+        s.upsert(SimProcess {
+            pid: 1,
+            gpu: 2,
+            job: job.clone(),
+            memory_bytes: 1000,
+        })
+        .expect("valid process");
+        let sample = s.sample();
+        assert_eq!(sample.gpus[2].memory_used_bytes, 1000);
+        assert_eq!(sample.gpus[2].utilization_ratio, Some(1.0));
+        assert_eq!(sample.processes.len(), 1);
+        assert!(s
+            .upsert(SimProcess {
+                pid: 2,
+                gpu: 8,
+                job: job.clone(),
+                memory_bytes: 1
+            })
+            .is_err());
+        assert!(s
+            .upsert(SimProcess {
+                pid: 2,
+                gpu: 0,
+                job,
+                memory_bytes: u64::MAX
+            })
+            .is_err());
+        assert!(s.remove(1));
+        assert!(!s.remove(1));
+    }
+
+    #[test]
+    fn demo_jobs_rise_peak_and_fall_within_their_gpu() {
+        let mut c = cfg("n");
+        c.demo_jobs = 16;
+        let s = SimulatedSource::new(&c).expect("simulate");
+        let total = s.spec.memory_bytes;
+        let at = |secs: f64| s.demo_processes(std::time::Duration::from_secs_f64(secs));
+        assert_eq!(at(0.0), at(0.0), "deterministic");
+        assert_eq!(at(0.0).len(), 16);
+        let job0: Vec<u64> = (0..=60).map(|t| at(f64::from(t))[0].memory_bytes).collect();
+        let (min, max) = (job0.iter().min().copied(), job0.iter().max().copied());
+        assert!(max > min, "memory moves");
+        let peak_at = job0.iter().position(|b| Some(*b) == max).unwrap_or(0);
+        assert!(
+            peak_at > 0 && peak_at < 60,
+            "rises then falls: peak at {peak_at}"
+        );
+        for t in 0..60 {
+            let mut per_gpu = [0u64; 8];
+            for p in at(f64::from(t)) {
+                per_gpu[p.gpu as usize] += p.memory_bytes;
+            }
+            assert!(per_gpu.iter().all(|u| *u <= total));
+        }
+    }
+
+    #[test]
+    fn unknown_model_without_memory_is_a_clear_error() {
+        let mut c = cfg("n");
+        c.model = "NVIDIA Imaginary 9000".into();
+        let err = SimulatedSource::new(&c)
+            .err()
+            .expect("unknown model refused");
+        assert!(err.to_string().contains("--simulate-memory"), "{err}");
+        c.memory_bytes = Some(1 << 30);
+        let s = SimulatedSource::new(&c).expect("memory given");
+        assert_eq!(s.sample().gpus[0].memory_total_bytes, 1 << 30);
+    }
+}

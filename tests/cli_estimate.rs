@@ -1,0 +1,375 @@
+//! Binary-level tests of `gpufit estimate`, `gpufit models` and `gpufit gpus`:
+//! real process, real arguments, exit codes and output.
+
+use std::process::{Command, Output};
+
+fn gpufit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpufit"))
+        .args(args)
+        .env_remove("GPUFIT_OUTPUT")
+        .env_remove("GPUFIT_MODEL")
+        .env_remove("GPUFIT_GPU")
+        .output()
+        .expect("the gpufit binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stdout(o)))
+}
+
+/// A bad invocation: exit code 2, no panic, and stderr names `needle`.
+fn assert_usage_error(args: &[&str], needle: &str) {
+    let o = gpufit(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "args {args:?}: stderr {err}");
+    assert!(!err.contains("panicked"), "args {args:?} panicked: {err}");
+    assert!(
+        err.contains(needle),
+        "args {args:?}: stderr should mention `{needle}`: {err}"
+    );
+}
+
+const DONE_WHEN: &[&str] = &[
+    "estimate",
+    "--model",
+    "meta-llama/Llama-3.1-8B",
+    "--method",
+    "lora",
+    "--seq-len",
+    "2048",
+    "--micro-batch",
+    "2",
+    "--dtype",
+    "bf16",
+    "--gpu",
+    "NVIDIA A100-SXM4-80GB",
+];
+
+#[test]
+fn done_when_command_prints_a_readable_breakdown() {
+    let o = gpufit(DONE_WHEN);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "weights",
+        "gradients",
+        "optimizer state",
+        "activations",
+        "logits",
+        "CUDA context",
+        "GiB",
+        "NVIDIA A100-SXM4-80GB",
+        "largest micro batch that fits",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in:\n{out}");
+    }
+}
+
+#[test]
+fn json_estimate_has_the_three_measured_quantities_and_the_gpu_fit() {
+    let mut args = DONE_WHEN.to_vec();
+    args.extend_from_slice(&["--output", "json"]);
+    let o = gpufit(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = json(&o);
+    let n = |k: &str| {
+        v[k].as_u64()
+            .unwrap_or_else(|| panic!("`{k}` missing or not an integer in {v}"))
+    };
+    let (alloc, reserved, device, peak) = (
+        n("peak_allocated_bytes"),
+        n("peak_reserved_bytes"),
+        n("device_bytes"),
+        n("peak_bytes"),
+    );
+    assert!(alloc <= reserved && reserved < device, "{v}");
+    assert_eq!(peak, device);
+    let fixed = n("fixed_bytes");
+    let slope = n("per_sample_bytes");
+    let line = fixed + 2 * slope;
+    assert!(
+        (line as f64 - peak as f64).abs() / (peak as f64) < 0.01,
+        "fixed + 2 × slope = {line} should match peak {peak}"
+    );
+    let b = &v["breakdown"];
+    let sum: u64 = [
+        "weights",
+        "gradients",
+        "optimizer_state",
+        "master_weights",
+        "activations",
+        "logits",
+        "cuda_context",
+        "allocator_overhead",
+    ]
+    .iter()
+    .map(|k| {
+        b[*k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("breakdown.{k} missing"))
+    })
+    .sum();
+    assert_eq!(sum, device);
+    let gpu = &v["gpu"];
+    assert_eq!(gpu["memory_bytes"].as_u64(), Some(81920 * 1024 * 1024));
+    let frac = gpu["fraction"].as_f64().expect("fraction");
+    assert!((frac - peak as f64 / (81920.0 * 1048576.0)).abs() < 1e-9);
+    let max = gpu["max_micro_batch"]
+        .as_u64()
+        .expect("an 8B LoRA fits an A100");
+    assert!(max >= 2, "max micro batch {max}");
+}
+
+#[test]
+fn larger_micro_batch_predicts_more_memory() {
+    let run = |m: &str| {
+        let o = gpufit(&[
+            "estimate",
+            "--model",
+            "qwen2.5-0.5b",
+            "--seq-len",
+            "1024",
+            "--micro-batch",
+            m,
+            "-o",
+            "json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)["peak_bytes"].as_u64().expect("peak_bytes")
+    };
+    assert!(run("8") > run("1"));
+}
+
+#[test]
+fn hf_config_json_path_is_accepted_as_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.json");
+    std::fs::write(
+        &path,
+        r#"{"model_type":"llama","hidden_size":2048,"num_hidden_layers":16,"num_attention_heads":32,
+            "num_key_value_heads":8,"intermediate_size":8192,"vocab_size":128256,
+            "tie_word_embeddings":true,"max_position_embeddings":131072}"#,
+    )
+    .expect("write config");
+    let p = path.to_string_lossy().into_owned();
+    let o = gpufit(&["estimate", "--model", &p, "--seq-len", "512", "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(json(&o)["peak_bytes"].as_u64().unwrap_or(0) > 2_000_000_000);
+}
+
+#[test]
+fn params_flag_describes_an_uncatalogued_model() {
+    let o = gpufit(&[
+        "estimate",
+        "--params",
+        "7e9",
+        "--seq-len",
+        "2048",
+        "-o",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // 7 B bf16 weights alone are 14 GB
+    assert!(json(&o)["breakdown"]["weights"].as_u64().unwrap_or(0) > 13_000_000_000);
+}
+
+#[test]
+fn zero_micro_batch_is_rejected_naming_the_flag() {
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "gpt2",
+            "--seq-len",
+            "128",
+            "--micro-batch",
+            "0",
+        ],
+        "--micro-batch",
+    );
+}
+
+#[test]
+fn zero_sequence_length_is_rejected_naming_the_flag() {
+    assert_usage_error(
+        &["estimate", "--model", "gpt2", "--seq-len", "0"],
+        "--seq-len",
+    );
+}
+
+#[test]
+fn negative_sequence_length_is_rejected() {
+    let o = gpufit(&["estimate", "--model", "gpt2", "--seq-len", "-5"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"));
+}
+
+#[test]
+fn zero_params_is_rejected_naming_the_flag() {
+    assert_usage_error(
+        &["estimate", "--params", "0", "--seq-len", "128"],
+        "--params",
+    );
+}
+
+#[test]
+fn sequence_longer_than_context_is_rejected_with_the_limit() {
+    assert_usage_error(
+        &["estimate", "--model", "gpt2", "--seq-len", "4096"],
+        "1024",
+    );
+}
+
+#[test]
+fn lora_rank_larger_than_hidden_is_rejected() {
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "gpt2",
+            "--seq-len",
+            "128",
+            "--method",
+            "lora",
+            "--lora-rank",
+            "4096",
+        ],
+        "--lora-rank",
+    );
+}
+
+#[test]
+fn unparsable_config_json_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, "{ this is not json").expect("write");
+    let p = path.to_string_lossy().into_owned();
+    assert_usage_error(
+        &["estimate", "--model", &p, "--seq-len", "128"],
+        "not valid JSON",
+    );
+}
+
+#[test]
+fn missing_config_file_is_a_clear_error() {
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "/nonexistent/dir/config.json",
+            "--seq-len",
+            "128",
+        ],
+        "--model",
+    );
+}
+
+#[test]
+fn unknown_gpu_lists_close_matches_instead_of_guessing() {
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "gpt2",
+            "--seq-len",
+            "128",
+            "--gpu",
+            "NVIDIA H100 80GB HBM",
+        ],
+        "NVIDIA H100 80GB HBM3",
+    );
+}
+
+#[test]
+fn unknown_model_lists_close_matches() {
+    assert_usage_error(
+        &["estimate", "--model", "llama-3.1-9b", "--seq-len", "128"],
+        "meta-llama/Llama-3.1-8B",
+    );
+}
+
+#[test]
+fn unknown_dtype_names_the_flag() {
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "gpt2",
+            "--seq-len",
+            "128",
+            "--dtype",
+            "fp12",
+        ],
+        "--dtype",
+    );
+}
+
+#[test]
+fn gpus_json_lists_objects_with_memory_and_precision() {
+    let o = gpufit(&["gpus", "--output", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = json(&o);
+    let list = v.as_array().expect("a JSON array");
+    assert!(list.len() >= 25);
+    for g in list {
+        for k in ["name", "memory_bytes", "compute_capability", "bf16", "fp8"] {
+            assert!(!g[k].is_null(), "`{k}` missing in {g}");
+        }
+    }
+    let a100 = list
+        .iter()
+        .find(|g| g["name"] == "NVIDIA A100-SXM4-80GB")
+        .expect("A100 80GB listed");
+    assert_eq!(a100["memory_bytes"].as_u64(), Some(81920 * 1024 * 1024));
+    assert_eq!(a100["bf16"], true);
+    assert_eq!(a100["fp8"], false);
+}
+
+#[test]
+fn gpus_table_is_aligned_and_names_cards() {
+    let o = gpufit(&["gpus"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("Tesla T4") && out.contains("NVIDIA H100 80GB HBM3"));
+    let widths: std::collections::HashSet<usize> = out
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.chars().count())
+        .collect();
+    assert_eq!(widths.len(), 1, "table rows have different widths:\n{out}");
+}
+
+#[test]
+fn models_json_includes_the_catalog_with_architecture_numbers() {
+    let o = gpufit(&["models", "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = json(&o);
+    let list = v.as_array().expect("a JSON array");
+    let llama = list
+        .iter()
+        .find(|m| m["name"] == "meta-llama/Llama-3.1-8B")
+        .expect("Llama 3.1 8B listed");
+    assert_eq!(llama["hidden_size"], 4096);
+    assert_eq!(llama["num_kv_heads"], 8);
+    let mixtral = list
+        .iter()
+        .find(|m| m["name"] == "mistralai/Mixtral-8x7B-v0.1")
+        .expect("Mixtral listed");
+    assert_eq!(mixtral["num_experts"], 8);
+}
+
+#[test]
+fn models_resolves_a_torchtune_name() {
+    let o = gpufit(&["models", "llama3_1/8B_lora_single_device", "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json(&o)[0]["name"], "meta-llama/Llama-3.1-8B");
+}

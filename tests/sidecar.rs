@@ -1,0 +1,480 @@
+//! `gpufit sidecar` end to end: the real binary on loopback, driven over HTTP.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
+const GIB: u64 = 1 << 30;
+
+/// A sidecar process, killed on drop.
+struct Sidecar {
+    child: Child,
+    base: String,
+    _stderr: mpsc::Receiver<String>,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `gpufit sidecar` on a free port (port 0; the bound address is read
+/// from its start-up line on stderr).
+fn start(args: &[&str], env: &[(&str, &str)]) -> Sidecar {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("sidecar")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if !args.contains(&"--listen") && !env.iter().any(|(k, _)| *k == "GPUFIT_SIDECAR_LISTEN") {
+        cmd.args(["--listen", "127.0.0.1:0"]);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("gpufit binary starts");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let base = loop {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => {
+                if let Some(i) = line.find("listening on http://") {
+                    break line[i + "listening on ".len()..].trim().to_string();
+                }
+                seen.push(line);
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "sidecar did not start within 30 s; stderr:\n{}",
+                    seen.join("\n")
+                );
+            }
+        }
+    };
+    Sidecar {
+        child,
+        base,
+        _stderr: rx,
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .build()
+}
+
+/// Any status, with the body.
+fn call(method: &str, url: &str, body: Option<Value>) -> (u16, String) {
+    let req = agent().request(method, url);
+    let res = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    match res {
+        Ok(r) => (r.status(), r.into_string().expect("readable body")),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().expect("readable body")),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+fn get_json(url: &str) -> Value {
+    let (code, body) = call("GET", url, None);
+    assert_eq!(code, 200, "GET {url}: {body}");
+    serde_json::from_str(&body).expect("JSON body")
+}
+
+fn post(sc: &Sidecar, pid: u32, gpu: u32, job: Value, bytes: u64) -> Value {
+    let (code, body) = call(
+        "POST",
+        &format!("{}/v1/simulate/processes", sc.base),
+        Some(json!({"pid": pid, "gpu": gpu, "job": job, "memory_bytes": bytes})),
+    );
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).expect("JSON body")
+}
+
+/// The value of the one series of `name` whose label set contains every `labels` pair.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn pod_job_that_rises_peaks_and_falls_keeps_its_peak_in_the_api_and_the_metrics() {
+    let sc = start(
+        &[
+            "--backend",
+            "simulate",
+            "--simulate-gpus",
+            "8",
+            "--node",
+            "sim-node",
+        ],
+        &[],
+    );
+    let job = json!({"namespace": "team-a", "pod": "train-0"});
+    for gib in [4u64, 18, 42, 30, 12] {
+        let r = post(&sc, 1001, 3, job.clone(), gib * GIB);
+        assert_eq!(r["job"]["current_bytes"], gib * GIB);
+    }
+    let j = get_json(&format!("{}/v1/jobs/team-a/train-0", sc.base));
+    assert_eq!(j["id"], "team-a/train-0");
+    assert_eq!(j["kind"], "pod");
+    assert_eq!(j["running"], true);
+    assert_eq!(j["current_bytes"], 12 * GIB);
+    assert_eq!(j["peak_bytes"], 42 * GIB);
+    assert_eq!(j["method"], "sampled");
+    assert_eq!(j["node"], "sim-node");
+
+    let gpus = get_json(&format!("{}/v1/gpus", sc.base));
+    assert_eq!(gpus["gpus"].as_array().map(Vec::len), Some(8));
+    assert_eq!(gpus["gpus"][3]["memory_used_bytes"], 12 * GIB);
+    assert_eq!(gpus["gpus"][2]["memory_used_bytes"], 0);
+
+    let text = call("GET", &format!("{}/metrics", sc.base), None).1;
+    let job_labels = [
+        ("namespace", "team-a"),
+        ("pod", "train-0"),
+        ("gpu", "3"),
+        ("node", "sim-node"),
+    ];
+    assert_eq!(
+        metric(&text, "gpufit_job_gpu_memory_peak_bytes", &job_labels),
+        Some((42 * GIB) as f64),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "gpufit_job_gpu_memory_bytes", &job_labels),
+        Some((12 * GIB) as f64)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gpufit_gpu_memory_used_bytes",
+            &[("gpu", "3"), ("node", "sim-node")]
+        ),
+        Some((12 * GIB) as f64)
+    );
+    assert!(
+        text.contains("# HELP gpufit_gpu_utilization_ratio "),
+        "{text}"
+    );
+
+    // The job ends: current drops to 0, the peak survives, in both views.
+    let (code, body) = call(
+        "DELETE",
+        &format!("{}/v1/simulate/processes/1001", sc.base),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    let j = get_json(&format!("{}/v1/jobs/team-a%2Ftrain-0", sc.base));
+    assert_eq!(j["running"], false);
+    assert_eq!(j["current_bytes"], 0);
+    assert_eq!(j["peak_bytes"], 42 * GIB);
+    assert!(j["ended_at"].is_string());
+    let text = call("GET", &format!("{}/metrics", sc.base), None).1;
+    assert_eq!(
+        metric(&text, "gpufit_job_gpu_memory_peak_bytes", &job_labels),
+        Some((42 * GIB) as f64)
+    );
+    assert_eq!(
+        metric(&text, "gpufit_job_gpu_memory_bytes", &job_labels),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn slurm_job_on_two_gpus_reports_the_larger_per_gpu_peak_and_a_log_peak_wins() {
+    let sc = start(&["--backend", "simulate", "--simulate-gpus", "2"], &[]);
+    let job = json!({"slurm_job_id": "4242"});
+    post(&sc, 1, 0, job.clone(), 20 * GIB);
+    post(&sc, 2, 1, job.clone(), 25 * GIB);
+    post(&sc, 2, 1, job.clone(), 5 * GIB);
+    let j = get_json(&format!("{}/v1/jobs/4242", sc.base));
+    assert_eq!(j["kind"], "slurm");
+    assert_eq!(j["slurm_job_id"], "4242");
+    assert_eq!(j["peak_bytes"], 25 * GIB);
+    assert_eq!(j["current_bytes"], 20 * GIB);
+    assert_eq!(j["current_total_bytes"], 25 * GIB);
+    assert_eq!(j["gpus"].as_array().map(Vec::len), Some(2));
+
+    let (code, body) = call(
+        "POST",
+        &format!("{}/v1/jobs/4242/log-peak", sc.base),
+        Some(json!({"peak_bytes": 26 * GIB})),
+    );
+    assert_eq!(code, 200, "{body}");
+    let j = get_json(&format!("{}/v1/jobs/4242", sc.base));
+    assert_eq!(j["peak_bytes"], 26 * GIB);
+    assert_eq!(j["method"], "log");
+    assert_eq!(j["measured_peak_bytes"], 25 * GIB);
+    let text = call("GET", &format!("{}/metrics", sc.base), None).1;
+    assert_eq!(
+        metric(
+            &text,
+            "gpufit_job_gpu_memory_peak_bytes",
+            &[("slurm_job_id", "4242"), ("method", "log")]
+        ),
+        Some((26 * GIB) as f64)
+    );
+    let all = get_json(&format!("{}/v1/jobs", sc.base));
+    assert_eq!(all["per_job_data"], true);
+    assert_eq!(all["jobs"].as_array().map(Vec::len), Some(1));
+}
+
+#[test]
+fn unknown_paths_jobs_and_methods_answer_with_json_errors() {
+    let sc = start(&["--backend", "simulate"], &[]);
+    for (method, path, want) in [
+        ("GET", "/nope", 404),
+        ("GET", "/v1/jobs/does-not-exist", 404),
+        ("GET", "/v1/jobs/ns/missing", 404),
+        ("POST", "/v1/gpus", 405),
+        ("DELETE", "/v1/simulate/processes/77", 404),
+        ("DELETE", "/v1/simulate/processes/not-a-pid", 400),
+    ] {
+        let (code, body) = call(method, &format!("{}{path}", sc.base), None);
+        assert_eq!(code, want, "{method} {path}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("error body is JSON");
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{body}");
+    }
+    for (body, what) in [
+        (
+            json!({"pid": 1, "gpu": 99, "job": {"slurm_job_id": "1"}, "memory_bytes": 1}),
+            "gpu 99",
+        ),
+        (
+            json!({"pid": 1, "gpu": 0, "job": {"who": "knows"}, "memory_bytes": 1}),
+            "invalid JSON",
+        ),
+        (
+            json!({"pid": 1, "gpu": 0, "job": {"slurm_job_id": "1"}, "memory_bytes": u64::MAX}),
+            "more than",
+        ),
+    ] {
+        let (code, text) = call(
+            "POST",
+            &format!("{}/v1/simulate/processes", sc.base),
+            Some(body),
+        );
+        assert_eq!(code, 400, "{text}");
+        assert!(text.contains(what), "{text}");
+    }
+    let health = get_json(&format!("{}/healthz", sc.base));
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["backend"], "simulate");
+}
+
+#[test]
+fn nvml_backend_without_nvml_exits_non_zero_saying_what_was_tried_and_what_to_do() {
+    let mut runs = vec![vec!["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]];
+    // The default loader path fails too on a machine without an NVIDIA driver.
+    if !std::path::Path::new("/dev/nvidiactl").exists() {
+        runs.push(vec![]);
+    }
+    for extra in runs {
+        let out = Command::new(BIN)
+            .args(["sidecar", "--backend", "nvml", "--listen", "127.0.0.1:0"])
+            .args(&extra)
+            .env_remove("GPUFIT_SIDECAR_BACKEND")
+            .output()
+            .expect("gpufit binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        for want in [
+            "libnvidia-ml.so.1",
+            "nvidia-smi",
+            "LD_LIBRARY_PATH",
+            "--backend inventory",
+            "--backend simulate",
+        ] {
+            assert!(err.contains(want), "{extra:?}: missing `{want}` in: {err}");
+        }
+    }
+}
+
+#[test]
+fn inventory_backend_serves_declared_gpus_and_no_job_data() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("gpus.yaml");
+    std::fs::write(
+        &file,
+        "gpus:\n  - name: Lab Card\n    count: 3\n    memory_gib: 48\n    compute_capability: \"8.9\"\n",
+    )
+    .expect("write inventory");
+    let sc = start(
+        &[
+            "--backend",
+            "inventory",
+            "--inventory",
+            file.to_str().expect("utf-8 path"),
+        ],
+        &[],
+    );
+    let gpus = get_json(&format!("{}/v1/gpus", sc.base));
+    assert_eq!(gpus["backend"], "inventory");
+    let list = gpus["gpus"].as_array().expect("gpu list");
+    assert_eq!(list.len(), 3);
+    assert_eq!(list[2]["memory_total_bytes"], 48 * GIB);
+    assert_eq!(list[2]["compute_capability"], "8.9");
+    let jobs = get_json(&format!("{}/v1/jobs", sc.base));
+    assert_eq!(jobs["per_job_data"], false);
+    let (code, body) = call(
+        "POST",
+        &format!("{}/v1/simulate/processes", sc.base),
+        Some(json!({"pid": 1, "gpu": 0, "job": {"slurm_job_id": "1"}, "memory_bytes": 1})),
+    );
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("--backend simulate"), "{body}");
+}
+
+#[test]
+fn every_sidecar_flag_has_a_gpufit_environment_counterpart() {
+    let out = Command::new(BIN)
+        .args(["sidecar", "--help"])
+        .output()
+        .expect("gpufit binary runs");
+    let help = String::from_utf8_lossy(&out.stdout);
+    // Option blocks start with an indented `--flag` (or `-x, --flag`) line.
+    let mut blocks: Vec<String> = Vec::new();
+    for line in help.lines() {
+        let t = line.trim_start();
+        if t.starts_with("--") || (t.starts_with('-') && t.get(2..4) == Some(", ")) {
+            blocks.push(String::new());
+        }
+        if let Some(b) = blocks.last_mut() {
+            b.push_str(line);
+            b.push('\n');
+        }
+    }
+    let flags: Vec<&String> = blocks.iter().filter(|b| !b.contains("--help")).collect();
+    assert!(
+        flags.len() >= 10,
+        "expected the sidecar's flags in:\n{help}"
+    );
+    for b in flags {
+        assert!(
+            b.contains("[env: GPUFIT_"),
+            "flag without a GPUFIT_ variable:\n{b}"
+        );
+    }
+}
+
+#[test]
+fn environment_variables_configure_the_sidecar_like_flags() {
+    let sc = start(
+        &[],
+        &[
+            ("GPUFIT_SIDECAR_BACKEND", "simulate"),
+            ("GPUFIT_SIDECAR_LISTEN", "127.0.0.1:0"),
+            ("GPUFIT_SIDECAR_INTERVAL", "50ms"),
+            ("GPUFIT_NODE_NAME", "env-node"),
+            ("GPUFIT_SIDECAR_SIMULATE_GPUS", "3"),
+            ("GPUFIT_SIDECAR_SIMULATE_MODEL", "Custom Sim"),
+            ("GPUFIT_SIDECAR_SIMULATE_MEMORY_GIB", "16"),
+        ],
+    );
+    let gpus = get_json(&format!("{}/v1/gpus", sc.base));
+    assert_eq!(gpus["node"], "env-node");
+    assert_eq!(gpus["gpus"].as_array().map(Vec::len), Some(3));
+    assert_eq!(gpus["gpus"][0]["name"], "Custom Sim");
+    assert_eq!(gpus["gpus"][0]["memory_total_bytes"], 16 * GIB);
+}
+
+#[test]
+fn bad_flags_are_usage_errors_not_panics() {
+    for args in [
+        vec!["--backend", "simulate", "--interval", "1ms"],
+        vec!["--backend", "inventory"],
+        vec!["--backend", "simulate", "--simulate-gpus", "0"],
+    ] {
+        let out = Command::new(BIN)
+            .arg("sidecar")
+            .args(&args)
+            .args(["--listen", "127.0.0.1:0"])
+            .output()
+            .expect("gpufit binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            matches!(out.status.code(), Some(2) | Some(4)),
+            "{args:?}: {err}"
+        );
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn in_process_sidecar_serves_until_stopped_and_then_refuses_connections() {
+    use gpufit::sidecar::{
+        Backend, BackendConfig, SidecarConfig, SimulateConfig, TrackerConfig, DEFAULT_INTERVAL,
+    };
+    let cfg = SidecarConfig {
+        backend: BackendConfig {
+            backend: Backend::Simulate,
+            inventory: None,
+            nvml_lib: None,
+            simulate: SimulateConfig {
+                gpus: 2,
+                model: "Test Card".into(),
+                memory_bytes: Some(8 * GIB),
+                node: "inproc".into(),
+                demo_jobs: 0,
+            },
+        },
+        listen: "127.0.0.1:0".parse().expect("socket address"),
+        interval: DEFAULT_INTERVAL,
+        node: "inproc".into(),
+        mapping_dir: None,
+        proc_root: "/proc".into(),
+        tracker: TrackerConfig::default(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let running = gpufit::sidecar::start(&cfg).await.expect("sidecar starts");
+        let base = format!("http://{}", running.addr);
+        let b = base.clone();
+        let gpus = tokio::task::spawn_blocking(move || get_json(&format!("{b}/v1/gpus")))
+            .await
+            .expect("request thread");
+        assert_eq!(gpus["node"], "inproc");
+        assert_eq!(gpus["gpus"][1]["memory_total_bytes"], 8 * GIB);
+        running.stop().await;
+        let refused = tokio::task::spawn_blocking(move || {
+            agent().get(&format!("{base}/healthz")).call().is_err()
+        })
+        .await
+        .expect("request thread");
+        assert!(refused, "stopped sidecar still answers");
+    });
+}

@@ -230,8 +230,8 @@ fn the_chart_crd_is_the_crd_the_controller_generates() {
 
 /// Every `.rs` file under `dir`, recursively.
 fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    let entries = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
     for entry in entries {
         let path = entry
             .unwrap_or_else(|e| panic!("cannot read an entry of {}: {e}", dir.display()))

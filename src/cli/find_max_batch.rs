@@ -529,13 +529,15 @@ fn run_trial(
 
 #[cfg(unix)]
 fn kill_group(pid: u32) {
-    // `kill -KILL -PGID`: no unsafe libc call needed.
-    let _ = Command::new("kill")
-        .arg("-KILL")
-        .arg(format!("-{pid}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    // killpg(2) through nix's safe wrapper. Not `/bin/kill -KILL -PGID`:
+    // procps-ng 4.0.2 (Debian 12) misparses some negative ids and signals
+    // every process it may (as `kill -1` would) — that took down test runners.
+    use nix::sys::signal::{killpg, Signal};
+    use nix::unistd::Pid;
+    let Ok(raw) = i32::try_from(pid) else { return };
+    if raw > 1 {
+        let _ = killpg(Pid::from_raw(raw), Signal::SIGKILL);
+    }
 }
 
 #[cfg(not(unix))]

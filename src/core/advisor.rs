@@ -757,6 +757,14 @@ impl<'a> Ctx<'a> {
         // (micro batch 1 only) are used only when no candidate meets it.
         if evals.iter().any(|e| e.meets_target) {
             evals.retain(|e| e.meets_target);
+        } else if let Some(lowest) = evals
+            .iter()
+            .min_by(|a, b| a.predicted.total_cmp(&b.predicted))
+            .cloned()
+        {
+            // Nothing meets the target, only micro batch 1 fits the card:
+            // take the settings with the most room, not the fastest.
+            evals = vec![lowest];
         }
         let above: Vec<Eval> = evals.iter().filter(|e| e.m >= floor).cloned().collect();
         let pool = if above.is_empty() {

@@ -1043,3 +1043,18 @@ fn when_nothing_meets_the_target_the_settings_with_the_most_room_win() {
     assert_eq!(s.settings.micro_batch_size, 1);
     assert!(s.settings.activation_checkpointing);
 }
+
+#[test]
+fn an_absurd_pinned_micro_batch_is_a_warning_not_a_panic() {
+    let pins = Pins {
+        micro_batch_size: Some(u32::MAX),
+        gradient_accumulation_steps: Some(u32::MAX),
+        ..Pins::default()
+    };
+    let mut w = workload();
+    w.gpus = 8;
+    let s = ask(&w, &a100(), Strategy::Balanced, &pins, &[]).unwrap();
+    assert_eq!(s.settings.micro_batch_size, u32::MAX);
+    assert!(s.warnings.iter().any(|w| w.contains("run out of memory")));
+    assert_eq!(s.effective_batch(8), u32::MAX);
+}

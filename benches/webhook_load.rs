@@ -56,7 +56,7 @@ impl Rng {
 /// method, GPU, sequence length), so the webhook's similarity query returns
 /// a realistic few hundred runs out of the million.
 fn synthetic_run(i: u64, rng: &mut Rng, canonical: &str) -> RunRecord {
-    let own = i % 2500 == 0;
+    let own = i.is_multiple_of(2500);
     let r = rng.next();
     let micro = 1 + (r % 16) as u32;
     let oom = own && micro > 12;
@@ -316,11 +316,10 @@ async fn load(server: &Server, rate: u64, seconds: u64) -> Phase {
         let _ = w.await;
     }
     let elapsed = start.elapsed();
-    let r = Arc::try_unwrap(results)
-        .ok()
-        .expect("workers done")
-        .into_inner()
-        .expect("results");
+    let r = match Arc::try_unwrap(results) {
+        Ok(m) => m.into_inner().expect("results"),
+        Err(_) => panic!("a worker still holds the results"),
+    };
     Phase {
         latencies: r.0,
         errors: r.1,

@@ -1348,3 +1348,31 @@ async fn the_first_replica_takes_the_lease_and_a_second_waits_until_it_expires()
         .await
         .expect("api"));
 }
+
+#[tokio::test]
+async fn in_recommend_mode_the_job_runs_as_written_and_the_suggestion_goes_to_status() {
+    let s = Scenario::new(served(tj_from_yaml(EXAMPLE_RECOMMEND)), a100_nodes());
+    s.reconcile().await.expect("create");
+    let created = s.api.lock().unwrap().jobs_created();
+    assert_eq!(created.len(), 1);
+    let job = &created[0];
+    assert!(
+        created_env(job).keys().all(|k| !k.starts_with("GPUFIT_")),
+        "no settings injected"
+    );
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["args"],
+        json!(["--per_device_train_batch_size", "8", "--bf16"])
+    );
+    assert!(job["metadata"]["annotations"][ANN_RECOMMENDATION].is_string());
+    let st = s.status();
+    assert_eq!(st.mode, Some(Mode::Recommend));
+    assert!(st.suggestion.is_some(), "the recommendation is in status");
+
+    // Its outcome is not recorded as a run: gpufit does not know its real settings.
+    s.finish_job("qwen-full-recommend-1", true, "");
+    s.reconcile().await.expect("finish");
+    s.assert_no_unexpected_requests();
+    assert_eq!(s.status().phase, Some(Phase::Succeeded));
+    assert!(s.history.all().is_empty());
+}

@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 
 struct Webhook {
     addr: SocketAddr,
+    metrics: Metrics,
     ca_pem: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
@@ -65,11 +66,12 @@ async fn start_webhook() -> Webhook {
         "careful",
         Some("Recommend"),
     )));
+    let metrics = Metrics::new();
     let state = Arc::new(WebhookState {
         history: Arc::from(history),
         nodes,
         namespaces,
-        metrics: Metrics::new(),
+        metrics: metrics.clone(),
         targets: StrategyTargets::default(),
         default_mode: Mode::Inject,
     });
@@ -87,6 +89,7 @@ async fn start_webhook() -> Webhook {
     }));
     Webhook {
         addr,
+        metrics,
         ca_pem: cert.cert.pem(),
         stop: Some(tx),
         _dir: dir,
@@ -430,4 +433,62 @@ async fn a_body_that_is_not_an_admission_review_is_refused_without_crashing() {
     // The server is still up.
     let (_, again) = post(&w, PATH, &review(JOB, "ml", job(json!({})))).await;
     assert_eq!(again["response"]["allowed"], true);
+}
+
+#[tokio::test]
+async fn metrics_health_and_readiness_are_served_and_count_admissions() {
+    use gpufit::controller::metrics::{bind, serve_on, Health};
+    use std::sync::atomic::Ordering;
+    let w = start_webhook().await;
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(lora_annotations()))).await;
+    assert_eq!(resp["response"]["allowed"], true);
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(json!({})))).await;
+    assert_eq!(resp["response"]["allowed"], true);
+
+    let health = Arc::new(Health::default());
+    let listener = bind("127.0.0.1:0".parse().unwrap()).await.expect("bind");
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve_on(
+        listener,
+        w.metrics.clone(),
+        health.clone(),
+        None,
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let get = |path: &'static str| {
+        let url = format!("http://{addr}{path}");
+        tokio::task::spawn_blocking(move || {
+            match ureq::get(&url).timeout(Duration::from_secs(5)).call() {
+                Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+                Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+                Err(e) => panic!("GET {url}: {e}"),
+            }
+        })
+    };
+    assert_eq!(get("/healthz").await.unwrap().0, 200);
+    assert_eq!(
+        get("/readyz").await.unwrap().0,
+        503,
+        "not ready before the caches are filled"
+    );
+    health.ready.store(true, Ordering::Relaxed);
+    assert_eq!(get("/readyz").await.unwrap().0, 200);
+    let (code, text) = get("/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        text.contains(r#"gpufit_webhook_requests_total{kind="Job",result="mutated"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"gpufit_webhook_requests_total{kind="Job",result="untouched"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("gpufit_controller_reconcile_duration_seconds"),
+        "{text}"
+    );
+    let _ = tx.send(());
 }

@@ -190,14 +190,31 @@ pub async fn serve(
     api: Option<Arc<ApiState>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ControllerError> {
-    let listener =
-        tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| ControllerError::Io {
-                context: format!("cannot listen on {listen} (is the port in use? pass --listen)"),
-                source: e,
-            })?;
-    tracing::info!(%listen, "serving /metrics, /healthz, /readyz");
+    let listener = bind(listen).await?;
+    serve_on(listener, metrics, health, api, shutdown).await
+}
+
+/// Binds the HTTP port, with an error that says what to do.
+pub async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener, ControllerError> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| ControllerError::Io {
+            context: format!("cannot listen on {listen} (is the port in use? pass --listen)"),
+            source: e,
+        })
+}
+
+/// [`serve`] on an already bound listener.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    health: Arc<Health>,
+    api: Option<Arc<ApiState>>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ControllerError> {
+    if let Ok(listen) = listener.local_addr() {
+        tracing::info!(%listen, "serving /metrics, /healthz, /readyz and the Slurm API");
+    }
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {

@@ -515,17 +515,18 @@ fn job_state(job: &Job) -> JobState {
     JobState::Active(status.active.unwrap_or(0) > 0)
 }
 
-/// Lines of a termination message or log that mean the GPU ran out of memory
-/// (PyTorch CUDA/ROCm, cuBLAS allocation, JAX/XLA).
-const GPU_OOM_MARKERS: [&str; 7] = [
-    "CUDA out of memory",
-    "OutOfMemoryError",
-    "CUDA error: out of memory",
+/// Out-of-memory markers beyond PyTorch's own messages (which the shared
+/// log parser, [`crate::core::logs::oom::is_oom_line`], recognises): cuBLAS
+/// workspace allocation, JAX/XLA, and the CUDA runtime's error name.
+const EXTRA_OOM_MARKERS: [&str; 3] = [
     "CUBLAS_STATUS_ALLOC_FAILED",
-    "HIP out of memory",
     "RESOURCE_EXHAUSTED: Out of memory",
     "cudaErrorMemoryAllocation",
 ];
+
+fn is_gpu_oom_line(l: &str) -> bool {
+    crate::core::logs::oom::is_oom_line(l) || EXTRA_OOM_MARKERS.iter().any(|m| l.contains(m))
+}
 
 /// Tells a GPU out-of-memory failure from other failures by the containers'
 /// termination messages (with `terminationMessagePolicy:
@@ -547,10 +548,7 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (Outcome, String) {
                     continue;
                 }
                 let msg = t.message.as_deref().unwrap_or("");
-                if let Some(line) = msg
-                    .lines()
-                    .find(|l| GPU_OOM_MARKERS.iter().any(|m| l.contains(m)))
-                {
+                if let Some(line) = msg.lines().find(|l| is_gpu_oom_line(l)) {
                     return (
                         Outcome::Oom,
                         format!(

@@ -558,8 +558,11 @@ fn namespace_mode(ns: Option<&str>, namespaces: &Store<Namespace>) -> Result<Opt
 
 // === HTTPS server ===
 
-/// Loads a PEM certificate chain and private key into a rustls server config.
-pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ControllerError> {
+/// Reads a PEM certificate chain and private key into a rustls key.
+fn load_certified_key(
+    cert: &Path,
+    key: &Path,
+) -> Result<rustls::sign::CertifiedKey, ControllerError> {
     let read = |p: &Path| {
         std::fs::read(p)
             .map_err(|e| ControllerError::Tls(format!("cannot read {}: {e}", p.display())))
@@ -577,7 +580,7 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Contr
             cert.display()
         )));
     }
-    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
+    let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
         .map_err(|e| ControllerError::Tls(format!("{}: not a PEM key: {e}", key.display())))?
         .ok_or_else(|| {
             ControllerError::Tls(format!(
@@ -585,13 +588,90 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Contr
                 key.display()
             ))
         })?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key_der)
+        .map_err(|e| ControllerError::Tls(format!("{}: unsupported key: {e}", key.display())))?;
+    let ck = rustls::sign::CertifiedKey::new(certs, signing);
+    ck.keys_match()
+        .map_err(|e| ControllerError::Tls(format!("certificate and key do not match: {e}")))?;
+    Ok(ck)
+}
+
+/// Serves the certificate files' current content: cert-manager (or the
+/// chart's own rotation) replaces them in place, and new handshakes pick the
+/// new pair up within [`RELOAD_CHECK`] without a restart. A pair that fails
+/// to load keeps the previous one (and says so in the log).
+#[derive(Debug)]
+struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    state: std::sync::RwLock<CertState>,
+}
+
+#[derive(Debug)]
+struct CertState {
+    key: Arc<rustls::sign::CertifiedKey>,
+    stamp: Option<(std::time::SystemTime, std::time::SystemTime)>,
+    checked: Instant,
+}
+
+/// How often the certificate files are looked at.
+const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn stamp(cert: &Path, key: &Path) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
+    let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    Some((m(cert)?, m(key)?))
+}
+
+impl rustls::server::ResolvesServerCert for ReloadingCert {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let (current, due) = {
+            let st = self.state.read().ok()?;
+            (st.key.clone(), st.checked.elapsed() >= RELOAD_CHECK)
+        };
+        if !due {
+            return Some(current);
+        }
+        let mut st = self.state.write().ok()?;
+        st.checked = Instant::now();
+        let now = stamp(&self.cert, &self.key);
+        if now.is_some() && now != st.stamp {
+            match load_certified_key(&self.cert, &self.key) {
+                Ok(k) => {
+                    tracing::info!(cert = %self.cert.display(), "webhook certificate reloaded");
+                    st.key = Arc::new(k);
+                    st.stamp = now;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "new webhook certificate not usable; keeping the previous one")
+                }
+            }
+        }
+        Some(st.key.clone())
+    }
+}
+
+/// A rustls server config over the PEM certificate and key, reloaded when
+/// the files change.
+pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ControllerError> {
+    let first = load_certified_key(cert, key)?;
+    let resolver = ReloadingCert {
+        cert: cert.to_path_buf(),
+        key: key.to_path_buf(),
+        state: std::sync::RwLock::new(CertState {
+            key: Arc::new(first),
+            stamp: stamp(cert, key),
+            checked: Instant::now(),
+        }),
+    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ControllerError::Tls(e.to_string()))?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| ControllerError::Tls(format!("certificate and key do not match: {e}")))?;
+        .with_cert_resolver(Arc::new(resolver));
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
 }

@@ -265,7 +265,9 @@ fn dashboards_only_query_metrics_that_gpufit_exports() {
     let dir = root().join("charts/gpufit/dashboards");
     let mut used = std::collections::BTreeSet::new();
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot read {dir:?}: {e}")) {
-        let path = entry.expect("dashboard dir entry").path();
+        let path = entry
+            .unwrap_or_else(|e| panic!("cannot read an entry of {dir:?}: {e}"))
+            .path();
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }

@@ -747,6 +747,9 @@ def check_service_monitors(r: Rendered, p: Problems) -> None:
             p.check(isinstance(ep.get("interval"), str) and re.fullmatch(r"\d+[smh]", ep["interval"]) is not None,
                     f"{name}: interval must be a Prometheus duration")
         p.check(spec.get("namespaceSelector", {}).get("matchNames") == [NAMESPACE], f"{name}: namespaceSelector must be the release namespace")
+        if matched[0]["metadata"]["labels"].get("app.kubernetes.io/component") == "sidecar":
+            p.check(all(ep.get("honorLabels") is True for ep in spec.get("endpoints", [])),
+                    f"{name}: honorLabels must be true, or the job metrics' namespace/pod labels become exported_namespace/exported_pod")
 
 
 # ---------------------------------------------------------------- dashboards

@@ -766,7 +766,7 @@ async fn record_runs(
 ) -> Result<(), ControllerError> {
     let gpu = st.gpu.clone().unwrap_or_default();
     for a in st.attempts.iter_mut() {
-        if !finished(a.outcome) || a.run_id.is_some() {
+        if !finished(a.outcome) || a.run_id.is_some() || a.mode == Some(Mode::Recommend) {
             continue;
         }
         let Some(rec) = run_record(v, &gpu, ctx.cluster.as_deref(), ns, a) else {
@@ -841,6 +841,7 @@ async fn fill_pending_peaks(
     pending
         || st.attempts.iter().any(|a| {
             finished(a.outcome)
+                && a.run_id.is_some()
                 && a.measured_peak_bytes.is_none()
                 && a.peak_lookups > 0
                 && a.peak_lookups < MAX_PEAK_LOOKUPS
@@ -873,6 +874,14 @@ fn decide(st: &TrainingJobStatus, v: &Validated, generation: Option<i64>) -> Nex
             Phase::Succeeded,
             "Succeeded",
             format!("Job {} completed", last.job_name),
+        ),
+        Outcome::Oom if last.mode == Some(Mode::Recommend) => Next::Settle(
+            Phase::Failed,
+            "OutOfMemory",
+            format!(
+                "Job {} ran out of GPU memory with its own settings (Recommend mode); gpufit recommended micro batch {}: apply it, or switch to mode Inject",
+                last.job_name, last.settings.micro_batch_size
+            ),
         ),
         Outcome::Oom => {
             let ooms = st
@@ -994,6 +1003,7 @@ async fn start_attempt(
         run_id: None,
         message: None,
         generation,
+        mode: Some(v.mode),
         node: None,
         started_at: None,
         finished_at: None,

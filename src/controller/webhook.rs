@@ -705,7 +705,7 @@ async fn handle(
             // The history lookup is blocking (SQLite/PostgreSQL).
             let out = tokio::task::spawn_blocking(move || {
                 let review = review(&body, &state);
-                serde_json::to_vec(&review)
+                review_json(&review)
             })
             .await;
             match out {
@@ -727,5 +727,82 @@ async fn handle(
             format!("not found: POST {PATH}\n").into_bytes(),
             false,
         ),
+    }
+}
+
+/// The review as the API server expects it: like Go's `[]byte`, the JSON
+/// patch travels as a base64 string (kube serializes it as an array of
+/// numbers, which only some API server versions accept).
+pub fn review_json(review: &AdmissionReview<DynamicObject>) -> Result<Vec<u8>, serde_json::Error> {
+    let mut v = serde_json::to_value(review)?;
+    if let Some(p) = v.pointer_mut("/response/patch") {
+        if let Some(arr) = p.as_array() {
+            let bytes: Vec<u8> = arr
+                .iter()
+                .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect();
+            *p = Value::String(base64(&bytes));
+        }
+    }
+    serde_json::to_vec(&v)
+}
+
+/// Standard base64 with padding (RFC 4648 §4).
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        out.push(A[(n >> 18) as usize & 63] as char);
+        out.push(A[(n >> 12) as usize & 63] as char);
+        out.push(if chunk.len() > 1 {
+            A[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if chunk.len() > 2 {
+            A[n as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc_4648_test_vectors() {
+        for (plain, enc) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), enc);
+        }
+    }
+
+    #[test]
+    fn pins_annotation_parses_every_engineering_field_and_rejects_others() {
+        let p = parse_pins("micro_batch_size=2, dtype=bf16, activation_checkpointing=on, compile=false, num_workers=8")
+            .expect("valid pins");
+        assert_eq!(p.micro_batch_size, Some(2));
+        assert_eq!(p.activation_checkpointing, Some(true));
+        assert_eq!(p.compile, Some(false));
+        assert_eq!(p.num_workers, Some(8));
+        let e = parse_pins("learning_rate=3e-4").expect_err("scientific field");
+        assert!(e.0.contains("not an engineering setting"), "{}", e.0);
+        assert!(parse_pins("micro_batch_size").is_err());
     }
 }

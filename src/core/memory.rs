@@ -32,6 +32,31 @@
 //! (LoRA) layers save less; SDPA/flash attention saves q, k, v, the output
 //! and a log-sum-exp instead of the `a × s²` score matrices eager attention
 //! keeps (Dao et al. 2022, FlashAttention §3.1).
+//!
+//! # What the framework changes (same flags, different memory)
+//!
+//! | | generic | hf | torchtune | litgpt | lightning |
+//! |---|---|---|---|---|---|
+//! | loss path (bytes per token × vocab) | 3·e plain, 12 under autocast | 12: `logits.float()` + fp32 log-probs + fp32 grads | e + 4.5: 8-chunk CE, fp32 per chunk | 2·e + small: 128-token chunks, no upcast | as generic |
+//! | default LoRA targets | q, v | q, v (PEFT mapping) | q, v, o + MLP | q, v | q, v |
+//! | LoRA adapter dtype | training dtype | fp32 (PEFT `autocast_adapter_dtype`) | training dtype | training dtype | training dtype |
+//! | LoRA dropout | none | none (PEFT default 0) | none (default 0.0) | 0.05: mask + dropped input | none |
+//! | optimizer step | foreach AdamW: +1 state copy | foreach | fused; `optimizer_in_bwd` for single-GPU full fine-tunes (gradients never all alive) | foreach | foreach |
+//!
+//! `e` is the activation element size (2 for 16-bit and the `-mixed`
+//! dtypes, 4 for fp32). Each entry is commented where it is computed.
+//!
+//! # Precision
+//!
+//! * `fp32`: 4-byte parameters, gradients and states; fp32 activations.
+//! * `bf16`/`fp16`: parameters, gradients and (torch) optimizer states in
+//!   16 bits — torch creates AdamW moments `zeros_like(param)`.
+//! * `bf16-mixed`/`fp16-mixed`: fp32 parameters (= master weights), fp32
+//!   gradients and states, plus the 16-bit weight copies autocast makes for
+//!   the matmuls (shown as `weights`); the residual stream stays fp32.
+//! * DeepSpeed ZeRO stages keep 16-bit module weights and a separate fp32
+//!   master copy in the (sharded) optimizer (ZeRO paper: 2 + 2 + 12 bytes
+//!   per parameter); FSDP shards the parameters in their own dtype.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -409,6 +409,7 @@ pub struct JsonlReader<R> {
 }
 
 impl<R: BufRead> JsonlReader<R> {
+    /// Reads from `r`; `path` names the source in error messages.
     pub fn new(r: R, path: &str, opts: ImportOptions) -> Self {
         JsonlReader {
             r,
@@ -423,6 +424,7 @@ impl<R: BufRead> JsonlReader<R> {
         }
     }
 
+    /// Counts so far (final once the iterator is exhausted).
     pub fn stats(&self) -> &ImportStats {
         &self.stats
     }

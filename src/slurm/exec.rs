@@ -515,16 +515,34 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         None => None,
     };
     let (exit_status, derived_status) = plan::exit_state(env);
-    let oom = ["SLURM_JOB_STDOUT", "SLURM_JOB_STDERR"]
+    let mut oom = false;
+    let mut log = plan::LogFacts::default();
+    let mut seen = Vec::new();
+    for path in ["SLURM_JOB_STDOUT", "SLURM_JOB_STDERR"]
         .iter()
         .filter_map(|k| env.get(*k))
         .filter_map(|p| plan::output_path(p, env))
-        .any(|p| output_shows_oom(&p, env.get("SLURM_JOB_UID")));
+    {
+        if seen.contains(&path) {
+            continue;
+        }
+        let Some(tail) = read_output_tail(&path, env.get("SLURM_JOB_UID")) else {
+            continue;
+        };
+        seen.push(path);
+        oom |= is_cuda_oom(&tail);
+        if let Ok(parsed) = crate::core::logs::parse_str(&tail) {
+            log.peak_memory_bytes = log.peak_memory_bytes.or(parsed.peak_memory_bytes());
+            log.tokens_per_sec = log.tokens_per_sec.or(parsed.tokens_per_sec);
+            log.samples_per_sec = log.samples_per_sec.or(parsed.samples_per_sec);
+        }
+    }
     let outcome = plan::Outcome {
         exit_status,
         derived_status,
         oom,
         peak_memory_bytes: peak,
+        log,
         ended_at: Utc::now(),
     };
     let node = env.get("SLURMD_NODENAME").cloned();
@@ -587,27 +605,19 @@ pub fn sidecar_peak(url: &str, job_id: &str) -> Result<Option<u64>, SlurmError> 
     }
 }
 
-/// Whether the end of a job's output file shows a CUDA out-of-memory error.
-/// Reads only a regular file of the job's user (the Epilog runs as root).
-fn output_shows_oom(path: &Path, uid: Option<&String>) -> bool {
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return false;
-    };
+/// The end of a job's output file (where a traceback is). Reads only a
+/// regular file of the job's user: the Epilog runs as root.
+fn read_output_tail(path: &Path, uid: Option<&String>) -> Option<String> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
     if !owned_by_job_user(&meta, uid) {
-        return false;
+        return None;
     }
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return false;
-    };
+    let mut f = std::fs::File::open(path).ok()?;
     let start = meta.len().saturating_sub(OUTPUT_TAIL_BYTES);
-    if f.seek(SeekFrom::Start(start)).is_err() {
-        return false;
-    }
+    f.seek(SeekFrom::Start(start)).ok()?;
     let mut buf = Vec::new();
-    if f.take(OUTPUT_TAIL_BYTES).read_to_end(&mut buf).is_err() {
-        return false;
-    }
-    is_cuda_oom(&String::from_utf8_lossy(&buf))
+    f.take(OUTPUT_TAIL_BYTES).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// Whether a job's output shows PyTorch's CUDA out-of-memory error (the log

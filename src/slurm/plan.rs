@@ -604,7 +604,19 @@ pub struct Outcome {
     pub oom: bool,
     /// Peak GPU memory of the job from the sidecar.
     pub peak_memory_bytes: Option<u64>,
+    /// What the job's own output says (log parsers), when it says anything.
+    pub log: LogFacts,
     pub ended_at: DateTime<Utc>,
+}
+
+/// Figures a job's own log states (torchtune, HF Trainer, Lightning lines).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogFacts {
+    /// The peak the log states; preferred over the sidecar's sampled figure
+    /// (SPEC §6: the job's own statement of its peak wins).
+    pub peak_memory_bytes: Option<u64>,
+    pub tokens_per_sec: Option<f64>,
+    pub samples_per_sec: Option<f64>,
 }
 
 /// Reads the exit state from the Epilog's environment.
@@ -660,9 +672,9 @@ pub fn build_run(
         result: RunResult {
             success,
             failure_reason,
-            peak_memory_bytes: outcome.peak_memory_bytes,
-            samples_per_sec: None,
-            tokens_per_sec: None,
+            peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),
+            samples_per_sec: outcome.log.samples_per_sec,
+            tokens_per_sec: outcome.log.tokens_per_sec,
             duration_sec: (duration >= 0.0).then_some(duration),
         },
         predicted_peak_bytes: Some(s.predicted_peak_bytes),

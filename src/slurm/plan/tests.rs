@@ -392,6 +392,7 @@ fn the_run_says_success_oom_or_other_error_from_the_exit_state() {
             derived_status: *derived,
             oom: *oom,
             peak_memory_bytes: Some(123),
+            log: LogFacts::default(),
             ended_at: end,
         };
         let run = build_run(&state(), &out, Some("c".into()), None);
@@ -469,4 +470,29 @@ fn the_output_pattern_is_filled_in_like_slurm_does() {
             "{pattern}"
         );
     }
+}
+
+#[test]
+fn a_peak_the_log_states_wins_over_the_sidecars() {
+    let end: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")
+        .unwrap()
+        .into();
+    let mut out = Outcome {
+        exit_status: Some(0),
+        derived_status: Some(0),
+        oom: false,
+        peak_memory_bytes: Some(100),
+        log: LogFacts {
+            peak_memory_bytes: Some(90),
+            tokens_per_sec: Some(1234.0),
+            samples_per_sec: None,
+        },
+        ended_at: end,
+    };
+    let run = build_run(&state(), &out, None, None);
+    assert_eq!(run.result.peak_memory_bytes, Some(90));
+    assert_eq!(run.result.tokens_per_sec, Some(1234.0));
+    out.log = LogFacts::default();
+    let run = build_run(&state(), &out, None, None);
+    assert_eq!(run.result.peak_memory_bytes, Some(100));
 }

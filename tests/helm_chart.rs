@@ -164,11 +164,10 @@ fn every_rendered_command_line_is_accepted_by_the_gpufit_cli() {
                     rendered.command.join(" ")
                 )
             });
-            let runs_the_right_subcommand = match (component.as_str(), &cli.command) {
-                ("controller", Command::Controller(_)) => true,
-                ("sidecar", Command::Sidecar(_)) => true,
-                _ => false,
-            };
+            let runs_the_right_subcommand = matches!(
+                (component.as_str(), &cli.command),
+                ("controller", Command::Controller(_)) | ("sidecar", Command::Sidecar(_))
+            );
             assert!(
                 runs_the_right_subcommand,
                 "value set {case:?}: the {component} container runs `{}`",

@@ -91,6 +91,7 @@ pub enum Command {
 
 /// Entry point used by `main.rs`.
 pub fn main() -> ExitCode {
+    quiet_broken_pipe();
     let cli = Cli::parse();
     init_tracing(&cli.global.log);
     match run(cli) {
@@ -105,6 +106,26 @@ pub fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// `gpufit models | head` closes stdout early; `println!` then panics with
+/// "failed printing to stdout: Broken pipe". Exit quietly as Unix tools do
+/// (128 + SIGPIPE) instead of printing a panic; every other panic keeps the
+/// default report.
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 fn init_tracing(filter: &str) {

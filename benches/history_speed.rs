@@ -151,7 +151,8 @@ fn main() {
         let gpu_name = GPUS[(key / seqs.len()) % GPUS.len()];
         let seq = seqs[key % seqs.len()];
         let (id, method) = resolver.model(&format!("bench-org/lora-model-{model}"));
-        let gpu = bench_gpu(&resolver.gpu(gpu_name));
+        let gpu = gpufit::core::catalog::lookup_gpu(gpu_name)
+            .unwrap_or_else(|_| bench_gpu(&resolver.gpu(gpu_name)));
         let workload = bench_workload(&id, method, seq);
         let pins = Pins::default();
         let t = Instant::now();
@@ -192,7 +193,8 @@ fn main() {
     }
 }
 
-/// An 80 GiB A100-class GPU under the benchmark's GPU name.
+/// An 80 GiB A100-class GPU under the benchmark's GPU name (used only if
+/// the catalog does not know the name).
 fn bench_gpu(name: &str) -> GpuSpec {
     GpuSpec {
         name: name.to_string(),

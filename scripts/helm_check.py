@@ -120,7 +120,7 @@ class Case:
         self.expect = expect
 
 
-class Case_fails:
+class FailingCase:
     """A value set the chart must refuse, with a message containing `needle`."""
 
     def __init__(self, name: str, values: dict[str, Any], needle: str):
@@ -367,35 +367,35 @@ CASES: list[Case] = [
     Case("sidecar-only", {"controller": {"enabled": False}}, expect_sidecar_only),
 ]
 
-FAILING: list[Case_fails] = [
-    Case_fails("replicas>1 with sqlite", {"controller": {"replicas": 2}}, "history.type=postgres"),
-    Case_fails(
+FAILING: list[FailingCase] = [
+    FailingCase("replicas>1 with sqlite", {"controller": {"replicas": 2}}, "history.type=postgres"),
+    FailingCase(
         "replicas>1 without leader election",
         {**HA_POSTGRES, "controller": {"replicas": 2, "leaderElection": {"enabled": False}}},
         "leaderElection.enabled=true",
     ),
-    Case_fails("postgres without a secret", {"history": {"type": "postgres"}}, "history.postgres.existingSecret"),
-    Case_fails("unknown history type", {"history": {"type": "mysql"}}, "/history/type"),
-    Case_fails("unknown mode", {"controller": {"mode": "Mutate"}}, "/controller/mode"),
-    Case_fails(
+    FailingCase("postgres without a secret", {"history": {"type": "postgres"}}, "history.postgres.existingSecret"),
+    FailingCase("unknown history type", {"history": {"type": "mysql"}}, "/history/type"),
+    FailingCase("unknown mode", {"controller": {"mode": "Mutate"}}, "/controller/mode"),
+    FailingCase(
         "no TLS source",
         {"webhook": {"tls": {"certManager": {"enabled": False}}}},
         "webhook.tls.existingSecret",
     ),
-    Case_fails(
+    FailingCase(
         "provided TLS secret without CA bundle",
         {"webhook": {"tls": {"certManager": {"enabled": False}, "existingSecret": "x"}}},
         "webhook.tls.caBundle",
     ),
-    Case_fails("bad failurePolicy", {"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
-    Case_fails("webhook timeout too long", {"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
-    Case_fails("webhook matching everything", {"webhook": {"objectSelector": None}}, "objectSelector must not be empty"),
-    Case_fails("inventory backend without inventory", {"sidecar": {"backend": "inventory"}}, "sidecar.inventory"),
-    Case_fails("unknown sidecar backend", {"sidecar": {"backend": "dcgm"}}, "/sidecar/backend"),
-    Case_fails("replicas not a number", {"controller": {"replicas": "three"}}, "/controller/replicas"),
-    Case_fails("sidecar interval not a duration", {"sidecar": {"interval": "fast"}}, "/sidecar/interval"),
-    Case_fails("bad watch namespace", {"controller": {"watchNamespace": "Team A"}}, "not a namespace name"),
-    Case_fails("zero replicas", {"controller": {"replicas": 0}}, "/controller/replicas"),
+    FailingCase("bad failurePolicy", {"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
+    FailingCase("webhook timeout too long", {"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
+    FailingCase("webhook matching everything", {"webhook": {"objectSelector": None}}, "objectSelector must not be empty"),
+    FailingCase("inventory backend without inventory", {"sidecar": {"backend": "inventory"}}, "sidecar.inventory"),
+    FailingCase("unknown sidecar backend", {"sidecar": {"backend": "dcgm"}}, "/sidecar/backend"),
+    FailingCase("replicas not a number", {"controller": {"replicas": "three"}}, "/controller/replicas"),
+    FailingCase("sidecar interval not a duration", {"sidecar": {"interval": "fast"}}, "/sidecar/interval"),
+    FailingCase("bad watch namespace", {"controller": {"watchNamespace": "Team A"}}, "not a namespace name"),
+    FailingCase("zero replicas", {"controller": {"replicas": 0}}, "/controller/replicas"),
 ]
 
 
@@ -747,6 +747,9 @@ def check_service_monitors(r: Rendered, p: Problems) -> None:
             p.check(isinstance(ep.get("interval"), str) and re.fullmatch(r"\d+[smh]", ep["interval"]) is not None,
                     f"{name}: interval must be a Prometheus duration")
         p.check(spec.get("namespaceSelector", {}).get("matchNames") == [NAMESPACE], f"{name}: namespaceSelector must be the release namespace")
+        if matched[0]["metadata"]["labels"].get("app.kubernetes.io/component") == "sidecar":
+            p.check(all(ep.get("honorLabels") is True for ep in spec.get("endpoints", [])),
+                    f"{name}: honorLabels must be true, or the job metrics' namespace/pod labels become exported_namespace/exported_pod")
 
 
 # ---------------------------------------------------------------- dashboards

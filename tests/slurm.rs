@@ -521,7 +521,7 @@ impl Cluster {
         self.sbatch_during(extra, env, script, |_, _| {})
     }
 
-    /// Like [`Cluster::sbatch`]; a script that runs `$GPUFIT_TEST_GATE`
+    /// Like [`Cluster::sbatch`]; a script that runs `$JOB_TEST_GATE`
     /// waits there while `during(job id, its GPU indices)` runs.
     fn sbatch_during(
         &self,
@@ -547,7 +547,7 @@ impl Cluster {
             .arg(format!("--chdir={}/out", self.dir.display()))
             .args(extra)
             .arg(&path)
-            .env("GPUFIT_TEST_GATE", &gate)
+            .env("JOB_TEST_GATE", &gate)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (k, v) in env {
@@ -650,7 +650,7 @@ fn gpufit_vars(output: &str) -> std::collections::BTreeMap<String, String> {
 const PRINT_ENV: &str = "#!/bin/sh\nenv | sort\necho job-ran\n";
 /// Prints its environment, then waits at the test's gate (while the test
 /// plays the training process's GPU memory on the simulate sidecar).
-const PRINT_ENV_GATED: &str = "#!/bin/sh\nenv | sort\n\"$GPUFIT_TEST_GATE\"\necho job-ran\n";
+const PRINT_ENV_GATED: &str = "#!/bin/sh\nenv | sort\n\"$JOB_TEST_GATE\"\necho job-ran\n";
 
 /// Plays a training process of `job` using `bytes` on its GPU, then ending.
 fn simulate_training(sidecar: &str, job: &str, gpus: &str, bytes: u64) {

@@ -33,6 +33,7 @@ use subtle::ConstantTimeEq;
 use super::ControllerError;
 use crate::core::advisor::{self, AdviceRequest, Strategy, StrategyTargets, Suggestion};
 use crate::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
+use crate::core::memory::default_lora_targets;
 use crate::core::run::RunRecord;
 use crate::core::settings::Pins;
 use crate::core::similarity::HistoryQuery;
@@ -193,7 +194,7 @@ pub struct WorkloadSpec {
     pub method: Option<TrainMethod>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_rank: Option<u32>,
-    /// Default q and v (the PEFT and torchtune default for Llama-style models).
+    /// Default: the framework's default targets (as `gpufit suggest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_targets: Option<Vec<LoraTarget>>,
     pub seq_len: u32,
@@ -300,18 +301,17 @@ pub fn resolve_workload(spec: &WorkloadSpec) -> Result<Workload, ApiError> {
     let mref = lookup_model(&spec.model)
         .map_err(|e| ApiError::bad_request(format!("workload.model: {e}")))?;
     let method = spec.method.or(mref.method).unwrap_or(TrainMethod::Full);
+    let framework = spec.framework.unwrap_or(Framework::Generic);
+    // The same defaults as `gpufit suggest` (WorkloadArgs::resolve): rank 8
+    // (PEFT's and torchtune's default) and the framework's default targets.
     let lora = match method {
         TrainMethod::Full => None,
         TrainMethod::Lora | TrainMethod::Qlora => Some(LoraConfig {
-            rank: spec.lora_rank.ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "workload.lora_rank is required for method {method} (typically 8–64)"
-                ))
-            })?,
+            rank: spec.lora_rank.unwrap_or(8),
             targets: spec
                 .lora_targets
                 .clone()
-                .unwrap_or_else(|| vec![LoraTarget::Q, LoraTarget::V]),
+                .unwrap_or_else(|| default_lora_targets(framework)),
         }),
     };
     let workload = Workload {
@@ -323,7 +323,7 @@ pub fn resolve_workload(spec: &WorkloadSpec) -> Result<Workload, ApiError> {
         global_batch: spec.global_batch,
         gpus: spec.gpus.unwrap_or(1),
         sharding: spec.sharding.unwrap_or(Sharding::None),
-        framework: spec.framework.unwrap_or(Framework::Generic),
+        framework,
         attention: spec.attention.unwrap_or(Attention::Sdpa),
     };
     workload
@@ -445,8 +445,12 @@ where
             Ok(json_response(StatusCode::OK, &s))
         }
         (&Method::POST, "/v1/runs") => {
-            state.authorized(req.headers().get(AUTHORIZATION))?;
-            let mut run: RunRecord = read_json(&state, req).await?;
+            // The body is read before the token is checked: answering while
+            // the client still sends makes it see a reset, not the 401.
+            let auth = req.headers().get(AUTHORIZATION).cloned();
+            let body = read_body(&state, req).await?;
+            state.authorized(auth.as_ref())?;
+            let mut run: RunRecord = parse_json(&body)?;
             validate_run(&run)?;
             run.id = None;
             run.model = canonical_model(&run.model);
@@ -515,6 +519,16 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    parse_json(&read_body(state, req).await?)
+}
+
+/// The request body, within the size limit.
+async fn read_body<B>(state: &ApiState, req: Request<B>) -> Result<Bytes, ApiError>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let max = state.limits.max_body_bytes;
     let too_large = || {
         ApiError::new(
@@ -544,12 +558,16 @@ where
             }
         })?
         .to_bytes();
+    Ok(bytes)
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.is_empty() {
         return Err(ApiError::bad_request(
             "empty request body: send a JSON object",
         ));
     }
-    serde_json::from_slice(&bytes)
+    serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 

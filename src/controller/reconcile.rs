@@ -974,6 +974,9 @@ async fn start_attempt(
         .suggestions
         .with_label_values(&[source_label(&suggestion), strategy_label(&suggestion)])
         .inc();
+    ctx.metrics
+        .suggestion_confidence
+        .observe(suggestion.confidence);
 
     let index = st.attempts.iter().map(|a| a.index).max().unwrap_or(0) + 1;
     let job = build_job(tj, index, &suggestion, v.mode)

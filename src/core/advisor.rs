@@ -193,7 +193,10 @@ impl Suggestion {
     /// Samples per optimizer step over `gpus` data-parallel GPUs: m × a × W
     /// (equals the global batch when one was given).
     pub fn effective_batch(&self, gpus: u32) -> u32 {
-        self.settings.micro_batch_size * self.settings.gradient_accumulation_steps * gpus
+        self.settings
+            .micro_batch_size
+            .saturating_mul(self.settings.gradient_accumulation_steps)
+            .saturating_mul(gpus)
     }
 }
 
@@ -757,6 +760,14 @@ impl<'a> Ctx<'a> {
         // (micro batch 1 only) are used only when no candidate meets it.
         if evals.iter().any(|e| e.meets_target) {
             evals.retain(|e| e.meets_target);
+        } else if let Some(lowest) = evals
+            .iter()
+            .min_by(|a, b| a.predicted.total_cmp(&b.predicted))
+            .cloned()
+        {
+            // Nothing meets the target, only micro batch 1 fits the card:
+            // take the settings with the most room, not the fastest.
+            evals = vec![lowest];
         }
         let above: Vec<Eval> = evals.iter().filter(|e| e.m >= floor).cloned().collect();
         let pool = if above.is_empty() {
@@ -1131,7 +1142,7 @@ impl<'a> Ctx<'a> {
         let (a, batch_sentence) = match self.per_gpu {
             Some(per) => {
                 let a = (per / e.m.max(1)).max(1);
-                if e.m * a != per {
+                if e.m.saturating_mul(a) != per {
                     warnings.push(format!(
                         "micro batch {} does not divide the per-GPU batch of {per}: the global batch {} cannot be kept exactly",
                         e.m,
@@ -1142,7 +1153,7 @@ impl<'a> Ctx<'a> {
                     if pa != a {
                         warnings.push(format!(
                             "pinned gradient accumulation {pa} with micro batch {} on {} GPU(s) gives {} samples per step, not the global batch {}",
-                            e.m, w.gpus, pa * e.m * w.gpus, w.global_batch.unwrap_or(0)
+                            e.m, w.gpus, pa.saturating_mul(e.m).saturating_mul(w.gpus), w.global_batch.unwrap_or(0)
                         ));
                     }
                 }
@@ -1151,7 +1162,7 @@ impl<'a> Ctx<'a> {
                     a,
                     format!(
                     "Gradient accumulation {a} keeps the global batch at {} ({} × {a} × {} GPU{}).",
-                    e.m * a * w.gpus,
+                    e.m.saturating_mul(a).saturating_mul(w.gpus),
                     e.m,
                     w.gpus,
                     plural(w.gpus as usize)
@@ -1162,7 +1173,7 @@ impl<'a> Ctx<'a> {
                 let a = pins.gradient_accumulation_steps.unwrap_or(1);
                 (a, format!(
                     "No global batch was given, so the effective batch changed to {} samples per step ({} × {a} × {} GPU{}); pass --global-batch to keep it fixed.",
-                    e.m * a * w.gpus,
+                    e.m.saturating_mul(a).saturating_mul(w.gpus),
                     e.m,
                     w.gpus,
                     plural(w.gpus as usize)

@@ -629,6 +629,31 @@ mod tests {
     }
 
     #[test]
+    fn a_torchtune_component_path_resolves_to_the_catalog_id_and_its_method() {
+        let mut res = Resolver::default();
+        let (id, method) = res.model("torchtune.models.llama3_1.lora_llama3_1_8b");
+        let want = crate::core::catalog::lookup_model("llama-3.1-8b")
+            .unwrap()
+            .arch
+            .name;
+        assert_eq!(id, want);
+        assert_eq!(method, Method::Lora);
+        let (id, method) = res.model("torchtune.models.llama3_1.qlora_llama3_1_8b");
+        assert_eq!((id.as_str(), method), (want.as_str(), Method::Qlora));
+        let (id, method) = res.model("my-org/unlisted-model");
+        assert_eq!(
+            (id.as_str(), method),
+            ("my-org/unlisted-model", Method::Full)
+        );
+        assert_eq!(
+            res.gpu("NVIDIA A100-SXM4-80GB"),
+            crate::core::catalog::lookup_gpu("NVIDIA A100-SXM4-80GB")
+                .unwrap()
+                .name
+        );
+    }
+
+    #[test]
     fn gib_option_reads_peak_as_binary_gigabytes() {
         let opts = ImportOptions {
             peak_unit: PeakUnit::Gib,

@@ -504,6 +504,10 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         return Ok(());
     };
     let _ = std::fs::remove_file(&path);
+    if !plan::records_here(env) {
+        tracing::debug!("gpufit epilog: job {job_id}: its first node records the run");
+        return Ok(());
+    }
     let peak = match &settings.sidecar_url {
         Some(url) => match sidecar_peak(url, job_id) {
             Ok(p) => p,

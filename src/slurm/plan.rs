@@ -619,6 +619,36 @@ pub struct LogFacts {
     pub samples_per_sec: Option<f64>,
 }
 
+/// The first host of a Slurm node list (`gpu[01-04,07],cpu1` → `gpu01`).
+pub fn first_node(nodelist: &str) -> Option<String> {
+    let nodelist = nodelist.trim();
+    let end = nodelist
+        .find(|c| c == ',' || c == '[')
+        .unwrap_or(nodelist.len());
+    let prefix = &nodelist[..end];
+    if nodelist[end..].starts_with('[') {
+        let inner = &nodelist[end + 1..];
+        let first: String = inner.chars().take_while(|c| c.is_ascii_digit()).collect();
+        if first.is_empty() {
+            return None;
+        }
+        return Some(format!("{prefix}{first}"));
+    }
+    (!prefix.is_empty()).then(|| prefix.to_string())
+}
+
+/// Whether this node's Epilog records the job's run: one record per job,
+/// from the job's first node (every node's Epilog runs).
+pub fn records_here(env: &Env) -> bool {
+    let (Some(list), Some(me)) = (
+        non_empty(env.get("SLURM_JOB_NODELIST")).or_else(|| non_empty(env.get("SLURM_NODELIST"))),
+        non_empty(env.get("SLURMD_NODENAME")),
+    ) else {
+        return true;
+    };
+    first_node(&list).is_none_or(|first| first == me)
+}
+
 /// Reads the exit state from the Epilog's environment.
 pub fn exit_state(env: &Env) -> (Option<i64>, Option<i64>) {
     let num = |k: &str| non_empty(env.get(k)).and_then(|v| v.parse::<i64>().ok());

@@ -1026,3 +1026,35 @@ fn a_batch_that_teaches_nothing_new_is_not_suggested_again() {
     let s = balanced_pinned(&[ok_peak(1, 60.0), ok_peak(2, 67.9)]);
     assert_eq!(s.settings.micro_batch_size, 2);
 }
+
+#[test]
+fn when_nothing_meets_the_target_the_settings_with_the_most_room_win() {
+    // 70 GiB fixed: micro batch 1 is over the target with and without
+    // checkpointing; checkpointing leaves more room, so it is chosen.
+    let heavy = Linear {
+        fixed_gib: 70.0,
+        slope_gib: 4.0,
+    };
+    let pins = Pins {
+        dtype: Some(Dtype::Bf16),
+        ..Pins::default()
+    };
+    let s = ask_with(&heavy, &workload(), &a100(), Strategy::Balanced, &pins, &[]).unwrap();
+    assert_eq!(s.settings.micro_batch_size, 1);
+    assert!(s.settings.activation_checkpointing);
+}
+
+#[test]
+fn an_absurd_pinned_micro_batch_is_a_warning_not_a_panic() {
+    let pins = Pins {
+        micro_batch_size: Some(u32::MAX),
+        gradient_accumulation_steps: Some(u32::MAX),
+        ..Pins::default()
+    };
+    let mut w = workload();
+    w.gpus = 8;
+    let s = ask(&w, &a100(), Strategy::Balanced, &pins, &[]).unwrap();
+    assert_eq!(s.settings.micro_batch_size, u32::MAX);
+    assert!(s.warnings.iter().any(|w| w.contains("run out of memory")));
+    assert_eq!(s.effective_batch(8), u32::MAX);
+}

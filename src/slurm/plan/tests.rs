@@ -496,3 +496,23 @@ fn a_peak_the_log_states_wins_over_the_sidecars() {
     let run = build_run(&state(), &out, None, None);
     assert_eq!(run.result.peak_memory_bytes, Some(100));
 }
+
+#[test]
+fn only_the_first_node_of_a_job_records_its_run() {
+    let cases = [
+        ("gpu[01-04,07],cpu1", Some("gpu01")),
+        ("node7", Some("node7")),
+        ("a,b", Some("a")),
+        ("n[x]", None),
+    ];
+    for (list, want) in cases {
+        assert_eq!(first_node(list).as_deref(), want, "{list}");
+    }
+    let on = |me: &str| env(&[("SLURM_NODELIST", "gpu[01-02]"), ("SLURMD_NODENAME", me)]);
+    assert!(records_here(&on("gpu01")));
+    assert!(!records_here(&on("gpu02")));
+    assert!(
+        records_here(&env(&[("SLURMD_NODENAME", "x")])),
+        "no list: record"
+    );
+}

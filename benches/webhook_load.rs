@@ -139,6 +139,60 @@ fn build_history(path: &Path, records: u64, canonical: &str) -> Box<dyn HistoryS
     store
 }
 
+/// Where one request's time goes: the history query versus the advisor,
+/// each timed alone (median of 50) on the same history.
+fn split_costs(store: &dyn HistoryStore) {
+    use gpufit::controller::crd::WorkloadSpec;
+    use gpufit::controller::validate::workload_from_spec;
+    use gpufit::core::advisor::{suggest, AdviceRequest, Strategy};
+    use gpufit::core::settings::Pins;
+    use gpufit::core::similarity::HistoryQuery;
+    let w = workload_from_spec(
+        &WorkloadSpec {
+            model: Some(TARGET_MODEL.into()),
+            method: Some(Method::Lora),
+            lora_rank: Some(16),
+            seq_len: 2048,
+            global_batch: Some(32),
+            ..WorkloadSpec::default()
+        },
+        "bench",
+    )
+    .expect("workload");
+    let gpu = gpufit::core::catalog::lookup_gpu(TARGET_GPU).expect("gpu");
+    let q = HistoryQuery::new(&w.model.name, w.method, &gpu.name, w.seq_len);
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let mut hq = Vec::new();
+    let mut runs = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        runs = store.similar(&q).expect("similar");
+        hq.push(t.elapsed());
+    }
+    let mut adv = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let _ = suggest(&AdviceRequest {
+            workload: &w,
+            gpu: &gpu,
+            strategy: Strategy::Balanced,
+            targets: StrategyTargets::default(),
+            pins: &Pins::default(),
+            history: &runs,
+        });
+        adv.push(t.elapsed());
+    }
+    println!(
+        "one request, alone: history query {:.3?} ({} similar runs), advisor {:.3?} (medians of 50)",
+        median(hq),
+        runs.len(),
+        median(adv)
+    );
+}
+
 fn gpu_node() -> Node {
     serde_json::from_value(json!({"metadata": {"name": "gpu-1", "labels": {
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"}}}))
@@ -190,6 +244,7 @@ async fn start(history: Box<dyn HistoryStore>, dir: &Path) -> Server {
         metrics: Metrics::new(),
         targets: StrategyTargets::default(),
         default_mode: Mode::Inject,
+        cache: Default::default(),
     });
     let server = WebhookServer::bind(&WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -370,6 +425,7 @@ fn main() {
         std::fs::create_dir_all(d).expect("bench data dir");
     }
     let big = build_history(&db, records, &canonical);
+    split_costs(big.as_ref());
     let tmp = tempfile::tempdir().expect("temp dir");
     let empty = gpufit::history::open(&format!("sqlite:{}", tmp.path().join("empty.db").display()))
         .expect("empty history");

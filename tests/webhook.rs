@@ -74,6 +74,7 @@ async fn start_webhook() -> Webhook {
         metrics: metrics.clone(),
         targets: StrategyTargets::default(),
         default_mode: Mode::Inject,
+        cache: Default::default(),
     });
     let server = WebhookServer::bind(&WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),

@@ -147,6 +147,7 @@ pub async fn run(
             metrics: metrics.clone(),
             targets: cfg.targets,
             default_mode: cfg.mode,
+            cache: Default::default(),
         });
         // Bind now so a bad certificate fails the start, not silently later.
         let server = webhook::WebhookServer::bind(&wcfg).await?;

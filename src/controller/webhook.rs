@@ -48,6 +48,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::Value;
 
 use crate::core::advisor::{self, AdviceRequest, Strategy, StrategyTargets};
+use crate::core::run::RunRecord;
 use crate::core::settings::Pins;
 use crate::core::similarity::HistoryQuery;
 use crate::history::HistoryStore;
@@ -94,6 +95,48 @@ pub struct WebhookState {
     pub targets: StrategyTargets,
     /// Mode when neither the annotation nor the namespace's label says.
     pub default_mode: Mode,
+    /// Recent history answers, so a burst of submissions of one workload
+    /// does not run the same history query for each.
+    pub cache: HistoryCache,
+}
+
+/// Similar-run lists by query, kept for [`HistoryCache::TTL`]. The history
+/// changes when jobs finish (minutes), so a suggestion made from a view a few
+/// seconds old is as good; the size is bounded (cleared when full).
+#[derive(Debug, Default)]
+pub struct HistoryCache {
+    entries:
+        std::sync::Mutex<std::collections::HashMap<HistoryQuery, (Instant, Arc<Vec<RunRecord>>)>>,
+}
+
+impl HistoryCache {
+    /// How long an answer is reused.
+    pub const TTL: std::time::Duration = std::time::Duration::from_secs(10);
+    /// Most queries held.
+    const MAX: usize = 4096;
+
+    /// The cached answer, or the store's (then cached).
+    pub fn similar(
+        &self,
+        store: &dyn HistoryStore,
+        q: &HistoryQuery,
+    ) -> Result<Arc<Vec<RunRecord>>, crate::history::HistoryError> {
+        if let Ok(m) = self.entries.lock() {
+            if let Some((at, runs)) = m.get(q) {
+                if at.elapsed() < Self::TTL {
+                    return Ok(runs.clone());
+                }
+            }
+        }
+        let runs = Arc::new(store.similar(q)?);
+        if let Ok(mut m) = self.entries.lock() {
+            if m.len() >= Self::MAX {
+                m.clear();
+            }
+            m.insert(q.clone(), (Instant::now(), runs.clone()));
+        }
+        Ok(runs)
+    }
 }
 
 /// Where and with which certificate the webhook listens.
@@ -298,7 +341,7 @@ fn plan(
         &gpu.name,
         workload.seq_len,
     );
-    let history = match state.history.similar(&query) {
+    let history = match state.cache.similar(state.history.as_ref(), &query) {
         Ok(h) => h,
         Err(e) => {
             return Ok(Plan::Warn(format!(

@@ -336,6 +336,50 @@ impl HistoryStore for SqliteStore {
         runs: &mut dyn Iterator<Item = Result<RunRecord, HistoryError>>,
     ) -> Result<u64, HistoryError> {
         let mut conn = self.lock();
+        // A large import inserts into the similarity index in random key
+        // order: a 256 MiB page cache (only touched pages are allocated)
+        // keeps the index in memory instead of re-reading it per row.
+        conn.pragma_update(None, "cache_size", -262_144)
+            .map_err(|e| self.err(e))?;
+        let res = self.insert_all(&mut conn, runs);
+        let _ = conn.pragma_update(None, "cache_size", -65_536);
+        res
+    }
+
+    fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {
+        self.similar_impl(q)
+    }
+
+    fn list(&self, f: &ListFilter) -> Result<Vec<RunRecord>, HistoryError> {
+        self.list_impl(f)
+    }
+
+    fn set_peak(&self, id: i64, peak: u64) -> Result<(), HistoryError> {
+        self.set_peak_impl(id, peak)
+    }
+
+    fn count(&self) -> Result<u64, HistoryError> {
+        self.count_impl()
+    }
+
+    fn for_each(
+        &self,
+        f: &mut dyn FnMut(RunRecord) -> Result<(), HistoryError>,
+    ) -> Result<u64, HistoryError> {
+        self.for_each_impl(f)
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+}
+
+impl SqliteStore {
+    fn insert_all(
+        &self,
+        conn: &mut Connection,
+        runs: &mut dyn Iterator<Item = Result<RunRecord, HistoryError>>,
+    ) -> Result<u64, HistoryError> {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| self.err(e))?;
@@ -355,7 +399,7 @@ impl HistoryStore for SqliteStore {
         Ok(n)
     }
 
-    fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {
+    fn similar_impl(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {
         let conn = self.lock();
         let sql = format!(
             "{} WHERE model = ?1 AND method = ?2 AND gpu_model = ?3 AND seq_len BETWEEN ?4 AND ?5",
@@ -377,7 +421,7 @@ impl HistoryStore for SqliteStore {
         rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
     }
 
-    fn list(&self, f: &ListFilter) -> Result<Vec<RunRecord>, HistoryError> {
+    fn list_impl(&self, f: &ListFilter) -> Result<Vec<RunRecord>, HistoryError> {
         let conn = self.lock();
         let limit = f.limit.map_or(-1, |l| l.min(i64::MAX as usize) as i64);
         let sql = format!(
@@ -391,7 +435,7 @@ impl HistoryStore for SqliteStore {
         rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
     }
 
-    fn set_peak(&self, id: i64, peak: u64) -> Result<(), HistoryError> {
+    fn set_peak_impl(&self, id: i64, peak: u64) -> Result<(), HistoryError> {
         let conn = self.lock();
         let n = conn
             .execute(
@@ -408,7 +452,7 @@ impl HistoryStore for SqliteStore {
         Ok(())
     }
 
-    fn count(&self) -> Result<u64, HistoryError> {
+    fn count_impl(&self) -> Result<u64, HistoryError> {
         let conn = self.lock();
         let n: i64 = conn
             .query_row("SELECT COUNT(*) FROM runs", [], |r| r.get(0))
@@ -416,7 +460,7 @@ impl HistoryStore for SqliteStore {
         Ok(u(n))
     }
 
-    fn for_each(
+    fn for_each_impl(
         &self,
         f: &mut dyn FnMut(RunRecord) -> Result<(), HistoryError>,
     ) -> Result<u64, HistoryError> {
@@ -430,9 +474,5 @@ impl HistoryStore for SqliteStore {
             n += 1;
         }
         Ok(n)
-    }
-
-    fn url(&self) -> String {
-        self.url.clone()
     }
 }

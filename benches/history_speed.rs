@@ -7,9 +7,15 @@
 use std::io::{BufReader, BufWriter, Write};
 use std::time::Instant;
 
+use gpufit::core::advisor::{suggest, AdviceRequest, Strategy, StrategyTargets};
+use gpufit::core::catalog::GpuSpec;
+use gpufit::core::settings::Pins;
 use gpufit::core::similarity::HistoryQuery;
-use gpufit::core::workload::Method;
-use gpufit::history::jsonl::{ImportOptions, JsonlReader};
+use gpufit::core::workload::{
+    ArchKind, Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding,
+    Workload,
+};
+use gpufit::history::jsonl::{ImportOptions, JsonlReader, Resolver};
 use gpufit::history::sqlite::SqliteStore;
 use gpufit::history::HistoryStore;
 use rand::{Rng, SeedableRng};
@@ -60,7 +66,7 @@ fn main() {
             let ts = 1_700_000_000 + i as u64;
             writeln!(
                 w,
-                r#"{{"timestamp": {ts}, "config": {{"model": "torchtune.models.bench.lora_model_{model}", "max_seq_length": {seq}, "batch_size": {batch}, "dtype": "bf16", "enable_activation_checkpointing": {}, "enable_activation_offloading": false, "compile": false, "gradient_accumulation_steps": 1}}, "result": {{"success": {}, "peak_memory_gb": {}, "samples_per_sec": {:.2}, "failure_reason": {}, "duration_sec": 600.0}}, "gpu_type": "{gpu}"}}"#,
+                r#"{{"timestamp": {ts}, "config": {{"model": "bench-org/lora-model-{model}", "max_seq_length": {seq}, "batch_size": {batch}, "dtype": "bf16", "enable_activation_checkpointing": {}, "enable_activation_offloading": false, "compile": false, "gradient_accumulation_steps": 1}}, "result": {{"success": {}, "peak_memory_gb": {}, "samples_per_sec": {:.2}, "failure_reason": {}, "duration_sec": 600.0}}, "gpu_type": "{gpu}"}}"#,
                 i % 2 == 0,
                 !oom,
                 if oom { "null".to_string() } else { format!("{peak:.2}") },
@@ -109,6 +115,7 @@ fn main() {
 
     // --- similar() latency: random keys, every query hits ~n/keys records ---
     let queries = 10_000;
+    let mut resolver = Resolver::default();
     let mut lat = Vec::with_capacity(queries);
     let mut hits = 0usize;
     for _ in 0..queries {
@@ -116,14 +123,9 @@ fn main() {
         let model = key / (GPUS.len() * seqs.len());
         let gpu = GPUS[(key / seqs.len()) % GPUS.len()];
         let seq = seqs[key % seqs.len()];
-        // Catalog lookup fails for these synthetic names: the id is the
-        // name as written, the method read from it (lora).
-        let q = HistoryQuery::new(
-            &format!("torchtune.models.bench.lora_model_{model}"),
-            Method::Lora,
-            gpu,
-            seq,
-        );
+        // The id and method exactly as the import resolved them.
+        let (id, method) = resolver.model(&format!("bench-org/lora-model-{model}"));
+        let q = HistoryQuery::new(&id, method, &resolver.gpu(gpu), seq);
         let t = Instant::now();
         let got = store.similar(&q).expect("similar");
         lat.push(t.elapsed().as_secs_f64() * 1e3);
@@ -137,4 +139,105 @@ fn main() {
         percentile(&lat, 0.99),
         lat[lat.len() - 1]
     );
+
+    // --- full suggest: store query + advisor, as `gpufit suggest` does ---
+    let mut lat = Vec::with_capacity(queries);
+    let mut sources = std::collections::BTreeMap::<String, usize>::new();
+    let mut failed = 0usize;
+    let mut first_err = None;
+    for _ in 0..queries {
+        let key = rng.gen_range(0..keys);
+        let model = key / (GPUS.len() * seqs.len());
+        let gpu_name = GPUS[(key / seqs.len()) % GPUS.len()];
+        let seq = seqs[key % seqs.len()];
+        let (id, method) = resolver.model(&format!("bench-org/lora-model-{model}"));
+        let gpu = gpufit::core::catalog::lookup_gpu(gpu_name)
+            .unwrap_or_else(|_| bench_gpu(&resolver.gpu(gpu_name)));
+        let workload = bench_workload(&id, method, seq);
+        let pins = Pins::default();
+        let t = Instant::now();
+        let history = store
+            .similar(&HistoryQuery::new(
+                &workload.model.name,
+                workload.method,
+                &gpu.name,
+                seq,
+            ))
+            .expect("similar");
+        let res = suggest(&AdviceRequest {
+            workload: &workload,
+            gpu: &gpu,
+            strategy: Strategy::Balanced,
+            targets: StrategyTargets::default(),
+            pins: &pins,
+            history: &history,
+        });
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        match res {
+            Ok(s) => *sources.entry(format!("{:?}", s.source)).or_default() += 1,
+            Err(e) => {
+                failed += 1;
+                first_err.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "suggest (similar() + advisor): {queries} suggestions: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; targets p50 ≤ 2 ms, p99 ≤ 10 ms; sources {sources:?}",
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99),
+        lat[lat.len() - 1]
+    );
+    if let Some(e) = first_err {
+        println!("  note: {failed} of {queries} suggestions returned an error, e.g.: {e}");
+    }
+}
+
+/// An 80 GiB A100-class GPU under the benchmark's GPU name (used only if
+/// the catalog does not know the name).
+fn bench_gpu(name: &str) -> GpuSpec {
+    GpuSpec {
+        name: name.to_string(),
+        memory_bytes: 80 * (1 << 30),
+        compute_capability: "8.0".into(),
+        bf16: true,
+        fp8: false,
+        bf16_tflops: 312.0,
+    }
+}
+
+/// A Llama-3.1-8B-shaped LoRA workload (numbers from its config.json) under
+/// the benchmark's model id.
+fn bench_workload(id: &str, method: Method, seq_len: u32) -> Workload {
+    Workload {
+        model: ModelArch {
+            name: id.to_string(),
+            kind: ArchKind::DecoderOnly,
+            params: 8_030_261_248,
+            hidden_size: 4096,
+            num_layers: 32,
+            num_attention_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            intermediate_size: 14336,
+            vocab_size: 128_256,
+            tied_embeddings: false,
+            gated_mlp: true,
+            num_experts: 1,
+            experts_per_token: 1,
+            max_position_embeddings: 131_072,
+        },
+        method,
+        lora: Some(LoraConfig {
+            rank: 16,
+            targets: vec![LoraTarget::Q, LoraTarget::V],
+        }),
+        seq_len,
+        optimizer: Optimizer::Adamw,
+        global_batch: None,
+        gpus: 1,
+        sharding: Sharding::None,
+        framework: Framework::Torchtune,
+        attention: Attention::Sdpa,
+    }
 }

@@ -72,17 +72,16 @@ CLUSTER_SCOPED = {
 # Least privilege: (apiGroup, resource) -> verbs the controller may hold.
 # Anything else in a Role/ClusterRole is an error; so is a wildcard.
 ALLOWED_RULES: dict[tuple[str, str], set[str]] = {
-    ("gpufit.io", "trainingjobs"): {"get", "list", "watch", "patch", "update"},
-    ("gpufit.io", "trainingjobs/status"): {"get", "patch", "update"},
+    ("gpufit.io", "trainingjobs"): {"get", "list", "watch"},
+    ("gpufit.io", "trainingjobs/status"): {"get", "patch"},
     ("gpufit.io", "trainingjobs/finalizers"): {"update"},
-    ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("batch", "jobs"): {"get", "list", "watch", "create"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "pods/log"): {"get"},
     ("", "nodes"): {"get", "list", "watch"},
     ("", "namespaces"): {"get", "list", "watch"},
-    ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
-    ("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"},
+    ("coordination.k8s.io", "leases"): {"get", "create", "update"},
 }
 # What the controller cannot work without (when RBAC is rendered).
 REQUIRED_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
@@ -90,10 +89,9 @@ REQUIRED_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("gpufit.io", "trainingjobs/status"): {"patch"},
     ("batch", "jobs"): {"get", "list", "watch", "create"},
     ("", "pods"): {"get", "list", "watch"},
-    ("", "pods/log"): {"get"},
-    ("", "nodes"): {"get", "list", "watch"},
+    ("", "nodes"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
-    ("", "events"): {"create"},
+    ("events.k8s.io", "events"): {"create", "patch"},
 }
 REQUIRED_LEASE_VERBS = {"get", "create", "update"}
 
@@ -122,7 +120,7 @@ class Case:
         self.expect = expect
 
 
-class Case_fails:
+class FailingCase:
     """A value set the chart must refuse, with a message containing `needle`."""
 
     def __init__(self, name: str, values: dict[str, Any], needle: str):
@@ -309,6 +307,22 @@ def expect_recommend_inventory(r: Rendered, p: Problems) -> None:
     p.check(r.of("ConfigMap") == cms, "dashboards.enabled=false: no dashboard ConfigMaps")
 
 
+def expect_single_no_leader(r: Rendered, p: Problems) -> None:
+    dep = r.one("Deployment")
+    if dep:
+        args = container(dep, "controller").get("args", [])
+        p.check("--no-leader-election" in args, "leaderElection.enabled=false must pass --no-leader-election")
+        p.check(not any(a.startswith("--lease-name") for a in args), "no leader election: no --lease-name")
+        p.check("--watch-namespace=team-a" in args, "controller.watchNamespace must become --watch-namespace")
+        p.check("--cluster=gpu-west" in args, "controller.clusterName must become --cluster")
+    p.check(r.of("Role") == [] and r.of("RoleBinding") == [], "no leader election: no lease Role")
+    ds = r.one("DaemonSet")
+    if ds:
+        args = container(ds, "sidecar").get("args", [])
+        p.check("--nvml-lib=/usr/lib64/libnvidia-ml.so.1" in args, "sidecar.nvmlLib must become --nvml-lib")
+        p.check("--interval=50ms" in args, "sidecar.interval must become --interval")
+
+
 def expect_sidecar_only(r: Rendered, p: Problems) -> None:
     p.check(r.of("Deployment") == [], "controller.enabled=false: no Deployment")
     p.check(r.of("ClusterRole") == [], "controller.enabled=false: no RBAC")
@@ -336,43 +350,52 @@ CASES: list[Case] = [
             "sidecar": {
                 "backend": "inventory",
                 "runtimeClassName": "nvidia",
-                "inventory": "gpus:\n  - model: NVIDIA A100-SXM4-80GB\n    memory_total_bytes: 85899345920\n",
+                "inventory": "gpus:\n  - {name: NVIDIA A100-SXM4-80GB, count: 8, memory_gib: 80}\n",
             },
             "dashboards": {"enabled": False},
         },
         expect_recommend_inventory,
     ),
+    Case(
+        "single-replica-no-leader-election",
+        {
+            "controller": {"leaderElection": {"enabled": False}, "watchNamespace": "team-a", "clusterName": "gpu-west"},
+            "sidecar": {"readOtherUsersProcesses": True, "nvmlLib": "/usr/lib64/libnvidia-ml.so.1", "interval": "50ms"},
+        },
+        expect_single_no_leader,
+    ),
     Case("sidecar-only", {"controller": {"enabled": False}}, expect_sidecar_only),
 ]
 
-FAILING: list[Case_fails] = [
-    Case_fails("replicas>1 with sqlite", {"controller": {"replicas": 2}}, "history.type=postgres"),
-    Case_fails(
+FAILING: list[FailingCase] = [
+    FailingCase("replicas>1 with sqlite", {"controller": {"replicas": 2}}, "history.type=postgres"),
+    FailingCase(
         "replicas>1 without leader election",
         {**HA_POSTGRES, "controller": {"replicas": 2, "leaderElection": {"enabled": False}}},
         "leaderElection.enabled=true",
     ),
-    Case_fails("postgres without a secret", {"history": {"type": "postgres"}}, "history.postgres.existingSecret"),
-    Case_fails("unknown history type", {"history": {"type": "mysql"}}, "/history/type"),
-    Case_fails("unknown mode", {"controller": {"mode": "Mutate"}}, "/controller/mode"),
-    Case_fails(
+    FailingCase("postgres without a secret", {"history": {"type": "postgres"}}, "history.postgres.existingSecret"),
+    FailingCase("unknown history type", {"history": {"type": "mysql"}}, "/history/type"),
+    FailingCase("unknown mode", {"controller": {"mode": "Mutate"}}, "/controller/mode"),
+    FailingCase(
         "no TLS source",
         {"webhook": {"tls": {"certManager": {"enabled": False}}}},
         "webhook.tls.existingSecret",
     ),
-    Case_fails(
+    FailingCase(
         "provided TLS secret without CA bundle",
         {"webhook": {"tls": {"certManager": {"enabled": False}, "existingSecret": "x"}}},
         "webhook.tls.caBundle",
     ),
-    Case_fails("bad failurePolicy", {"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
-    Case_fails("webhook timeout too long", {"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
-    Case_fails("webhook matching everything", {"webhook": {"objectSelector": None}}, "objectSelector must not be empty"),
-    Case_fails("inventory backend without inventory", {"sidecar": {"backend": "inventory"}}, "sidecar.inventory"),
-    Case_fails("unknown sidecar backend", {"sidecar": {"backend": "dcgm"}}, "/sidecar/backend"),
-    Case_fails("replicas not a number", {"controller": {"replicas": "three"}}, "/controller/replicas"),
-    Case_fails("sidecar interval not a duration", {"sidecar": {"interval": "fast"}}, "/sidecar/interval"),
-    Case_fails("zero replicas", {"controller": {"replicas": 0}}, "/controller/replicas"),
+    FailingCase("bad failurePolicy", {"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
+    FailingCase("webhook timeout too long", {"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
+    FailingCase("webhook matching everything", {"webhook": {"objectSelector": None}}, "objectSelector must not be empty"),
+    FailingCase("inventory backend without inventory", {"sidecar": {"backend": "inventory"}}, "sidecar.inventory"),
+    FailingCase("unknown sidecar backend", {"sidecar": {"backend": "dcgm"}}, "/sidecar/backend"),
+    FailingCase("replicas not a number", {"controller": {"replicas": "three"}}, "/controller/replicas"),
+    FailingCase("sidecar interval not a duration", {"sidecar": {"interval": "fast"}}, "/sidecar/interval"),
+    FailingCase("bad watch namespace", {"controller": {"watchNamespace": "Team A"}}, "not a namespace name"),
+    FailingCase("zero replicas", {"controller": {"replicas": 0}}, "/controller/replicas"),
 ]
 
 
@@ -680,11 +703,17 @@ def check_sidecar(r: Rendered, p: Problems) -> None:
             "the sidecar runs without privilege escalation on a read-only root filesystem")
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v}
     mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
-    for needed in ("/proc", "/sys/fs/cgroup"):
-        vol = next((n for n, hp in host_paths.items() if hp == needed), None)
-        if p.check(vol is not None, f"the sidecar needs the host's {needed}"):
-            p.check(mounts.get(vol, {}).get("readOnly") is True, f"the host's {needed} must be mounted read-only")
-    p.check(set(host_paths.values()) <= {"/proc", "/sys/fs/cgroup"}, f"unexpected hostPath volumes: {sorted(host_paths.values())}")
+    proc_vol = next((n for n, hp in host_paths.items() if hp == "/proc"), None)
+    if p.check(proc_vol is not None, "the sidecar needs the host's /proc (process → pod attribution)"):
+        mount = mounts.get(proc_vol, {})
+        p.check(mount.get("readOnly") is True, "the host's /proc must be mounted read-only")
+        p.check(f"--proc-root={mount.get('mountPath')}" in args, "--proc-root must point at the mounted host /proc")
+    p.check(set(host_paths.values()) <= {"/proc"}, f"hostPath volumes beyond /proc: {sorted(host_paths.values())}")
+    caps = sc.get("capabilities", {})
+    p.check(caps.get("drop") == ["ALL"], "the sidecar drops every capability")
+    want_caps = ["SYS_PTRACE", "DAC_READ_SEARCH"] if r.merged["sidecar"]["readOtherUsersProcesses"] else []
+    p.check(sorted(caps.get("add") or []) == sorted(want_caps),
+            f"the sidecar adds exactly {want_caps} (sidecar.readOtherUsersProcesses), got {caps.get('add')}")
     p.check(spec.get("automountServiceAccountToken") is False, "the sidecar needs no API token")
     http = next((pt for pt in c.get("ports", []) if pt.get("name") == "http"), {})
     dep = r.one("Deployment")
@@ -718,6 +747,9 @@ def check_service_monitors(r: Rendered, p: Problems) -> None:
             p.check(isinstance(ep.get("interval"), str) and re.fullmatch(r"\d+[smh]", ep["interval"]) is not None,
                     f"{name}: interval must be a Prometheus duration")
         p.check(spec.get("namespaceSelector", {}).get("matchNames") == [NAMESPACE], f"{name}: namespaceSelector must be the release namespace")
+        if matched[0]["metadata"]["labels"].get("app.kubernetes.io/component") == "sidecar":
+            p.check(all(ep.get("honorLabels") is True for ep in spec.get("endpoints", [])),
+                    f"{name}: honorLabels must be true, or the job metrics' namespace/pod labels become exported_namespace/exported_pod")
 
 
 # ---------------------------------------------------------------- dashboards

@@ -30,4 +30,5 @@ fi
 
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
-cargo test --all-targets -- --test-threads 2
+# Benchmarks are built (clippy --all-targets) but not run here: `cargo bench --bench NAME`.
+cargo test --lib --bins --tests -- --test-threads 2

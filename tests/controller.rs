@@ -1,8 +1,77 @@
-//! The Kubernetes controller: CRD in sync, pure validate/build steps over
-//! YAML fixtures, and reconcile I/O against kube's `Client` over
-//! `tower_test::mock`.
+//! The Kubernetes controller: the CRD in sync with `gpufit crd`, the pure
+//! validate / build / GPU / failure-classification steps over YAML fixtures,
+//! and reconcile I/O against kube's `Client` over `tower_test::mock`, where a
+//! small in-memory API server answers each request as Kubernetes would and
+//! records it for the assertions.
 
+use std::collections::BTreeMap;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpufit::controller::build::{build_job, job_name, LABEL_TRAINING_JOB};
+use gpufit::controller::crd::{Mode, Outcome, Phase, TrainingJob, TrainingJobStatus};
+use gpufit::controller::gpu::{resolve_from_nodes, GpuError};
+use gpufit::controller::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
+use gpufit::controller::metrics::Metrics;
+use gpufit::controller::reconcile::{
+    classify_failure, reconcile, Context, MeasuredPeak, PeakQuery, PeakReader,
+};
+use gpufit::controller::validate::validate;
+use gpufit::core::advisor::{Strategy, Suggestion, SuggestionSource};
+use gpufit::core::run::RunRecord;
+use gpufit::core::settings::{DataLoaderSettings, Dtype, EngineeringSettings};
+use gpufit::core::similarity::HistoryQuery;
+use gpufit::core::workload::Method;
+use gpufit::history::{HistoryError, HistoryStore, ListFilter};
+use http::{Request, Response};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::client::Body;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::Client;
+use serde_json::{json, Value};
+
+const EXAMPLE_LORA: &str = include_str!("../examples/llama-3.1-8b-lora-a100.yaml");
+const EXAMPLE_RECOMMEND: &str = include_str!("../examples/recommend-mode.yaml");
+
+fn tj_from_yaml(yaml: &str) -> TrainingJob {
+    serde_yaml::from_str(yaml).expect("fixture is a TrainingJob")
+}
+
+/// A fixture as the API server returns it: with uid, generation, namespace.
+fn served(mut tj: TrainingJob) -> TrainingJob {
+    tj.metadata.uid = Some("0b5c1f7e-uid".into());
+    tj.metadata.generation = Some(1);
+    tj.metadata.resource_version = Some("1".into());
+    if tj.metadata.namespace.is_none() {
+        tj.metadata.namespace = Some("default".into());
+    }
+    tj
+}
+
+fn suggestion(micro: u32, accum: u32) -> Suggestion {
+    Suggestion {
+        settings: EngineeringSettings {
+            micro_batch_size: micro,
+            gradient_accumulation_steps: accum,
+            dtype: Dtype::Bf16,
+            activation_checkpointing: true,
+            activation_offloading: false,
+            compile: false,
+            dataloader: DataLoaderSettings::default(),
+        },
+        predicted_peak_bytes: 40 << 30,
+        memory_fraction: 0.5,
+        confidence: 0.4,
+        source: SuggestionSource::Heuristic,
+        strategy: Strategy::Balanced,
+        gpu: "NVIDIA A100-SXM4-80GB".into(),
+        reasoning: "the memory model predicts 40 GiB at micro batch 8".into(),
+        warnings: vec![],
+    }
+}
 
 // === CRD ===
 
@@ -31,4 +100,1279 @@ fn checked_in_crd_matches_what_gpufit_crd_prints() {
         printed.contains("shortNames:\n    - tj"),
         "short name tj missing"
     );
+    for col in [
+        "Phase",
+        "GPU",
+        "Micro Batch",
+        "Dtype",
+        "Confidence",
+        "Peak GiB",
+        "Age",
+    ] {
+        assert!(
+            printed.contains(&format!("name: {col}\n")),
+            "printer column {col} missing"
+        );
+    }
+}
+
+// === validate ===
+
+#[test]
+fn llama_lora_example_validates_to_a_lora_workload_with_its_global_batch() {
+    let tj = tj_from_yaml(EXAMPLE_LORA);
+    let v = validate(&tj.spec, None).expect("the example is valid");
+    assert_eq!(v.workload.method, Method::Lora);
+    assert_eq!(v.workload.lora.as_ref().map(|l| l.rank), Some(16));
+    assert_eq!(v.workload.seq_len, 2048);
+    assert_eq!(v.workload.global_batch, Some(64));
+    assert_eq!(v.mode, Mode::Inject);
+    assert_eq!(v.oom_retry_limit, 2);
+}
+
+#[test]
+fn recommend_example_validates_in_recommend_mode_with_its_pin() {
+    let tj = tj_from_yaml(EXAMPLE_RECOMMEND);
+    let v = validate(&tj.spec, None).expect("the example is valid");
+    assert_eq!(v.mode, Mode::Recommend);
+    assert_eq!(v.pins.dtype, Some(Dtype::Bf16Mixed));
+    assert_eq!(v.strategy, Strategy::Conservative);
+}
+
+const MINIMAL: &str = r#"
+apiVersion: gpufit.io/v1alpha1
+kind: TrainingJob
+metadata: {name: t, namespace: default}
+spec:
+  workload:
+    architecture: {name: tiny-gpt, params: 124000000, hiddenSize: 768, layers: 12, heads: 12, vocabSize: 50257}
+    seqLen: 1024
+  template:
+    spec:
+      containers: [{name: train, image: train:1, args: ["--batch", "{micro_batch_size}"]}]
+"#;
+
+fn minimal_with(edit: impl FnOnce(&mut Value)) -> TrainingJob {
+    let mut v: Value = serde_yaml::from_str(MINIMAL).expect("fixture");
+    edit(&mut v);
+    serde_json::from_value(v).expect("still a TrainingJob")
+}
+
+fn invalid_field(tj: &TrainingJob, mode: Option<Mode>) -> String {
+    let e = validate(&tj.spec, mode).expect_err("must be invalid");
+    assert!(!e.message.is_empty());
+    e.field
+}
+
+#[test]
+fn inline_architecture_validates_without_the_catalog() {
+    let v = validate(&minimal_with(|_| {}).spec, None).expect("valid");
+    assert_eq!(v.workload.model.name, "tiny-gpt");
+    assert_eq!(v.workload.model.head_dim, 64);
+    assert_eq!(v.workload.method, Method::Full);
+}
+
+#[test]
+fn missing_model_and_architecture_fails_validation() {
+    let tj = minimal_with(|v| {
+        v["spec"]["workload"]
+            .as_object_mut()
+            .unwrap()
+            .remove("architecture");
+    });
+    assert_eq!(invalid_field(&tj, None), "spec.workload.model");
+}
+
+#[test]
+fn model_and_architecture_together_fail_validation() {
+    let tj = minimal_with(|v| v["spec"]["workload"]["model"] = json!("meta-llama/Llama-3.1-8B"));
+    assert_eq!(invalid_field(&tj, None), "spec.workload.model");
+}
+
+#[test]
+fn lora_method_without_rank_fails_validation() {
+    let tj = minimal_with(|v| v["spec"]["workload"]["method"] = json!("lora"));
+    assert_eq!(invalid_field(&tj, None), "spec.workload.loraRank");
+}
+
+#[test]
+fn lora_rank_with_full_method_fails_validation() {
+    let tj = minimal_with(|v| {
+        v["spec"]["workload"]["method"] = json!("full");
+        v["spec"]["workload"]["loraRank"] = json!(16);
+    });
+    assert_eq!(invalid_field(&tj, None), "spec.workload.loraRank");
+}
+
+#[test]
+fn pins_that_contradict_the_global_batch_fail_validation() {
+    let tj = minimal_with(|v| {
+        v["spec"]["workload"]["globalBatch"] = json!(64);
+        v["spec"]["pins"] = json!({"microBatchSize": 4, "gradientAccumulationSteps": 4});
+    });
+    assert_eq!(
+        invalid_field(&tj, None),
+        "spec.pins.gradientAccumulationSteps"
+    );
+}
+
+#[test]
+fn a_global_batch_not_divisible_by_the_gpus_fails_validation() {
+    let tj = minimal_with(|v| {
+        v["spec"]["workload"]["globalBatch"] = json!(10);
+        v["spec"]["workload"]["gpus"] = json!(4);
+    });
+    let e = validate(&tj.spec, None).expect_err("invalid");
+    assert!(e.message.contains("not divisible"), "{e}");
+}
+
+#[test]
+fn recommend_mode_with_placeholders_in_args_fails_validation() {
+    let tj = minimal_with(|_| {});
+    let field = invalid_field(&tj, Some(Mode::Recommend));
+    assert!(field.contains("args"), "{field}");
+}
+
+#[test]
+fn restart_policy_always_fails_validation() {
+    let tj = minimal_with(|v| v["spec"]["template"]["spec"]["restartPolicy"] = json!("Always"));
+    assert_eq!(invalid_field(&tj, None), "spec.template.spec.restartPolicy");
+}
+
+#[test]
+fn a_template_without_containers_fails_validation() {
+    let tj = minimal_with(|v| v["spec"]["template"]["spec"]["containers"] = json!([]));
+    assert_eq!(invalid_field(&tj, None), "spec.template.spec.containers");
+}
+
+#[test]
+fn spec_mode_wins_over_the_namespace_default() {
+    let tj = minimal_with(|v| {
+        v["spec"]["mode"] = json!("Inject");
+    });
+    let v = validate(&tj.spec, Some(Mode::Recommend)).expect("valid");
+    assert_eq!(v.mode, Mode::Inject);
+}
+
+// === build ===
+
+fn two_container_tj() -> TrainingJob {
+    served(minimal_with(|v| {
+        v["spec"]["template"]["spec"]["containers"] = json!([
+            {"name": "rank0", "image": "train:1",
+             "args": ["--micro-batch={micro_batch_size}", "--accum", "{gradient_accumulation_steps}", "--lr=3e-4", "--dtype={dtype}"],
+             "env": [{"name": "GPUFIT_MICRO_BATCH_SIZE", "value": "999"}, {"name": "SEED", "value": "42"}]},
+            {"name": "rank1", "image": "train:1", "command": ["python", "train.py", "--checkpointing={activation_checkpointing}"]}
+        ]);
+    }))
+}
+
+fn env_of(job: &Job, container: usize) -> BTreeMap<String, String> {
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    pod.containers[container]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+#[test]
+fn built_job_gives_every_container_the_same_settings_and_an_owner_reference() {
+    let tj = two_container_tj();
+    let job = build_job(&tj, 1, &suggestion(8, 8), Mode::Inject).expect("builds");
+    assert_eq!(job.metadata.name.as_deref(), Some("t-1"));
+    let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(owner.kind, "TrainingJob");
+    assert_eq!(owner.api_version, "gpufit.io/v1alpha1");
+    assert_eq!(owner.uid, "0b5c1f7e-uid");
+    assert_eq!(owner.controller, Some(true));
+    for c in 0..2 {
+        let env = env_of(&job, c);
+        assert_eq!(env["GPUFIT_MICRO_BATCH_SIZE"], "8", "container {c}");
+        assert_eq!(env["GPUFIT_GRAD_ACCUM_STEPS"], "8");
+        assert_eq!(env["GPUFIT_DTYPE"], "bf16");
+        assert_eq!(env["GPUFIT_ACTIVATION_CHECKPOINTING"], "true");
+        assert_eq!(env["GPUFIT_ACTIVATION_OFFLOADING"], "false");
+        assert_eq!(env["GPUFIT_COMPILE"], "false");
+        assert_eq!(env["GPUFIT_DATALOADER_NUM_WORKERS"], "4");
+    }
+    // The user's own variable is kept; the stale gpufit one is replaced, not duplicated.
+    assert_eq!(env_of(&job, 0)["SEED"], "42");
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let n = pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .filter(|e| e.name == "GPUFIT_MICRO_BATCH_SIZE")
+        .count();
+    assert_eq!(n, 1);
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(job.spec.as_ref().unwrap().backoff_limit, Some(0));
+    assert_eq!(
+        pod.containers[1].termination_message_policy.as_deref(),
+        Some("FallbackToLogsOnError")
+    );
+}
+
+#[test]
+fn placeholders_are_substituted_and_scientific_args_are_left_alone() {
+    let job = build_job(&two_container_tj(), 1, &suggestion(4, 16), Mode::Inject).expect("builds");
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(
+        pod.containers[0].args.as_deref().unwrap(),
+        [
+            "--micro-batch=4",
+            "--accum",
+            "16",
+            "--lr=3e-4",
+            "--dtype=bf16"
+        ]
+    );
+    assert_eq!(
+        pod.containers[1].command.as_deref().unwrap(),
+        ["python", "train.py", "--checkpointing=true"]
+    );
+}
+
+#[test]
+fn built_job_says_what_was_set_and_why_in_annotations() {
+    let job = build_job(&two_container_tj(), 2, &suggestion(4, 16), Mode::Inject).expect("builds");
+    let anns = job.metadata.annotations.as_ref().unwrap();
+    let applied: Value = serde_json::from_str(&anns[ANN_APPLIED]).expect("JSON annotation");
+    assert_eq!(applied["settings"]["microBatchSize"], 4);
+    assert_eq!(applied["source"], "heuristic");
+    assert!(anns[ANN_REASON].contains("40 GiB"));
+    assert_eq!(
+        job.metadata.labels.as_ref().unwrap()[LABEL_TRAINING_JOB],
+        "t"
+    );
+    assert_eq!(job.metadata.name.as_deref(), Some("t-2"));
+}
+
+#[test]
+fn recommend_mode_builds_the_template_as_written_with_only_annotations_added() {
+    let tj = served(tj_from_yaml(EXAMPLE_RECOMMEND));
+    let job = build_job(&tj, 1, &suggestion(4, 1), Mode::Recommend).expect("builds");
+    let anns = job.metadata.annotations.as_ref().unwrap();
+    assert!(anns.contains_key(ANN_RECOMMENDATION));
+    assert!(!anns.contains_key(ANN_APPLIED));
+    let built = &job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0];
+    let written = &tj.spec.template.spec.as_ref().unwrap().containers[0];
+    assert_eq!(built.args, written.args);
+    assert_eq!(built.env, written.env);
+    assert!(built
+        .env
+        .iter()
+        .flatten()
+        .all(|e| !e.name.starts_with("GPUFIT_")));
+}
+
+#[test]
+fn job_names_stay_within_63_characters() {
+    let long = "a".repeat(80);
+    let name = job_name(&long, 12);
+    assert!(name.len() <= 63, "{name}");
+    assert!(name.ends_with("-12"));
+}
+
+// === GPU from node labels ===
+
+fn node(name: &str, labels: &[(&str, &str)]) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()}
+    }))
+    .expect("node")
+}
+
+fn pod_spec(v: Value) -> k8s_openapi::api::core::v1::PodSpec {
+    serde_json::from_value(v).expect("pod spec")
+}
+
+#[test]
+fn nodes_matching_the_node_selector_decide_the_gpu() {
+    let nodes = [
+        node(
+            "a100",
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+                ("nvidia.com/gpu.memory", "81920"),
+                ("pool", "train"),
+            ],
+        ),
+        node(
+            "t4",
+            &[
+                ("nvidia.com/gpu.product", "Tesla-T4"),
+                ("nvidia.com/gpu.memory", "15360"),
+                ("pool", "infer"),
+            ],
+        ),
+        node("cpu", &[("pool", "train")]),
+    ];
+    let pod = pod_spec(json!({"containers": [], "nodeSelector": {"pool": "train"}}));
+    let gpu = resolve_from_nodes(nodes.iter(), Some(&pod)).expect("one GPU model");
+    assert_eq!(gpu.memory_bytes, 81920 << 20);
+    assert!(gpu.name.contains("A100"), "{}", gpu.name);
+}
+
+#[test]
+fn required_node_affinity_narrows_the_nodes() {
+    let nodes = [
+        node(
+            "a100",
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+                ("nvidia.com/gpu.memory", "81920"),
+            ],
+        ),
+        node(
+            "t4",
+            &[
+                ("nvidia.com/gpu.product", "Tesla-T4"),
+                ("nvidia.com/gpu.memory", "15360"),
+            ],
+        ),
+    ];
+    let pod = pod_spec(
+        json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]}]}]}}}}),
+    );
+    let gpu = resolve_from_nodes(nodes.iter(), Some(&pod)).expect("one GPU model");
+    assert_eq!(gpu.memory_bytes, 15360 << 20);
+}
+
+#[test]
+fn nodes_with_different_gpus_are_an_error_that_names_them() {
+    let nodes = [
+        node("a", &[("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")]),
+        node("b", &[("nvidia.com/gpu.product", "Tesla-T4")]),
+    ];
+    match resolve_from_nodes(nodes.iter(), None) {
+        Err(GpuError::Mixed(list)) => assert!(list.contains("Tesla-T4") && list.contains("A100")),
+        other => panic!("expected Mixed, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_unknown_gpu_product_uses_the_memory_label() {
+    let nodes = [node(
+        "x",
+        &[
+            ("nvidia.com/gpu.product", "Acme-Tensor-9000"),
+            ("nvidia.com/gpu.memory", "49152"),
+        ],
+    )];
+    let gpu = resolve_from_nodes(nodes.iter(), None).expect("memory label suffices");
+    assert_eq!(gpu.memory_bytes, 49152 << 20);
+    assert!(!gpu.bf16, "no capability is claimed for an unknown GPU");
+}
+
+#[test]
+fn an_unknown_gpu_product_without_memory_is_an_error() {
+    let nodes = [node("x", &[("nvidia.com/gpu.product", "Acme-Tensor-9000")])];
+    assert!(matches!(
+        resolve_from_nodes(nodes.iter(), None),
+        Err(GpuError::Unknown { .. })
+    ));
+}
+
+#[test]
+fn no_labelled_nodes_is_an_error_that_says_to_set_spec_gpu() {
+    let e = resolve_from_nodes([node("cpu", &[])].iter(), None).expect_err("no GPU");
+    assert!(e.to_string().contains("spec.gpu"), "{e}");
+}
+
+// === failure classification ===
+
+fn failed_job() -> Job {
+    serde_json::from_value(json!({"metadata": {"name": "t-1"}, "status": {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}}))
+    .expect("job")
+}
+
+fn pod_terminated(exit_code: i32, reason: &str, message: &str) -> Pod {
+    serde_json::from_value(
+        json!({"metadata": {"name": "t-1-abcde"}, "status": {"containerStatuses": [{
+        "name": "train", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}}}]}}),
+    )
+    .expect("pod")
+}
+
+#[test]
+fn a_cuda_out_of_memory_termination_message_is_an_oom() {
+    let msg = "Traceback (most recent call last):\n  File \"train.py\", line 9\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.2 GiB is free.\n";
+    let (outcome, why) = classify_failure(&failed_job(), &[pod_terminated(1, "Error", msg)]);
+    assert_eq!(outcome, Outcome::Oom);
+    assert!(why.contains("CUDA out of memory"), "{why}");
+}
+
+#[test]
+fn a_host_memory_kill_is_not_a_gpu_oom() {
+    let (outcome, why) = classify_failure(&failed_job(), &[pod_terminated(137, "OOMKilled", "")]);
+    assert_eq!(outcome, Outcome::Failed);
+    assert!(why.contains("host memory"), "{why}");
+}
+
+#[test]
+fn another_error_reports_the_exit_code_and_last_log_line() {
+    let (outcome, why) = classify_failure(
+        &failed_job(),
+        &[pod_terminated(
+            2,
+            "Error",
+            "loading data\nFileNotFoundError: /data/train.jsonl\n",
+        )],
+    );
+    assert_eq!(outcome, Outcome::Failed);
+    assert!(
+        why.contains("code 2") && why.contains("FileNotFoundError"),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_failed_job_without_pods_reports_the_job_condition() {
+    let (outcome, why) = classify_failure(&failed_job(), &[]);
+    assert_eq!(outcome, Outcome::Failed);
+    assert!(why.contains("backoff limit"), "{why}");
+}
+
+// === reconcile over tower_test::mock ===
+
+/// One request the fake API server saw.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    body: Value,
+}
+
+/// An in-memory API server for one namespace: TrainingJobs (status patches
+/// merged), Jobs, Pods, Events. Unknown requests answer 500 and are kept in
+/// `unexpected`, which every test checks.
+#[derive(Default)]
+struct FakeApi {
+    tj: Option<Value>,
+    jobs: BTreeMap<String, Value>,
+    pods: Vec<Value>,
+    seen: Vec<Seen>,
+    unexpected: Vec<String>,
+}
+
+impl FakeApi {
+    fn jobs_created(&self) -> Vec<Value> {
+        self.seen
+            .iter()
+            .filter(|s| s.method == "POST" && s.path.ends_with("/jobs"))
+            .map(|s| s.body.clone())
+            .collect()
+    }
+    fn status_patches(&self) -> usize {
+        self.seen
+            .iter()
+            .filter(|s| s.method == "PATCH" && s.path.ends_with("/status"))
+            .count()
+    }
+    fn event_reasons(&self) -> Vec<String> {
+        self.seen
+            .iter()
+            .filter(|s| s.path.contains("/events"))
+            .filter_map(|s| s.body["reason"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+fn status_404(what: &str) -> (u16, Value) {
+    (
+        404,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")}),
+    )
+}
+
+fn merge(target: &mut Value, patch: &Value) {
+    json_patch::merge(target, patch);
+}
+
+fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
+    let ns = "/namespaces/default";
+    let tj_name = api
+        .tj
+        .as_ref()
+        .and_then(|t| t["metadata"]["name"].as_str())
+        .unwrap_or("")
+        .to_string();
+    if path == format!("/apis/gpufit.io/v1alpha1{ns}/trainingjobs/{tj_name}/status")
+        && method == "PATCH"
+    {
+        let Some(tj) = api.tj.as_mut() else {
+            return status_404("trainingjob");
+        };
+        merge(tj, &body);
+        return (200, tj.clone());
+    }
+    if let Some(rest) = path.strip_prefix(&format!("/apis/batch/v1{ns}/jobs")) {
+        match (method, rest) {
+            ("POST", "") => {
+                let name = body["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if api.jobs.contains_key(&name) {
+                    return (
+                        409,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists", "code": 409, "message": "exists"}),
+                    );
+                }
+                let mut job = body.clone();
+                job["metadata"]["uid"] = json!(format!("uid-{name}"));
+                api.jobs.insert(name, job.clone());
+                return (201, job);
+            }
+            ("GET", name) => {
+                let name = name.trim_start_matches('/');
+                return match api.jobs.get(name) {
+                    Some(j) => (200, j.clone()),
+                    None => status_404("job"),
+                };
+            }
+            _ => {}
+        }
+    }
+    if path == format!("/api/v1{ns}/pods") && method == "GET" {
+        let items: Vec<Value> = api
+            .pods
+            .iter()
+            .filter(|p| {
+                let job = p["metadata"]["labels"]["batch.kubernetes.io/job-name"]
+                    .as_str()
+                    .unwrap_or("");
+                query.contains(&format!("job-name%3D{job}"))
+                    || query.contains(&format!("job-name={job}"))
+            })
+            .cloned()
+            .collect();
+        return (
+            200,
+            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
+        );
+    }
+    if path.starts_with(&format!("/apis/events.k8s.io/v1{ns}/events")) {
+        return (if method == "POST" { 201 } else { 200 }, body);
+    }
+    api.unexpected.push(format!("{method} {path}?{query}"));
+    (
+        500,
+        json!({"kind": "Status", "code": 500, "message": "unexpected request"}),
+    )
+}
+
+/// Starts the fake API server; returns a client talking to it.
+fn fake_client(api: Arc<Mutex<FakeApi>>) -> Client {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let method = req.method().to_string();
+            let path = req.uri().path().to_string();
+            let query = req.uri().query().unwrap_or("").to_string();
+            let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let (code, out) = {
+                let mut api = api.lock().expect("fake api lock");
+                api.seen.push(Seen {
+                    method: method.clone(),
+                    path: path.clone(),
+                    body: body.clone(),
+                });
+                answer(&mut api, &method, &path, &query, body)
+            };
+            let resp = Response::builder()
+                .status(code)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&out).expect("json")))
+                .expect("response");
+            send.send_response(resp);
+        }
+    });
+    Client::new(svc, "default")
+}
+
+/// A history store double: in memory, or down.
+#[derive(Default)]
+struct MemHistory {
+    runs: Mutex<Vec<RunRecord>>,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl MemHistory {
+    fn check(&self) -> Result<(), HistoryError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(HistoryError::Store {
+                url: "mem:".into(),
+                message: "connection refused".into(),
+            });
+        }
+        Ok(())
+    }
+    fn all(&self) -> Vec<RunRecord> {
+        self.runs.lock().unwrap().clone()
+    }
+}
+
+impl HistoryStore for MemHistory {
+    fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {
+        self.check()?;
+        let mut runs = self.runs.lock().unwrap();
+        let mut r = run.clone();
+        r.id = Some(runs.len() as i64 + 1);
+        runs.push(r);
+        Ok(runs.len() as i64)
+    }
+    fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {
+        self.check()?;
+        Ok(self
+            .runs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| q.matches(r))
+            .cloned()
+            .collect())
+    }
+    fn list(&self, _f: &ListFilter) -> Result<Vec<RunRecord>, HistoryError> {
+        self.check()?;
+        Ok(self.all())
+    }
+    fn set_peak(&self, id: i64, peak: u64) -> Result<(), HistoryError> {
+        self.check()?;
+        let mut runs = self.runs.lock().unwrap();
+        let r = runs
+            .iter_mut()
+            .find(|r| r.id == Some(id))
+            .ok_or(HistoryError::Store {
+                url: "mem:".into(),
+                message: "no such run".into(),
+            })?;
+        r.result.peak_memory_bytes = Some(peak);
+        Ok(())
+    }
+    fn count(&self) -> Result<u64, HistoryError> {
+        self.check()?;
+        Ok(self.runs.lock().unwrap().len() as u64)
+    }
+    fn url(&self) -> String {
+        "mem:".into()
+    }
+}
+
+/// A peak reader double: a fixed answer, or an outage.
+struct FakePeaks(Mutex<Result<Option<u64>, String>>);
+
+impl PeakReader for FakePeaks {
+    fn job_peak(&self, _q: &PeakQuery) -> Result<Option<MeasuredPeak>, String> {
+        self.0.lock().unwrap().clone().map(|o| {
+            o.map(|bytes| MeasuredPeak {
+                bytes,
+                source: "prometheus".into(),
+            })
+        })
+    }
+}
+
+struct Scenario {
+    api: Arc<Mutex<FakeApi>>,
+    ctx: Arc<Context>,
+    history: Arc<MemHistory>,
+    peaks: Arc<FakePeaks>,
+}
+
+fn a100_nodes() -> Store<Node> {
+    let (store, mut writer) = reflector::store::<Node>();
+    writer.apply_watcher_event(&watcher::Event::Apply(node(
+        "gpu-1",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+            ("nvidia.com/gpu.memory", "81920"),
+        ],
+    )));
+    store
+}
+
+impl Scenario {
+    fn new(tj: TrainingJob, nodes: Store<Node>) -> Self {
+        let api = Arc::new(Mutex::new(FakeApi {
+            tj: Some(serde_json::to_value(&tj).expect("tj json")),
+            ..FakeApi::default()
+        }));
+        let client = fake_client(api.clone());
+        let history = Arc::new(MemHistory::default());
+        let peaks = Arc::new(FakePeaks(Mutex::new(Ok(Some(30 << 30)))));
+        let (namespaces, _w) = reflector::store::<Namespace>();
+        let ctx = Context::new(
+            client,
+            history.clone(),
+            nodes,
+            namespaces,
+            peaks.clone(),
+            Metrics::new(),
+        );
+        Scenario {
+            api,
+            ctx: Arc::new(ctx),
+            history,
+            peaks,
+        }
+    }
+
+    /// The TrainingJob as the fake API server holds it now.
+    fn tj(&self) -> TrainingJob {
+        serde_json::from_value(self.api.lock().unwrap().tj.clone().expect("tj")).expect("tj")
+    }
+
+    fn status(&self) -> TrainingJobStatus {
+        self.tj().status.unwrap_or_default()
+    }
+
+    async fn reconcile(
+        &self,
+    ) -> Result<kube::runtime::controller::Action, gpufit::controller::ControllerError> {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            reconcile(Arc::new(self.tj()), self.ctx.clone()),
+        )
+        .await
+        .expect("reconcile finishes in time")
+    }
+
+    /// Marks a Job finished (and adds its pod), as the Job controller would.
+    fn finish_job(&self, name: &str, success: bool, message: &str) {
+        let mut api = self.api.lock().unwrap();
+        let job = api.jobs.get_mut(name).expect("job exists");
+        job["status"] = json!({
+            "startTime": "2026-11-22T01:00:00Z",
+            "completionTime": if success { json!("2026-11-22T01:30:00Z") } else { Value::Null },
+            "conditions": [{"type": if success { "Complete" } else { "Failed" }, "status": "True",
+                            "lastTransitionTime": "2026-11-22T01:30:00Z"}],
+        });
+        if job["status"]["completionTime"].is_null() {
+            job["status"]
+                .as_object_mut()
+                .unwrap()
+                .remove("completionTime");
+        }
+        api.pods.push(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("{name}-x1y2z"), "namespace": "default",
+                         "labels": {"batch.kubernetes.io/job-name": name}},
+            "spec": {"nodeName": "gpu-1", "containers": [{"name": "train", "image": "i"}]},
+            "status": {"hostIP": "10.0.0.7", "containerStatuses": [{
+                "name": "train", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": if success { 0 } else { 1 }, "reason": if success { "Completed" } else { "Error" }, "message": message}}}]}
+        }));
+    }
+
+    fn assert_no_unexpected_requests(&self) {
+        let api = self.api.lock().unwrap();
+        assert!(
+            api.unexpected.is_empty(),
+            "unexpected API requests: {:?}",
+            api.unexpected
+        );
+    }
+}
+
+fn lora_tj() -> TrainingJob {
+    served(tj_from_yaml(EXAMPLE_LORA))
+}
+
+fn created_env(job: &Value) -> BTreeMap<String, String> {
+    job["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or_default().to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+const OOM_MESSAGE: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 2.1 GiB is free.";
+
+#[tokio::test]
+async fn a_new_training_job_gets_a_job_with_the_settings_and_an_owner_reference_and_a_status() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("reconcile succeeds");
+    s.assert_no_unexpected_requests();
+
+    let created = s.api.lock().unwrap().jobs_created();
+    assert_eq!(created.len(), 1, "exactly one Job");
+    let job = &created[0];
+    assert_eq!(job["metadata"]["name"], "llama-3-1-8b-lora-1");
+    assert_eq!(job["metadata"]["ownerReferences"][0]["kind"], "TrainingJob");
+    assert_eq!(job["metadata"]["ownerReferences"][0]["uid"], "0b5c1f7e-uid");
+    let env = created_env(job);
+    let st = s.status();
+    let sug = st.suggestion.as_ref().expect("suggestion in status");
+    assert_eq!(
+        env["GPUFIT_MICRO_BATCH_SIZE"],
+        sug.settings.micro_batch_size.to_string()
+    );
+    assert_eq!(
+        env["GPUFIT_GRAD_ACCUM_STEPS"],
+        sug.settings.gradient_accumulation_steps.to_string()
+    );
+    // The global batch of 64 is scientific: micro × accumulation × 1 GPU keeps it.
+    assert_eq!(
+        sug.settings.micro_batch_size * sug.settings.gradient_accumulation_steps,
+        64
+    );
+    let args: Vec<String> =
+        serde_json::from_value(job["spec"]["template"]["spec"]["containers"][0]["args"].clone())
+            .unwrap();
+    assert!(
+        args.contains(&format!("batch_size={}", sug.settings.micro_batch_size)),
+        "{args:?}"
+    );
+    assert!(
+        args.iter().all(|a| !a.contains('{')),
+        "placeholders left: {args:?}"
+    );
+
+    assert_eq!(st.phase, Some(Phase::Pending));
+    assert_eq!(st.observed_generation, Some(1));
+    assert!(st.gpu.as_deref().unwrap_or("").contains("A100"));
+    assert_eq!(st.attempts.len(), 1);
+    assert_eq!(st.attempts[0].outcome, Outcome::Running);
+    assert!(st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True"));
+    assert_eq!(s.api.lock().unwrap().event_reasons(), vec!["JobCreated"]);
+    assert_eq!(
+        s.ctx
+            .metrics
+            .suggestions
+            .with_label_values(&["heuristic", "balanced"])
+            .get(),
+        1
+    );
+
+    // A second pass with nothing new changes nothing and creates nothing.
+    let patches = s.api.lock().unwrap().status_patches();
+    s.reconcile().await.expect("idempotent");
+    assert_eq!(s.api.lock().unwrap().jobs_created().len(), 1);
+    assert_eq!(s.api.lock().unwrap().status_patches(), patches);
+}
+
+#[tokio::test]
+async fn a_finished_job_has_its_peak_read_its_run_recorded_and_the_training_job_succeeds() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    s.finish_job("llama-3-1-8b-lora-1", true, "");
+    s.reconcile().await.expect("finish");
+    s.assert_no_unexpected_requests();
+
+    let st = s.status();
+    assert_eq!(st.phase, Some(Phase::Succeeded));
+    let a = &st.attempts[0];
+    assert_eq!(a.outcome, Outcome::Succeeded);
+    assert_eq!(a.measured_peak_bytes, Some(30 << 30));
+    assert_eq!(st.peak_gib, Some(30.0));
+    assert!(a.prediction_error.is_some());
+    assert_eq!(a.node.as_deref(), Some("gpu-1"));
+    let runs = s.history.all();
+    assert_eq!(runs.len(), 1, "one run recorded");
+    let r = &runs[0];
+    assert!(r.result.success);
+    assert_eq!(r.result.peak_memory_bytes, Some(30 << 30));
+    assert_eq!(r.result.duration_sec, Some(1800.0));
+    assert_eq!(r.job_id.as_deref(), Some("default/llama-3-1-8b-lora-1"));
+    assert_eq!(Some(r.gpu_model.clone()), st.gpu);
+    assert_eq!(r.method, Method::Lora);
+    assert_eq!(r.global_batch, Some(64));
+    assert_eq!(r.predicted_peak_bytes, a.predicted_peak_bytes);
+    assert_eq!(a.run_id, Some(1));
+    assert_eq!(s.ctx.metrics.prediction_error.get_sample_count(), 1);
+    assert!(s
+        .api
+        .lock()
+        .unwrap()
+        .event_reasons()
+        .contains(&"Succeeded".to_string()));
+}
+
+#[tokio::test]
+async fn an_oom_is_recorded_and_retried_with_a_smaller_micro_batch() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    let first = s
+        .status()
+        .suggestion
+        .expect("suggestion")
+        .settings
+        .micro_batch_size;
+    assert!(
+        first > 1,
+        "the first suggestion must leave room to shrink, got {first}"
+    );
+    s.finish_job("llama-3-1-8b-lora-1", false, OOM_MESSAGE);
+    s.reconcile().await.expect("retry");
+    s.assert_no_unexpected_requests();
+
+    let st = s.status();
+    assert_eq!(st.attempts.len(), 2);
+    assert_eq!(st.attempts[0].outcome, Outcome::Oom);
+    assert!(st.attempts[0]
+        .message
+        .as_deref()
+        .unwrap_or("")
+        .contains("CUDA out of memory"));
+    let runs = s.history.all();
+    assert_eq!(runs.len(), 1);
+    assert!(runs[0].is_oom(), "the OOM is recorded");
+    let created = s.api.lock().unwrap().jobs_created();
+    assert_eq!(created.len(), 2);
+    assert_eq!(created[1]["metadata"]["name"], "llama-3-1-8b-lora-2");
+    let second: u32 = created_env(&created[1])["GPUFIT_MICRO_BATCH_SIZE"]
+        .parse()
+        .unwrap();
+    assert!(
+        second < first,
+        "retry micro batch {second} must be below the OOM batch {first}"
+    );
+    assert_eq!(st.attempts[1].outcome, Outcome::Running);
+    assert_eq!(st.phase, Some(Phase::Pending));
+    assert_eq!(s.ctx.metrics.ooms.get(), 1);
+    let reasons = s.api.lock().unwrap().event_reasons();
+    assert!(
+        reasons.contains(&"OutOfMemory".to_string())
+            && reasons.contains(&"RetryCreated".to_string()),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test]
+async fn when_oom_retries_are_exhausted_the_training_job_fails() {
+    let mut tj = lora_tj();
+    tj.spec.oom_retry_limit = Some(1);
+    let s = Scenario::new(tj, a100_nodes());
+    s.reconcile().await.expect("create");
+    s.finish_job("llama-3-1-8b-lora-1", false, OOM_MESSAGE);
+    s.reconcile().await.expect("retry");
+    s.finish_job("llama-3-1-8b-lora-2", false, OOM_MESSAGE);
+    s.reconcile().await.expect("give up");
+    s.assert_no_unexpected_requests();
+
+    let st = s.status();
+    assert_eq!(st.phase, Some(Phase::Failed));
+    assert_eq!(st.attempts.len(), 2, "no third Job");
+    assert_eq!(s.api.lock().unwrap().jobs_created().len(), 2);
+    assert_eq!(s.history.all().len(), 2, "both OOMs recorded");
+    let ready = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready condition");
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason, "OOMRetriesExhausted");
+}
+
+#[tokio::test]
+async fn an_invalid_spec_sets_a_condition_and_creates_no_job() {
+    let mut tj = lora_tj();
+    tj.spec.workload.lora_rank = None;
+    let s = Scenario::new(tj, a100_nodes());
+    let action = s
+        .reconcile()
+        .await
+        .expect("invalid is not an error to retry");
+    s.assert_no_unexpected_requests();
+    assert_eq!(action, kube::runtime::controller::Action::await_change());
+    assert!(s.api.lock().unwrap().jobs_created().is_empty());
+    let st = s.status();
+    assert_eq!(st.phase, Some(Phase::Invalid));
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Invalid")
+        .expect("Invalid condition");
+    assert_eq!(c.status, "True");
+    assert!(c.message.contains("loraRank"), "{}", c.message);
+    assert_eq!(s.api.lock().unwrap().event_reasons(), vec!["InvalidSpec"]);
+}
+
+#[tokio::test]
+async fn a_job_deleted_under_a_running_training_job_fails_it_and_is_not_recreated() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    s.api.lock().unwrap().jobs.clear();
+    s.reconcile().await.expect("notices the deletion");
+    s.assert_no_unexpected_requests();
+    let st = s.status();
+    assert_eq!(st.attempts[0].outcome, Outcome::Deleted);
+    assert_eq!(st.phase, Some(Phase::Failed));
+    assert_eq!(
+        s.api.lock().unwrap().jobs_created().len(),
+        1,
+        "not recreated"
+    );
+    assert!(s.history.all().is_empty(), "a deleted Job is no run result");
+    assert!(s
+        .api
+        .lock()
+        .unwrap()
+        .event_reasons()
+        .contains(&"JobDeleted".to_string()));
+}
+
+#[tokio::test]
+async fn with_the_history_store_down_the_run_stays_in_status_and_is_recorded_later() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    s.finish_job("llama-3-1-8b-lora-1", true, "");
+    s.history
+        .down
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = s.reconcile().await.expect_err("history down is retried");
+    assert_eq!(err.metric_label(), "history");
+    let st = s.status();
+    assert_eq!(
+        st.attempts[0].outcome,
+        Outcome::Succeeded,
+        "the outcome is kept in status"
+    );
+    assert_eq!(st.attempts[0].run_id, None);
+    assert!(st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "HistoryUnavailable" && c.status == "True"));
+
+    s.history
+        .down
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    s.reconcile().await.expect("recorded now");
+    s.assert_no_unexpected_requests();
+    assert_eq!(s.history.all().len(), 1);
+    let st = s.status();
+    assert_eq!(st.attempts[0].run_id, Some(1));
+    assert!(st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "HistoryUnavailable" && c.status == "False"));
+}
+
+#[tokio::test]
+async fn an_unknown_peak_is_recorded_as_unknown_and_filled_in_later() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    s.finish_job("llama-3-1-8b-lora-1", true, "");
+    *s.peaks.0.lock().unwrap() =
+        Err("Prometheus at http://prom:9090 did not answer within 5s".into());
+    s.reconcile().await.expect("records without the peak");
+    let runs = s.history.all();
+    assert_eq!(runs.len(), 1, "recorded, not dropped");
+    assert_eq!(runs[0].result.peak_memory_bytes, None);
+    assert!(s
+        .api
+        .lock()
+        .unwrap()
+        .event_reasons()
+        .contains(&"PeakUnavailable".to_string()));
+
+    *s.peaks.0.lock().unwrap() = Ok(Some(31 << 30));
+    s.reconcile().await.expect("fills the peak");
+    s.assert_no_unexpected_requests();
+    assert_eq!(s.history.all()[0].result.peak_memory_bytes, Some(31 << 30));
+    assert_eq!(s.status().attempts[0].measured_peak_bytes, Some(31 << 30));
+}
+
+#[tokio::test]
+async fn without_gpu_labels_the_training_job_waits_with_a_condition_and_backs_off() {
+    let (empty, _w) = reflector::store::<Node>();
+    let s = Scenario::new(lora_tj(), empty);
+    let err = s.reconcile().await.expect_err("retried with backoff");
+    s.assert_no_unexpected_requests();
+    assert_eq!(err.metric_label(), "gpu");
+    assert!(s.api.lock().unwrap().jobs_created().is_empty());
+    let st = s.status();
+    let ready = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(ready.reason, "GpuUnknown");
+    assert!(ready.message.contains("spec.gpu"), "{}", ready.message);
+    let first = s.ctx.next_backoff("default/llama-3-1-8b-lora");
+    let second = s.ctx.next_backoff("default/llama-3-1-8b-lora");
+    assert!(second > first && second <= Duration::from_secs(300));
+}
+
+// === leader election over tower_test::mock ===
+
+/// A fake API server holding one Lease, with optimistic concurrency on
+/// `resourceVersion` as the real one has.
+fn lease_client(lease: Arc<Mutex<Option<Value>>>) -> Client {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let method = req.method().to_string();
+            let path = req.uri().path().to_string();
+            let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let base = "/apis/coordination.k8s.io/v1/namespaces/gpufit/leases";
+            let (code, out) = {
+                let mut l = lease.lock().unwrap();
+                match (method.as_str(), path.as_str()) {
+                    ("GET", p) if p == format!("{base}/gpufit-controller") => match l.as_ref() {
+                        Some(v) => (200, v.clone()),
+                        None => status_404("lease"),
+                    },
+                    ("POST", p) if p == base => {
+                        let mut v = body.clone();
+                        v["metadata"]["resourceVersion"] = json!("1");
+                        *l = Some(v.clone());
+                        (201, v)
+                    }
+                    ("PUT", p) if p == format!("{base}/gpufit-controller") => {
+                        let current = l
+                            .as_ref()
+                            .and_then(|v| v["metadata"]["resourceVersion"].as_str())
+                            .unwrap_or("");
+                        if body["metadata"]["resourceVersion"].as_str() != Some(current) {
+                            (
+                                409,
+                                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "conflict"}),
+                            )
+                        } else {
+                            let mut v = body.clone();
+                            let next = current.parse::<u64>().unwrap_or(0) + 1;
+                            v["metadata"]["resourceVersion"] = json!(next.to_string());
+                            *l = Some(v.clone());
+                            (200, v)
+                        }
+                    }
+                    _ => (
+                        500,
+                        json!({"kind": "Status", "code": 500, "message": format!("unexpected {method} {path}")}),
+                    ),
+                }
+            };
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&out).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    Client::new(svc, "gpufit")
+}
+
+fn lease_cfg(identity: &str) -> gpufit::controller::leader::LeaderConfig {
+    gpufit::controller::leader::LeaderConfig {
+        lease_name: "gpufit-controller".into(),
+        namespace: "gpufit".into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(15),
+        renew_every: Duration::from_secs(5),
+    }
+}
+
+#[tokio::test]
+async fn the_first_replica_takes_the_lease_and_a_second_waits_until_it_expires() {
+    use gpufit::controller::leader::{release, try_acquire};
+    use k8s_openapi::api::coordination::v1::Lease;
+    let lease = Arc::new(Mutex::new(None));
+    let api: kube::Api<Lease> = kube::Api::namespaced(lease_client(lease.clone()), "gpufit");
+
+    assert!(
+        try_acquire(&api, &lease_cfg("replica-a"))
+            .await
+            .expect("api"),
+        "a takes the free lease"
+    );
+    assert!(
+        try_acquire(&api, &lease_cfg("replica-a"))
+            .await
+            .expect("api"),
+        "a renews its lease"
+    );
+    assert!(
+        !try_acquire(&api, &lease_cfg("replica-b"))
+            .await
+            .expect("api"),
+        "b must not take a live lease"
+    );
+    assert_eq!(
+        lease.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"],
+        "replica-a"
+    );
+
+    // a stops renewing: the lease expires and b takes over.
+    lease.lock().unwrap().as_mut().unwrap()["spec"]["renewTime"] =
+        json!("2020-01-01T00:00:00.000000Z");
+    assert!(
+        try_acquire(&api, &lease_cfg("replica-b"))
+            .await
+            .expect("api"),
+        "b takes the expired lease"
+    );
+    let held = lease.lock().unwrap().clone().unwrap();
+    assert_eq!(held["spec"]["holderIdentity"], "replica-b");
+    assert_eq!(held["spec"]["leaseTransitions"], 1);
+    assert!(
+        !try_acquire(&api, &lease_cfg("replica-a"))
+            .await
+            .expect("api"),
+        "a is follower now"
+    );
+
+    // b releases on shutdown; a takes over at once.
+    release(&api, &lease_cfg("replica-b"))
+        .await
+        .expect("release");
+    assert!(try_acquire(&api, &lease_cfg("replica-a"))
+        .await
+        .expect("api"));
+}
+
+#[tokio::test]
+async fn in_recommend_mode_the_job_runs_as_written_and_the_suggestion_goes_to_status() {
+    let s = Scenario::new(served(tj_from_yaml(EXAMPLE_RECOMMEND)), a100_nodes());
+    s.reconcile().await.expect("create");
+    let created = s.api.lock().unwrap().jobs_created();
+    assert_eq!(created.len(), 1);
+    let job = &created[0];
+    assert!(
+        created_env(job).keys().all(|k| !k.starts_with("GPUFIT_")),
+        "no settings injected"
+    );
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["args"],
+        json!(["--per_device_train_batch_size", "8", "--bf16"])
+    );
+    assert!(job["metadata"]["annotations"][ANN_RECOMMENDATION].is_string());
+    let st = s.status();
+    assert_eq!(st.mode, Some(Mode::Recommend));
+    assert!(st.suggestion.is_some(), "the recommendation is in status");
+
+    // Its outcome is not recorded as a run: gpufit does not know its real settings.
+    s.finish_job("qwen-full-recommend-1", true, "");
+    s.reconcile().await.expect("finish");
+    s.assert_no_unexpected_requests();
+    assert_eq!(s.status().phase, Some(Phase::Succeeded));
+    assert!(s.history.all().is_empty());
 }

@@ -164,11 +164,10 @@ fn every_rendered_command_line_is_accepted_by_the_gpufit_cli() {
                     rendered.command.join(" ")
                 )
             });
-            let runs_the_right_subcommand = match (component.as_str(), &cli.command) {
-                ("controller", Command::Controller(_)) => true,
-                ("sidecar", Command::Sidecar(_)) => true,
-                _ => false,
-            };
+            let runs_the_right_subcommand = matches!(
+                (component.as_str(), &cli.command),
+                ("controller", Command::Controller(_)) | ("sidecar", Command::Sidecar(_))
+            );
             assert!(
                 runs_the_right_subcommand,
                 "value set {case:?}: the {component} container runs `{}`",
@@ -265,7 +264,9 @@ fn dashboards_only_query_metrics_that_gpufit_exports() {
     let dir = root().join("charts/gpufit/dashboards");
     let mut used = std::collections::BTreeSet::new();
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot read {dir:?}: {e}")) {
-        let path = entry.expect("dashboard dir entry").path();
+        let path = entry
+            .unwrap_or_else(|e| panic!("cannot read an entry of {dir:?}: {e}"))
+            .path();
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }

@@ -285,6 +285,16 @@ fn unknown_paths_jobs_and_methods_answer_with_json_errors() {
         assert_eq!(code, 400, "{text}");
         assert!(text.contains(what), "{text}");
     }
+    // A pod may be called `log-peak`: GET reads it, only POST reports a log peak.
+    post(&sc, 9, 0, json!({"namespace": "x", "pod": "log-peak"}), GIB);
+    let j = get_json(&format!("{}/v1/jobs/x/log-peak", sc.base));
+    assert_eq!(j["peak_bytes"], GIB);
+    let (code, body) = call(
+        "POST",
+        &format!("{}/v1/jobs/x/log-peak", sc.base),
+        Some(json!({"peak": 1})),
+    );
+    assert_eq!(code, 400, "{body}");
     let health = get_json(&format!("{}/healthz", sc.base));
     assert_eq!(health["status"], "ok");
     assert_eq!(health["backend"], "simulate");
@@ -477,4 +487,48 @@ fn in_process_sidecar_serves_until_stopped_and_then_refuses_connections() {
         .expect("request thread");
         assert!(refused, "stopped sidecar still answers");
     });
+}
+
+#[test]
+fn gpus_live_lists_what_the_source_sees_and_fails_clearly_without_nvml() {
+    let out = Command::new(BIN)
+        .args([
+            "-o",
+            "json",
+            "gpus",
+            "--live",
+            "--backend",
+            "simulate",
+            "--simulate-gpus",
+            "2",
+        ])
+        .output()
+        .expect("gpufit binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON list");
+    let list = v.as_array().expect("a list of GPUs");
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[1]["index"], 1);
+    assert!(list[0]["memory_total_bytes"]
+        .as_u64()
+        .is_some_and(|b| b > 0));
+
+    let out = Command::new(BIN)
+        .args([
+            "gpus",
+            "--live",
+            "--backend",
+            "nvml",
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+        ])
+        .output()
+        .expect("gpufit binary runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("--backend inventory"), "{err}");
 }

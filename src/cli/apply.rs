@@ -18,8 +18,8 @@ use super::{print_json, Global, OutputFormat};
 use crate::core::advisor::{Strategy, Suggestion};
 use crate::core::settings::{Dtype, EngineeringSettings};
 
-/// Config layouts gpufit can write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+/// Config layouts gpufit can write (chosen with the workload's `--framework`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ConfigFramework {
     /// torchtune recipe config (`batch_size`, `enable_activation_checkpointing`, …).
@@ -35,9 +35,6 @@ pub struct ApplyArgs {
     /// The YAML config to update (a backup is kept as FILE.bak).
     #[arg(long)]
     pub config: PathBuf,
-    /// Which layout the config uses.
-    #[arg(long, value_enum)]
-    pub framework: ConfigFramework,
     /// A suggestion saved with `gpufit suggest --output json` (`-` for
     /// stdin). Without it, the advisor is asked with the flags below.
     #[arg(long)]
@@ -70,6 +67,17 @@ struct Applied {
 }
 
 pub fn run(g: &Global, args: ApplyArgs) -> crate::Result<ExitCode> {
+    // `--framework` is the workload flag (it also decides memory defaults).
+    let framework = match args.advice.workload.framework.trim().to_ascii_lowercase().as_str() {
+        "torchtune" => ConfigFramework::Torchtune,
+        "hf" | "huggingface" | "transformers" => ConfigFramework::Hf,
+        "lightning" => ConfigFramework::Lightning,
+        other => {
+            return Err(crate::Error::Usage(format!(
+                "gpufit apply writes torchtune, hf or lightning configs (got --framework {other}): pass --framework torchtune|hf|lightning"
+            )))
+        }
+    };
     let settings = match &args.suggestion {
         Some(src) => read_suggestion(src)?.settings,
         None => args.advice.resolve()?.suggest(args.strategy)?.settings,
@@ -78,7 +86,7 @@ pub fn run(g: &Global, args: ApplyArgs) -> crate::Result<ExitCode> {
         context: format!("cannot read config {}", args.config.display()),
         source: e,
     })?;
-    let (updated, changes, warnings) = apply_to_text(&original, args.framework, &settings)?;
+    let (updated, changes, warnings) = apply_to_text(&original, framework, &settings)?;
     let mut backup = None;
     if !args.dry_run && updated != original {
         let bak = backup_path(&args.config);
@@ -92,7 +100,7 @@ pub fn run(g: &Global, args: ApplyArgs) -> crate::Result<ExitCode> {
     let out = Applied {
         config: args.config.display().to_string(),
         backup,
-        framework: args.framework,
+        framework,
         changes,
         warnings,
     };
@@ -165,12 +173,15 @@ fn write_atomically(p: &Path, text: &str) -> crate::Result<()> {
     })
 }
 
+/// A key path in the config and the YAML scalar to write there.
+type KeyValue = (Vec<&'static str>, String);
+
 /// The engineering keys a framework's config carries, with values.
 fn keys_for(
     fw: ConfigFramework,
     s: &EngineeringSettings,
     text: &str,
-) -> crate::Result<(Vec<(Vec<&'static str>, String)>, Vec<String>)> {
+) -> crate::Result<(Vec<KeyValue>, Vec<String>)> {
     let b = |v: bool| v.to_string();
     let mut warnings = Vec::new();
     let dl = &s.dataloader;

@@ -173,6 +173,31 @@ fn gpu_fit(
     })
 }
 
+/// Memory levers the workload does not use yet, for the does-not-fit hint.
+fn what_would_help(w: &Workload, s: &EngineeringSettings) -> Vec<&'static str> {
+    use crate::core::workload::{Method, Optimizer, Sharding};
+    let mut v = Vec::new();
+    if !s.activation_checkpointing {
+        v.push("--checkpointing on");
+    } else if !s.activation_offloading {
+        v.push("--offloading on");
+    }
+    if w.optimizer == Optimizer::Adamw {
+        v.push("--optimizer adamw8bit");
+    }
+    match w.method {
+        Method::Full => v.push("--method lora or qlora"),
+        Method::Lora => v.push("--method qlora"),
+        Method::Qlora => {}
+    }
+    if w.sharding != Sharding::Zero3 && w.sharding != Sharding::Fsdp {
+        v.push("--zero 3 over more --gpus");
+    } else {
+        v.push("more --gpus");
+    }
+    v
+}
+
 fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Option<&GpuFit>) {
     let lora = w
         .lora
@@ -246,7 +271,8 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
         match f.max_micro_batch {
             Some(m) => println!("largest micro batch that fits: {m}"),
             None => println!(
-                "even micro batch 1 does not fit: try --checkpointing on, --optimizer adamw8bit, --method qlora, or --zero 3 over more --gpus"
+                "even micro batch 1 does not fit: try {}",
+                what_would_help(w, s).join(", ")
             ),
         }
         for warn in &f.warnings {

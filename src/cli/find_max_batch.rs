@@ -150,7 +150,7 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
         .max_batch
         .or(per_gpu)
         .unwrap_or(crate::core::advisor::MAX_MICRO_BATCH)
-        .max(1);
+        .clamp(1, 1 << 20);
     let predicted = sug
         .as_ref()
         .map(|s| s.settings.micro_batch_size)

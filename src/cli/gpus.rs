@@ -12,8 +12,11 @@ use crate::core::units::to_gib;
 pub struct GpusArgs {
     /// Show only this GPU (NVML name, case- and punctuation-tolerant).
     pub name: Option<String>,
-    // `--live` (GPUs read from NVML on this node) is added by the sidecar
-    // work: it will replace `catalog_rows()` with the live list below.
+    /// Show the GPUs on this node as the sidecar's source reads them (NVML unless --backend says otherwise).
+    #[arg(long, env = "GPUFIT_GPUS_LIVE")]
+    pub live: bool,
+    #[command(flatten)]
+    pub source: super::sidecar::BackendArgs,
 }
 
 /// The rows to print: one named GPU, or the whole catalog.
@@ -25,6 +28,9 @@ fn catalog_rows(args: &GpusArgs) -> crate::Result<Vec<GpuSpec>> {
 }
 
 pub fn run(g: &Global, args: GpusArgs) -> crate::Result<ExitCode> {
+    if args.live {
+        return super::sidecar::print_live(g, &args.source, args.name.as_deref());
+    }
     let rows = catalog_rows(&args)?;
     print_gpus(g, &rows)?;
     Ok(ExitCode::SUCCESS)

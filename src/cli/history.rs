@@ -79,6 +79,7 @@ pub fn canonical_gpu(name: &str) -> String {
         .unwrap_or_else(|_| name.trim().to_string())
 }
 
+/// Runs `gpufit history …`.
 pub fn run(g: &Global, args: HistoryArgs) -> crate::Result<ExitCode> {
     let store = open_history(args.history.as_deref())?;
     match args.command {

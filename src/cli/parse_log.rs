@@ -42,6 +42,7 @@ pub fn parse_file(path: &std::path::Path) -> crate::Result<ParsedLog> {
     Ok(logs::parse_reader(BufReader::with_capacity(1 << 16, f))?)
 }
 
+/// Runs `gpufit parse-log`.
 pub fn run(g: &Global, args: ParseLogArgs) -> crate::Result<ExitCode> {
     let p = parse_file(&args.file)?;
     match g.output {

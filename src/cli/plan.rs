@@ -43,7 +43,8 @@ fn print_plan(r: &Resolved, plan: &[Suggestion]) {
     let mut header = vec![format!("{model} on {}", first.gpu)];
     header.extend(plan.iter().map(|s| s.strategy.to_string()));
     t.set_header(header);
-    let rows: [(&str, &dyn Fn(&Suggestion) -> String); 11] = [
+    type Row<'a> = (&'a str, &'a dyn Fn(&Suggestion) -> String);
+    let rows: [Row; 11] = [
         ("micro_batch_size", &|s| {
             s.settings.micro_batch_size.to_string()
         }),

@@ -181,6 +181,7 @@ struct Output<'a> {
     notes: Vec<String>,
 }
 
+/// Runs `gpufit record`.
 pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
     let k = key(&args.workload)?;
     let a = *args.run;

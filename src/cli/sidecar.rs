@@ -181,9 +181,14 @@ async fn shutdown_signal() {
 }
 
 /// `gpufit gpus --live`: what the sidecar's source sees on this node now.
-pub fn print_live(g: &Global, source: &BackendArgs) -> crate::Result<ExitCode> {
+/// `name` keeps only GPUs whose name contains it (case-insensitive).
+pub fn print_live(g: &Global, source: &BackendArgs, name: Option<&str>) -> crate::Result<ExitCode> {
     let node = crate::sidecar::node_name();
-    let gpus = crate::sidecar::live_gpus(&source.to_config(&node)?)?;
+    let mut gpus = crate::sidecar::live_gpus(&source.to_config(&node)?)?;
+    if let Some(n) = name {
+        let n = n.to_lowercase();
+        gpus.retain(|gpu| gpu.name.to_lowercase().contains(&n));
+    }
     if g.output == super::OutputFormat::Json {
         super::print_json(&gpus)?;
         return Ok(ExitCode::SUCCESS);

@@ -447,6 +447,10 @@ pub struct Attempt {
     /// When the Job finished (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
+    /// Mode the Job was created in. A `Recommend` Job ran with its own
+    /// settings, which gpufit does not know, so it is not recorded as a run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
     /// How many times the peak was looked up without an answer.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub peak_lookups: u32,

@@ -23,6 +23,14 @@ pub const ANN_RECOMMENDATION: &str = "gpufit.io/recommendation";
 /// Annotation with the advisor's reasoning (why).
 pub const ANN_REASON: &str = "gpufit.io/reason";
 
+/// Downward-API variables every injected container gets: the pod's
+/// namespace and name, which the node sidecar reads from the process
+/// environment to attribute GPU memory to the pod.
+pub const POD_IDENTITY_ENV: [(&str, &str); 2] = [
+    ("GPUFIT_POD_NAMESPACE", "metadata.namespace"),
+    ("GPUFIT_POD_NAME", "metadata.name"),
+];
+
 /// Placeholders substituted in `command` and `args`, without braces.
 pub const PLACEHOLDERS: [&str; 10] = [
     "micro_batch_size",
@@ -168,10 +176,15 @@ pub fn inject_pod_template(
         if let Some(list) = list.as_array_mut() {
             list.retain(|e| {
                 let n = e.get("name").and_then(Value::as_str).unwrap_or("");
-                !env.iter().any(|(k, _)| *k == n)
+                !env.iter().any(|(k, _)| *k == n) && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
             });
             for (k, v) in &env {
                 list.push(json!({"name": k, "value": v}));
+            }
+            // The node sidecar attributes GPU processes to pods by these
+            // (docs/sidecar-api.md), so peaks are found by namespace/pod.
+            for (k, path) in POD_IDENTITY_ENV {
+                list.push(json!({"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}}));
             }
         }
         for field in ["command", "args"] {

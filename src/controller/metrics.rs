@@ -31,6 +31,9 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     /// Suggestions made, by source and strategy.
     pub suggestions: IntCounterVec,
+    /// Confidence (0–1) of each suggestion, for the dashboards' "suggestions
+    /// by confidence" panel.
+    pub suggestion_confidence: Histogram,
     /// CUDA out-of-memory failures seen.
     pub ooms: IntCounter,
     /// Relative prediction error (predicted − measured) / measured.
@@ -76,6 +79,16 @@ impl Metrics {
             &["source", "strategy"],
         )
         .expect("static metric definition");
+        let suggestion_confidence = Histogram::with_opts(
+            HistogramOpts::new(
+                "gpufit_controller_suggestion_confidence",
+                "Confidence (0-1) of the suggestions made",
+            )
+            // The advisor caps confidence at 0.95 and keeps heuristic
+            // suggestions below 0.5 (SPEC §3).
+            .buckets(vec![0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]),
+        )
+        .expect("static metric definition");
         let ooms = IntCounter::new(
             "gpufit_controller_ooms_total",
             "CUDA out-of-memory failures seen in finished Jobs",
@@ -113,6 +126,7 @@ impl Metrics {
             Box::new(reconcile_duration.clone()),
             Box::new(errors.clone()),
             Box::new(suggestions.clone()),
+            Box::new(suggestion_confidence.clone()),
             Box::new(ooms.clone()),
             Box::new(prediction_error.clone()),
             Box::new(webhook_requests.clone()),
@@ -126,6 +140,7 @@ impl Metrics {
             reconcile_duration,
             errors,
             suggestions,
+            suggestion_confidence,
             ooms,
             prediction_error,
             webhook_requests,
@@ -190,14 +205,31 @@ pub async fn serve(
     api: Option<Arc<ApiState>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ControllerError> {
-    let listener =
-        tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| ControllerError::Io {
-                context: format!("cannot listen on {listen} (is the port in use? pass --listen)"),
-                source: e,
-            })?;
-    tracing::info!(%listen, "serving /metrics, /healthz, /readyz");
+    let listener = bind(listen).await?;
+    serve_on(listener, metrics, health, api, shutdown).await
+}
+
+/// Binds the HTTP port, with an error that says what to do.
+pub async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener, ControllerError> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| ControllerError::Io {
+            context: format!("cannot listen on {listen} (is the port in use? pass --listen)"),
+            source: e,
+        })
+}
+
+/// [`serve`] on an already bound listener.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    health: Arc<Health>,
+    api: Option<Arc<ApiState>>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ControllerError> {
+    if let Ok(listen) = listener.local_addr() {
+        tracing::info!(%listen, "serving /metrics, /healthz, /readyz and the Slurm API");
+    }
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {

@@ -515,17 +515,18 @@ fn job_state(job: &Job) -> JobState {
     JobState::Active(status.active.unwrap_or(0) > 0)
 }
 
-/// Lines of a termination message or log that mean the GPU ran out of memory
-/// (PyTorch CUDA/ROCm, cuBLAS allocation, JAX/XLA).
-const GPU_OOM_MARKERS: [&str; 7] = [
-    "CUDA out of memory",
-    "OutOfMemoryError",
-    "CUDA error: out of memory",
+/// Out-of-memory markers beyond PyTorch's own messages (which the shared
+/// log parser, [`crate::core::logs::oom::is_oom_line`], recognises): cuBLAS
+/// workspace allocation, JAX/XLA, and the CUDA runtime's error name.
+const EXTRA_OOM_MARKERS: [&str; 3] = [
     "CUBLAS_STATUS_ALLOC_FAILED",
-    "HIP out of memory",
     "RESOURCE_EXHAUSTED: Out of memory",
     "cudaErrorMemoryAllocation",
 ];
+
+fn is_gpu_oom_line(l: &str) -> bool {
+    crate::core::logs::oom::is_oom_line(l) || EXTRA_OOM_MARKERS.iter().any(|m| l.contains(m))
+}
 
 /// Tells a GPU out-of-memory failure from other failures by the containers'
 /// termination messages (with `terminationMessagePolicy:
@@ -547,10 +548,7 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (Outcome, String) {
                     continue;
                 }
                 let msg = t.message.as_deref().unwrap_or("");
-                if let Some(line) = msg
-                    .lines()
-                    .find(|l| GPU_OOM_MARKERS.iter().any(|m| l.contains(m)))
-                {
+                if let Some(line) = msg.lines().find(|l| is_gpu_oom_line(l)) {
                     return (
                         Outcome::Oom,
                         format!(
@@ -766,7 +764,7 @@ async fn record_runs(
 ) -> Result<(), ControllerError> {
     let gpu = st.gpu.clone().unwrap_or_default();
     for a in st.attempts.iter_mut() {
-        if !finished(a.outcome) || a.run_id.is_some() {
+        if !finished(a.outcome) || a.run_id.is_some() || a.mode == Some(Mode::Recommend) {
             continue;
         }
         let Some(rec) = run_record(v, &gpu, ctx.cluster.as_deref(), ns, a) else {
@@ -841,6 +839,7 @@ async fn fill_pending_peaks(
     pending
         || st.attempts.iter().any(|a| {
             finished(a.outcome)
+                && a.run_id.is_some()
                 && a.measured_peak_bytes.is_none()
                 && a.peak_lookups > 0
                 && a.peak_lookups < MAX_PEAK_LOOKUPS
@@ -873,6 +872,14 @@ fn decide(st: &TrainingJobStatus, v: &Validated, generation: Option<i64>) -> Nex
             Phase::Succeeded,
             "Succeeded",
             format!("Job {} completed", last.job_name),
+        ),
+        Outcome::Oom if last.mode == Some(Mode::Recommend) => Next::Settle(
+            Phase::Failed,
+            "OutOfMemory",
+            format!(
+                "Job {} ran out of GPU memory with its own settings (Recommend mode); gpufit recommended micro batch {}: apply it, or switch to mode Inject",
+                last.job_name, last.settings.micro_batch_size
+            ),
         ),
         Outcome::Oom => {
             let ooms = st
@@ -967,6 +974,9 @@ async fn start_attempt(
         .suggestions
         .with_label_values(&[source_label(&suggestion), strategy_label(&suggestion)])
         .inc();
+    ctx.metrics
+        .suggestion_confidence
+        .observe(suggestion.confidence);
 
     let index = st.attempts.iter().map(|a| a.index).max().unwrap_or(0) + 1;
     let job = build_job(tj, index, &suggestion, v.mode)
@@ -991,6 +1001,7 @@ async fn start_attempt(
         run_id: None,
         message: None,
         generation,
+        mode: Some(v.mode),
         node: None,
         started_at: None,
         finished_at: None,

@@ -132,18 +132,9 @@ pub async fn run(
         let api_state = Arc::new(ApiState::new(history.clone(), token));
         let (m, h, s) = (metrics.clone(), health.clone(), stopped());
         let listen = cfg.api.listen;
-        let listener =
-            tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|e| ControllerError::Io {
-                    context: format!(
-                        "cannot listen on {listen} (is the port in use? pass --listen)"
-                    ),
-                    source: e,
-                })?;
-        drop(listener);
+        let listener = metrics::bind(listen).await?;
         tokio::spawn(async move {
-            if let Err(e) = metrics::serve(listen, m, h, Some(api_state), s).await {
+            if let Err(e) = metrics::serve_on(listener, m, h, Some(api_state), s).await {
                 tracing::error!(error = %e, "HTTP server stopped");
             }
         });

@@ -558,8 +558,11 @@ fn namespace_mode(ns: Option<&str>, namespaces: &Store<Namespace>) -> Result<Opt
 
 // === HTTPS server ===
 
-/// Loads a PEM certificate chain and private key into a rustls server config.
-pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ControllerError> {
+/// Reads a PEM certificate chain and private key into a rustls key.
+fn load_certified_key(
+    cert: &Path,
+    key: &Path,
+) -> Result<rustls::sign::CertifiedKey, ControllerError> {
     let read = |p: &Path| {
         std::fs::read(p)
             .map_err(|e| ControllerError::Tls(format!("cannot read {}: {e}", p.display())))
@@ -577,7 +580,7 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Contr
             cert.display()
         )));
     }
-    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
+    let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
         .map_err(|e| ControllerError::Tls(format!("{}: not a PEM key: {e}", key.display())))?
         .ok_or_else(|| {
             ControllerError::Tls(format!(
@@ -585,13 +588,90 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Contr
                 key.display()
             ))
         })?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key_der)
+        .map_err(|e| ControllerError::Tls(format!("{}: unsupported key: {e}", key.display())))?;
+    let ck = rustls::sign::CertifiedKey::new(certs, signing);
+    ck.keys_match()
+        .map_err(|e| ControllerError::Tls(format!("certificate and key do not match: {e}")))?;
+    Ok(ck)
+}
+
+/// Serves the certificate files' current content: cert-manager (or the
+/// chart's own rotation) replaces them in place, and new handshakes pick the
+/// new pair up within [`RELOAD_CHECK`] without a restart. A pair that fails
+/// to load keeps the previous one (and says so in the log).
+#[derive(Debug)]
+struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    state: std::sync::RwLock<CertState>,
+}
+
+#[derive(Debug)]
+struct CertState {
+    key: Arc<rustls::sign::CertifiedKey>,
+    stamp: Option<(std::time::SystemTime, std::time::SystemTime)>,
+    checked: Instant,
+}
+
+/// How often the certificate files are looked at.
+const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn stamp(cert: &Path, key: &Path) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
+    let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    Some((m(cert)?, m(key)?))
+}
+
+impl rustls::server::ResolvesServerCert for ReloadingCert {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let (current, due) = {
+            let st = self.state.read().ok()?;
+            (st.key.clone(), st.checked.elapsed() >= RELOAD_CHECK)
+        };
+        if !due {
+            return Some(current);
+        }
+        let mut st = self.state.write().ok()?;
+        st.checked = Instant::now();
+        let now = stamp(&self.cert, &self.key);
+        if now.is_some() && now != st.stamp {
+            match load_certified_key(&self.cert, &self.key) {
+                Ok(k) => {
+                    tracing::info!(cert = %self.cert.display(), "webhook certificate reloaded");
+                    st.key = Arc::new(k);
+                    st.stamp = now;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "new webhook certificate not usable; keeping the previous one")
+                }
+            }
+        }
+        Some(st.key.clone())
+    }
+}
+
+/// A rustls server config over the PEM certificate and key, reloaded when
+/// the files change.
+pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ControllerError> {
+    let first = load_certified_key(cert, key)?;
+    let resolver = ReloadingCert {
+        cert: cert.to_path_buf(),
+        key: key.to_path_buf(),
+        state: std::sync::RwLock::new(CertState {
+            key: Arc::new(first),
+            stamp: stamp(cert, key),
+            checked: Instant::now(),
+        }),
+    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ControllerError::Tls(e.to_string()))?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| ControllerError::Tls(format!("certificate and key do not match: {e}")))?;
+        .with_cert_resolver(Arc::new(resolver));
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
 }
@@ -705,7 +785,7 @@ async fn handle(
             // The history lookup is blocking (SQLite/PostgreSQL).
             let out = tokio::task::spawn_blocking(move || {
                 let review = review(&body, &state);
-                serde_json::to_vec(&review)
+                review_json(&review)
             })
             .await;
             match out {
@@ -727,5 +807,82 @@ async fn handle(
             format!("not found: POST {PATH}\n").into_bytes(),
             false,
         ),
+    }
+}
+
+/// The review as the API server expects it: like Go's `[]byte`, the JSON
+/// patch travels as a base64 string (kube serializes it as an array of
+/// numbers, which only some API server versions accept).
+pub fn review_json(review: &AdmissionReview<DynamicObject>) -> Result<Vec<u8>, serde_json::Error> {
+    let mut v = serde_json::to_value(review)?;
+    if let Some(p) = v.pointer_mut("/response/patch") {
+        if let Some(arr) = p.as_array() {
+            let bytes: Vec<u8> = arr
+                .iter()
+                .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect();
+            *p = Value::String(base64(&bytes));
+        }
+    }
+    serde_json::to_vec(&v)
+}
+
+/// Standard base64 with padding (RFC 4648 §4).
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        out.push(A[(n >> 18) as usize & 63] as char);
+        out.push(A[(n >> 12) as usize & 63] as char);
+        out.push(if chunk.len() > 1 {
+            A[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if chunk.len() > 2 {
+            A[n as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc_4648_test_vectors() {
+        for (plain, enc) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), enc);
+        }
+    }
+
+    #[test]
+    fn pins_annotation_parses_every_engineering_field_and_rejects_others() {
+        let p = parse_pins("micro_batch_size=2, dtype=bf16, activation_checkpointing=on, compile=false, num_workers=8")
+            .expect("valid pins");
+        assert_eq!(p.micro_batch_size, Some(2));
+        assert_eq!(p.activation_checkpointing, Some(true));
+        assert_eq!(p.compile, Some(false));
+        assert_eq!(p.num_workers, Some(8));
+        let e = parse_pins("learning_rate=3e-4").expect_err("scientific field");
+        assert!(e.0.contains("not an engineering setting"), "{}", e.0);
+        assert!(parse_pins("micro_batch_size").is_err());
     }
 }

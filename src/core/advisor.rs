@@ -193,7 +193,10 @@ impl Suggestion {
     /// Samples per optimizer step over `gpus` data-parallel GPUs: m × a × W
     /// (equals the global batch when one was given).
     pub fn effective_batch(&self, gpus: u32) -> u32 {
-        self.settings.micro_batch_size * self.settings.gradient_accumulation_steps * gpus
+        self.settings
+            .micro_batch_size
+            .saturating_mul(self.settings.gradient_accumulation_steps)
+            .saturating_mul(gpus)
     }
 }
 
@@ -259,16 +262,25 @@ pub const MAX_CONFIDENCE: f64 = 0.95;
 /// state, context) is trusted to about ±10 %: it is parameter counting. Its
 /// per-sample part (activations, logits) is trusted to about ±35 %: it
 /// depends on kernels, fusion and framework details the model cannot see.
-/// The heuristic plans with the upper end of both so a first run does not
-/// run out of memory; measurements then remove the margin.
+/// The heuristic plans with the upper end of both so a first run neither
+/// runs out of memory nor overshoots the target; measurements then replace
+/// the margins.
 pub const HEURISTIC_FIXED_MARGIN: f64 = 0.10;
 /// See [`HEURISTIC_FIXED_MARGIN`].
 pub const HEURISTIC_SLOPE_MARGIN: f64 = 0.35;
 
-/// With one measured micro batch the model's line is scaled through it, but
-/// how the error splits between fixed part and slope is unknown: beyond the
-/// measured batch the slope gets this margin until a second batch is measured.
-pub const ONE_POINT_SLOPE_MARGIN: f64 = 0.30;
+/// With two or more measured batches, extrapolating beyond the largest one
+/// carries the fit's noise: the slope gets this many standard errors of
+/// margin there (about the one-sided 95th percentile).
+pub const LEAST_SQUARES_Z: f64 = 1.65;
+
+/// With one measured micro batch the model's line is scaled through it
+/// (SPEC §3); how the model's error splits between fixed part and slope is
+/// unknown. The split is taken as uncertain by this fraction of the fixed
+/// part, which is worth `u·F / m1` of slope beyond the measured batch m1:
+/// large when the fixed part dominates a small measured batch, small when
+/// activations dominate.
+pub const ONE_POINT_SPLIT_UNCERTAINTY: f64 = 0.25;
 
 /// Relative throughput cost of full activation checkpointing: recomputing the
 /// forward pass adds about one forward (≈ 1/3 of forward + backward FLOPs),
@@ -361,6 +373,9 @@ struct Eval {
     cand: Cand,
     /// Chosen micro batch (after the global-batch rule).
     m: u32,
+    /// Whether the predicted peak meets the strategy's target (false: only
+    /// micro batch 1 fits, above the target).
+    meets_target: bool,
     /// The best line (learned, or the model's): predicts the peak at any m.
     line: Line,
     /// Best prediction of the peak at `m` (learned line, or the model).
@@ -562,17 +577,25 @@ impl<'a> Ctx<'a> {
         if let Some(o) = oom_min {
             best = learner::respect_oom(best, o, self.capacity);
         }
+        // The pessimistic prediction: what the peak could be if the model's
+        // errors fall on the unlucky side. Suggestions keep it under the
+        // target, so balanced approaches the best batch from below (it never
+        // goes back below a success, so overshooting could not be undone).
         let plan_at = |m: u32| -> f64 {
             match fit {
                 Some(f) => {
                     let beyond = m.saturating_sub(f.max_measured_batch) as f64;
-                    let margin = match f.kind {
-                        FitKind::LeastSquares => 0.0,
+                    let extra_slope = match f.kind {
+                        FitKind::LeastSquares => LEAST_SQUARES_Z * f.slope_stderr,
+                        // One batch measured: the scale is known, the split
+                        // between fixed part and slope is not. A fixed part
+                        // off by u·F moves the slope by u·F / m1.
                         FitKind::ScaledModel | FitKind::DegenerateFallback => {
-                            ONE_POINT_SLOPE_MARGIN
+                            ONE_POINT_SPLIT_UNCERTAINTY * best.fixed
+                                / f.max_measured_batch.max(1) as f64
                         }
                     };
-                    best.at(m) + margin * best.slope * beyond
+                    best.at(m) + extra_slope * beyond
                 }
                 None => {
                     best.fixed * (1.0 + HEURISTIC_FIXED_MARGIN)
@@ -583,26 +606,49 @@ impl<'a> Ctx<'a> {
         let budget = self.target(s) * self.capacity;
         let cap = self.cap();
         let mut warnings = Vec::new();
+        let mut meets_target = true;
 
         let m = if let Some(pm) = self.req.pins.micro_batch_size {
             pm
         } else {
-            // Largest m under the budget: the planning line is linear, so
-            // solve and then step down over rounding.
-            let mut m_fit = if plan_at(1) > budget {
-                0
-            } else {
-                let slope = (plan_at(2) - plan_at(1)).max(0.0);
-                let mut m = if slope <= 0.0 {
-                    cap
-                } else {
-                    (((budget - plan_at(1)) / slope).floor() + 1.0).clamp(1.0, cap as f64) as u32
-                };
-                while m > 1 && plan_at(m) > budget {
-                    m -= 1;
+            // Largest m whose pessimistic prediction meets the target
+            // (increasing in m, so bisect).
+            let ok = |m: u32| plan_at(m) <= budget;
+            let mut m_fit = if ok(1) {
+                let (mut lo, mut hi) = (1u32, cap + 1);
+                while hi - lo > 1 {
+                    let mid = lo + (hi - lo) / 2;
+                    if ok(mid) {
+                        lo = mid
+                    } else {
+                        hi = mid
+                    }
                 }
-                m
+                lo
+            } else {
+                0
             };
+            // No room beyond the largest measured batch under the
+            // pessimistic line: that batch again would teach nothing. One
+            // more sample, if the best estimate meets the target, gives the
+            // point that settles it.
+            if let Some(f) = fit {
+                let m1 = f.max_measured_batch;
+                if m_fit <= m1
+                    && m1 < cap
+                    && best.at(m1 + 1) <= budget
+                    && oom_min.is_none_or(|o| m1 + 1 < o)
+                {
+                    m_fit = m1 + 1;
+                }
+            }
+            if m_fit == 0 && best.at(1) <= self.capacity {
+                // Over the target even at 1, but predicted to fit the card:
+                // micro batch 1 is still an answer (with a warning), not
+                // "does not fit".
+                meets_target = false;
+                m_fit = 1;
+            }
             // Balanced and aggressive never go below what already worked
             // (unless a memory-changing pin makes that history moot — pins
             // of dtype/checkpointing are part of the candidate, so its runs
@@ -647,9 +693,18 @@ impl<'a> Ctx<'a> {
             }
         }
         let speed = self.speed(c, m);
+        if !meets_target {
+            warnings.push(format!(
+                "even micro batch 1 is predicted to need {:.1} GiB, above the {s} target of {:.0} % of {:.1} GiB; it should still fit the card",
+                to_gib(best.at(1) as u64),
+                self.target(s) * 100.0,
+                to_gib(self.capacity as u64)
+            ));
+        }
         Ok(Some(Eval {
             cand: c,
             m,
+            meets_target,
             line: best,
             predicted: best.at(m),
             evidence,
@@ -700,6 +755,19 @@ impl<'a> Ctx<'a> {
         }
         if evals.is_empty() {
             return Err(self.does_not_fit(s)?);
+        }
+        // "The fastest that meets the target": candidates over the target
+        // (micro batch 1 only) are used only when no candidate meets it.
+        if evals.iter().any(|e| e.meets_target) {
+            evals.retain(|e| e.meets_target);
+        } else if let Some(lowest) = evals
+            .iter()
+            .min_by(|a, b| a.predicted.total_cmp(&b.predicted))
+            .cloned()
+        {
+            // Nothing meets the target, only micro batch 1 fits the card:
+            // take the settings with the most room, not the fastest.
+            evals = vec![lowest];
         }
         let above: Vec<Eval> = evals.iter().filter(|e| e.m >= floor).cloned().collect();
         let pool = if above.is_empty() {
@@ -840,6 +908,7 @@ impl<'a> Ctx<'a> {
         let e = Eval {
             cand: c,
             m,
+            meets_target: true,
             line: self.model_line(self.w, c)?,
             predicted,
             evidence: Evidence::None,
@@ -1073,7 +1142,7 @@ impl<'a> Ctx<'a> {
         let (a, batch_sentence) = match self.per_gpu {
             Some(per) => {
                 let a = (per / e.m.max(1)).max(1);
-                if e.m * a != per {
+                if e.m.saturating_mul(a) != per {
                     warnings.push(format!(
                         "micro batch {} does not divide the per-GPU batch of {per}: the global batch {} cannot be kept exactly",
                         e.m,
@@ -1084,7 +1153,7 @@ impl<'a> Ctx<'a> {
                     if pa != a {
                         warnings.push(format!(
                             "pinned gradient accumulation {pa} with micro batch {} on {} GPU(s) gives {} samples per step, not the global batch {}",
-                            e.m, w.gpus, pa * e.m * w.gpus, w.global_batch.unwrap_or(0)
+                            e.m, w.gpus, pa.saturating_mul(e.m).saturating_mul(w.gpus), w.global_batch.unwrap_or(0)
                         ));
                     }
                 }
@@ -1093,7 +1162,7 @@ impl<'a> Ctx<'a> {
                     a,
                     format!(
                     "Gradient accumulation {a} keeps the global batch at {} ({} × {a} × {} GPU{}).",
-                    e.m * a * w.gpus,
+                    e.m.saturating_mul(a).saturating_mul(w.gpus),
                     e.m,
                     w.gpus,
                     plural(w.gpus as usize)
@@ -1104,7 +1173,7 @@ impl<'a> Ctx<'a> {
                 let a = pins.gradient_accumulation_steps.unwrap_or(1);
                 (a, format!(
                     "No global batch was given, so the effective batch changed to {} samples per step ({} × {a} × {} GPU{}); pass --global-batch to keep it fixed.",
-                    e.m * a * w.gpus,
+                    e.m.saturating_mul(a).saturating_mul(w.gpus),
                     e.m,
                     w.gpus,
                     plural(w.gpus as usize)

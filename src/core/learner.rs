@@ -61,7 +61,16 @@ pub struct Fit {
     pub distinct_batches: usize,
     /// Largest micro batch measured (extrapolation starts beyond it).
     pub max_measured_batch: u32,
+    /// Standard error of the slope (bytes per sample): from the residuals
+    /// when there are more points than parameters, and never below what
+    /// [`PEAK_NOISE`] alone would give. 0 for a scaled model.
+    pub slope_stderr: f64,
 }
+
+/// Run-to-run variation of a measured peak, relative: the caching allocator
+/// rounds blocks and data batches differ in padding, so the same settings
+/// peak a few percent apart between runs.
+pub const PEAK_NOISE: f64 = 0.02;
 
 /// One measured peak.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,6 +108,7 @@ pub fn fit(model: Line, obs: &[Observation]) -> Option<Fit> {
         points: obs.len(),
         distinct_batches: distinct,
         max_measured_batch,
+        slope_stderr: 0.0,
     };
     if distinct < 2 {
         return Some(base);
@@ -126,9 +136,23 @@ pub fn fit(model: Line, obs: &[Observation]) -> Option<Fit> {
             ..base
         });
     }
+    let noise_se = PEAK_NOISE * mean_p / sxx.sqrt();
+    let resid_se = if obs.len() > 2 {
+        let ss: f64 = obs
+            .iter()
+            .map(|o| {
+                let r = o.peak_bytes as f64 - (fixed + slope * o.micro_batch as f64);
+                r * r
+            })
+            .sum();
+        (ss / (obs.len() - 2) as f64 / sxx).sqrt()
+    } else {
+        0.0
+    };
     Some(Fit {
         line: Line { fixed, slope },
         kind: FitKind::LeastSquares,
+        slope_stderr: noise_se.max(resid_se),
         ..base
     })
 }
@@ -297,6 +321,8 @@ mod tests {
         assert!((f.line.fixed / GB - 12.0).abs() < 1e-6);
         assert!((f.line.slope / GB - 3.0).abs() < 1e-6);
         assert_eq!(f.max_measured_batch, 6);
+        // Exact points: the error is the assumed measurement noise alone.
+        assert!(f.slope_stderr > 0.0 && f.slope_stderr < 0.1 * f.line.slope);
     }
 
     #[test]

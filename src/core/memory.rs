@@ -32,6 +32,31 @@
 //! (LoRA) layers save less; SDPA/flash attention saves q, k, v, the output
 //! and a log-sum-exp instead of the `a × s²` score matrices eager attention
 //! keeps (Dao et al. 2022, FlashAttention §3.1).
+//!
+//! # What the framework changes (same flags, different memory)
+//!
+//! | | generic | hf | torchtune | litgpt | lightning |
+//! |---|---|---|---|---|---|
+//! | loss path (bytes per token × vocab) | 3·e plain, 12 under autocast | 12: `logits.float()` + fp32 log-probs + fp32 grads | e + 4.5: 8-chunk CE, fp32 per chunk | 2·e + small: 128-token chunks, no upcast | as generic |
+//! | default LoRA targets | q, v | q, v (PEFT mapping) | q, v, o + MLP | q, v | q, v |
+//! | LoRA adapter dtype | training dtype | fp32 (PEFT `autocast_adapter_dtype`) | training dtype | training dtype | training dtype |
+//! | LoRA dropout | none | none (PEFT default 0) | none (default 0.0) | 0.05: mask + dropped input | none |
+//! | optimizer step | foreach AdamW: +1 state copy | foreach | fused; `optimizer_in_bwd` for single-GPU full fine-tunes (gradients never all alive) | foreach | foreach |
+//!
+//! `e` is the activation element size (2 for 16-bit and the `-mixed`
+//! dtypes, 4 for fp32). Each entry is commented where it is computed.
+//!
+//! # Precision
+//!
+//! * `fp32`: 4-byte parameters, gradients and states; fp32 activations.
+//! * `bf16`/`fp16`: parameters, gradients and (torch) optimizer states in
+//!   16 bits — torch creates AdamW moments `zeros_like(param)`.
+//! * `bf16-mixed`/`fp16-mixed`: fp32 parameters (= master weights), fp32
+//!   gradients and states, plus the 16-bit weight copies autocast makes for
+//!   the matmuls (shown as `weights`); the residual stream stays fp32.
+//! * DeepSpeed ZeRO stages keep 16-bit module weights and a separate fp32
+//!   master copy in the (sharded) optimizer (ZeRO paper: 2 + 2 + 12 bytes
+//!   per parameter); FSDP shards the parameters in their own dtype.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -314,6 +339,19 @@ fn target_dims(a: &ModelArch, t: LoraTarget) -> (f64, f64, f64) {
         LoraTarget::Down => (i, h, e),
         LoraTarget::LmHead => (h, a.vocab_size as f64, 1.0),
     }
+}
+
+/// Base weights of the block linears that carry a LoRA adapter (the
+/// output head excluded).
+fn targeted_linear_params(a: &ModelArch, targets: &[LoraTarget]) -> f64 {
+    targets
+        .iter()
+        .filter(|t| **t != LoraTarget::LmHead && (**t != LoraTarget::Gate || a.gated_mlp))
+        .map(|&t| {
+            let (din, dout, copies) = target_dims(a, t);
+            din * dout * copies * a.num_layers as f64
+        })
+        .sum()
 }
 
 /// LoRA adapter parameters: r × (in + out) per targeted matrix.
@@ -614,14 +652,40 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
     // Frozen bases: quantized linear weights; embeddings, head and norms
     // stay in the compute dtype (bitsandbytes and torchtune quantize only
     // the block linears).
-    let frozen_rest_bytes = if quant == BaseQuant::None { pb } else { e };
+    // PEFT's `prepare_model_for_kbit_training` (the HF QLoRA recipe) casts
+    // every parameter that is not quantized — embeddings, output head, norms —
+    // to fp32 (peft/utils/other.py).
+    let frozen_rest_bytes = match quant {
+        BaseQuant::None => pb,
+        _ if w.framework == Framework::Hf => 4.0,
+        _ => e,
+    };
+    // Which block linears are quantized: bitsandbytes (HF, litgpt) converts
+    // every block linear; torchtune quantizes only the linears that carry an
+    // adapter (`LoRALinear(quantize_base=True)`, torchtune QLoRA tutorial),
+    // the others stay in the compute dtype.
+    let quantized_body = match (quant, w.method) {
+        (BaseQuant::None, _) | (_, Method::Full) => 0.0,
+        _ if w.framework == Framework::Torchtune => w
+            .lora
+            .as_ref()
+            .map(|l| targeted_linear_params(a, &l.targets))
+            .unwrap_or(0.0)
+            .min(frozen_body),
+        _ => frozen_body,
+    };
+    let unquantized_body = frozen_body - quantized_body;
+    let unquantized_body_bytes = if quant == BaseQuant::None { pb } else { e };
     let frozen_body_bytes = match quant {
         BaseQuant::None => pb,
         BaseQuant::Int8 => INT8_BYTES_PER_PARAM,
         BaseQuant::Nf4 => NF4_BYTES_PER_PARAM,
         BaseQuant::Nf4NoDoubleQuant => NF4_NO_DQ_BYTES_PER_PARAM,
     };
-    let frozen = (frozen_body * frozen_body_bytes + frozen_rest * frozen_rest_bytes) / shard_param;
+    let frozen = (quantized_body * frozen_body_bytes
+        + unquantized_body * unquantized_body_bytes
+        + frozen_rest * frozen_rest_bytes)
+        / shard_param;
 
     // Trainable parameters' storage: DeepSpeed ZeRO keeps 16-bit module
     // params plus a separate fp32 master copy in the optimizer (Rajbhandari
@@ -712,11 +776,12 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
     // --- optimizer-step temporaries ---
     // torch's default foreach AdamW (`_multi_tensor_adamw`) materialises
     // `exp_avg_sq.sqrt()` for every parameter at once: one more state-sized
-    // buffer. torchtune's configs set `fused: True` (no temporaries);
-    // bitsandbytes and SGD update in place.
+    // buffer. torchtune's configs set `fused: True` and DeepSpeed ZeRO uses
+    // its own fused Adam kernel (no temporaries); bitsandbytes and SGD
+    // update in place.
     let imp = opts
         .optimizer_impl
-        .unwrap_or(if w.framework == Framework::Torchtune {
+        .unwrap_or(if w.framework == Framework::Torchtune || deepspeed {
             OptimizerImpl::Fused
         } else {
             OptimizerImpl::Foreach
@@ -1173,5 +1238,31 @@ mod tests {
         // 46.7 B params: ≈ 0.52 B/param NF4 → ~24–26 GB of weights
         let gb = e.breakdown.weights as f64 / 1e9;
         assert!((22.0..28.0).contains(&gb), "{gb}");
+    }
+    #[test]
+    fn torchtune_quantizes_only_the_adapted_linears() {
+        let mut w = workload("llama-3.1-8b", Method::Qlora);
+        w.framework = Framework::Torchtune;
+        let s = settings(1, Dtype::Bf16, true);
+        let qv = estimate(&w, &s).unwrap().breakdown.weights;
+        w.lora = Some(LoraConfig {
+            rank: 16,
+            targets: default_lora_targets(Framework::Torchtune),
+        });
+        let most = estimate(&w, &s).unwrap().breakdown.weights;
+        // q, v only: k, o and the MLP stay bf16 — several GB more
+        assert!(qv > most + 4 * GIB, "{qv} vs {most}");
+    }
+
+    #[test]
+    fn hf_qlora_keeps_unquantized_parameters_in_fp32() {
+        let mut w = workload("llama-3.1-8b", Method::Qlora);
+        let s = settings(1, Dtype::Bf16, true);
+        let generic = estimate(&w, &s).unwrap().breakdown.weights;
+        w.framework = Framework::Hf;
+        let hf = estimate(&w, &s).unwrap().breakdown.weights;
+        // 1.05 B embedding + head parameters at 4 instead of 2 bytes
+        let extra = hf as f64 - generic as f64;
+        assert!((1.9e9..2.3e9).contains(&extra), "{extra}");
     }
 }

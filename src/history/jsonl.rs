@@ -409,6 +409,7 @@ pub struct JsonlReader<R> {
 }
 
 impl<R: BufRead> JsonlReader<R> {
+    /// Reads from `r`; `path` names the source in error messages.
     pub fn new(r: R, path: &str, opts: ImportOptions) -> Self {
         JsonlReader {
             r,
@@ -423,6 +424,7 @@ impl<R: BufRead> JsonlReader<R> {
         }
     }
 
+    /// Counts so far (final once the iterator is exhausted).
     pub fn stats(&self) -> &ImportStats {
         &self.stats
     }
@@ -623,6 +625,31 @@ mod tests {
         assert_eq!(
             r.timestamp.to_rfc3339_opts(SecondsFormat::Micros, true),
             "2024-11-22T10:00:00.123456Z"
+        );
+    }
+
+    #[test]
+    fn a_torchtune_component_path_resolves_to_the_catalog_id_and_its_method() {
+        let mut res = Resolver::default();
+        let (id, method) = res.model("torchtune.models.llama3_1.lora_llama3_1_8b");
+        let want = crate::core::catalog::lookup_model("llama-3.1-8b")
+            .unwrap()
+            .arch
+            .name;
+        assert_eq!(id, want);
+        assert_eq!(method, Method::Lora);
+        let (id, method) = res.model("torchtune.models.llama3_1.qlora_llama3_1_8b");
+        assert_eq!((id.as_str(), method), (want.as_str(), Method::Qlora));
+        let (id, method) = res.model("my-org/unlisted-model");
+        assert_eq!(
+            (id.as_str(), method),
+            ("my-org/unlisted-model", Method::Full)
+        );
+        assert_eq!(
+            res.gpu("NVIDIA A100-SXM4-80GB"),
+            crate::core::catalog::lookup_gpu("NVIDIA A100-SXM4-80GB")
+                .unwrap()
+                .name
         );
     }
 

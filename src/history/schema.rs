@@ -102,6 +102,7 @@ pub fn insert(p: impl Fn(usize) -> String) -> String {
     )
 }
 
+/// Stored spelling of a run source (its serde name).
 pub fn source_str(s: RunSource) -> &'static str {
     match s {
         RunSource::Kubernetes => "kubernetes",
@@ -112,6 +113,7 @@ pub fn source_str(s: RunSource) -> &'static str {
     }
 }
 
+/// Reads a stored run source.
 pub fn parse_source(s: &str) -> Option<RunSource> {
     Some(match s {
         "kubernetes" => RunSource::Kubernetes,
@@ -123,6 +125,7 @@ pub fn parse_source(s: &str) -> Option<RunSource> {
     })
 }
 
+/// Stored spelling of a failure reason (`OOM`, `other_error`).
 pub fn failure_str(f: FailureReason) -> &'static str {
     match f {
         FailureReason::Oom => "OOM",
@@ -139,18 +142,22 @@ pub fn parse_failure(s: &str) -> Option<FailureReason> {
     }
 }
 
+/// Reads a method (`full`, `lora`, `qlora`).
 pub fn parse_method(s: &str) -> Option<Method> {
     s.parse().ok()
 }
 
+/// Reads a dtype in any spelling `Dtype::from_str` accepts.
 pub fn parse_dtype(s: &str) -> Option<Dtype> {
     s.parse().ok()
 }
 
+/// Timestamp → microseconds since the Unix epoch.
 pub fn ts_to_us(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
 }
 
+/// Microseconds since the Unix epoch → timestamp (out of range: the epoch).
 pub fn us_to_ts(us: i64) -> DateTime<Utc> {
     Utc.timestamp_micros(us)
         .single()

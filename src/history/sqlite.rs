@@ -78,6 +78,7 @@ impl SqliteStore {
         Self::open_with(path, SqliteOptions::default())
     }
 
+    /// Opens (creating when missing) the file at `path`.
     pub fn open_with(path: &Path, opts: SqliteOptions) -> Result<Self, HistoryError> {
         let url = format!("sqlite:{}", path.display());
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -231,10 +231,10 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
             Method::GET => json(StatusCode::OK, &sc.jobs()),
             _ => not_allowed(),
         },
-        ["v1", "jobs", rest @ ..] if rest.last() == Some(&"log-peak") && rest.len() >= 2 => {
-            if method != Method::POST {
-                return not_allowed();
-            }
+        // POST only, so that a pod named `log-peak` can still be read with GET.
+        ["v1", "jobs", rest @ ..]
+            if method == Method::POST && rest.last() == Some(&"log-peak") && rest.len() >= 2 =>
+        {
             let Some(id) = percent_decode(&rest[..rest.len() - 1].join("/")) else {
                 return error(
                     StatusCode::BAD_REQUEST,

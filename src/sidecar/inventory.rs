@@ -184,6 +184,27 @@ mod tests {
     }
 
     #[test]
+    fn catalog_gpu_takes_its_memory_from_the_catalog_unless_overridden() {
+        let spec = lookup_gpu("NVIDIA A100-SXM4-80GB").expect("A100 80GB is in the catalog");
+        let inv = InventorySource::parse(
+            "gpus:\n  - name: NVIDIA A100-SXM4-80GB\n    count: 2\n",
+            "yaml",
+        )
+        .expect("valid inventory");
+        assert_eq!(inv.gpus[1].memory_total_bytes, spec.memory_bytes);
+        assert_eq!(
+            inv.gpus[1].compute_capability.as_deref(),
+            Some(spec.compute_capability.as_str())
+        );
+        let inv = InventorySource::parse(
+            "gpus:\n  - name: NVIDIA A100-SXM4-80GB\n    memory_bytes: 1000\n",
+            "yaml",
+        )
+        .expect("valid inventory");
+        assert_eq!(inv.gpus[0].memory_total_bytes, 1000);
+    }
+
+    #[test]
     fn inventory_gpu_unknown_to_the_catalog_needs_its_memory() {
         let err =
             InventorySource::parse("gpus:\n  - name: Mystery GPU\n", "yaml").expect_err("refused");

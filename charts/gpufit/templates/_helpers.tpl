@@ -117,6 +117,9 @@ sidecar DaemonSet templates (a `fail` aborts the whole render).
 {{- if and (gt $replicas 1) (eq .Values.history.type "sqlite") -}}
 {{- fail (printf "controller.replicas=%d needs a shared history: a SQLite file cannot be shared between replicas. Set history.type=postgres and history.postgres.existingSecret, or controller.replicas=1" $replicas) -}}
 {{- end -}}
+{{- if and $c.watchNamespace (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $c.watchNamespace)) -}}
+{{- fail (printf "controller.watchNamespace %q is not a namespace name" $c.watchNamespace) -}}
+{{- end -}}
 {{- if and (gt $replicas 1) (not $c.leaderElection.enabled) -}}
 {{- fail (printf "controller.replicas=%d needs controller.leaderElection.enabled=true: without a leader every replica would reconcile the same TrainingJobs" $replicas) -}}
 {{- end -}}

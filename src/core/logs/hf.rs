@@ -48,6 +48,7 @@ fn seconds(s: &str) -> Option<f64> {
 }
 
 impl State {
+    /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         if let Some(start) = line.find("{'") {
             let dict = &line[start..];

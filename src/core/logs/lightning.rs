@@ -52,6 +52,7 @@ fn clock(s: &str) -> Option<f64> {
 const MAX_EPOCHS: usize = 100_000;
 
 impl State {
+    /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         if line.contains("Trainer.fit") && FIT_STOPPED.is_match(line) {
             self.seen = true;

@@ -56,6 +56,7 @@ pub enum LogFormat {
 }
 
 impl LogFormat {
+    /// The name used in JSON output and tables.
     pub fn as_str(self) -> &'static str {
         match self {
             LogFormat::Torchtune => "torchtune",
@@ -283,6 +284,7 @@ pub struct LogParser {
 }
 
 impl LogParser {
+    /// A parser that has seen nothing yet.
     pub fn new() -> Self {
         Self::default()
     }

@@ -57,6 +57,7 @@ pub struct State {
 }
 
 impl State {
+    /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         if !is_oom_line(line) && self.info.is_none() {
             return;

@@ -50,6 +50,7 @@ fn unit_bytes(v: &str, unit: &str) -> Option<u64> {
 }
 
 impl State {
+    /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         let lower_has = |needle: &str| {
             line.as_bytes()

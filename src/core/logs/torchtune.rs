@@ -71,6 +71,7 @@ fn fmax(a: Option<f64>, b: f64) -> Option<f64> {
 }
 
 impl State {
+    /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         if line.contains("peak memory ") {
             for c in MEM_STAT.captures_iter(line) {

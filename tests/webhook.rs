@@ -1,0 +1,494 @@
+//! The mutating admission webhook over real HTTPS on loopback, with a
+//! certificate made by rcgen, fed AdmissionReview v1 JSON in the shapes the
+//! API server sends; the returned JSON patch is applied and checked.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gpufit::controller::crd::Mode;
+use gpufit::controller::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
+use gpufit::controller::metrics::Metrics;
+use gpufit::controller::webhook::{WebhookConfig, WebhookServer, WebhookState, PATH};
+use gpufit::core::advisor::StrategyTargets;
+use http_body_util::{BodyExt, Full};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::runtime::reflector;
+use kube::runtime::watcher;
+use serde_json::{json, Value};
+
+struct Webhook {
+    addr: SocketAddr,
+    metrics: Metrics,
+    ca_pem: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn gpu_node() -> Node {
+    serde_json::from_value(json!({"metadata": {"name": "gpu-1", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "8"}}}))
+    .expect("node")
+}
+
+fn namespace(name: &str, mode: Option<&str>) -> Namespace {
+    let labels = mode
+        .map(|m| json!({"gpufit.io/mode": m}))
+        .unwrap_or(json!({}));
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+        .expect("namespace")
+}
+
+async fn start_webhook() -> Webhook {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
+    let cert_path = dir.path().join("tls.crt");
+    let key_path = dir.path().join("tls.key");
+    std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write key");
+
+    let history = gpufit::history::open(&format!("sqlite:{}", dir.path().join("h.db").display()))
+        .expect("sqlite history");
+    let (nodes, mut nw) = reflector::store::<Node>();
+    nw.apply_watcher_event(&watcher::Event::Apply(gpu_node()));
+    let (namespaces, mut nsw) = reflector::store::<Namespace>();
+    nsw.apply_watcher_event(&watcher::Event::Apply(namespace("ml", None)));
+    nsw.apply_watcher_event(&watcher::Event::Apply(namespace(
+        "careful",
+        Some("Recommend"),
+    )));
+    let metrics = Metrics::new();
+    let state = Arc::new(WebhookState {
+        history: Arc::from(history),
+        nodes,
+        namespaces,
+        metrics: metrics.clone(),
+        targets: StrategyTargets::default(),
+        default_mode: Mode::Inject,
+    });
+    let server = WebhookServer::bind(&WebhookConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        cert: cert_path,
+        key: key_path,
+    })
+    .await
+    .expect("bind webhook");
+    let addr = server.local_addr().expect("address");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.serve(state, async {
+        let _ = rx.await;
+    }));
+    Webhook {
+        addr,
+        metrics,
+        ca_pem: cert.cert.pem(),
+        stop: Some(tx),
+        _dir: dir,
+    }
+}
+
+/// POSTs over HTTPS, trusting only the test certificate; returns status and JSON.
+async fn post(w: &Webhook, path: &str, body: &Value) -> (u16, Value) {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut w.ca_pem.as_bytes()) {
+        roots.add(c.expect("pem")).expect("trust anchor");
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("tls versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(w.addr)
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake with the webhook certificate");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("http handshake");
+    tokio::spawn(conn);
+    let req = http::Request::post(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(body).unwrap())))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(20), sender.send_request(req))
+        .await
+        .expect("webhook answers in time")
+        .expect("response");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// An AdmissionReview v1 as the API server sends it for a CREATE.
+fn review(kind: (&str, &str, &str, &str), ns: &str, object: Value) -> Value {
+    let (group, version, k, resource) = kind;
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": group, "version": version, "kind": k},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "requestKind": {"group": group, "version": version, "kind": k},
+            "requestResource": {"group": group, "version": version, "resource": resource},
+            "name": object["metadata"]["name"].clone(),
+            "namespace": ns,
+            "operation": "CREATE",
+            "userInfo": {"username": "alice", "uid": "u-1", "groups": ["system:authenticated"]},
+            "object": object,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    })
+}
+
+const JOB: (&str, &str, &str, &str) = ("batch", "v1", "Job", "jobs");
+const PYTORCHJOB: (&str, &str, &str, &str) = ("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
+
+fn job(annotations: Value) -> Value {
+    json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "finetune", "namespace": "ml", "annotations": annotations},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "train", "image": "ghcr.io/acme/train:1",
+                "args": ["--batch-size={micro_batch_size}", "--grad-accum={gradient_accumulation_steps}", "--lr=2e-4", "--seed=7"],
+                "env": [{"name": "WANDB_PROJECT", "value": "x"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}
+            }]
+        }}}
+    })
+}
+
+fn lora_annotations() -> Value {
+    json!({
+        "gpufit.io/model": "meta-llama/Llama-3.1-8B",
+        "gpufit.io/method": "lora",
+        "gpufit.io/lora-rank": "16",
+        "gpufit.io/seq-len": "2048",
+        "gpufit.io/global-batch": "32"
+    })
+}
+
+/// Decodes the base64 JSON patch of a response and applies it.
+fn apply_patch(original: &Value, response: &Value) -> Value {
+    assert_eq!(response["response"]["patchType"], "JSONPatch");
+    let b64 = response["response"]["patch"]
+        .as_str()
+        .expect("patch is a base64 string");
+    let bytes = decode_b64(b64);
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("a JSON patch");
+    let mut doc = original.clone();
+    json_patch::patch(&mut doc, &patch).expect("the patch applies to the object");
+    doc
+}
+
+fn decode_b64(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => (c - b'A') as u32,
+            b'a'..=b'z' => (c - b'a' + 26) as u32,
+            b'0'..=b'9' => (c - b'0' + 52) as u32,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    let mut out = Vec::new();
+    for chunk in s.as_bytes().chunks(4) {
+        let pad = chunk.iter().filter(|&&c| c == b'=').count();
+        let mut n = 0u32;
+        for &c in chunk {
+            n = (n << 6) | if c == b'=' { 0 } else { val(c) };
+        }
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..3 - pad]);
+    }
+    out
+}
+
+fn env(pod_template: &Value, container: usize) -> std::collections::BTreeMap<String, String> {
+    pod_template["spec"]["containers"][container]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["value"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_opted_in_job_gets_the_settings_through_a_json_patch() {
+    let w = start_webhook().await;
+    let obj = job(lora_annotations());
+    let (status, resp) = post(&w, PATH, &review(JOB, "ml", obj.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(resp["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(resp["kind"], "AdmissionReview");
+    assert_eq!(
+        resp["response"]["uid"],
+        "705ab4f5-6393-11e8-b7cc-42010a800002"
+    );
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+
+    let out = apply_patch(&obj, &resp);
+    let t = &out["spec"]["template"];
+    let e = env(t, 0);
+    let m: u32 = e["GPUFIT_MICRO_BATCH_SIZE"].parse().expect("micro batch");
+    let a: u32 = e["GPUFIT_GRAD_ACCUM_STEPS"].parse().expect("accumulation");
+    assert_eq!(m * a, 32, "the global batch of 32 on 1 GPU is kept");
+    assert!(
+        e.contains_key("GPUFIT_DTYPE")
+            && e.contains_key("GPUFIT_ACTIVATION_CHECKPOINTING")
+            && e.contains_key("GPUFIT_COMPILE")
+    );
+    assert_eq!(e["WANDB_PROJECT"], "x", "the user's variables are kept");
+    let args = t["spec"]["containers"][0]["args"].as_array().unwrap();
+    assert_eq!(args[0], format!("--batch-size={m}"));
+    assert_eq!(args[1], format!("--grad-accum={a}"));
+    assert_eq!(args[2], "--lr=2e-4", "scientific args untouched");
+    assert_eq!(args[3], "--seed=7");
+    let anns = &out["metadata"]["annotations"];
+    let applied: Value =
+        serde_json::from_str(anns[ANN_APPLIED].as_str().expect("applied annotation")).unwrap();
+    assert_eq!(applied["settings"]["microBatchSize"], m);
+    assert!(!anns[ANN_REASON].as_str().unwrap().is_empty());
+    assert_eq!(
+        anns["gpufit.io/model"], "meta-llama/Llama-3.1-8B",
+        "the user's annotations stay"
+    );
+}
+
+#[tokio::test]
+async fn a_job_without_gpufit_annotations_is_allowed_untouched() {
+    let w = start_webhook().await;
+    let (status, resp) = post(&w, PATH, &review(JOB, "ml", job(json!({"team": "nlp"})))).await;
+    assert_eq!(status, 200);
+    assert_eq!(resp["response"]["allowed"], true);
+    assert!(resp["response"].get("patch").is_none(), "no patch: {resp}");
+    assert!(resp["response"].get("patchType").is_none());
+}
+
+#[tokio::test]
+async fn a_job_gpufit_already_set_up_is_left_alone() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns[ANN_APPLIED] = json!("{\"settings\":{}}");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], true);
+    assert!(resp["response"].get("patch").is_none());
+}
+
+#[tokio::test]
+async fn a_bad_annotation_value_is_denied_with_a_message_naming_it() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/seq-len"] = json!("two thousand");
+    let (status, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(status, 200);
+    assert_eq!(resp["response"]["allowed"], false);
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("gpufit.io/seq-len") && msg.contains("two thousand"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn a_misspelt_gpufit_annotation_is_denied_not_ignored() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/seqlen"] = json!("2048");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], false);
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("gpufit.io/seqlen") && msg.contains("unknown"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn contradictory_annotations_are_denied() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/method"] = json!("full");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], false);
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("gpufit.io/lora-rank"), "{msg}");
+}
+
+#[tokio::test]
+async fn a_pinned_micro_batch_in_annotations_is_kept() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/pins"] = json!("micro_batch_size=2");
+    let obj = job(anns);
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let out = apply_patch(&obj, &resp);
+    let e = env(&out["spec"]["template"], 0);
+    assert_eq!(e["GPUFIT_MICRO_BATCH_SIZE"], "2");
+    assert_eq!(e["GPUFIT_GRAD_ACCUM_STEPS"], "16");
+}
+
+#[tokio::test]
+async fn every_rank_of_a_pytorchjob_gets_the_same_settings() {
+    let w = start_webhook().await;
+    let pod = |name: &str| {
+        json!({"spec": {"containers": [{"name": name, "image": "train:1",
+        "args": ["--micro-batch", "{micro_batch_size}"], "resources": {"limits": {"nvidia.com/gpu": 1}}}]}})
+    };
+    let mut anns = lora_annotations();
+    anns["gpufit.io/global-batch"] = json!("64");
+    let obj = json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "ddp", "namespace": "ml", "annotations": anns},
+        "spec": {"pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": pod("pytorch")},
+            "Worker": {"replicas": 3, "restartPolicy": "OnFailure", "template": pod("pytorch")}
+        }}
+    });
+    let (_, resp) = post(&w, PATH, &review(PYTORCHJOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let out = apply_patch(&obj, &resp);
+    let master = env(&out["spec"]["pytorchReplicaSpecs"]["Master"]["template"], 0);
+    let worker = env(&out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"], 0);
+    assert_eq!(master, worker, "all ranks get the same settings");
+    let m: u32 = master["GPUFIT_MICRO_BATCH_SIZE"].parse().unwrap();
+    let a: u32 = master["GPUFIT_GRAD_ACCUM_STEPS"].parse().unwrap();
+    assert_eq!(
+        m * a * 4,
+        64,
+        "4 data-parallel ranks keep the global batch of 64"
+    );
+    assert_eq!(
+        out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"]
+            [1],
+        m.to_string()
+    );
+}
+
+#[tokio::test]
+async fn in_a_recommend_namespace_only_an_annotation_is_added() {
+    let w = start_webhook().await;
+    let obj = job(lora_annotations());
+    let (_, resp) = post(&w, PATH, &review(JOB, "careful", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let out = apply_patch(&obj, &resp);
+    assert!(out["metadata"]["annotations"][ANN_RECOMMENDATION].is_string());
+    assert_eq!(
+        out["spec"]["template"]["spec"]["containers"],
+        obj["spec"]["template"]["spec"]["containers"],
+        "containers unchanged"
+    );
+}
+
+#[tokio::test]
+async fn updates_are_allowed_untouched() {
+    let w = start_webhook().await;
+    let mut r = review(JOB, "ml", job(lora_annotations()));
+    r["request"]["operation"] = json!("UPDATE");
+    r["request"]["oldObject"] = r["request"]["object"].clone();
+    let (_, resp) = post(&w, PATH, &r).await;
+    assert_eq!(resp["response"]["allowed"], true);
+    assert!(resp["response"].get("patch").is_none());
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_an_admission_review_is_refused_without_crashing() {
+    let w = start_webhook().await;
+    let (status, resp) = post(&w, PATH, &json!({"hello": "world"})).await;
+    assert_eq!(status, 200);
+    assert_eq!(resp["response"]["allowed"], false);
+    // The server is still up.
+    let (_, again) = post(&w, PATH, &review(JOB, "ml", job(json!({})))).await;
+    assert_eq!(again["response"]["allowed"], true);
+}
+
+#[tokio::test]
+async fn metrics_health_and_readiness_are_served_and_count_admissions() {
+    use gpufit::controller::metrics::{bind, serve_on, Health};
+    use std::sync::atomic::Ordering;
+    let w = start_webhook().await;
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(lora_annotations()))).await;
+    assert_eq!(resp["response"]["allowed"], true);
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(json!({})))).await;
+    assert_eq!(resp["response"]["allowed"], true);
+
+    let health = Arc::new(Health::default());
+    let listener = bind("127.0.0.1:0".parse().unwrap()).await.expect("bind");
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve_on(
+        listener,
+        w.metrics.clone(),
+        health.clone(),
+        None,
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let get = |path: &'static str| {
+        let url = format!("http://{addr}{path}");
+        tokio::task::spawn_blocking(move || {
+            match ureq::get(&url).timeout(Duration::from_secs(5)).call() {
+                Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+                Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+                Err(e) => panic!("GET {url}: {e}"),
+            }
+        })
+    };
+    assert_eq!(get("/healthz").await.unwrap().0, 200);
+    assert_eq!(
+        get("/readyz").await.unwrap().0,
+        503,
+        "not ready before the caches are filled"
+    );
+    health.ready.store(true, Ordering::Relaxed);
+    assert_eq!(get("/readyz").await.unwrap().0, 200);
+    let (code, text) = get("/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        text.contains(r#"gpufit_webhook_requests_total{kind="Job",result="mutated"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"gpufit_webhook_requests_total{kind="Job",result="untouched"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("gpufit_controller_reconcile_duration_seconds"),
+        "{text}"
+    );
+    let _ = tx.send(());
+}

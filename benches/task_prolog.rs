@@ -65,7 +65,9 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
         } else {
             format!("org/model-{}", i % 40)
         };
-        let mb = 1 + (i % 16) as u32;
+        // Spread micro batch and checkpointing inside every key (i is a
+        // multiple of 40 for the benchmark model, so mix the higher digits).
+        let mb = 1 + ((i / 7) % 16) as u32;
         let oom = i % 7 == 0;
         Ok(RunRecord {
             id: None,
@@ -88,7 +90,7 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
             settings: EngineeringSettings {
                 micro_batch_size: mb,
                 dtype: Dtype::Bf16,
-                activation_checkpointing: i % 2 == 0,
+                activation_checkpointing: (i / 13) % 2 == 0,
                 ..EngineeringSettings::default()
             },
             result: RunResult {

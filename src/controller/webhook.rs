@@ -105,9 +105,11 @@ pub struct WebhookState {
 /// seconds old is as good; the size is bounded (cleared when full).
 #[derive(Debug, Default)]
 pub struct HistoryCache {
-    entries:
-        std::sync::Mutex<std::collections::HashMap<HistoryQuery, (Instant, Arc<Vec<RunRecord>>)>>,
+    entries: std::sync::Mutex<std::collections::HashMap<HistoryQuery, CachedRuns>>,
 }
+
+/// When a similar-run list was read, and the list.
+type CachedRuns = (Instant, Arc<Vec<RunRecord>>);
 
 impl HistoryCache {
     /// How long an answer is reused.

@@ -622,9 +622,7 @@ pub struct LogFacts {
 /// The first host of a Slurm node list (`gpu[01-04,07],cpu1` → `gpu01`).
 pub fn first_node(nodelist: &str) -> Option<String> {
     let nodelist = nodelist.trim();
-    let end = nodelist
-        .find(|c| c == ',' || c == '[')
-        .unwrap_or(nodelist.len());
+    let end = nodelist.find([',', '[']).unwrap_or(nodelist.len());
     let prefix = &nodelist[..end];
     if nodelist[end..].starts_with('[') {
         let inner = &nodelist[end + 1..];

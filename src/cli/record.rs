@@ -87,8 +87,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub duration_sec: Option<f64>,
     /// Training log to read the result from (flags given explicitly win).
-    /// Named `--log-file` because the global `--log` sets the log level.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long = "log", alias = "log-file", value_name = "FILE")]
     pub log_file: Option<PathBuf>,
     /// The peak gpufit predicted for these settings, in bytes (tracks prediction error).
     #[arg(long)]

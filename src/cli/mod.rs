@@ -39,7 +39,12 @@ pub struct Global {
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table, env = "GPUFIT_OUTPUT")]
     pub output: OutputFormat,
     /// Log level filter (tracing `EnvFilter` syntax), e.g. `debug` or `gpufit=trace`.
-    #[arg(long = "log-level", global = true, default_value = "warn", env = "GPUFIT_LOG")]
+    #[arg(
+        long = "log-level",
+        global = true,
+        default_value = "warn",
+        env = "GPUFIT_LOG"
+    )]
     pub log: String,
 }
 

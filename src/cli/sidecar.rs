@@ -79,7 +79,7 @@ pub struct SidecarArgs {
     #[arg(long, env = "GPUFIT_NODE_NAME")]
     pub node: Option<String>,
     /// dcgm-exporter HPC mapping directory: a file per GPU index holding the Slurm job id that owns it.
-    #[arg(long, env = "GPUFIT_SIDECAR_MAPPING_DIR")]
+    #[arg(long, env = "GPUFIT_MAPPING_DIR")]
     pub mapping_dir: Option<PathBuf>,
     /// Where the host's /proc is mounted (for cgroup-based job attribution).
     #[arg(long, default_value = "/proc", env = "GPUFIT_SIDECAR_PROC_ROOT")]

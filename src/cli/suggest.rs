@@ -95,6 +95,20 @@ pub struct PinArgs {
     /// Pin data-loader workers.
     #[arg(long)]
     pub num_workers: Option<u32>,
+    /// Pure bf16 weights (no fp32 master copy) for full fine-tunes in
+    /// frameworks whose default keeps fp32 master weights (hf, lightning):
+    /// `auto` offers them only when nothing else meets the target.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub pure_bf16: PureBf16,
+}
+
+/// `--pure-bf16`: allow, forbid, or leave to the advisor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PureBf16 {
+    #[default]
+    Auto,
+    Allow,
+    Forbid,
 }
 
 impl PinArgs {
@@ -107,6 +121,11 @@ impl PinArgs {
             activation_offloading: self.offloading.map(OnOff::as_bool),
             compile: self.compile.map(OnOff::as_bool),
             num_workers: self.num_workers,
+            pure_bf16: match self.pure_bf16 {
+                PureBf16::Auto => None,
+                PureBf16::Allow => Some(true),
+                PureBf16::Forbid => Some(false),
+            },
         }
     }
 }

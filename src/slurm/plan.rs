@@ -379,6 +379,7 @@ pub fn plan_task_prolog(
         activation_offloading: parse_with(&fields, "activation_offloading", parse_bool)?,
         compile: parse_with(&fields, "compile", parse_bool)?,
         num_workers: parse_num(&fields, "dataloader_num_workers")?,
+        pure_bf16: None,
     };
     Ok(TaskPlan::Ask(Box::new(JobRequest {
         job_id,

@@ -331,7 +331,10 @@ fn correct_plain(pts: &[Measured]) -> Option<Correction> {
     let max_measured_batch = *batches.last()?;
     // Least squares for a pure scale factor.
     let (num, den) = pts.iter().fold((0.0, 0.0), |(n, d), p| {
-        (n + p.model_bytes * p.peak_bytes, d + p.model_bytes * p.model_bytes)
+        (
+            n + p.model_bytes * p.peak_bytes,
+            d + p.model_bytes * p.model_bytes,
+        )
     });
     let scale = if den > 0.0 && num.is_finite() && num > 0.0 {
         num / den

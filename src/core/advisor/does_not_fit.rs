@@ -27,7 +27,10 @@ impl Ctx<'_> {
             let runs = self.exact_runs(c);
             let p = self.predictor(self.w, c, &runs)?.best(1)?;
             needed = needed.min(p);
-            if runs.iter().any(|r| r.is_oom() && r.settings.micro_batch_size == 1) {
+            if runs
+                .iter()
+                .any(|r| r.is_oom() && r.settings.micro_batch_size == 1)
+            {
                 oom_at_one = true;
             }
         }
@@ -153,7 +156,9 @@ impl Ctx<'_> {
                 let p = at_one(&z, ckpt)?;
                 if p <= self.capacity {
                     offer(
-                        format!("ZeRO-3/FSDP over {n} GPUs (--zero 3 --gpus {n}) with checkpointing"),
+                        format!(
+                            "ZeRO-3/FSDP over {n} GPUs (--zero 3 --gpus {n}) with checkpointing"
+                        ),
                         p,
                     );
                     break;

@@ -31,7 +31,10 @@ impl<'a> Ctx<'a> {
                         "the memory model corrected by a line fitted over {} measured batch sizes",
                         c.distinct_batches
                     ),
-                    _ => format!("the memory model scaled ×{:.2} to that measurement", c.scale),
+                    _ => format!(
+                        "the memory model scaled ×{:.2} to that measurement",
+                        c.scale
+                    ),
                 };
                 let outliers = if c.outliers > 0 {
                     format!(

@@ -335,7 +335,18 @@ pub fn suggest_with(
     let balanced = ctx.pick(Strategy::Balanced, 0, u32::MAX)?;
     let pick = match req.strategy {
         Strategy::Balanced => balanced,
-        Strategy::Aggressive => ctx.pick(Strategy::Aggressive, balanced.m, u32::MAX)?,
+        Strategy::Aggressive => {
+            let a = ctx.pick(Strategy::Aggressive, balanced.m, u32::MAX)?;
+            // Aggressive's own candidates can all stay below balanced's batch
+            // (e.g. balanced needed pure bf16 to meet its target, while
+            // aggressive's higher target admits fp32 master weights at 1):
+            // then balanced's choice, which meets the higher target too.
+            if a.m < balanced.m && req.pins.micro_batch_size.is_none() {
+                balanced
+            } else {
+                a
+            }
+        }
         Strategy::Conservative => ctx.pick(Strategy::Conservative, 0, balanced.m)?,
     };
     Ok(ctx.finish(req.strategy, pick))

@@ -6,12 +6,12 @@ use chrono::Utc;
 use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest, ProptestConfig};
 
 use super::*;
-use crate::core::settings::Dtype;
-use crate::core::workload::{Framework, LoraConfig, LoraTarget, Method, Optimizer, Sharding};
 use crate::core::memory::{Breakdown, Estimate};
 use crate::core::run::{FailureReason, RunResult, RunSource};
+use crate::core::settings::Dtype;
 use crate::core::units::GIB;
 use crate::core::workload::{ArchKind, Attention, ModelArch};
+use crate::core::workload::{Framework, LoraConfig, LoraTarget, Method, Optimizer, Sharding};
 use proptest::strategy::Strategy as Strategy_;
 
 /// fixed + slope × m, with the usual directions: fp32 doubles both, QLoRA /
@@ -1070,4 +1070,225 @@ fn an_absurd_pinned_micro_batch_is_a_warning_not_a_panic() {
     assert_eq!(s.settings.micro_batch_size, u32::MAX);
     assert!(s.warnings.iter().any(|w| w.contains("run out of memory")));
     assert_eq!(s.effective_batch(8), u32::MAX);
+}
+
+// === one memory truth, precision policy, exact global batch (issue 9) ===
+
+fn builtin(
+    w: &Workload,
+    gpu: &GpuSpec,
+    s: Strategy,
+    pins: &Pins,
+) -> Result<Suggestion, AdvisorError> {
+    suggest(&AdviceRequest {
+        workload: w,
+        gpu,
+        strategy: s,
+        targets: StrategyTargets::default(),
+        pins,
+        history: &[],
+    })
+}
+
+fn h100() -> GpuSpec {
+    crate::core::catalog::lookup_gpu("NVIDIA H100 80GB HBM3").expect("catalog GPU")
+}
+
+fn catalog_workload(model: &str, method: Method, framework: Framework, seq: u32) -> Workload {
+    let m = crate::core::catalog::lookup_model(model).expect("catalog model");
+    Workload {
+        model: m.arch,
+        method,
+        lora: (method != Method::Full).then(|| LoraConfig {
+            rank: 16,
+            targets: crate::core::memory::default_lora_targets(framework),
+        }),
+        seq_len: seq,
+        framework,
+        ..workload()
+    }
+}
+
+#[test]
+fn where_the_optimizer_step_dominates_the_batch_is_not_extrapolated_to_the_cap() {
+    // Qwen2.5-1.5B full under HF on an H100: the optimizer step (fp32
+    // master weights, foreach temporaries) is the peak at micro batch 1 and
+    // 2, so a line through those two points had slope 0 and "fit" 1024.
+    let w = catalog_workload("Qwen/Qwen2.5-1.5B", Method::Full, Framework::Hf, 2048);
+    let s = builtin(&w, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert!(s.settings.micro_batch_size < 64, "{s:?}");
+    let est = crate::core::memory::estimate(&w, &s.settings).unwrap();
+    let rel = (s.predicted_peak_bytes as f64 - est.peak_bytes as f64).abs() / est.peak_bytes as f64;
+    assert!(
+        rel < 0.01,
+        "predicted {} vs estimate {}",
+        s.predicted_peak_bytes,
+        est.peak_bytes
+    );
+    assert!(s.memory_fraction <= 0.85);
+}
+
+#[test]
+fn the_prediction_includes_the_accumulation_the_advisor_sets() {
+    // With a global batch, accumulation > 1 keeps the gradients alive
+    // during the next forward: the printed peak must include them.
+    let w = Workload {
+        global_batch: Some(64),
+        ..catalog_workload(
+            "meta-llama/Llama-3.2-1B",
+            Method::Full,
+            Framework::Torchtune,
+            2048,
+        )
+    };
+    let s = builtin(&w, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    let st = &s.settings;
+    assert_eq!(st.micro_batch_size * st.gradient_accumulation_steps, 64);
+    assert!(st.gradient_accumulation_steps > 1, "{st:?}");
+    let est = crate::core::memory::estimate(&w, st).unwrap();
+    let one = crate::core::memory::estimate(
+        &w,
+        &EngineeringSettings {
+            gradient_accumulation_steps: 1,
+            ..st.clone()
+        },
+    )
+    .unwrap();
+    assert!(est.peak_bytes > one.peak_bytes, "accumulation costs memory");
+    assert_eq!(s.predicted_peak_bytes, est.peak_bytes);
+}
+
+#[test]
+fn a_lora_base_is_held_in_bf16_in_every_framework_and_fp32_never_unpinned() {
+    for f in [
+        Framework::Generic,
+        Framework::Hf,
+        Framework::Torchtune,
+        Framework::Litgpt,
+        Framework::Lightning,
+    ] {
+        for method in [Method::Lora, Method::Qlora] {
+            let w = catalog_workload("Qwen/Qwen2.5-7B", method, f, 2048);
+            for st in Strategy::ALL {
+                let s = builtin(&w, &h100(), st, &Pins::default()).unwrap();
+                assert_eq!(s.settings.dtype, Dtype::Bf16, "{f:?} {method:?} {st}");
+            }
+        }
+    }
+    // On a GPU without bf16, the base is fp16 (torchtune: fp32, its only
+    // other precision).
+    let w = catalog_workload("Qwen/Qwen2.5-0.5B", Method::Lora, Framework::Hf, 512);
+    let s = builtin(&w, &t4(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Fp16);
+    // A pin wins.
+    let pins = Pins {
+        dtype: Some(Dtype::Fp32),
+        ..Pins::default()
+    };
+    let s = builtin(&w, &h100(), Strategy::Balanced, &pins).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Fp32);
+}
+
+#[test]
+fn pure_bf16_is_offered_to_hf_only_when_nothing_else_fits_and_the_switch_decides() {
+    // Qwen2.5-7B full on an H100 under HF: fp32 master weights need
+    // 16 bytes/param + more: nothing with bf16-mixed meets the target.
+    let w = catalog_workload("Qwen/Qwen2.5-7B", Method::Full, Framework::Hf, 2048);
+    let auto = builtin(&w, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert_eq!(auto.settings.dtype, Dtype::Bf16);
+    assert!(
+        auto.warnings.iter().any(|x| x.contains("pure bf16")),
+        "{:?}",
+        auto.warnings
+    );
+    let forbid = Pins {
+        pure_bf16: Some(false),
+        ..Pins::default()
+    };
+    match builtin(&w, &h100(), Strategy::Balanced, &forbid) {
+        Ok(s) => assert_eq!(s.settings.dtype, Dtype::Bf16Mixed),
+        Err(AdvisorError::DoesNotFit { alternatives, .. }) => {
+            assert!(alternatives[0].contains("pure bf16"), "{alternatives:?}")
+        }
+        Err(e) => panic!("{e}"),
+    }
+    // A small model fits with fp32 master weights: HF's default is kept.
+    let small = catalog_workload("Qwen/Qwen2.5-0.5B", Method::Full, Framework::Hf, 512);
+    let s = builtin(&small, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Bf16Mixed);
+    // torchtune's default is pure bf16.
+    let tt = catalog_workload("Qwen/Qwen2.5-0.5B", Method::Full, Framework::Torchtune, 512);
+    let s = builtin(&tt, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Bf16);
+}
+
+#[test]
+fn a_global_batch_the_pins_cannot_meet_is_refused_naming_the_nearest_choices() {
+    let w = Workload {
+        global_batch: Some(7),
+        ..workload()
+    };
+    let pins = Pins {
+        micro_batch_size: Some(2),
+        ..Pins::default()
+    };
+    match ask(&w, &a100(), Strategy::Balanced, &pins, &[]) {
+        Err(AdvisorError::GlobalBatch { global, reason }) => {
+            assert_eq!(global, 7);
+            assert!(reason.contains("1 or 7"), "{reason}");
+        }
+        other => panic!("expected a global-batch error, got {other:?}"),
+    }
+    let pins = Pins {
+        gradient_accumulation_steps: Some(3),
+        ..Pins::default()
+    };
+    let w = Workload {
+        global_batch: Some(64),
+        ..workload()
+    };
+    assert!(matches!(
+        ask(&w, &a100(), Strategy::Balanced, &pins, &[]),
+        Err(AdvisorError::GlobalBatch { .. })
+    ));
+    // Pinned accumulation that divides: the micro batch follows exactly.
+    let pins = Pins {
+        gradient_accumulation_steps: Some(4),
+        ..Pins::default()
+    };
+    let s = ask(&w, &a100(), Strategy::Balanced, &pins, &[]).unwrap();
+    assert_eq!(s.settings.micro_batch_size, 16);
+    assert_eq!(s.settings.gradient_accumulation_steps, 4);
+}
+
+#[test]
+fn a_run_already_above_the_target_leaves_the_source_at_historical_data() {
+    // 20 + 2m GiB; m = 25 measured 72 GiB = 90 % of 80 GiB, over 85 %.
+    let s = balanced_pinned(&[ok_peak(25, 72.0)]);
+    assert_eq!(
+        s.source,
+        SuggestionSource::HistoricalData,
+        "{}",
+        s.reasoning
+    );
+    assert!(!s.reasoning.to_lowercase().contains("memory analysis"));
+    assert_eq!(
+        s.settings.micro_batch_size, 25,
+        "never below what already ran"
+    );
+    assert!(s
+        .warnings
+        .iter()
+        .any(|w| w.contains("above the balanced target")));
+}
+
+#[test]
+fn one_wild_measurement_among_consistent_runs_does_not_move_the_suggestion() {
+    let clean = [ok_peak(4, 28.0), ok_peak(8, 36.0), ok_peak(12, 44.0)];
+    let base = balanced_pinned(&clean).settings.micro_batch_size;
+    let mut poisoned = clean.to_vec();
+    poisoned.push(ok_peak(6, 79.0));
+    let s = balanced_pinned(&poisoned);
+    assert_eq!(s.settings.micro_batch_size, base, "{}", s.reasoning);
+    assert!(s.reasoning.contains("left out"), "{}", s.reasoning);
 }

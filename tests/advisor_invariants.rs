@@ -10,6 +10,7 @@ mod sweep;
 #[test]
 fn every_catalog_suggestion_keeps_every_invariant() {
     let c = sweep::sweep(None);
+    eprintln!("{c:#?}");
     assert!(c.suggestions > 10_000, "sweep too small: {c:?}");
     assert_eq!(c.violations(), 0, "{c:#?}");
 }

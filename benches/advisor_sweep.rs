@@ -20,6 +20,7 @@ fn main() {
     println!("false does-not-fit   {}", c.false_does_not_fit);
     println!("bad precision        {}", c.bad_precision);
     println!("other errors         {}", c.errors);
+    println!("violations in all    {}", c.violations());
     for e in &c.examples {
         println!("  e.g. {e}");
     }

@@ -12,5 +12,6 @@ pub mod memory;
 pub mod run;
 pub mod settings;
 pub mod similarity;
+pub mod throughput;
 pub mod units;
 pub mod workload;

@@ -3,13 +3,10 @@
 //! above an OOM of the same settings, never predicted above the card.
 
 use super::predict::Predictor;
-use super::{
-    AdvisorError, Cand, Ctx, Strategy, CHECKPOINTING_SPEED, COMPILE_SPEED, FP32_SPEED_NO_TF32,
-    FP32_SPEED_TF32, HALF_UTILISATION_TOKENS,
-};
+use super::speed::Speed;
+use super::{AdvisorError, Cand, Ctx, Strategy};
 use crate::core::learner::{self, Correction};
 use crate::core::run::RunRecord;
-use crate::core::settings::Dtype;
 use crate::core::similarity::matches_settings;
 use crate::core::units::to_gib;
 
@@ -42,7 +39,9 @@ pub(super) struct Eval<'c, 'a> {
     pub oom_min: Option<u32>,
     /// Largest measured batch and its peak, for the reasoning.
     pub measured: Option<(u32, u64)>,
-    pub speed: f64,
+    pub speed: Speed,
+    /// The fastest other candidate that met the target (for the reasoning).
+    pub runner_up: Option<(Cand, u32, Speed)>,
     pub warnings: Vec<String>,
     pub pred: Predictor<'c, 'a>,
 }
@@ -54,6 +53,7 @@ impl Eval<'_, '_> {
         self.a = ctx.accumulation(m);
         self.predicted = self.pred.best(m)?;
         self.speed = ctx.speed(self.cand, m);
+        self.runner_up = None;
         self.warnings.clear();
         Ok(())
     }
@@ -205,24 +205,9 @@ impl<'a> Ctx<'a> {
             oom_min,
             measured,
             speed: self.speed(c, m),
+            runner_up: None,
             warnings,
             pred,
         }))
-    }
-
-    /// Relative training throughput (samples/s, arbitrary units) used to rank
-    /// candidates: utilisation grows with tokens per micro batch; precision,
-    /// checkpointing and compile scale it.
-    pub(super) fn speed(&self, c: Cand, m: u32) -> f64 {
-        let tokens = m as f64 * self.w.seq_len as f64;
-        let util = tokens / (tokens + HALF_UTILISATION_TOKENS);
-        let dtype = match c.dtype {
-            Dtype::Fp32 if self.req.gpu.bf16 => FP32_SPEED_TF32,
-            Dtype::Fp32 => FP32_SPEED_NO_TF32,
-            _ => 1.0,
-        };
-        let ckpt = if c.ckpt { CHECKPOINTING_SPEED } else { 1.0 };
-        let compile = if c.compile { COMPILE_SPEED } else { 1.0 };
-        util * dtype * ckpt * compile
     }
 }

@@ -27,6 +27,7 @@ mod evaluate;
 mod explain;
 mod pick;
 mod predict;
+mod speed;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -197,6 +198,13 @@ pub struct Suggestion {
     pub gpu: String,
     pub reasoning: String,
     pub warnings: Vec<String>,
+    /// Training tokens/s of one GPU predicted for these settings (the
+    /// throughput model, calibrated by measured runs of this workload).
+    #[serde(default)]
+    pub predicted_tokens_per_sec: f64,
+    /// Tokens/s measured by runs with exactly these settings, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_tokens_per_sec: Option<f64>,
 }
 
 impl Suggestion {
@@ -291,28 +299,6 @@ pub const LEAST_SQUARES_Z: f64 = 1.65;
 /// large when the fixed part dominates a small measured batch, small when
 /// activations dominate.
 pub const ONE_POINT_SPLIT_UNCERTAINTY: f64 = 0.25;
-
-/// Relative throughput cost of full activation checkpointing: recomputing the
-/// forward pass adds about one forward (≈ 1/3 of forward + backward FLOPs),
-/// i.e. ×0.75 speed (Chen et al. 2016, "Training Deep Nets with Sublinear
-/// Memory Cost"; Korthikanti et al. 2022 measure 30–40 % overhead).
-pub const CHECKPOINTING_SPEED: f64 = 0.75;
-
-/// Relative speed-up of `torch.compile`. The PyTorch 2.0 release reports
-/// 43 % on average over 163 models on an A100 with AMP; LLM stacks already
-/// use fused attention, so a third of that is assumed.
-pub const COMPILE_SPEED: f64 = 1.15;
-
-/// fp32 (TF32 tensor cores) relative to bf16/fp16: half the dense tensor
-/// throughput on A100/H100 datasheets (156 vs 312, 495 vs 989 TFLOP/s).
-pub const FP32_SPEED_TF32: f64 = 0.5;
-/// fp32 without TF32 (pre-Ampere: V100 15.7 vs 125 TFLOP/s, T4 8.1 vs 65).
-pub const FP32_SPEED_NO_TF32: f64 = 0.125;
-
-/// Tokens per micro batch at which a GPU's matmuls reach half their peak
-/// utilisation; GEMMs with an M dimension of a few thousand rows run near
-/// peak on current GPUs. Used only to rank candidates, never for memory.
-pub const HALF_UTILISATION_TOKENS: f64 = 2048.0;
 
 // === entry points ===
 

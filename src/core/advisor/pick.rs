@@ -2,6 +2,7 @@
 //! target, measured candidates before unmeasured ones.
 
 use super::evaluate::{Eval, Evidence};
+use super::speed::{self, SPEED_NOISE};
 use super::{AdvisorError, Ctx, Strategy};
 use crate::core::settings::Dtype;
 use crate::core::units::to_gib;
@@ -100,37 +101,83 @@ impl<'a> Ctx<'a> {
         } else {
             above
         };
-        let top = pool
+        // The fastest by throughput (measured where it ran, else predicted
+        // and calibrated). An untried candidate must beat the best measured
+        // one by more than the run-to-run noise to be tried: then it is
+        // (one change per run, safe by the memory model, never past an
+        // OOM); otherwise the measured one stays.
+        // A legacy history without any throughput figure keeps the
+        // evidence order: measured settings beat unmeasured ones, and
+        // without memory data, the settings most of those runs used.
+        if !self
+            .key_runs
             .iter()
-            .map(|e| e.evidence)
-            .max()
-            .unwrap_or(Evidence::None);
+            .any(|r| speed::run_tokens_per_sec(r).is_some())
+        {
+            if let Some(e) = Self::pick_by_evidence(&pool) {
+                return Ok(e);
+            }
+        }
+        let tps = |e: &Eval| e.speed.tokens_per_sec;
+        let fastest = pool
+            .iter()
+            .max_by(|a, b| tps(a).total_cmp(&tps(b)))
+            .ok_or_else(|| AdvisorError::BadPin("no candidate settings".into()))?;
+        let measured = |e: &Eval| {
+            self.key_runs.iter().any(|r| {
+                r.result.success
+                    && Self::same_speed_settings(r, e.cand)
+                    && speed::run_tokens_per_sec(r).is_some()
+            })
+        };
+        let incumbent = pool
+            .iter()
+            .filter(|e| measured(e))
+            .max_by(|a, b| tps(a).total_cmp(&tps(b)));
+        let chosen = match incumbent {
+            Some(inc) if !measured(fastest) && tps(fastest) <= tps(inc) * (1.0 + SPEED_NOISE) => {
+                inc
+            }
+            _ => fastest,
+        };
+        let mut chosen = chosen.clone();
+        if let Some(r) = pool
+            .iter()
+            .filter(|e| e.cand != chosen.cand)
+            .max_by(|a, b| tps(a).total_cmp(&tps(b)))
+        {
+            chosen.runner_up = Some((r.cand, r.m, r.speed));
+        }
+        Ok(chosen)
+    }
+
+    /// The evidence order (no throughput measured anywhere): memory data,
+    /// then successes, then the model; among equals the fastest, or with
+    /// successes only, the settings most runs used.
+    fn pick_by_evidence<'c>(pool: &[Eval<'c, 'a>]) -> Option<Eval<'c, 'a>> {
+        let top = pool.iter().map(|e| e.evidence).max()?;
+        if top == Evidence::None {
+            return None;
+        }
         let mut chosen: Vec<&Eval> = match top {
-            // Measured settings beat unmeasured ones; among them the fastest.
             Evidence::Memory => pool
                 .iter()
                 .filter(|e| e.evidence >= Evidence::Success)
                 .collect(),
-            Evidence::Success | Evidence::None => {
-                pool.iter().filter(|e| e.evidence == top).collect()
-            }
+            _ => pool.iter().filter(|e| e.evidence == top).collect(),
         };
         chosen.sort_by(|a, b| {
             let key = |e: &Eval| {
-                // Without memory data, "the settings most of those runs used".
                 if top == Evidence::Success {
-                    (e.successes as f64, e.speed)
+                    (e.successes as f64, e.speed.tokens_per_sec)
                 } else {
-                    (e.speed, e.successes as f64)
+                    (e.speed.tokens_per_sec, e.successes as f64)
                 }
             };
             let (ka, kb) = (key(a), key(b));
             kb.0.total_cmp(&ka.0).then(kb.1.total_cmp(&ka.1))
         });
-        chosen
-            .first()
-            .map(|e| (*e).clone())
-            .ok_or_else(|| AdvisorError::BadPin("no candidate settings".into()))
+        chosen.first().map(|e| (*e).clone())
     }
 
     /// A pinned micro batch: keep it; choose the other settings so it fits
@@ -145,7 +192,7 @@ impl<'a> Ctx<'a> {
             .iter()
             .filter(|e| e.predicted <= budget && e.oom_min.is_none_or(|o| e.m < o))
             .collect();
-        fitting.sort_by(|a, b| b.speed.total_cmp(&a.speed));
+        fitting.sort_by(|a, b| b.speed.tokens_per_sec.total_cmp(&a.speed.tokens_per_sec));
         let mut e = match fitting.first() {
             Some(e) => (*e).clone(),
             None => evals

@@ -877,11 +877,14 @@ fn the_fastest_candidate_that_meets_the_target_wins() {
         Dtype::Bf16,
         "bf16 beats fp32 on tensor cores"
     );
-    // Huge activations: without checkpointing only micro batch 1 would fit at
-    // 4k tokens... and with it far more: checkpointing wins.
+    // Huge activations: without checkpointing not even micro batch 1 meets
+    // the target; with it several do: checkpointing wins. (Where micro
+    // batch 1 without checkpointing meets the target, it is usually the
+    // faster one for an 8B model: the H100 measured 11,575 tokens/s at 1
+    // against 9,509 with checkpointing at 12.)
     let act = Linear {
         fixed_gib: 40.0,
-        slope_gib: 12.0,
+        slope_gib: 30.0,
     };
     let s = ask_with(
         &act,

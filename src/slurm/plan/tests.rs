@@ -33,6 +33,8 @@ fn suggestion() -> Suggestion {
         gpu: "NVIDIA A100-SXM4-80GB".into(),
         reasoning: "line one\nline two".into(),
         warnings: vec![],
+        predicted_tokens_per_sec: 0.0,
+        measured_tokens_per_sec: None,
     }
 }
 

@@ -4,6 +4,9 @@
 //! asserts every count is zero) and `benches/advisor_sweep.rs` (which prints
 //! the counts).
 
+// Each consumer (a test, a benchmark) uses part of this module.
+#![allow(dead_code)]
+
 use gpufit::core::advisor::{self, AdviceRequest, AdvisorError, Strategy, StrategyTargets};
 use gpufit::core::catalog::{all_gpus, all_models, GpuSpec};
 use gpufit::core::memory::{default_lora_targets, estimate};

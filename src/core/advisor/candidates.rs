@@ -137,14 +137,26 @@ impl Ctx<'_> {
             (Some(c), _) => vec![c],
             (None, Strategy::Conservative) => vec![false],
             (None, Strategy::Aggressive) => vec![true],
-            // Balanced compiles only where compiling has been seen to work
-            // for this workload: a failed compile costs a whole job.
+            // Balanced tries compile once this workload has run without it
+            // (its speed is known, and the memory model — which treats
+            // compile as memory-neutral, while the H100 measured 24–34 %
+            // less — says the compiled run fits): a failed compile then
+            // costs one retry, not an OOM. A compile that failed for another
+            // reason than memory, and never succeeded, is not tried again.
             (None, Strategy::Balanced) => {
-                if self
+                let compiled_ok = self
                     .key_runs
                     .iter()
-                    .any(|r| r.result.success && r.settings.compile)
-                {
+                    .any(|r| r.result.success && r.settings.compile);
+                let compiled_broke = self
+                    .key_runs
+                    .iter()
+                    .any(|r| r.settings.compile && !r.result.success && !r.is_oom());
+                let baseline = self
+                    .key_runs
+                    .iter()
+                    .any(|r| r.result.success && !r.settings.compile);
+                if compiled_ok || (baseline && !compiled_broke) {
                     vec![false, true]
                 } else {
                     vec![false]

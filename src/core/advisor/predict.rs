@@ -100,8 +100,22 @@ impl<'a> Ctx<'a> {
         if runs.is_empty() {
             return Ok(p);
         }
+        // Peaks are learned from runs with the candidate's compile setting;
+        // a compiled candidate without its own measurements borrows the
+        // uncompiled ones (compile does not add memory: the H100 measured
+        // 24–34 % less), never the other way round.
+        let same_compile = |r: &&&RunRecord| r.settings.compile == c.compile;
+        let has_own = runs
+            .iter()
+            .filter(same_compile)
+            .any(|r| r.result.success && r.result.peak_memory_bytes.is_some());
+        let learn_from: Vec<&&RunRecord> = if has_own || !c.compile {
+            runs.iter().filter(same_compile).collect()
+        } else {
+            runs.iter().collect()
+        };
         let mut points = Vec::new();
-        for r in runs.iter().filter(|r| r.result.success) {
+        for r in learn_from.into_iter().filter(|r| r.result.success) {
             let Some(peak) = r.result.peak_memory_bytes else {
                 continue;
             };

@@ -1295,3 +1295,102 @@ fn one_wild_measurement_among_consistent_runs_does_not_move_the_suggestion() {
     assert_eq!(s.settings.micro_batch_size, base, "{}", s.reasoning);
     assert!(s.reasoning.contains("left out"), "{}", s.reasoning);
 }
+
+// === throughput: learned, explored, no flip-flop (issue 10) ===
+
+fn ok_speed(m: u32, ckpt: bool, compile: bool, gib: f64, tps: f64) -> RunRecord {
+    let mut r = run(m, Dtype::Bf16, ckpt);
+    r.settings.compile = compile;
+    r.result.peak_memory_bytes = Some((gib * GIB as f64) as u64);
+    r.result.tokens_per_sec = Some(tps);
+    r
+}
+
+fn bf16_pins() -> Pins {
+    Pins {
+        dtype: Some(Dtype::Bf16),
+        ..Pins::default()
+    }
+}
+
+#[test]
+fn measured_throughput_decides_between_measured_settings() {
+    // The model ranks checkpointing off first; the runs say on is faster
+    // here: measured numbers win over the model.
+    let h = [
+        ok_speed(4, false, false, 28.0, 5_000.0),
+        ok_speed(8, true, false, 30.0, 9_000.0),
+    ];
+    let pins = Pins {
+        compile: Some(false),
+        ..bf16_pins()
+    };
+    let s = ask(&workload(), &a100(), Strategy::Balanced, &pins, &h).unwrap();
+    assert!(s.settings.activation_checkpointing, "{}", s.reasoning);
+    assert!(s.reasoning.contains("tokens/s"), "{}", s.reasoning);
+    assert!(s.predicted_tokens_per_sec > 0.0);
+}
+
+#[test]
+fn balanced_tries_compile_once_the_uncompiled_speed_is_known_and_keeps_the_faster() {
+    // Nothing measured: no compile (a failed compile would cost a job).
+    assert!(
+        !ask(&workload(), &a100(), Strategy::Balanced, &bf16_pins(), &[])
+            .unwrap()
+            .settings
+            .compile
+    );
+    let base = ok_speed(16, false, false, 52.0, 10_000.0);
+    let s = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &bf16_pins(),
+        &[base.clone()],
+    )
+    .unwrap();
+    assert!(
+        s.settings.compile,
+        "predicted faster and safe: tried. {}",
+        s.reasoning
+    );
+    // Compiled measured slower: back to uncompiled, and it stays there.
+    let slow = ok_speed(s.settings.micro_batch_size, false, true, 50.0, 9_500.0);
+    let h = vec![base.clone(), slow.clone()];
+    let s2 = ask(&workload(), &a100(), Strategy::Balanced, &bf16_pins(), &h).unwrap();
+    assert!(!s2.settings.compile, "{}", s2.reasoning);
+    let again = ok_speed(s2.settings.micro_batch_size, false, false, 52.0, 10_050.0);
+    let h = vec![base.clone(), slow, again];
+    let s3 = ask(&workload(), &a100(), Strategy::Balanced, &bf16_pins(), &h).unwrap();
+    assert!(!s3.settings.compile, "no flip-flop: {}", s3.reasoning);
+    // A compile that crashed (not an OOM) is not tried again.
+    let mut broke = ok_speed(16, false, true, 0.0, 0.0);
+    broke.result.success = false;
+    broke.result.failure_reason = Some(FailureReason::OtherError);
+    broke.result.peak_memory_bytes = None;
+    broke.result.tokens_per_sec = None;
+    let s4 = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &bf16_pins(),
+        &[base, broke],
+    )
+    .unwrap();
+    assert!(!s4.settings.compile);
+}
+
+#[test]
+fn an_untried_setting_within_the_noise_of_the_measured_one_is_not_tried() {
+    // ckpt off measured at 10,000 tokens/s; the model predicts ckpt on a
+    // little lower, and compile is pinned off: the measured setting stays.
+    let h = [ok_speed(16, false, false, 52.0, 10_000.0)];
+    let pins = Pins {
+        compile: Some(false),
+        ..bf16_pins()
+    };
+    for _ in 0..3 {
+        let s = ask(&workload(), &a100(), Strategy::Balanced, &pins, &h).unwrap();
+        assert!(!s.settings.activation_checkpointing);
+    }
+}

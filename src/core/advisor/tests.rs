@@ -1346,7 +1346,7 @@ fn balanced_tries_compile_once_the_uncompiled_speed_is_known_and_keeps_the_faste
         &a100(),
         Strategy::Balanced,
         &bf16_pins(),
-        &[base.clone()],
+        std::slice::from_ref(&base),
     )
     .unwrap();
     assert!(

@@ -321,6 +321,7 @@ pub fn print_table(w: &Workload, target: f64, s: &Suggestion) {
                 target * 100.0
             ),
         ),
+        ("throughput", fmt_tokens_per_sec(s)),
         ("confidence", format!("{:.2}", s.confidence)),
         ("source", s.source.as_str().into()),
     ] {
@@ -330,5 +331,18 @@ pub fn print_table(w: &Workload, target: f64, s: &Suggestion) {
     println!("{}", s.reasoning);
     for w in &s.warnings {
         println!("warning: {w}");
+    }
+}
+
+/// "12,300 tokens/s measured (predicted 12,100)" or "12,100 tokens/s predicted".
+pub fn fmt_tokens_per_sec(s: &Suggestion) -> String {
+    let k = |x: f64| format!("{:.0}", x);
+    match s.measured_tokens_per_sec {
+        Some(m) => format!(
+            "{} tokens/s measured (predicted {})",
+            k(m),
+            k(s.predicted_tokens_per_sec)
+        ),
+        None => format!("{} tokens/s predicted", k(s.predicted_tokens_per_sec)),
     }
 }

@@ -1394,3 +1394,82 @@ fn an_untried_setting_within_the_noise_of_the_measured_one_is_not_tried() {
         assert!(!s.settings.activation_checkpointing);
     }
 }
+
+// === adversarial histories over the catalog, builtin model ===
+
+fn arb_catalog_run() -> impl Strategy_<Value = (usize, bool, u32, bool, f64, f64)> {
+    (
+        0usize..2,        // dtype: bf16 / bf16-mixed
+        any::<bool>(),    // checkpointing
+        1u32..64,         // micro batch
+        any::<bool>(),    // OOM
+        0.05f64..1.0,     // peak as a fraction of the card
+        0.0f64..50_000.0, // tokens/s
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn catalog_hard_rules_hold_for_any_history(
+        model in 0usize..8,
+        gpu in 0usize..4,
+        method in 0usize..3,
+        g in proptest::option::of(proptest::sample::select(vec![16u32, 32, 48, 64, 96])),
+        strategy in 0usize..3,
+        runs in proptest::collection::vec(arb_catalog_run(), 0..12),
+    ) {
+        let models = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-7B", "meta-llama/Llama-3.2-1B",
+            "meta-llama/Llama-3.1-8B", "google/gemma-2-2b", "microsoft/phi-2", "mistralai/Mistral-7B-v0.1"];
+        let gpus = ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA L4", "Tesla T4"];
+        let Ok(m) = crate::core::catalog::lookup_model(models[model]) else { return Ok(()); };
+        let gpu = crate::core::catalog::lookup_gpu(gpus[gpu]).unwrap();
+        let method = [Method::Full, Method::Lora, Method::Qlora][method];
+        let w = Workload {
+            model: m.arch,
+            method,
+            lora: (method != Method::Full).then(|| LoraConfig { rank: 16, targets: vec![LoraTarget::Q, LoraTarget::V] }),
+            global_batch: g,
+            framework: Framework::Hf,
+            ..workload()
+        };
+        let cap = gpu.memory_bytes as f64;
+        let h: Vec<RunRecord> = runs.iter().map(|&(d, ckpt, mb, is_oom, frac, tps)| {
+            let mut r = run(mb, [Dtype::Bf16, Dtype::Bf16Mixed][d], ckpt);
+            r.model = w.model.name.clone();
+            r.method = method;
+            r.gpu_model = gpu.name.clone();
+            if is_oom {
+                r.result.success = false;
+                r.result.failure_reason = Some(FailureReason::Oom);
+            } else {
+                r.result.peak_memory_bytes = Some((frac * cap) as u64);
+                r.result.tokens_per_sec = Some(tps);
+            }
+            r
+        }).collect();
+        let s = Strategy::ALL[strategy];
+        let req = AdviceRequest { workload: &w, gpu: &gpu, strategy: s, targets: StrategyTargets::default(), pins: &Pins::default(), history: &h };
+        match suggest(&req) {
+            Ok(sug) => {
+                let st = &sug.settings;
+                if let Some(g) = g {
+                    prop_assert_eq!(st.micro_batch_size * st.gradient_accumulation_steps, g);
+                }
+                prop_assert!((sug.predicted_peak_bytes as f64) <= cap, "{sug:?}");
+                prop_assert!(sug.predicted_tokens_per_sec.is_finite() && sug.predicted_tokens_per_sec >= 0.0);
+                if sug.source != SuggestionSource::LearnedFromFailures {
+                    for r in h.iter().filter(|r| r.is_oom()) {
+                        if r.settings.activation_checkpointing == st.activation_checkpointing && r.settings.dtype == st.dtype {
+                            prop_assert!(st.micro_batch_size < r.settings.micro_batch_size);
+                        }
+                    }
+                }
+                prop_assert!(gpu.bf16 || st.dtype != Dtype::Bf16 || method != Method::Full);
+            }
+            Err(AdvisorError::DoesNotFit { .. }) => {}
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+}

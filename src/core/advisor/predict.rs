@@ -25,6 +25,9 @@ pub(super) struct Predictor<'c, 'a> {
     /// peak grows by `.1` more bytes per sample than predicted, just enough
     /// that the OOM batch reaches the card's capacity.
     pub oom_tilt: Option<(u32, f64)>,
+    /// A compiled candidate without compiled measurements of its own:
+    /// planned to fit compiled and uncompiled.
+    compile_untried: bool,
 }
 
 impl<'c, 'a> Predictor<'c, 'a> {
@@ -59,12 +62,26 @@ impl<'c, 'a> Predictor<'c, 'a> {
     /// largest measured batch.
     pub fn plan(&self, m: u32) -> Result<f64, AdvisorError> {
         let e = self.model(m)?;
-        let best = self.best_of(&e, m);
+        let compiled = self.plan_of(&e, m);
+        if !self.compile_untried {
+            return Ok(compiled);
+        }
+        // An untried compile must fit either way — compiled or not — so a
+        // compile that fails or saves less than modelled costs one retry,
+        // not an OOM.
+        let mut s = self.cand.settings(m, self.ctx.accumulation(m));
+        s.compile = false;
+        let plain = self.ctx.opts.model.estimate(self.w, &s)?;
+        Ok(compiled.max(self.plan_of(&plain, m)))
+    }
+
+    fn plan_of(&self, e: &Estimate, m: u32) -> f64 {
+        let best = self.best_of(e, m);
         let Some(c) = self.correction else {
             let phase_a = e.fixed_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN)
                 + e.per_sample_bytes as f64 * (1.0 + HEURISTIC_SLOPE_MARGIN) * m as f64;
             let tilt = best - e.peak_bytes as f64;
-            return Ok(phase_a.max(e.peak_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN)) + tilt);
+            return phase_a.max(e.peak_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN)) + tilt;
         };
         let beyond = m.saturating_sub(c.max_measured_batch) as f64;
         let extra_slope = match c.kind {
@@ -77,7 +94,7 @@ impl<'c, 'a> Predictor<'c, 'a> {
                     / c.max_measured_batch.max(1) as f64
             }
         };
-        Ok(best + extra_slope * beyond)
+        best + extra_slope * beyond
     }
 }
 
@@ -96,6 +113,7 @@ impl<'a> Ctx<'a> {
             cand: c,
             correction: None,
             oom_tilt: None,
+            compile_untried: c.compile,
         };
         if runs.is_empty() {
             return Ok(p);
@@ -109,6 +127,7 @@ impl<'a> Ctx<'a> {
             .iter()
             .filter(same_compile)
             .any(|r| r.result.success && r.result.peak_memory_bytes.is_some());
+        p.compile_untried = c.compile && !has_own;
         let learn_from: Vec<&&RunRecord> = if has_own || !c.compile {
             runs.iter().filter(same_compile).collect()
         } else {

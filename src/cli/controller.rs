@@ -98,6 +98,10 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
         .history
         .clone()
         .unwrap_or_else(crate::history::default_url);
+    // A missing or empty token file is the operator's input to fix (exit 2).
+    if let Some(p) = &args.token_file {
+        api::read_token_file(p).map_err(|e| crate::Error::Usage(e.to_string()))?;
+    }
     let rt = tokio::runtime::Runtime::new().map_err(|e| crate::Error::Io {
         context: "cannot start the async runtime".into(),
         source: e,

@@ -158,7 +158,10 @@ pub fn live_gpus(cfg: &BackendConfig) -> Result<Vec<GpuInfo>, SidecarError> {
 /// The first local GPU as NVML sees it (live values win over the catalog);
 /// used by `gpufit suggest --gpu auto`. A clear error when there is none.
 pub fn local_gpu() -> Result<crate::core::catalog::GpuSpec, SidecarError> {
-    let gpus = live_gpus(&BackendConfig::nvml())?;
+    // The caller says what to do instead (name the GPU): the sidecar's own
+    // flags (--nvml-lib, --backend) are not this command's.
+    let source = nvml::NvmlSource::open_with_advice(None, "")?;
+    let gpus = source.sample().gpus;
     let g = gpus.into_iter().find(|g| g.healthy).ok_or_else(|| {
         SidecarError::Nvml(
             "NVML works but reports no readable GPU on this node: check `nvidia-smi`, or name the GPU with --gpu".into(),
@@ -630,7 +633,11 @@ mod tests {
         if let Err(e) = local_gpu() {
             let msg = e.to_string();
             assert!(msg.contains("libnvidia-ml.so.1"), "{msg}");
-            assert!(msg.contains("--backend inventory"), "{msg}");
+            assert!(msg.contains("nvidia-smi"), "{msg}");
+            // `suggest --gpu auto` has no such flags.
+            for flag in ["--backend", "--nvml-lib", "--inventory"] {
+                assert!(!msg.contains(flag), "{flag} in {msg}");
+            }
         }
     }
 }

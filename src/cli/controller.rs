@@ -66,7 +66,7 @@ pub struct ControllerArgs {
     /// Timeout of each Prometheus or sidecar request.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, env = "GPUFIT_PROM_TIMEOUT")]
     pub prom_timeout: Duration,
-    /// Node sidecar URL template, the fallback for peaks ({host_ip}, {node}), e.g. http://{host_ip}:9400.
+    /// Node sidecar URL template, the fallback for peaks ({host_ip}, {node}), e.g. http://{host_ip}:9445.
     #[arg(long, env = "GPUFIT_SIDECAR_URL")]
     pub sidecar_url: Option<String>,
     /// Watch TrainingJobs in this namespace only (default: all).

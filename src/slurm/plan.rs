@@ -54,7 +54,7 @@ pub struct SiteConfig {
     pub controller_url: Option<String>,
     /// `GPUFIT_HISTORY`: local history used when no controller is configured.
     pub history: Option<String>,
-    /// `GPUFIT_SIDECAR_URL`: the node sidecar, e.g. `http://127.0.0.1:9400`.
+    /// `GPUFIT_SIDECAR_URL`: the node sidecar, e.g. `http://127.0.0.1:9445`.
     pub sidecar_url: Option<String>,
     /// `GPUFIT_GPU`: GPU model name when neither the sidecar nor NVML answer.
     pub gpu: Option<String>,

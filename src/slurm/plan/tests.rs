@@ -279,7 +279,7 @@ fn exports_are_single_line_export_statements_with_every_setting() {
 fn settings_take_the_environment_over_the_file_over_defaults() {
     let file = SiteConfig {
         controller_url: Some("http://ctl:8080/".into()),
-        sidecar_url: Some("http://127.0.0.1:9400".into()),
+        sidecar_url: Some("http://127.0.0.1:9445".into()),
         state_dir: Some("/srv/gpufit".into()),
         timeout_ms: Some(99_999),
         strategy: Some("conservative".into()),

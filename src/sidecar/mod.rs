@@ -107,6 +107,31 @@ pub struct SidecarConfig {
     /// Where the host's `/proc` is (`/proc`, or e.g. `/host/proc` in a container).
     pub proc_root: PathBuf,
     pub tracker: TrackerConfig,
+    pub http: HttpConfig,
+}
+
+/// How the HTTP server treats its clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Connections held at once; past it the oldest idle one is closed (a
+    /// new one is refused only when every held one is busy).
+    pub max_connections: usize,
+    /// A connection that has not sent a complete request head this long
+    /// after it opened, or after its last answer, is closed.
+    pub idle_timeout: Duration,
+    /// Bearer token `POST /v1/jobs/{id}/log-peak` requires; `None`: the
+    /// write is refused (403), as the controller does without its token.
+    pub token: Option<String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(30),
+            token: None,
+        }
+    }
 }
 
 /// The default sampling interval: SPEC §6 asks for ≤ 200 ms so a training
@@ -218,6 +243,7 @@ pub struct Sidecar {
     sampling: Mutex<()>,
     state: Mutex<State>,
     metrics: Mutex<metrics::Metrics>,
+    http: HttpConfig,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -285,9 +311,26 @@ impl Sidecar {
                 processes: 0,
             }),
             metrics: Mutex::new(metrics::Metrics::new()?),
+            http: cfg.http.clone(),
         });
         sc.sample_now();
         Ok(sc)
+    }
+
+    /// The HTTP server's settings.
+    pub fn http_config(&self) -> &HttpConfig {
+        &self.http
+    }
+
+    /// The largest memory of the GPUs seen (0 when none): the bound on a
+    /// peak a job's log may state.
+    pub fn max_gpu_memory(&self) -> u64 {
+        lock(&self.state)
+            .gpus
+            .iter()
+            .map(|g| g.memory_total_bytes)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The node name.
@@ -592,6 +635,7 @@ mod tests {
             mapping_dir: None,
             proc_root: PathBuf::from("/nonexistent"),
             tracker: TrackerConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 

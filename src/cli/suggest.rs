@@ -20,8 +20,8 @@ use crate::core::workload::Workload;
 /// Which GPU: a catalog name, or `auto` for the local one.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GpuArgs {
-    /// GPU model as nvidia-smi prints it (`NVIDIA A100-SXM4-80GB`, `H100`,
-    /// `RTX 4090` …), or `auto` to read the local GPU through NVML.
+    /// GPU model as nvidia-smi prints it (`NVIDIA A100-SXM4-80GB`, `NVIDIA H100
+    /// 80GB HBM3`, `NVIDIA L40S` …), or `auto` to read the local GPU through NVML.
     #[arg(long, env = "GPUFIT_GPU")]
     pub gpu: Option<String>,
     /// GPU memory in GiB: overrides the catalog, or describes a GPU that is

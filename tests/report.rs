@@ -255,7 +255,7 @@ fn report_table_names_every_gpu_and_model_and_the_window() {
         "qlora",
         "all GPUs",
         "OOM GPU-h",
-        "50.00%",
+        "2 (50.0%)",
         "1.50",
     ] {
         assert!(s.contains(want), "table lacks `{want}`:\n{s}");

@@ -5,7 +5,6 @@
 
 use std::fmt::Write as _;
 
-use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
 use super::{hours, pct, window};
@@ -13,7 +12,7 @@ use crate::core::report::{FleetReport, GroupStats};
 
 /// At most this many bars per plot (most GPU-hours first).
 const MAX_BARS: usize = 15;
-const WIDTH: u32 = 560;
+const WIDTH: u32 = 540;
 
 const BLUE: RGBColor = RGBColor(0x3b, 0x6e, 0xa8);
 const RED: RGBColor = RGBColor(0xc2, 0x3b, 0x22);
@@ -54,82 +53,79 @@ fn label(s: &str) -> String {
     }
 }
 
+/// Axis tick text: no decimals on large numbers (`35000`, not `35000.0`).
+fn axis_number(x: f64) -> String {
+    if x.abs() >= 100.0 || x == x.round() {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
 /// One bar series: a value per category.
-struct Series<'a> {
-    name: &'a str,
+struct Series {
     color: RGBColor,
     values: Vec<f64>,
 }
 
-/// Horizontal bars, one row per category, one bar per series in each row.
-fn bars(title: &str, unit: &str, cats: &[String], series: &[Series<'_>]) -> crate::Result<String> {
+/// Horizontal bars, one row per category (the first at the top), one bar
+/// per series in each row. Rows are the unit intervals of an f64 axis, so
+/// bars keep their proportions whatever the number of rows.
+fn bars(title: &str, unit: &str, cats: &[String], series: &[Series]) -> crate::Result<String> {
     let n = cats.len();
     let per = series.len().max(1);
-    let height = 70 + (n * (12 + 14 * per)) as u32 + if per > 1 { 20 } else { 0 };
+    let height = 80 + (n * (8 + 16 * per)) as u32;
     let max = series
         .iter()
         .flat_map(|s| s.values.iter().copied())
         .filter(|v| v.is_finite())
         .fold(0.0f64, f64::max);
     let xmax = if max > 0.0 { max * 1.1 } else { 1.0 };
+    let rows = n.max(1) as f64;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(draw_err)?;
         let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 16))
+            .caption(title, ("sans-serif", 15))
             .margin(8)
-            .x_label_area_size(28)
-            .y_label_area_size(200)
-            .build_cartesian_2d(0f64..xmax, (0..n).into_segmented())
+            .x_label_area_size(30)
+            .y_label_area_size(190)
+            .build_cartesian_2d(0f64..xmax, 0f64..rows)
             .map_err(draw_err)?;
         let names = cats.to_vec();
         chart
             .configure_mesh()
             .disable_y_mesh()
-            .y_labels(n)
-            .y_label_formatter(&move |v| match v {
-                SegmentValue::CenterOf(i) => names.get(*i).map(|s| label(s)).unwrap_or_default(),
-                _ => String::new(),
+            // 2n + 1 key points: a step of 0.5, so every row centre gets one.
+            .y_labels(2 * n + 1)
+            .y_label_formatter(&move |y| {
+                let row = y.floor();
+                if (y - row - 0.5).abs() > 1e-6 || row < 0.0 {
+                    return String::new();
+                }
+                let i = n as i64 - 1 - row as i64;
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| names.get(i))
+                    .map(|s| label(s))
+                    .unwrap_or_default()
             })
+            .x_label_formatter(&|x| axis_number(*x))
             .x_desc(unit)
             .label_style(("sans-serif", 11))
             .draw()
             .map_err(draw_err)?;
-        // Each row of `slot` px splits into one band per series.
-        let slot = (12 + 14 * per) as u32;
+        // Each row: 10 % gap, then one band per series, first on top.
+        let band = 0.8 / per as f64;
         for (k, s) in series.iter().enumerate() {
-            let top = 4 + (k as u32) * 14;
-            let bottom = slot.saturating_sub(top + 14) + 2;
-            let drawn = chart
+            chart
                 .draw_series(s.values.iter().enumerate().map(|(i, v)| {
                     let v = if v.is_finite() { v.max(0.0) } else { 0.0 };
-                    let mut r = Rectangle::new(
-                        [
-                            (0.0, SegmentValue::Exact(i)),
-                            (v, SegmentValue::Exact(i + 1)),
-                        ],
-                        s.color.filled(),
-                    );
-                    r.set_margin(top, bottom, 0, 0);
-                    r
+                    let row = (n - 1 - i) as f64;
+                    let top = row + 0.9 - k as f64 * band;
+                    Rectangle::new([(0.0, top - band * 0.9), (v, top)], s.color.filled())
                 }))
-                .map_err(draw_err)?;
-            if per > 1 {
-                let c = s.color;
-                drawn.label(s.name).legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled())
-                });
-            }
-        }
-        if per > 1 {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK.mix(0.3))
-                .label_font(("sans-serif", 11))
-                .position(SeriesLabelPosition::LowerRight)
-                .draw()
                 .map_err(draw_err)?;
         }
         root.present().map_err(draw_err)?;
@@ -168,6 +164,7 @@ fn daily(r: &FleetReport) -> crate::Result<String> {
                     String::new()
                 }
             })
+            .y_label_formatter(&|y| axis_number(*y))
             .y_desc("runs")
             .label_style(("sans-serif", 11))
             .draw()
@@ -223,7 +220,6 @@ fn plots(r: &FleetReport) -> crate::Result<Vec<String>> {
             "GPU-hours",
             &cats,
             &[Series {
-                name: "OOM",
                 color: RED,
                 values: col(&|g| g.oom_gpu_hours),
             }],
@@ -233,23 +229,20 @@ fn plots(r: &FleetReport) -> crate::Result<Vec<String>> {
             "GiB-hours",
             &cats,
             &[Series {
-                name: "unused",
                 color: ORANGE,
                 values: col(&|g| g.unused_gib_hours),
             }],
         )?,
         bars(
-            "Peak-memory prediction error",
+            "Peak-memory prediction error: median (dark), p90 (light)",
             "|predicted − measured| / measured, %",
             &cats,
             &[
                 Series {
-                    name: "median",
                     color: BLUE,
                     values: col(&|g| pct100(g.prediction_error.median_abs)),
                 },
                 Series {
-                    name: "p90",
                     color: RGBColor(0x9d, 0xb9, 0xd9),
                     values: col(&|g| pct100(g.prediction_error.p90_abs)),
                 },
@@ -260,7 +253,6 @@ fn plots(r: &FleetReport) -> crate::Result<Vec<String>> {
             "mean tokens/s per GPU vs best of the same key, %",
             &cats,
             &[Series {
-                name: "vs best",
                 color: GREEN,
                 values: col(&|g| pct100(g.throughput.mean_vs_best)),
             }],

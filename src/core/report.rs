@@ -438,7 +438,7 @@ impl ReportBuilder {
         FleetReport {
             since: self
                 .since_us
-                .and_then(|s| DateTime::<Utc>::from_timestamp_micros(s)),
+                .and_then(DateTime::<Utc>::from_timestamp_micros),
             until: self.until,
             rows_scanned: self.rows,
             total,

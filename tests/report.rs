@@ -289,6 +289,81 @@ fn an_unwritable_html_path_fails_with_the_path_in_the_message() {
     assert!(e.contains("no-such-dir"), "{e}");
 }
 
+/// Equal JSON, numbers within 1e-9 relative (sums of floats in another
+/// row order differ in the last bits).
+fn assert_same(a: &Value, b: &Value, what: &str) {
+    match (a, b) {
+        (Value::Number(_), Value::Number(_)) => {
+            let (x, y) = (f(a), f(b));
+            assert!(
+                (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
+                "{what}: {x} != {y}"
+            );
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{what}: lengths");
+            for (p, q) in x.iter().zip(y) {
+                assert_same(p, q, what);
+            }
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{what}: fields"
+            );
+            for (k, p) in x {
+                assert_same(p, &y[k], &format!("{what}.{k}"));
+            }
+        }
+        _ => assert_eq!(a, b, "{what}"),
+    }
+}
+
+/// The store's narrow query and the generic path through whole records
+/// (`for_each`) must see the same rows: same report, for every window.
+fn narrow_query_matches_whole_records(store: &dyn gpufit::history::HistoryStore) {
+    use gpufit::core::report::ReportBuilder;
+    use gpufit::history::report_query::via_for_each;
+    let now = Utc::now();
+    for since in [
+        None,
+        Some(now - chrono::Duration::hours(24)),
+        Some(now - chrono::Duration::days(7)),
+    ] {
+        let mut narrow = ReportBuilder::new(since, now);
+        let n = store
+            .report_rows(narrow.since_us(), &mut |r| {
+                narrow.add(r);
+                Ok(())
+            })
+            .expect("narrow query");
+        let mut whole = ReportBuilder::new(since, now);
+        let m = via_for_each(store, whole.since_us(), &mut |r| {
+            whole.add(r);
+            Ok(())
+        })
+        .expect("for_each");
+        assert_eq!(n, m, "rows read, since {since:?}");
+        assert_same(
+            &serde_json::to_value(narrow.finish()).expect("json"),
+            &serde_json::to_value(whole.finish()).expect("json"),
+            &format!("since {since:?}"),
+        );
+    }
+}
+
+#[test]
+fn sqlite_narrow_query_reads_what_whole_records_say() {
+    let dir = tmp();
+    let url = format!("sqlite:{}", dir.path().join("h.db").display());
+    let mut runs = fixture();
+    runs.extend(demo_fleet());
+    fill(&url, &runs);
+    let store = gpufit::history::open(&url).expect("open");
+    narrow_query_matches_whole_records(store.as_ref());
+}
+
 // === PostgreSQL ===
 
 #[test]
@@ -298,8 +373,11 @@ fn report_over_postgres_gives_the_same_figures_as_sqlite() {
     let runs = fixture();
     fill(&url, &runs);
     check_figures(&url);
+    fill(&url, &demo_fleet());
+    narrow_query_matches_whole_records(gpufit::history::open(&url).expect("open").as_ref());
 
     let dir = tmp();
+    let runs: Vec<RunRecord> = runs.into_iter().chain(demo_fleet()).collect();
     let lite = format!("sqlite:{}", dir.path().join("h.db").display());
     fill(&lite, &runs);
     let strip = |mut v: Value| {
@@ -307,10 +385,10 @@ fn report_over_postgres_gives_the_same_figures_as_sqlite() {
         v["since"] = Value::Null;
         v
     };
-    assert_eq!(
-        strip(report_json(&url, "7d")),
-        strip(report_json(&lite, "7d")),
-        "SQLite and PostgreSQL disagree"
+    assert_same(
+        &strip(report_json(&url, "7d")),
+        &strip(report_json(&lite, "7d")),
+        "SQLite and PostgreSQL",
     );
 }
 

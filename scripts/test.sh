@@ -12,6 +12,8 @@ command -v sbatch >/dev/null || need+=(slurm-client)
 command -v munged >/dev/null || need+=(munge)
 command -v prometheus >/dev/null || need+=(prometheus)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+# Headless Chromium renders `gpufit report --html` in tests/report.rs.
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -18,6 +18,7 @@ pub mod parse_log;
 pub mod plan;
 pub mod profile;
 pub mod record;
+pub mod report;
 pub mod sidecar;
 pub mod slurm;
 pub mod suggest;
@@ -74,6 +75,8 @@ pub enum Command {
     History(history::HistoryArgs),
     /// Record one run's settings and result.
     Record(record::RecordArgs),
+    /// Fleet report: OOMs, unused GPU memory, prediction error, throughput (table, JSON, HTML).
+    Report(report::ReportArgs),
     /// Parse a training log into a run result.
     ParseLog(parse_log::ParseLogArgs),
     /// GPU catalog, or the GPUs on this node (--live).
@@ -226,6 +229,7 @@ pub fn run(cli: Cli) -> crate::Result<ExitCode> {
         Command::FindMaxBatch(a) => find_max_batch::run(g, a),
         Command::History(a) => history::run(g, a),
         Command::Record(a) => record::run(g, a),
+        Command::Report(a) => report::run(g, a),
         Command::ParseLog(a) => parse_log::run(g, a),
         Command::Gpus(a) => gpus::run(g, a),
         Command::Models(a) => models::run(g, a),

@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod learner;
 pub mod logs;
 pub mod memory;
+pub mod report;
 pub mod run;
 pub mod settings;
 pub mod similarity;

@@ -8,6 +8,7 @@
 
 pub mod jsonl;
 pub mod postgres;
+pub mod report_query;
 pub mod schema;
 pub mod sqlite;
 
@@ -94,6 +95,18 @@ pub trait HistoryStore: Send + Sync {
             f(r)?;
         }
         Ok(n)
+    }
+
+    /// The rows `gpufit report` aggregates: runs at or after `since_us`
+    /// (all when None), plus older successful runs with a throughput (they
+    /// set the best known). Stores override this with a narrow streaming
+    /// query ([`report_query`]); the default goes through `for_each`.
+    fn report_rows(
+        &self,
+        since_us: Option<i64>,
+        f: &mut report_query::RowSink<'_>,
+    ) -> Result<u64, HistoryError> {
+        report_query::via_for_each(self, since_us, f)
     }
 
     /// The URL the store was opened with, for messages (passwords hidden).

@@ -428,6 +428,16 @@ impl HistoryStore for PostgresStore {
         Ok(n)
     }
 
+    fn report_rows(
+        &self,
+        since_us: Option<i64>,
+        f: &mut super::report_query::RowSink<'_>,
+    ) -> Result<u64, HistoryError> {
+        super::report_query::postgres_rows(&mut self.lock(), &self.url, since_us, f, &|e| {
+            self.err(e)
+        })
+    }
+
     fn url(&self) -> String {
         self.url.clone()
     }

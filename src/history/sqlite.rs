@@ -369,6 +369,14 @@ impl HistoryStore for SqliteStore {
         self.for_each_impl(f)
     }
 
+    fn report_rows(
+        &self,
+        since_us: Option<i64>,
+        f: &mut super::report_query::RowSink<'_>,
+    ) -> Result<u64, HistoryError> {
+        super::report_query::sqlite_rows(&self.lock(), &self.url, since_us, f, &|e| self.err(e))
+    }
+
     fn url(&self) -> String {
         self.url.clone()
     }

@@ -28,6 +28,9 @@ pub enum Error {
     /// A command-line argument is wrong: names the flag and the fix.
     #[error("{0}")]
     Usage(String),
+    /// Stopped by a signal (its number); the exit code is 128 + it.
+    #[error("interrupted by signal {0}; the running trial was stopped")]
+    Interrupted(i32),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -50,6 +53,7 @@ impl Error {
             Error::Controller(_) => "controller",
             Error::Slurm(_) => "slurm",
             Error::Usage(_) => "usage",
+            Error::Interrupted(_) => "interrupted",
             Error::Io { .. } => "io",
         }
     }
@@ -70,6 +74,7 @@ impl Error {
                 history_exit_code(h)
             }
             Error::Sidecar(_) | Error::Controller(_) | Error::Slurm(_) => 4,
+            Error::Interrupted(signo) => u8::try_from(128 + signo).unwrap_or(1),
             // A file the user named that is not there (or not theirs to
             // read) is bad input, not a failure of gpufit.
             Error::Io { source, .. }

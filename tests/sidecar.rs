@@ -671,7 +671,7 @@ fn idle_connections_do_not_block_the_sidecar_and_are_closed() {
     let took = t.elapsed();
     assert_eq!(health["status"], "ok");
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(2),
         "/healthz took {took:?} with 1,100 idle connections"
     );
     // Past the idle timeout every idle connection has been closed.

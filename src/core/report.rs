@@ -759,8 +759,9 @@ mod tests {
         assert!(close(e.median_abs.unwrap(), 0.1), "{e:?}");
         assert!(close(e.p90_abs.unwrap(), 0.22), "{e:?}");
         assert!(close(e.bias.unwrap(), 0.1), "{e:?}");
+        // 40 + 20 + 20 GiB-h unused of 160 + 40 + 80 GiB-h held.
         assert!(close(t.unused_gib_hours, 80.0));
-        assert!(close(t.unused_share.unwrap(), 80.0 / 240.0));
+        assert!(close(t.unused_share.unwrap(), 80.0 / 280.0));
         // Ratios 1/3, 1/2, 1 (G40's only run is its own best).
         assert!(close(t.throughput.mean_vs_best.unwrap(), 11.0 / 18.0));
         assert_eq!(t.throughput.runs_below_90pct, 2);

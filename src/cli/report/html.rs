@@ -454,6 +454,34 @@ mod tests {
     }
 
     #[test]
+    fn a_large_fleet_plots_the_busiest_gpus_and_tables_them_all() {
+        let names: Vec<String> = (0..20).map(|i| format!("GPU-{i:02}")).collect();
+        let mut b = ReportBuilder::new(None, chrono::Utc::now());
+        for (i, n) in names.iter().enumerate() {
+            b.add(&ReportRow {
+                timestamp_us: 1_700_000_000_000_000,
+                gpu_model: n,
+                model: "m",
+                method: Method::Lora,
+                seq_len: 1024,
+                gpus: 1,
+                success: false,
+                oom: true,
+                peak_memory_bytes: None,
+                predicted_peak_bytes: None,
+                tokens_per_sec: None,
+                duration_sec: Some(3600.0 * (i + 1) as f64),
+            });
+        }
+        let page = render(&b.finish(), "sqlite:h.db").unwrap();
+        assert!(page.contains("Plots show the 15 GPU models with the most GPU-hours of 20"));
+        // The busiest (GPU-19) is plotted; the idlest (GPU-00) only in the table.
+        let plots = &page[..page.find("<h2>GPU models</h2>").unwrap()];
+        assert!(plots.contains("GPU-19") && !plots.contains("GPU-00"));
+        assert!(page.contains("<td>GPU-00</td>"));
+    }
+
+    #[test]
     fn long_labels_keep_their_tail() {
         let l = label("an-organisation-with-a-long-name/Llama-3.1-70B-Instruct");
         assert!(l.starts_with('…') && l.ends_with("70B-Instruct"), "{l}");

@@ -34,10 +34,6 @@ const SKIPPED: &[(&str, &str)] = &[
         "--token-file /etc/gpufit/token",
         "site paths of an installed controller (/etc/gpufit, /var/lib/gpufit)",
     ),
-    (
-        "postgres://gpufit@db/fleet",
-        "the site's fleet PostgreSQL (tests/report.rs runs the report on a real PostgreSQL)",
-    ),
 ];
 
 /// How long one command may take.

@@ -373,6 +373,14 @@ fn find_max_batch_searches_from_the_prediction_records_trials_and_teaches_sugges
     let n = v["trials"].as_array().unwrap().len();
     assert_eq!(n, tried.len());
     assert_eq!(v["recorded"].as_u64().unwrap() as usize, n);
+    // Each successful trial's throughput (samples/s × seq 2048) is kept.
+    for t in v["trials"].as_array().unwrap() {
+        if t["outcome"] == "success" {
+            let b = t["micro_batch_size"].as_u64().unwrap();
+            let tps = t["tokens_per_sec"].as_f64().expect("tokens_per_sec");
+            assert_eq!(tps, (1000 * b / (b + 4)) as f64 * 2048.0, "{t}");
+        }
+    }
     assert!(v["trials"]
         .as_array()
         .unwrap()

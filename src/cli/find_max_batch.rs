@@ -76,6 +76,11 @@ pub struct Trial {
     pub exit_code: Option<i32>,
     pub duration_sec: f64,
     pub peak_memory_bytes: Option<u64>,
+    /// Training throughput the output reports (tokens/s; samples/s and
+    /// Lightning's iterations/s converted with the trial's micro batch and
+    /// sequence length), so the advisor learns speed from the search too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_sec: Option<f64>,
     /// Last lines of output (kept for failures).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub output_tail: String,
@@ -482,8 +487,8 @@ fn record_for(
                 Outcome::Failed | Outcome::TimedOut => Some(FailureReason::OtherError),
             },
             peak_memory_bytes: t.peak_memory_bytes,
-            samples_per_sec: None,
-            tokens_per_sec: None,
+            samples_per_sec: t.tokens_per_sec.map(|x| x / w.seq_len.max(1) as f64),
+            tokens_per_sec: t.tokens_per_sec,
             duration_sec: Some(t.duration_sec),
         },
         predicted_peak_bytes: predicted,
@@ -540,6 +545,18 @@ fn peak_bytes(text: &str) -> Option<u64> {
     crate::core::logs::parse_str(text)
         .ok()
         .and_then(|p| p.peak_memory_bytes())
+}
+
+/// Tokens/s the training output reports: tokens/s as printed, else
+/// samples/s × sequence length, else (Lightning) iterations/s × micro
+/// batch × sequence length.
+fn tokens_per_sec(text: &str, m: u32, seq_len: u32) -> Option<f64> {
+    let p = crate::core::logs::parse_str(text).ok()?;
+    let seq = seq_len as f64;
+    p.tokens_per_sec
+        .or(p.samples_per_sec.map(|s| s * seq))
+        .or(p.steps_per_sec.map(|s| s * m as f64 * seq))
+        .filter(|t| t.is_finite() && *t > 0.0)
 }
 
 fn run_trial(
@@ -655,6 +672,11 @@ fn run_trial(
         duration_sec,
         peak_memory_bytes: if outcome == Outcome::Success {
             peak_bytes(&text)
+        } else {
+            None
+        },
+        tokens_per_sec: if outcome == Outcome::Success {
+            tokens_per_sec(&text, m, args.advice.workload.seq_len.unwrap_or(0))
         } else {
             None
         },

@@ -206,7 +206,10 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
     let mut next = Some(start);
     interrupt::watch();
     while let Some(m) = next {
-        interrupt::check()?;
+        if let Err(e) = interrupt::check() {
+            pb.finish_and_clear();
+            return Err(e);
+        }
         if trials.len() as u32 >= args.max_trials {
             say(
                 &pb,
@@ -215,7 +218,14 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
             break;
         }
         pb.set_message(format!("micro batch {m} running…"));
-        let t = run_trial(&args, &settings, m, trials.len() as u32 + 1)?;
+        let t = match run_trial(&args, &settings, m, trials.len() as u32 + 1) {
+            Ok(t) => t,
+            Err(e) => {
+                // Leave the terminal clean (the bar hides the cursor).
+                pb.finish_and_clear();
+                return Err(e);
+            }
+        };
         pb.inc(1);
         say(
             &pb,

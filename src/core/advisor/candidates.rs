@@ -25,7 +25,7 @@ use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{Framework, Method};
 
 /// One candidate setting (everything but the micro batch and accumulation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cand {
     pub dtype: Dtype,
     pub ckpt: bool,

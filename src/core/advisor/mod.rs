@@ -367,6 +367,9 @@ pub(crate) struct Ctx<'a> {
     key_runs: Vec<&'a RunRecord>,
     /// Per-GPU batch G / W when a global batch is given.
     per_gpu: Option<u32>,
+    /// Throughput calibration per candidate (measured / model), computed
+    /// once per request: `speed` is asked for many micro batches.
+    calibrations: std::cell::RefCell<std::collections::HashMap<Cand, Option<f64>>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -405,6 +408,7 @@ impl<'a> Ctx<'a> {
             capacity: req.gpu.memory_bytes as f64,
             key_runs,
             per_gpu,
+            calibrations: Default::default(),
         })
     }
 

@@ -108,9 +108,17 @@ impl Ctx<'_> {
             .collect();
         let model =
             throughput::tokens_per_sec(self.w, self.req.gpu, &c.settings(m, self.accumulation(m)));
-        let factor = self
-            .calibration(own.iter().copied())
-            .or_else(|| self.calibration(self.key_runs.iter().copied()));
+        let cached = self.calibrations.borrow().get(&c).copied();
+        let factor = match cached {
+            Some(f) => f,
+            None => {
+                let f = self
+                    .calibration(own.iter().copied())
+                    .or_else(|| self.calibration(self.key_runs.iter().copied()));
+                self.calibrations.borrow_mut().insert(c, f);
+                f
+            }
+        };
         let predicted = model * factor.unwrap_or(1.0);
         let (tokens_per_sec, measured, source) = match (median(exact), factor) {
             (Some(t), _) => (t, Some(t), SpeedSource::Measured),

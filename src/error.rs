@@ -28,6 +28,9 @@ pub enum Error {
     /// A command-line argument is wrong: names the flag and the fix.
     #[error("{0}")]
     Usage(String),
+    /// Stopped by a signal (its number); the exit code is 128 + it.
+    #[error("interrupted by signal {0}; the running trial was stopped")]
+    Interrupted(i32),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -50,6 +53,7 @@ impl Error {
             Error::Controller(_) => "controller",
             Error::Slurm(_) => "slurm",
             Error::Usage(_) => "usage",
+            Error::Interrupted(_) => "interrupted",
             Error::Io { .. } => "io",
         }
     }
@@ -65,8 +69,38 @@ impl Error {
             | Error::LogParse(_) => 2,
             Error::Advisor(crate::core::advisor::AdvisorError::DoesNotFit { .. }) => 3,
             Error::Advisor(_) => 2,
-            Error::History(_) | Error::Sidecar(_) | Error::Controller(_) | Error::Slurm(_) => 4,
+            Error::History(h)
+            | Error::Controller(crate::controller::ControllerError::History(h)) => {
+                history_exit_code(h)
+            }
+            Error::Sidecar(_) | Error::Controller(_) | Error::Slurm(_) => 4,
+            Error::Interrupted(signo) => u8::try_from(128 + signo).unwrap_or(1),
+            // A file the user named that is not there (or not theirs to
+            // read) is bad input, not a failure of gpufit.
+            Error::Io { source, .. }
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::NotFound
+                        | std::io::ErrorKind::PermissionDenied
+                        | std::io::ErrorKind::IsADirectory
+                ) =>
+            {
+                2
+            }
             Error::Io { .. } => 1,
         }
+    }
+}
+
+/// A history URL that cannot name a store is bad input (2); a store that
+/// does not answer is an external failure (4).
+fn history_exit_code(e: &crate::history::HistoryError) -> u8 {
+    use crate::history::HistoryError;
+    match e {
+        HistoryError::BadUrl(_) => 2,
+        // The PostgreSQL store reports a URL it cannot parse as a Store
+        // error; its message is the only mark of it.
+        HistoryError::Store { message, .. } if message.starts_with("invalid PostgreSQL URL") => 2,
+        _ => 4,
     }
 }

@@ -373,3 +373,204 @@ fn models_resolves_a_torchtune_name() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(json(&o)[0]["name"], "meta-llama/Llama-3.1-8B");
 }
+
+// === exit codes and error output (README: 0 ok, 2 bad input, 3 does not
+// fit, 4 an external service failed) ===
+
+fn gpufit_in(dir: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpufit"))
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env_remove("GPUFIT_OUTPUT")
+        .env_remove("GPUFIT_HISTORY")
+        .env_remove("GPUFIT_LOG")
+        .output()
+        .expect("the gpufit binary runs")
+}
+
+#[test]
+fn a_missing_input_file_is_bad_input_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = format!("sqlite:{}/h.db", dir.path().display());
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["parse-log", "no-such.log"],
+        vec!["history", "import", "no-such.jsonl", "--history", &history],
+        vec![
+            "apply",
+            "--config",
+            "no-such.yaml",
+            "--framework",
+            "torchtune",
+            "--model",
+            "meta-llama/Llama-3.1-8B",
+            "--seq-len",
+            "2048",
+            "--gpu",
+            "NVIDIA A100-SXM4-80GB",
+        ],
+    ];
+    for args in cases {
+        let o = gpufit_in(dir.path(), &args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("no-such"), "{args:?} names the file: {err}");
+    }
+}
+
+#[test]
+fn a_malformed_history_url_or_a_missing_token_file_is_bad_input_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in ["not-a-store", "postgres://u@h:notaport/db"] {
+        let o = gpufit_in(dir.path(), &["history", "list", "--history", url]);
+        assert_eq!(o.status.code(), Some(2), "{url}: {}", stderr(&o));
+    }
+    let o = gpufit_in(
+        dir.path(),
+        &[
+            "controller",
+            "--no-kubernetes",
+            "--listen",
+            "127.0.0.1:0",
+            "--history",
+            "sqlite:h.db",
+            "--token-file",
+            "no-such-token",
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("no-such-token"), "{err}");
+}
+
+#[test]
+fn with_json_output_errors_are_json_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = gpufit_in(dir.path(), &["-o", "json", "parse-log", "no-such.log"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty(), "nothing on stdout: {}", stdout(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stderr)
+        .unwrap_or_else(|e| panic!("stderr is not JSON ({e}): {}", stderr(&o)));
+    assert_eq!(v["exit_code"], 2, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("no-such.log"), "{v}");
+    assert!(v["causes"].is_array(), "{v}");
+
+    // A command line clap refuses, too (and `--output=json` spelled so).
+    let o = gpufit_in(
+        dir.path(),
+        &["estimate", "--output=json", "--micro-batch", "x"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&o.stderr)
+        .unwrap_or_else(|e| panic!("stderr is not JSON ({e}): {}", stderr(&o)));
+    assert!(
+        v["error"].as_str().unwrap().contains("--micro-batch"),
+        "{v}"
+    );
+
+    // Without -o json, the error is prose.
+    let o = gpufit_in(dir.path(), &["parse-log", "no-such.log"]);
+    assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
+}
+
+#[test]
+fn a_warning_to_a_pipe_is_printed_once_without_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = format!("sqlite:{}/h.db", dir.path().display());
+    // stderr is a pipe here; `--lora-rank` with `--method full` warns.
+    let o = gpufit_in(
+        dir.path(),
+        &[
+            "suggest",
+            "--model",
+            "meta-llama/Llama-3.1-8B",
+            "--method",
+            "full",
+            "--lora-rank",
+            "8",
+            "--seq-len",
+            "2048",
+            "--gpu",
+            "NVIDIA H100 80GB HBM3",
+            "--history",
+            &history,
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(
+        err.matches("--lora-rank/--lora-targets are ignored")
+            .count(),
+        1,
+        "the warning once: {err}"
+    );
+    assert!(
+        !err.contains('\u{1b}'),
+        "ANSI escape in piped stderr: {err:?}"
+    );
+}
+
+#[test]
+fn every_gpu_named_in_gpu_help_is_accepted() {
+    for cmd in ["suggest", "plan", "apply", "estimate", "find-max-batch"] {
+        let o = gpufit(&[cmd, "--help"]);
+        let help = stdout(&o);
+        let Some(start) = help.find("--gpu <") else {
+            continue;
+        };
+        // The flag's block: up to the next flag.
+        let text: String = help[start..]
+            .lines()
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || !l.trim_start().starts_with('-'))
+            .map(|(_, l)| l)
+            .collect::<Vec<_>>()
+            .join(" ");
+        // Backticked examples in the flag's help, joined across wrapped lines.
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let names: Vec<&str> = text
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|n| n.contains(|c: char| c.is_ascii_digit()) && !n.contains("gpufit"))
+            .collect();
+        assert!(!names.is_empty(), "{cmd}: no example in {text}");
+        for name in names {
+            let o = gpufit(&["gpus", name]);
+            assert!(
+                o.status.success(),
+                "{cmd} --help gives `{name}`: {}",
+                stderr(&o)
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_auto_without_nvml_suggests_only_flags_suggest_has() {
+    let o = gpufit(&[
+        "suggest",
+        "--gpu",
+        "auto",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--seq-len",
+        "2048",
+    ]);
+    if o.status.success() {
+        return; // a machine with a GPU: nothing to check
+    }
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let help = stdout(&gpufit(&["suggest", "--help"]));
+    for flag in err
+        .split(|c: char| c.is_whitespace() || c == '`' || c == '(' || c == ')')
+        .filter(|w| w.starts_with("--"))
+    {
+        let flag = flag.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+        assert!(
+            help.contains(flag),
+            "the error suggests {flag}, which suggest lacks: {err}"
+        );
+    }
+}

@@ -70,6 +70,8 @@ fn suggestion(micro: u32, accum: u32) -> Suggestion {
         gpu: "NVIDIA A100-SXM4-80GB".into(),
         reasoning: "the memory model predicts 40 GiB at micro batch 8".into(),
         warnings: vec![],
+        predicted_tokens_per_sec: 0.0,
+        measured_tokens_per_sec: None,
     }
 }
 

@@ -27,7 +27,11 @@ impl Drop for Sidecar {
 /// Starts `gpufit sidecar` on a free port (port 0; the bound address is read
 /// from its start-up line on stderr).
 fn start(args: &[&str], env: &[(&str, &str)]) -> Sidecar {
-    let mut cmd = Command::new(BIN);
+    start_cmd(Command::new(BIN), args, env)
+}
+
+/// [`start`] through a given command (a shell that sets limits, then execs gpufit).
+fn start_cmd(mut cmd: Command, args: &[&str], env: &[(&str, &str)]) -> Sidecar {
     cmd.arg("sidecar")
         .args(args)
         .stdin(Stdio::null())
@@ -93,6 +97,28 @@ fn call(method: &str, url: &str, body: Option<Value>) -> (u16, String) {
         Err(ureq::Error::Status(code, r)) => (code, r.into_string().expect("readable body")),
         Err(e) => panic!("{method} {url}: {e}"),
     }
+}
+
+/// Like [`call`], with `Authorization: Bearer <token>`.
+fn call_auth(method: &str, url: &str, token: &str, body: Value) -> (u16, String) {
+    let res = agent()
+        .request(method, url)
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(body);
+    match res {
+        Ok(r) => (r.status(), r.into_string().expect("readable body")),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().expect("readable body")),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+/// A token file in a temp dir (kept alive by the returned guard).
+fn token_file(token: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("token");
+    std::fs::write(&p, format!("{token}\n")).unwrap();
+    let path = p.display().to_string();
+    (dir, path)
 }
 
 fn get_json(url: &str) -> Value {
@@ -210,7 +236,18 @@ fn pod_job_that_rises_peaks_and_falls_keeps_its_peak_in_the_api_and_the_metrics(
 
 #[test]
 fn slurm_job_on_two_gpus_reports_the_larger_per_gpu_peak_and_a_log_peak_wins() {
-    let sc = start(&["--backend", "simulate", "--simulate-gpus", "2"], &[]);
+    let (_tok, tok_path) = token_file("peak-token");
+    let sc = start(
+        &[
+            "--backend",
+            "simulate",
+            "--simulate-gpus",
+            "2",
+            "--token-file",
+            &tok_path,
+        ],
+        &[],
+    );
     let job = json!({"slurm_job_id": "4242"});
     post(&sc, 1, 0, job.clone(), 20 * GIB);
     post(&sc, 2, 1, job.clone(), 25 * GIB);
@@ -223,10 +260,11 @@ fn slurm_job_on_two_gpus_reports_the_larger_per_gpu_peak_and_a_log_peak_wins() {
     assert_eq!(j["current_total_bytes"], 25 * GIB);
     assert_eq!(j["gpus"].as_array().map(Vec::len), Some(2));
 
-    let (code, body) = call(
+    let (code, body) = call_auth(
         "POST",
         &format!("{}/v1/jobs/4242/log-peak", sc.base),
-        Some(json!({"peak_bytes": 26 * GIB})),
+        "peak-token",
+        json!({"peak_bytes": 26 * GIB}),
     );
     assert_eq!(code, 200, "{body}");
     let j = get_json(&format!("{}/v1/jobs/4242", sc.base));
@@ -249,7 +287,8 @@ fn slurm_job_on_two_gpus_reports_the_larger_per_gpu_peak_and_a_log_peak_wins() {
 
 #[test]
 fn unknown_paths_jobs_and_methods_answer_with_json_errors() {
-    let sc = start(&["--backend", "simulate"], &[]);
+    let (_tok, tok_path) = token_file("t0k");
+    let sc = start(&["--backend", "simulate", "--token-file", &tok_path], &[]);
     for (method, path, want) in [
         ("GET", "/nope", 404),
         ("GET", "/v1/jobs/does-not-exist", 404),
@@ -289,10 +328,11 @@ fn unknown_paths_jobs_and_methods_answer_with_json_errors() {
     post(&sc, 9, 0, json!({"namespace": "x", "pod": "log-peak"}), GIB);
     let j = get_json(&format!("{}/v1/jobs/x/log-peak", sc.base));
     assert_eq!(j["peak_bytes"], GIB);
-    let (code, body) = call(
+    let (code, body) = call_auth(
         "POST",
         &format!("{}/v1/jobs/x/log-peak", sc.base),
-        Some(json!({"peak": 1})),
+        "t0k",
+        json!({"peak": 1}),
     );
     assert_eq!(code, 400, "{body}");
     let health = get_json(&format!("{}/healthz", sc.base));
@@ -464,6 +504,7 @@ fn in_process_sidecar_serves_until_stopped_and_then_refuses_connections() {
         mapping_dir: None,
         proc_root: "/proc".into(),
         tracker: TrackerConfig::default(),
+        http: gpufit::sidecar::HttpConfig::default(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -531,4 +572,119 @@ fn gpus_live_lists_what_the_source_sees_and_fails_clearly_without_nvml() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(err.contains("--backend inventory"), "{err}");
+}
+
+#[test]
+fn a_wrong_method_on_a_known_path_is_405_with_allow() {
+    let sc = start(&["--backend", "simulate"], &[]);
+    for (method, path, allow) in [
+        ("POST", "/healthz", "GET"),
+        ("DELETE", "/metrics", "GET"),
+        ("POST", "/v1/gpus", "GET"),
+        ("PUT", "/v1/jobs", "GET"),
+        ("POST", "/v1/jobs/123", "GET"),
+        ("PUT", "/v1/jobs/123/log-peak", "GET, POST"),
+        ("DELETE", "/v1/simulate/processes", "GET, POST"),
+        ("POST", "/v1/simulate/processes/5", "DELETE"),
+    ] {
+        let res = agent()
+            .request(method, &format!("{}{path}", sc.base))
+            .call();
+        let r = match res {
+            Err(ureq::Error::Status(_, r)) | Ok(r) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        assert_eq!(r.status(), 405, "{method} {path}");
+        assert_eq!(r.header("allow"), Some(allow), "{method} {path}");
+        let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+        assert!(v["error"].as_str().unwrap().contains(allow), "{v}");
+    }
+}
+
+#[test]
+fn log_peak_needs_the_token_and_a_peak_the_gpu_can_hold() {
+    // Without a token file the sidecar takes no writes.
+    let open = start(&["--backend", "simulate"], &[]);
+    let (code, body) = call_auth(
+        "POST",
+        &format!("{}/v1/jobs/7/log-peak", open.base),
+        "anything",
+        json!({"peak_bytes": GIB}),
+    );
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("--token-file"), "{body}");
+
+    let (_tok, tok_path) = token_file("s3cret");
+    // The environment variable the controller reads configures it too.
+    let sc = start(
+        &["--backend", "simulate", "--simulate-gpus", "1"],
+        &[("GPUFIT_TOKEN_FILE", &tok_path)],
+    );
+    let url = format!("{}/v1/jobs/7/log-peak", sc.base);
+    let (code, body) = call("POST", &url, Some(json!({"peak_bytes": GIB})));
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("Authorization: Bearer"), "{body}");
+    let (code, body) = call_auth("POST", &url, "wrong", json!({"peak_bytes": GIB}));
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("wrong bearer token"), "{body}");
+
+    // Simulated H100 80GB: 79.65 GiB. A rounded log value just over is
+    // kept; a sum over GPUs, a zero, a fraction, a negative are refused.
+    let total = get_json(&format!("{}/v1/gpus", sc.base))["gpus"][0]["memory_total_bytes"]
+        .as_u64()
+        .unwrap();
+    for (peak, want, why) in [
+        (json!(0), 400, "positive"),
+        (json!(-5), 400, "whole number"),
+        (json!(1.5), 400, "whole number"),
+        (json!("40GB"), 400, "invalid JSON"),
+        (json!(2 * total), 400, "above this node's GPU memory"),
+        (json!(total + total / 200), 200, ""),
+    ] {
+        let (code, body) = call_auth("POST", &url, "s3cret", json!({ "peak_bytes": peak }));
+        assert_eq!(code, want, "peak {peak}: {body}");
+        assert!(body.contains(why), "peak {peak}: {body}");
+    }
+    let j = get_json(&format!("{}/v1/jobs/7", sc.base));
+    assert_eq!(j["peak_bytes"], total + total / 200);
+    assert_eq!(j["method"], "log");
+}
+
+#[test]
+fn idle_connections_do_not_block_the_sidecar_and_are_closed() {
+    // A shell soft limit of 1,024 open files, as systemd's default.
+    let mut sh = Command::new("sh");
+    sh.args(["-c", &format!("ulimit -Sn 1024 && exec {BIN} \"$@\""), "sh"]);
+    let sc = start_cmd(sh, &["--backend", "simulate", "--idle-timeout", "3s"], &[]);
+    let addr = sc.base.trim_start_matches("http://").to_string();
+    let opened = std::time::Instant::now();
+    let idle: Vec<std::net::TcpStream> = (0..1100)
+        .map(|i| {
+            std::net::TcpStream::connect(&addr)
+                .unwrap_or_else(|e| panic!("idle connection {i}: {e}"))
+        })
+        .collect();
+    // Let the sidecar accept them all before asking.
+    std::thread::sleep(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    let health = get_json(&format!("{}/healthz", sc.base));
+    let took = t.elapsed();
+    assert_eq!(health["status"], "ok");
+    assert!(
+        took < Duration::from_secs(2),
+        "/healthz took {took:?} with 1,100 idle connections"
+    );
+    // Past the idle timeout every idle connection has been closed.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(opened.elapsed()));
+    for (i, mut s) in idle.into_iter().enumerate() {
+        use std::io::Read;
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = [0u8; 16];
+        match s.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("idle connection {i} still open after the idle timeout: {other:?}"),
+        }
+    }
+    assert_eq!(get_json(&format!("{}/healthz", sc.base))["status"], "ok");
 }

@@ -438,7 +438,7 @@ impl Cluster {
             write_exec(
                 &dir.join(format!("{hook}.sh")),
                 &format!(
-                    "#!/bin/sh\n{env_lines}exec {} 2>>{}\n",
+                    "#!/bin/sh\n{env_lines}export GPUFIT_LOG=info\nexec {} 2>>{}\n",
                     hooks.join(format!("{hook}.sh")).display(),
                     dir.join(format!("{hook}.log")).display()
                 ),
@@ -551,10 +551,17 @@ impl Cluster {
         );
         write_exec(&path, script);
         let mut cmd = self.cmd("sbatch");
-        cmd.args(["--wait", "--gres=gpu:1", "--parsable"])
-            .arg(format!("--output={}/out/%j.out", self.dir.display()))
-            .arg(format!("--chdir={}/out", self.dir.display()))
-            .args(extra)
+        cmd.args(["--wait", "--gres=gpu:1", "--parsable"]);
+        // A test that sets its own `--output` (or none: `--output=`) sees
+        // the job's output only through the Epilog.
+        match extra.iter().find_map(|a| a.strip_prefix("--output=")) {
+            Some(_) => {}
+            None => {
+                cmd.arg(format!("--output={}/out/%j.out", self.dir.display()));
+            }
+        }
+        cmd.arg(format!("--chdir={}/out", self.dir.display()))
+            .args(extra.iter().filter(|a| **a != "--output="))
             .arg(&path)
             .env("JOB_TEST_GATE", &gate)
             .stdout(Stdio::piped())
@@ -918,6 +925,45 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
         run3.result.failure_reason,
         Some(FailureReason::Oom),
         "{run3:?}"
+    );
+
+    // 6b. The same with no `--output` (Slurm's default `slurm-<id>.out` in
+    //     the working directory, which 22.05 does not name to the Epilog)
+    //     and with `--output=%x-%j.out` (the Epilog has no job name).
+    for (extra, file) in [
+        (vec!["--output="], "slurm-{id}.out"),
+        (
+            vec!["--output=%x-%j.out", "--job-name=oomjob"],
+            "oomjob-{id}.out",
+        ),
+    ] {
+        let (job, _, ok) = cluster.sbatch(&extra, &workload_env, oom_script);
+        assert!(!ok, "job {job} failed");
+        let out_file = dir.join("out").join(file.replace("{id}", &job));
+        let text = std::fs::read_to_string(&out_file)
+            .unwrap_or_else(|e| panic!("{extra:?}: job output {}: {e}", out_file.display()));
+        assert!(text.contains("CUDA out of memory"), "{text}");
+        let run = wait_until("the OOM run record", Duration::from_secs(20), || {
+            runs_of_job(&ctl_url, &job)
+        });
+        assert_eq!(
+            run.result.failure_reason,
+            Some(FailureReason::Oom),
+            "{extra:?}: {run:?}; epilog log: {}",
+            std::fs::read_to_string(dir.join("epilog.log")).unwrap_or_default()
+        );
+    }
+
+    // 6c. Output thrown away: the Epilog says (at info) it read nothing.
+    let (job, _, _) = cluster.sbatch(&["--output=/dev/null"], &workload_env, oom_script);
+    wait_until("the /dev/null run record", Duration::from_secs(20), || {
+        runs_of_job(&ctl_url, &job)
+    });
+    let log = std::fs::read_to_string(dir.join("epilog.log")).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("job {job}: no output file could be read"))),
+        "epilog log: {log}"
     );
 
     // 7. Controller stopped: the job still runs, without gpufit variables,

@@ -1,5 +1,8 @@
 //! `gpufit apply`: writes suggested engineering settings into a torchtune,
-//! Hugging Face or Lightning YAML config, keeping a backup (`FILE.bak`).
+//! Hugging Face or Lightning YAML config, keeping every earlier backup
+//! (`FILE.bak`, `FILE.bak.1`, …). A symlinked config is written through the
+//! link; mode and line endings are kept; the framework is read from the
+//! file's keys when they tell it.
 //!
 //! The file is edited line by line so comments and layout survive; the
 //! result is then parsed and compared with the original: every key except
@@ -32,7 +35,7 @@ pub enum ConfigFramework {
 
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
-    /// The YAML config to update (a backup is kept as FILE.bak).
+    /// The YAML config to update (backups: FILE.bak, then FILE.bak.1, …).
     #[arg(long)]
     pub config: PathBuf,
     /// A suggestion saved with `gpufit suggest --output json` (`-` for
@@ -67,34 +70,29 @@ struct Applied {
 }
 
 pub fn run(g: &Global, args: ApplyArgs) -> crate::Result<ExitCode> {
-    // `--framework` is the workload flag (it also decides memory defaults).
-    let framework = match args.advice.workload.framework.trim().to_ascii_lowercase().as_str() {
-        "torchtune" => ConfigFramework::Torchtune,
-        "hf" | "huggingface" | "transformers" => ConfigFramework::Hf,
-        "lightning" => ConfigFramework::Lightning,
-        other => {
-            return Err(crate::Error::Usage(format!(
-                "gpufit apply writes torchtune, hf or lightning configs (got --framework {other}): pass --framework torchtune|hf|lightning"
-            )))
-        }
-    };
-    let settings = match &args.suggestion {
-        Some(src) => read_suggestion(src)?.settings,
-        None => args.advice.resolve()?.suggest(args.strategy)?.settings,
-    };
     let original = std::fs::read_to_string(&args.config).map_err(|e| crate::Error::Io {
         context: format!("cannot read config {}", args.config.display()),
         source: e,
     })?;
+    let framework = choose_framework(&args.advice.workload.framework, &original)?;
+    let settings = match &args.suggestion {
+        Some(src) => read_suggestion(src)?.settings,
+        None => args.advice.resolve()?.suggest(args.strategy)?.settings,
+    };
     let (updated, changes, warnings) = apply_to_text(&original, framework, &settings)?;
     let mut backup = None;
     if !args.dry_run && updated != original {
+        // Through a symlink: the file it points to is updated, the link kept.
+        let target = std::fs::canonicalize(&args.config).map_err(|e| crate::Error::Io {
+            context: format!("cannot resolve config {}", args.config.display()),
+            source: e,
+        })?;
         let bak = backup_path(&args.config);
-        std::fs::copy(&args.config, &bak).map_err(|e| crate::Error::Io {
+        std::fs::copy(&target, &bak).map_err(|e| crate::Error::Io {
             context: format!("cannot write backup {}", bak.display()),
             source: e,
         })?;
-        write_atomically(&args.config, &updated)?;
+        write_atomically(&target, &updated)?;
         backup = Some(bak.display().to_string());
     }
     let out = Applied {
@@ -153,12 +151,108 @@ fn read_suggestion(src: &str) -> crate::Result<Suggestion> {
     })
 }
 
-fn backup_path(p: &Path) -> PathBuf {
-    let mut s = p.as_os_str().to_owned();
-    s.push(".bak");
-    PathBuf::from(s)
+/// `--framework` when it names a config layout, else what the file's keys
+/// say. A given framework the file contradicts is refused: writing its keys
+/// would add foreign ones.
+fn choose_framework(flag: &str, text: &str) -> crate::Result<ConfigFramework> {
+    let given = match flag.trim().to_ascii_lowercase().as_str() {
+        "torchtune" => Some(ConfigFramework::Torchtune),
+        "hf" | "huggingface" | "transformers" => Some(ConfigFramework::Hf),
+        "lightning" => Some(ConfigFramework::Lightning),
+        "generic" | "" => None,
+        other => {
+            return Err(crate::Error::Usage(format!(
+                "gpufit apply writes torchtune, hf or lightning configs (got --framework {other}): pass --framework torchtune|hf|lightning"
+            )))
+        }
+    };
+    let detected = detect_framework(text);
+    match (given, detected) {
+        (Some(g), Some((d, key))) if g != d => Err(crate::Error::Usage(format!(
+            "the config is a {} config (it has `{key}`), not {}: nothing was written; pass --framework {} or the right file",
+            d.name(),
+            g.name(),
+            d.name()
+        ))),
+        (Some(g), _) => Ok(g),
+        (None, Some((d, _))) => Ok(d),
+        (None, None) => Err(crate::Error::Usage(
+            "cannot tell the config's framework from its keys: pass --framework torchtune|hf|lightning".into(),
+        )),
+    }
 }
 
+/// The framework a config's keys mark (with the key that tells), when
+/// exactly one does.
+pub fn detect_framework(text: &str) -> Option<(ConfigFramework, &'static str)> {
+    let v: Value = serde_yaml::from_str(text).ok()?;
+    let top = |k: &str| v.get(k).is_some();
+    let torchtune = ["enable_activation_checkpointing", "_component_"]
+        .into_iter()
+        .find(|k| top(k) || (*k == "_component_" && has_key_anywhere(&v, k)));
+    let hf = [
+        "per_device_train_batch_size",
+        "gradient_checkpointing",
+        "num_train_epochs",
+        "torch_compile",
+    ]
+    .into_iter()
+    .find(|k| top(k));
+    let lightning = ["trainer", "seed_everything"].into_iter().find(|k| top(k));
+    let found: Vec<(ConfigFramework, &'static str)> = [
+        torchtune.map(|k| (ConfigFramework::Torchtune, k)),
+        hf.map(|k| (ConfigFramework::Hf, k)),
+        lightning.map(|k| (ConfigFramework::Lightning, k)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    match found.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
+}
+
+fn has_key_anywhere(v: &Value, key: &str) -> bool {
+    match v {
+        Value::Mapping(m) => m
+            .iter()
+            .any(|(k, v)| k.as_str() == Some(key) || has_key_anywhere(v, key)),
+        Value::Sequence(s) => s.iter().any(|v| has_key_anywhere(v, key)),
+        _ => false,
+    }
+}
+
+impl ConfigFramework {
+    fn name(self) -> &'static str {
+        match self {
+            ConfigFramework::Torchtune => "torchtune",
+            ConfigFramework::Hf => "hf",
+            ConfigFramework::Lightning => "lightning",
+        }
+    }
+}
+
+/// The first free backup name: `FILE.bak`, then `FILE.bak.1`, `FILE.bak.2`…
+/// so every earlier backup (the original among them) is kept.
+fn backup_path(p: &Path) -> PathBuf {
+    let with = |suffix: String| {
+        let mut s = p.as_os_str().to_owned();
+        s.push(suffix);
+        PathBuf::from(s)
+    };
+    let first = with(".bak".into());
+    if std::fs::symlink_metadata(&first).is_err() {
+        return first;
+    }
+    (1u32..)
+        .map(|n| with(format!(".bak.{n}")))
+        .find(|b| std::fs::symlink_metadata(b).is_err())
+        .unwrap_or(first)
+}
+
+/// Replaces `p` (a regular file: the caller resolved links) through a temp
+/// file in its directory, keeping its permission bits.
 fn write_atomically(p: &Path, text: &str) -> crate::Result<()> {
     let mut tmp = p.as_os_str().to_owned();
     tmp.push(".gpufit-tmp");
@@ -167,9 +261,21 @@ fn write_atomically(p: &Path, text: &str) -> crate::Result<()> {
         context: format!("cannot write {}", tmp.display()),
         source: e,
     })?;
-    std::fs::rename(&tmp, p).map_err(|e| crate::Error::Io {
-        context: format!("cannot replace {}", p.display()),
-        source: e,
+    if let Ok(meta) = std::fs::metadata(p) {
+        std::fs::set_permissions(&tmp, meta.permissions()).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            crate::Error::Io {
+                context: format!("cannot keep the mode of {}", p.display()),
+                source: e,
+            }
+        })?;
+    }
+    std::fs::rename(&tmp, p).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        crate::Error::Io {
+            context: format!("cannot replace {}", p.display()),
+            source: e,
+        }
     })
 }
 
@@ -311,6 +417,11 @@ pub fn apply_to_text(
     fw: ConfigFramework,
     s: &EngineeringSettings,
 ) -> crate::Result<(String, Vec<Change>, Vec<String>)> {
+    // A CRLF file is edited as LF and written back as CRLF.
+    if text.contains("\r\n") {
+        let (out, changes, warnings) = apply_to_text(&text.replace("\r\n", "\n"), fw, s)?;
+        return Ok((out.replace('\n', "\r\n"), changes, warnings));
+    }
     let before: Value = serde_yaml::from_str(text).map_err(|e| {
         crate::Error::Usage(format!("the config is not valid YAML ({e}): fix it first"))
     })?;
@@ -664,5 +775,53 @@ data:
     fn an_engineering_key_that_is_a_section_is_refused() {
         let text = "compile:\n  mode: max-autotune\n";
         assert!(apply_to_text(text, ConfigFramework::Torchtune, &settings()).is_err());
+    }
+
+    #[test]
+    fn crlf_line_endings_are_kept() {
+        let crlf = TORCHTUNE.replace('\n', "\r\n");
+        let (out, changes, _) =
+            apply_to_text(&crlf, ConfigFramework::Torchtune, &settings()).unwrap();
+        assert!(!changes.is_empty());
+        assert!(out.contains("batch_size: 6  # per device\r\n"), "{out:?}");
+        assert_eq!(
+            out.matches('\n').count(),
+            out.matches("\r\n").count(),
+            "every line ends in CRLF: {out:?}"
+        );
+        // The same edit as on the LF file.
+        let (lf, _, _) = apply_to_text(TORCHTUNE, ConfigFramework::Torchtune, &settings()).unwrap();
+        assert_eq!(out.replace("\r\n", "\n"), lf);
+    }
+
+    #[test]
+    fn the_framework_is_told_from_the_file_and_a_contradiction_refused() {
+        assert_eq!(
+            detect_framework(TORCHTUNE).map(|d| d.0),
+            Some(ConfigFramework::Torchtune)
+        );
+        let hf = "output_dir: out\nper_device_train_batch_size: 4\nlearning_rate: 2e-5\n";
+        assert_eq!(detect_framework(hf).map(|d| d.0), Some(ConfigFramework::Hf));
+        let pl = "trainer:\n  max_epochs: 1\ndata:\n  batch_size: 2\n";
+        assert_eq!(
+            detect_framework(pl).map(|d| d.0),
+            Some(ConfigFramework::Lightning)
+        );
+        assert_eq!(detect_framework("lr: 1\n"), None);
+        assert_eq!(
+            choose_framework("generic", hf).unwrap(),
+            ConfigFramework::Hf
+        );
+        assert_eq!(choose_framework("hf", hf).unwrap(), ConfigFramework::Hf);
+        let err = choose_framework("torchtune", hf).unwrap_err().to_string();
+        assert!(
+            err.contains("hf config") && err.contains("per_device_train_batch_size"),
+            "{err}"
+        );
+        assert!(choose_framework("generic", "lr: 1\n").is_err());
+        assert_eq!(
+            choose_framework("lightning", "lr: 1\n").unwrap(),
+            ConfigFramework::Lightning
+        );
     }
 }

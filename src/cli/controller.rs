@@ -66,7 +66,7 @@ pub struct ControllerArgs {
     /// Timeout of each Prometheus or sidecar request.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, env = "GPUFIT_PROM_TIMEOUT")]
     pub prom_timeout: Duration,
-    /// Node sidecar URL template, the fallback for peaks ({host_ip}, {node}), e.g. http://{host_ip}:9400.
+    /// Node sidecar URL template, the fallback for peaks ({host_ip}, {node}), e.g. http://{host_ip}:9445.
     #[arg(long, env = "GPUFIT_SIDECAR_URL")]
     pub sidecar_url: Option<String>,
     /// Watch TrainingJobs in this namespace only (default: all).
@@ -98,6 +98,10 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
         .history
         .clone()
         .unwrap_or_else(crate::history::default_url);
+    // A missing or empty token file is the operator's input to fix (exit 2).
+    if let Some(p) = &args.token_file {
+        api::read_token_file(p).map_err(|e| crate::Error::Usage(e.to_string()))?;
+    }
     let rt = tokio::runtime::Runtime::new().map_err(|e| crate::Error::Io {
         context: "cannot start the async runtime".into(),
         source: e,

@@ -24,11 +24,19 @@ pub struct FindMaxBatchArgs {
     #[command(flatten)]
     pub advice: AdviceArgs,
     /// Command run per trial through `sh -c`. Placeholders: `{micro_batch_size}`
-    /// (alias `{batch}`), `{steps}`, `{dtype}`. The same values are in the
-    /// environment as GPUFIT_MICRO_BATCH_SIZE, GPUFIT_STEPS, GPUFIT_DTYPE,
+    /// (alias `{batch}`), `{steps}`, `{dtype}`, `{activation_checkpointing}`,
+    /// `{compile}` (`true`/`false`). The same values are in the environment as
+    /// GPUFIT_MICRO_BATCH_SIZE, GPUFIT_STEPS, GPUFIT_DTYPE,
     /// GPUFIT_ACTIVATION_CHECKPOINTING, GPUFIT_COMPILE, GPUFIT_TRIAL.
+    /// Checkpointing and compile are recorded as set only when the command
+    /// names them (placeholder or variable) or with --settings-from-env;
+    /// otherwise as off, the setting the trial really ran with.
     #[arg(long)]
     pub cmd: String,
+    /// The command's script reads GPUFIT_ACTIVATION_CHECKPOINTING and
+    /// GPUFIT_COMPILE from its environment (so trials are recorded with them).
+    #[arg(long)]
+    pub settings_from_env: bool,
     /// Training steps each trial must complete.
     #[arg(long, default_value_t = 10)]
     pub steps: u32,
@@ -68,6 +76,11 @@ pub struct Trial {
     pub exit_code: Option<i32>,
     pub duration_sec: f64,
     pub peak_memory_bytes: Option<u64>,
+    /// Training throughput the output reports (tokens/s; samples/s and
+    /// Lightning's iterations/s converted with the trial's micro batch and
+    /// sequence length), so the advisor learns speed from the search too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_sec: Option<f64>,
     /// Last lines of output (kept for failures).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub output_tail: String,
@@ -145,6 +158,7 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
                 activation_checkpointing: r.pins.activation_checkpointing.unwrap_or(true),
                 ..EngineeringSettings::default()
             });
+    let settings = told_settings(&args.cmd, args.settings_from_env, settings);
     let per_gpu = w.global_batch.map(|gb| gb / w.gpus.max(1));
     let cap = args
         .max_batch
@@ -190,7 +204,12 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
     let mut trials = Vec::new();
     let mut recorded = 0usize;
     let mut next = Some(start);
+    interrupt::watch();
     while let Some(m) = next {
+        if let Err(e) = interrupt::check() {
+            pb.finish_and_clear();
+            return Err(e);
+        }
         if trials.len() as u32 >= args.max_trials {
             say(
                 &pb,
@@ -199,7 +218,14 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
             break;
         }
         pb.set_message(format!("micro batch {m} running…"));
-        let t = run_trial(&args, &settings, m, trials.len() as u32 + 1)?;
+        let t = match run_trial(&args, &settings, m, trials.len() as u32 + 1) {
+            Ok(t) => t,
+            Err(e) => {
+                // Leave the terminal clean (the bar hides the cursor).
+                pb.finish_and_clear();
+                return Err(e);
+            }
+        };
         pb.inc(1);
         say(
             &pb,
@@ -310,6 +336,120 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The settings a trial is really run with: checkpointing and compile as
+/// the strategy wants them only when the command is told (a placeholder or
+/// the variable in `cmd`, or `--settings-from-env`); otherwise the
+/// training script's own default, off, which is what gets recorded.
+fn told_settings(cmd: &str, from_env: bool, wish: EngineeringSettings) -> EngineeringSettings {
+    let told =
+        |placeholder: &str, var: &str| from_env || cmd.contains(placeholder) || cmd.contains(var);
+    let default = EngineeringSettings::default();
+    let mut s = wish;
+    if !told(
+        "{activation_checkpointing}",
+        "GPUFIT_ACTIVATION_CHECKPOINTING",
+    ) {
+        if s.activation_checkpointing {
+            tracing::warn!("--cmd has no {{activation_checkpointing}} placeholder (nor --settings-from-env): trials run, and are recorded, with checkpointing off");
+        }
+        s.activation_checkpointing = default.activation_checkpointing;
+    }
+    if !told("{compile}", "GPUFIT_COMPILE") {
+        if s.compile {
+            tracing::warn!("--cmd has no {{compile}} placeholder (nor --settings-from-env): trials run, and are recorded, with compile off");
+        }
+        s.compile = default.compile;
+    }
+    s
+}
+
+/// SIGINT / SIGTERM during the search: the running trial's process group
+/// (its own, so the terminal's Ctrl-C does not reach it) is killed before
+/// gpufit exits, so no training process is left holding GPU memory.
+mod interrupt {
+    use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+    use std::sync::Once;
+    use std::time::Duration;
+
+    /// The signal received (0: none).
+    static SIGNAL: AtomicI32 = AtomicI32::new(0);
+    /// Process group of the running trial (0: none).
+    static TRIAL_GROUP: AtomicU32 = AtomicU32::new(0);
+
+    /// Starts the signal watcher once (a thread with its own small runtime).
+    pub fn watch() {
+        static START: Once = Once::new();
+        START.call_once(|| {
+            let spawned = std::thread::Builder::new()
+                .name("signals".into())
+                .spawn(|| {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot watch for signals");
+                            return;
+                        }
+                    };
+                    let signo = rt.block_on(async {
+                        use tokio::signal::unix::{signal, SignalKind};
+                        let (Ok(mut int), Ok(mut term)) = (
+                            signal(SignalKind::interrupt()),
+                            signal(SignalKind::terminate()),
+                        ) else {
+                            tracing::warn!("cannot watch for SIGINT/SIGTERM");
+                            return None;
+                        };
+                        tokio::select! {
+                            _ = int.recv() => Some(2),
+                            _ = term.recv() => Some(15),
+                        }
+                    });
+                    let Some(signo) = signo else { return };
+                    SIGNAL.store(signo, Ordering::SeqCst);
+                    kill_trial();
+                    // The main thread notices within its 20 ms poll; should
+                    // it be stuck elsewhere, exit anyway.
+                    std::thread::sleep(Duration::from_secs(5));
+                    kill_trial();
+                    std::process::exit(128 + signo);
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot watch for signals");
+            }
+        });
+    }
+
+    fn kill_trial() {
+        let g = TRIAL_GROUP.load(Ordering::SeqCst);
+        if g > 0 {
+            super::kill_group(g);
+        }
+    }
+
+    /// Records the running trial's process group (0 when it ended). A trial
+    /// started after the signal is killed at once.
+    pub fn set_trial(group: u32) {
+        TRIAL_GROUP.store(group, Ordering::SeqCst);
+        if group > 0 && SIGNAL.load(Ordering::SeqCst) != 0 {
+            super::kill_group(group);
+        }
+    }
+
+    /// Err once a signal was received.
+    pub fn check() -> crate::Result<()> {
+        match SIGNAL.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            signo => {
+                kill_trial();
+                Err(crate::Error::Interrupted(signo))
+            }
+        }
+    }
+}
+
 fn t_tail(t: &Trial) -> String {
     if t.output_tail.is_empty() {
         String::new()
@@ -357,8 +497,8 @@ fn record_for(
                 Outcome::Failed | Outcome::TimedOut => Some(FailureReason::OtherError),
             },
             peak_memory_bytes: t.peak_memory_bytes,
-            samples_per_sec: None,
-            tokens_per_sec: None,
+            samples_per_sec: t.tokens_per_sec.map(|x| x / w.seq_len.max(1) as f64),
+            tokens_per_sec: t.tokens_per_sec,
             duration_sec: Some(t.duration_sec),
         },
         predicted_peak_bytes: predicted,
@@ -417,6 +557,18 @@ fn peak_bytes(text: &str) -> Option<u64> {
         .and_then(|p| p.peak_memory_bytes())
 }
 
+/// Tokens/s the training output reports: tokens/s as printed, else
+/// samples/s × sequence length, else (Lightning) iterations/s × micro
+/// batch × sequence length.
+fn tokens_per_sec(text: &str, m: u32, seq_len: u32) -> Option<f64> {
+    let p = crate::core::logs::parse_str(text).ok()?;
+    let seq = seq_len as f64;
+    p.tokens_per_sec
+        .or(p.samples_per_sec.map(|s| s * seq))
+        .or(p.steps_per_sec.map(|s| s * m as f64 * seq))
+        .filter(|t| t.is_finite() && *t > 0.0)
+}
+
 fn run_trial(
     args: &FindMaxBatchArgs,
     settings: &EngineeringSettings,
@@ -428,7 +580,12 @@ fn run_trial(
         .replace("{micro_batch_size}", &m.to_string())
         .replace("{batch}", &m.to_string())
         .replace("{steps}", &args.steps.to_string())
-        .replace("{dtype}", settings.dtype.as_str());
+        .replace("{dtype}", settings.dtype.as_str())
+        .replace(
+            "{activation_checkpointing}",
+            &settings.activation_checkpointing.to_string(),
+        )
+        .replace("{compile}", &settings.compile.to_string());
     let mut c = Command::new("sh");
     c.arg("-c")
         .arg(&cmd)
@@ -455,6 +612,7 @@ fn run_trial(
         context: format!("cannot start `sh -c {cmd}`"),
         source: e,
     })?;
+    interrupt::set_trial(child.id());
     let cap = Arc::new(Mutex::new(Captured::default()));
     let mut pumps = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -477,6 +635,12 @@ fn run_trial(
                 })
             }
         }
+        if let Err(e) = interrupt::check() {
+            let _ = child.kill();
+            let _ = child.wait();
+            interrupt::set_trial(0);
+            return Err(e);
+        }
         if started.elapsed() >= args.timeout {
             timed_out = true;
             kill_group(child.id());
@@ -485,6 +649,9 @@ fn run_trial(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    interrupt::set_trial(0);
+    // A trial ended by the signal's kill is no result.
+    interrupt::check()?;
     for p in pumps {
         let _ = p.join();
     }
@@ -515,6 +682,11 @@ fn run_trial(
         duration_sec,
         peak_memory_bytes: if outcome == Outcome::Success {
             peak_bytes(&text)
+        } else {
+            None
+        },
+        tokens_per_sec: if outcome == Outcome::Success {
+            tokens_per_sec(&text, m, args.advice.workload.seq_len.unwrap_or(0))
         } else {
             None
         },

@@ -100,20 +100,88 @@ pub enum Command {
 /// Entry point used by `main.rs`.
 pub fn main() -> ExitCode {
     quiet_broken_pipe();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return parse_error(e),
+    };
     init_tracing(&cli.global.log);
+    let json = cli.global.output == OutputFormat::Json;
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            let code = e.exit_code();
+            let mut causes = Vec::new();
             let mut src = std::error::Error::source(&e);
             while let Some(s) = src {
-                eprintln!("  caused by: {s}");
+                causes.push(s.to_string());
                 src = s.source();
             }
-            ExitCode::from(e.exit_code())
+            print_error(json, &e.to_string(), &causes, code);
+            ExitCode::from(code)
         }
     }
+}
+
+/// An error on stderr: `error: …` lines for a person, one JSON object
+/// (`{"error", "exit_code", "causes"}`) with `-o json`, so a script that
+/// asked for JSON never has to parse prose.
+fn print_error(json: bool, message: &str, causes: &[String], code: u8) {
+    if json {
+        let v = serde_json::json!({"error": message, "exit_code": code, "causes": causes});
+        eprintln!("{v}");
+    } else {
+        eprintln!("error: {message}");
+        for c in causes {
+            eprintln!("  caused by: {c}");
+        }
+    }
+}
+
+/// A command line clap refuses: its own report, or JSON when `-o json` /
+/// `--output json` / `GPUFIT_OUTPUT=json` asked for it. Help and version
+/// are printed as usual.
+fn parse_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) || !json_requested(std::env::args().skip(1))
+    {
+        e.exit();
+    }
+    // The rendered report: its first line says what is wrong, the rest
+    // (the offending value, the usage) goes along as causes.
+    let lines: Vec<String> = e
+        .render()
+        .to_string()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.trim_start_matches("error: ").to_string())
+        .collect();
+    match lines.split_first() {
+        Some((message, rest)) => print_error(true, message, rest, 2),
+        None => print_error(true, "invalid command line", &[], 2),
+    }
+    ExitCode::from(2)
+}
+
+/// Whether the raw arguments (or `GPUFIT_OUTPUT`) ask for JSON output.
+fn json_requested(args: impl Iterator<Item = String>) -> bool {
+    let args: Vec<String> = args.collect();
+    let from_args = args.iter().enumerate().find_map(|(i, a)| {
+        if a == "-o" || a == "--output" {
+            args.get(i + 1).map(|v| v == "json")
+        } else {
+            a.strip_prefix("--output=")
+                .or_else(|| a.strip_prefix("-o="))
+                .or_else(|| a.strip_prefix("-o").filter(|v| !v.is_empty()))
+                .map(|v| v == "json")
+        }
+    });
+    from_args.unwrap_or_else(|| std::env::var("GPUFIT_OUTPUT").is_ok_and(|v| v == "json"))
 }
 
 /// `gpufit models | head` closes stdout early; `println!` then panics with
@@ -141,9 +209,13 @@ fn init_tracing(filter: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     // Logs go to stderr: stdout carries the command's output (and, for the
     // Slurm TaskProlog, nothing but `export` lines).
+    // Colour codes only for a person at a terminal: in a Slurm log, a
+    // journal or a pipe they are noise.
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 

@@ -44,7 +44,7 @@ fn print_plan(r: &Resolved, plan: &[Suggestion]) {
     header.extend(plan.iter().map(|s| s.strategy.to_string()));
     t.set_header(header);
     type Row<'a> = (&'a str, &'a dyn Fn(&Suggestion) -> String);
-    let rows: [Row; 11] = [
+    let rows: [Row; 12] = [
         ("micro_batch_size", &|s| {
             s.settings.micro_batch_size.to_string()
         }),
@@ -64,6 +64,7 @@ fn print_plan(r: &Resolved, plan: &[Suggestion]) {
         ("target", &|s| {
             format!("{:.0} %", r.targets.for_strategy(s.strategy) * 100.0)
         }),
+        ("throughput", &|s| super::suggest::fmt_tokens_per_sec(s)),
         ("confidence", &|s| format!("{:.2}", s.confidence)),
         ("source", &|s| s.source.as_str().to_string()),
     ];

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use super::Global;
 use crate::sidecar::{
-    Backend, BackendConfig, SidecarConfig, SimulateConfig, TrackerConfig, DEFAULT_INTERVAL,
+    Backend, BackendConfig, HttpConfig, SidecarConfig, SimulateConfig, TrackerConfig,
+    DEFAULT_INTERVAL,
 };
 
 /// Which GPU source to read, shared by `gpufit sidecar` and `gpufit gpus --live`.
@@ -90,6 +91,17 @@ pub struct SidecarArgs {
     /// How long an ended job is kept after it was first read through the API.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5m", env = "GPUFIT_SIDECAR_JOB_RETENTION")]
     pub job_retention: Duration,
+    /// Most HTTP connections held at once; past it the oldest idle one is closed.
+    #[arg(long, default_value_t = 1024, env = "GPUFIT_SIDECAR_MAX_CONNECTIONS")]
+    pub max_connections: usize,
+    /// A connection that sends no complete request head this long (after it
+    /// opened, or after its last answer) is closed.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s", env = "GPUFIT_SIDECAR_IDLE_TIMEOUT")]
+    pub idle_timeout: Duration,
+    /// File holding the bearer token `POST /v1/jobs/{id}/log-peak` requires
+    /// (the controller's token file; without it that write is refused).
+    #[arg(long, env = "GPUFIT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// Shortest interval accepted: below it NVML calls would dominate the sidecar's CPU.
@@ -112,6 +124,25 @@ pub fn run(_g: &Global, args: SidecarArgs) -> crate::Result<ExitCode> {
     if args.max_jobs == 0 {
         return Err(crate::Error::Usage("--max-jobs must be at least 1".into()));
     }
+    if args.max_connections == 0 {
+        return Err(crate::Error::Usage(
+            "--max-connections must be at least 1".into(),
+        ));
+    }
+    if args.idle_timeout < Duration::from_millis(100) {
+        return Err(crate::Error::Usage(format!(
+            "--idle-timeout {} is too short: give at least 100ms (default 30s)",
+            humantime::format_duration(args.idle_timeout)
+        )));
+    }
+    let token = match &args.token_file {
+        Some(p) => Some(
+            crate::controller::api::read_token_file(p)
+                .map_err(|e| crate::Error::Usage(e.to_string()))?,
+        ),
+        None => None,
+    };
+    raise_open_file_limit(args.max_connections);
     let node = args
         .node
         .clone()
@@ -128,6 +159,11 @@ pub fn run(_g: &Global, args: SidecarArgs) -> crate::Result<ExitCode> {
             max_jobs: args.max_jobs,
             retention_after_read: args.job_retention,
             ..TrackerConfig::default()
+        },
+        http: HttpConfig {
+            max_connections: args.max_connections,
+            idle_timeout: args.idle_timeout,
+            token,
         },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -156,6 +192,28 @@ pub fn run(_g: &Global, args: SidecarArgs) -> crate::Result<ExitCode> {
         Ok::<_, crate::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Lifts the soft open-file limit toward the hard one, so the connection
+/// cap (plus the sidecar's own files) fits: a shell's default soft limit is
+/// often 1,024. Best effort; the systemd unit sets `LimitNOFILE` too.
+fn raise_open_file_limit(max_connections: usize) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let want = (max_connections as u64).saturating_add(256).min(hard);
+    if want > soft {
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, want, hard) {
+            tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit");
+        }
+    } else if (max_connections as u64).saturating_add(64) > soft {
+        tracing::warn!(
+            soft,
+            max_connections,
+            "the open-file limit is below --max-connections: raise LimitNOFILE / ulimit -n"
+        );
+    }
 }
 
 /// Ctrl-C or SIGTERM (what Kubernetes and systemd send).

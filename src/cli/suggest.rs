@@ -20,8 +20,8 @@ use crate::core::workload::Workload;
 /// Which GPU: a catalog name, or `auto` for the local one.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GpuArgs {
-    /// GPU model as nvidia-smi prints it (`NVIDIA A100-SXM4-80GB`, `H100`,
-    /// `RTX 4090` …), or `auto` to read the local GPU through NVML.
+    /// GPU model as nvidia-smi prints it (`NVIDIA A100-SXM4-80GB`, `NVIDIA H100
+    /// 80GB HBM3`, `NVIDIA L40S` …), or `auto` to read the local GPU through NVML.
     #[arg(long, env = "GPUFIT_GPU")]
     pub gpu: Option<String>,
     /// GPU memory in GiB: overrides the catalog, or describes a GPU that is
@@ -95,6 +95,20 @@ pub struct PinArgs {
     /// Pin data-loader workers.
     #[arg(long)]
     pub num_workers: Option<u32>,
+    /// Pure bf16 weights (no fp32 master copy) for full fine-tunes in
+    /// frameworks whose default keeps fp32 master weights (hf, lightning):
+    /// `auto` offers them only when nothing else meets the target.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub pure_bf16: PureBf16,
+}
+
+/// `--pure-bf16`: allow, forbid, or leave to the advisor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PureBf16 {
+    #[default]
+    Auto,
+    Allow,
+    Forbid,
 }
 
 impl PinArgs {
@@ -107,6 +121,11 @@ impl PinArgs {
             activation_offloading: self.offloading.map(OnOff::as_bool),
             compile: self.compile.map(OnOff::as_bool),
             num_workers: self.num_workers,
+            pure_bf16: match self.pure_bf16 {
+                PureBf16::Auto => None,
+                PureBf16::Allow => Some(true),
+                PureBf16::Forbid => Some(false),
+            },
         }
     }
 }
@@ -302,6 +321,7 @@ pub fn print_table(w: &Workload, target: f64, s: &Suggestion) {
                 target * 100.0
             ),
         ),
+        ("throughput", fmt_tokens_per_sec(s)),
         ("confidence", format!("{:.2}", s.confidence)),
         ("source", s.source.as_str().into()),
     ] {
@@ -311,5 +331,18 @@ pub fn print_table(w: &Workload, target: f64, s: &Suggestion) {
     println!("{}", s.reasoning);
     for w in &s.warnings {
         println!("warning: {w}");
+    }
+}
+
+/// "12,300 tokens/s measured (predicted 12,100)" or "12,100 tokens/s predicted".
+pub fn fmt_tokens_per_sec(s: &Suggestion) -> String {
+    let k = |x: f64| format!("{:.0}", x);
+    match s.measured_tokens_per_sec {
+        Some(m) => format!(
+            "{} tokens/s measured (predicted {})",
+            k(m),
+            k(s.predicted_tokens_per_sec)
+        ),
+        None => format!("{} tokens/s predicted", k(s.predicted_tokens_per_sec)),
     }
 }

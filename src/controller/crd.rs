@@ -211,6 +211,7 @@ impl From<&PinsSpec> for Pins {
             activation_offloading: p.activation_offloading,
             compile: p.compile,
             num_workers: p.num_workers,
+            pure_bf16: None,
         }
     }
 }

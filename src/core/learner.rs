@@ -199,6 +199,214 @@ pub fn respect_oom(line: Line, oom_batch: u32, capacity: f64) -> Line {
     }
 }
 
+// === correcting the memory model with measurements ===
+
+/// One measured peak next to the memory model's prediction for exactly the
+/// settings it ran with (micro batch, accumulation, dtype …).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    pub micro_batch: u32,
+    /// The memory model's peak for those settings.
+    pub model_bytes: f64,
+    /// The memory model's per-sample slope there (phase A).
+    pub model_slope: f64,
+    pub peak_bytes: f64,
+}
+
+/// How measurements correct the memory model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionKind {
+    /// One distinct micro batch measured: the model scaled through it.
+    Scale,
+    /// Two or more distinct micro batches: the model plus a least-squares
+    /// residual line `r0 + r1 × m`.
+    ResidualLine,
+    /// The residual line was physically impossible (the corrected slope
+    /// negative or far off the model's): the scale is used instead.
+    DegenerateFallback,
+}
+
+/// A correction of the memory model learned from measured peaks:
+/// `corrected(m) = scale × model(m) + r0 + r1 × m`. It corrects the model
+/// at every micro batch — both phases of a step, the accumulation the
+/// suggestion really uses — rather than replacing it with a line that
+/// forgets the optimizer-step peak.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Correction {
+    pub kind: CorrectionKind,
+    pub scale: f64,
+    pub r0: f64,
+    pub r1: f64,
+    /// Standard error of `r1` (bytes per sample); never below what
+    /// [`PEAK_NOISE`] alone gives. 0 for a scale.
+    pub r1_stderr: f64,
+    /// Measurements used (after outliers were dropped).
+    pub points: usize,
+    pub distinct_batches: usize,
+    /// Largest micro batch measured: extrapolation starts beyond it.
+    pub max_measured_batch: u32,
+    /// Measurements left out as inconsistent with all the others.
+    pub outliers: usize,
+}
+
+impl Correction {
+    /// The corrected peak for a model prediction at micro batch `m`.
+    pub fn apply(&self, model_bytes: f64, m: u32) -> f64 {
+        self.scale * model_bytes + self.r0 + self.r1 * m as f64
+    }
+}
+
+/// A measurement further than this from the fit of the other measurements
+/// (relative to its own value) is an outlier when those others agree among
+/// themselves within [`OUTLIER_CONSISTENT`]. 10 % is five times the
+/// run-to-run noise of a peak ([`PEAK_NOISE`]): no honest repeat lands there.
+pub const OUTLIER_REL: f64 = 0.10;
+/// See [`OUTLIER_REL`]: the others agree when each is within this of their
+/// own fit (2.5 × [`PEAK_NOISE`]).
+pub const OUTLIER_CONSISTENT: f64 = 0.05;
+
+/// Learns a correction of the memory model from measured peaks, resisting a
+/// single outlier: with three or more measurements, each is checked against
+/// the fit of the others, and one that is far off while the others agree is
+/// left out (one bad record must not move a learned suggestion). None when
+/// there is no usable measurement.
+pub fn correct(points: &[Measured]) -> Option<Correction> {
+    let mut pts: Vec<Measured> = points
+        .iter()
+        .copied()
+        .filter(|p| {
+            p.micro_batch > 0
+                && p.peak_bytes.is_finite()
+                && p.peak_bytes > 0.0
+                && p.model_bytes.is_finite()
+                && p.model_bytes > 0.0
+        })
+        .collect();
+    if pts.is_empty() {
+        return None;
+    }
+    let mut outliers = 0;
+    while pts.len() >= 3 {
+        let mut worst: Option<(usize, f64)> = None;
+        for i in 0..pts.len() {
+            let others: Vec<Measured> = pts
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, p)| *p)
+                .collect();
+            let Some(c) = correct_plain(&others) else {
+                continue;
+            };
+            let consistent = others.iter().all(|o| {
+                (c.apply(o.model_bytes, o.micro_batch) - o.peak_bytes).abs() / o.peak_bytes
+                    <= OUTLIER_CONSISTENT
+            });
+            let p = pts[i];
+            let off = (c.apply(p.model_bytes, p.micro_batch) - p.peak_bytes).abs() / p.peak_bytes;
+            if consistent && off > OUTLIER_REL && worst.is_none_or(|(_, w)| off > w) {
+                worst = Some((i, off));
+            }
+        }
+        match worst {
+            Some((i, _)) => {
+                pts.remove(i);
+                outliers += 1;
+            }
+            None => break,
+        }
+    }
+    correct_plain(&pts).map(|c| Correction { outliers, ..c })
+}
+
+fn correct_plain(pts: &[Measured]) -> Option<Correction> {
+    if pts.is_empty() {
+        return None;
+    }
+    let mut batches: Vec<u32> = pts.iter().map(|p| p.micro_batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let distinct = batches.len();
+    let max_measured_batch = *batches.last()?;
+    // Least squares for a pure scale factor.
+    let (num, den) = pts.iter().fold((0.0, 0.0), |(n, d), p| {
+        (
+            n + p.model_bytes * p.peak_bytes,
+            d + p.model_bytes * p.model_bytes,
+        )
+    });
+    let scale = if den > 0.0 && num.is_finite() && num > 0.0 {
+        num / den
+    } else {
+        1.0
+    };
+    let base = Correction {
+        kind: CorrectionKind::Scale,
+        scale,
+        r0: 0.0,
+        r1: 0.0,
+        r1_stderr: 0.0,
+        points: pts.len(),
+        distinct_batches: distinct,
+        max_measured_batch,
+        outliers: 0,
+    };
+    if distinct < 2 {
+        return Some(base);
+    }
+    let n = pts.len() as f64;
+    let mean_m = pts.iter().map(|p| p.micro_batch as f64).sum::<f64>() / n;
+    let resid = |p: &Measured| p.peak_bytes - p.model_bytes;
+    let mean_r = pts.iter().map(resid).sum::<f64>() / n;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for p in pts {
+        let dx = p.micro_batch as f64 - mean_m;
+        sxy += dx * (resid(p) - mean_r);
+        sxx += dx * dx;
+    }
+    let r1 = sxy / sxx;
+    let r0 = mean_r - r1 * mean_m;
+    let model_slope = pts.iter().map(|p| p.model_slope).sum::<f64>() / n;
+    let slope = model_slope + r1;
+    let plausible = r0.is_finite()
+        && r1.is_finite()
+        && slope > 0.0
+        && (model_slope <= 0.0
+            || (slope <= model_slope * MAX_SLOPE_RATIO && slope >= model_slope / MAX_SLOPE_RATIO))
+        && pts
+            .iter()
+            .all(|p| p.model_bytes + r0 + r1 * p.micro_batch as f64 > 0.0);
+    if !plausible {
+        return Some(Correction {
+            kind: CorrectionKind::DegenerateFallback,
+            ..base
+        });
+    }
+    let mean_p = pts.iter().map(|p| p.peak_bytes).sum::<f64>() / n;
+    let noise_se = PEAK_NOISE * mean_p / sxx.sqrt();
+    let resid_se = if pts.len() > 2 {
+        let ss: f64 = pts
+            .iter()
+            .map(|p| {
+                let e = resid(p) - (r0 + r1 * p.micro_batch as f64);
+                e * e
+            })
+            .sum();
+        (ss / (pts.len() - 2) as f64 / sxx).sqrt()
+    } else {
+        0.0
+    };
+    Some(Correction {
+        kind: CorrectionKind::ResidualLine,
+        scale: 1.0,
+        r0,
+        r1,
+        r1_stderr: noise_se.max(resid_se),
+        ..base
+    })
+}
+
 /// Measured peaks of the successful runs among `runs`.
 pub fn observations(runs: &[&RunRecord]) -> Vec<Observation> {
     runs.iter()

@@ -13,5 +13,6 @@ pub mod report;
 pub mod run;
 pub mod settings;
 pub mod similarity;
+pub mod throughput;
 pub mod units;
 pub mod workload;

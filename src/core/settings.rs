@@ -139,6 +139,12 @@ pub struct Pins {
     pub compile: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_workers: Option<u32>,
+    /// Full fine-tunes whose framework trains with fp32 master weights by
+    /// default (HF Trainer, Lightning): `Some(true)` lets the advisor offer
+    /// pure bf16 weights, `Some(false)` forbids them, `None` (auto) offers
+    /// them only when nothing with fp32 master weights fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pure_bf16: Option<bool>,
 }
 
 impl Pins {
@@ -165,6 +171,7 @@ impl Pins {
             activation_offloading: later.activation_offloading.or(self.activation_offloading),
             compile: later.compile.or(self.compile),
             num_workers: later.num_workers.or(self.num_workers),
+            pure_bf16: later.pure_bf16.or(self.pure_bf16),
         }
     }
 }

@@ -41,6 +41,8 @@ fn migrations() -> Vec<String> {
 pub struct PostgresStore {
     client: Mutex<Client>,
     url: String,
+    /// Kept to reconnect after the server restarted or dropped us.
+    cfg: postgres::Config,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -85,6 +87,7 @@ impl PostgresStore {
         let store = PostgresStore {
             client: Mutex::new(client),
             url: shown,
+            cfg,
         };
         store.migrate()?;
         Ok(store)
@@ -101,8 +104,25 @@ impl PostgresStore {
         }
     }
 
+    /// The connection, re-established first if the server closed it (a
+    /// restart, a failover, an idle timeout): the caller's query then runs
+    /// on the new connection; if the server is still down it fails with a
+    /// clear error and the next call tries again — gpufit never needs a
+    /// restart to recover.
     fn lock(&self) -> std::sync::MutexGuard<'_, Client> {
-        self.client.lock().unwrap_or_else(|p| p.into_inner())
+        let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_closed() {
+            match self.cfg.connect(NoTls) {
+                Ok(c) => {
+                    tracing::info!(url = %self.url, "reconnected to the PostgreSQL history");
+                    *guard = c;
+                }
+                Err(e) => {
+                    tracing::warn!(url = %self.url, error = %e, "PostgreSQL history still unreachable")
+                }
+            }
+        }
+        guard
     }
 
     fn migrate(&self) -> Result<(), HistoryError> {

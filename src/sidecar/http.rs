@@ -8,7 +8,7 @@
 //! | `GET /v1/gpus` | `{"node","backend","sampled_at","gpus":[GPU…]}` |
 //! | `GET /v1/jobs` | `{"node","backend","per_job_data":true,"jobs":[JOB…]}` (marks ended jobs read) |
 //! | `GET /v1/jobs/{id}` | `JOB`, or 404. `id` is a Slurm job id, `namespace/pod` (the `/` may be sent as is or as `%2F`), or a pod UID |
-//! | `POST /v1/jobs/{id}/log-peak` | body `{"peak_bytes": 123}` — the peak the job's own log states (bytes per GPU); answers `JOB` with `"method":"log"` |
+//! | `POST /v1/jobs/{id}/log-peak` | bearer token; body `{"peak_bytes": 123}` — the peak the job's own log states (bytes per GPU); answers `JOB` with `"method":"log"` |
 //! | `GET /metrics` | Prometheus text format |
 //! | `POST /v1/simulate/processes` | simulate backend only: body `{"pid":1001,"gpu":0,"job":{"namespace":"ns","pod":"p"},"memory_bytes":1073741824}` or `"job":{"slurm_job_id":"42"}`; registers the process or sets its memory (same pid); the sidecar samples at once, so each call is seen. Answers `{"process":{…},"job":JOB}` |
 //! | `DELETE /v1/simulate/processes/{pid}` | simulate backend only: the process ends; answers `{"deleted":1001,"job":JOB}`, 404 when unknown |
@@ -25,10 +25,15 @@
 //! "first_seen","last_seen","ended_at":null}` — bytes are integers, times RFC 3339 UTC,
 //! `peak_bytes`/`current_bytes` are per GPU (the largest over the job's GPUs).
 //!
-//! Unknown path: 404; known path, wrong method: 405; bad body: 400; body over 64 KiB: 413.
+//! Unknown path: 404; known path, wrong method: 405 with `Allow`; bad body: 400; body over
+//! 64 KiB: 413. `log-peak` needs `Authorization: Bearer <token>` (401; 403 when the sidecar
+//! has no `--token-file`) and a peak in bytes, positive and not above the GPU's memory (400).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -36,7 +41,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 
 use super::attribution::JobKey;
@@ -58,13 +63,47 @@ const ROUTES: &[&str] = &[
     "DELETE /v1/simulate/processes/{pid}",
 ];
 
-/// Accepts connections until `shutdown` resolves.
+/// One held connection, for the cap: whether it is answering a request
+/// now, and how to ask it to close.
+struct Slot {
+    id: u64,
+    busy: Arc<AtomicUsize>,
+    close: Arc<tokio::sync::Notify>,
+}
+
+/// The connections held, oldest first.
+#[derive(Default)]
+struct Slots {
+    next_id: u64,
+    held: VecDeque<Slot>,
+}
+
+fn lock(m: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Logs an accept failure at most once a minute: out of file descriptors,
+/// accept fails at once on every try.
+fn warn_accept(last: &mut Option<Instant>, e: &std::io::Error) {
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+        tracing::warn!(error = %e, "accept failed (repeats are not logged for a minute)");
+        *last = Some(Instant::now());
+    }
+}
+
+/// Accepts connections until `shutdown` resolves. An idle client cannot
+/// hold the sidecar: a connection that sends no complete request head
+/// within the idle timeout is closed, and past the connection cap the
+/// oldest idle one makes room for the newcomer.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     sidecar: Arc<Sidecar>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let cfg = sidecar.http_config().clone();
+    let slots = Arc::new(Mutex::new(Slots::default()));
+    let mut last_warn = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
@@ -73,23 +112,66 @@ pub async fn serve(
                     Ok((s, _)) => s,
                     Err(e) => {
                         // Out of file descriptors and the like: back off, keep serving.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        warn_accept(&mut last_warn, &e);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
                 };
+                let busy = Arc::new(AtomicUsize::new(0));
+                let close = Arc::new(tokio::sync::Notify::new());
+                let id = {
+                    let mut sl = lock(&slots);
+                    if sl.held.len() >= cfg.max_connections.max(1) {
+                        match sl.held.iter().position(|s| s.busy.load(Ordering::Acquire) == 0) {
+                            Some(i) => {
+                                if let Some(old) = sl.held.remove(i) {
+                                    old.close.notify_one();
+                                }
+                            }
+                            None => {
+                                tracing::debug!("{} connections all busy: refusing one", sl.held.len());
+                                continue; // drops the stream
+                            }
+                        }
+                    }
+                    sl.next_id += 1;
+                    let id = sl.next_id;
+                    sl.held.push_back(Slot { id, busy: Arc::clone(&busy), close: Arc::clone(&close) });
+                    id
+                };
                 let sc = Arc::clone(&sidecar);
+                let slots = Arc::clone(&slots);
+                let idle_timeout = cfg.idle_timeout;
                 tokio::spawn(async move {
+                    let in_flight = Arc::clone(&busy);
                     let svc = service_fn(move |req| {
                         let sc = Arc::clone(&sc);
-                        async move { Ok::<_, Infallible>(handle(&sc, req).await) }
+                        let in_flight = Arc::clone(&in_flight);
+                        async move {
+                            in_flight.fetch_add(1, Ordering::AcqRel);
+                            let resp = handle(&sc, req).await;
+                            in_flight.fetch_sub(1, Ordering::AcqRel);
+                            Ok::<_, Infallible>(resp)
+                        }
                     });
-                    if let Err(e) = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await
-                    {
+                    // hyper's header-read timeout runs from the connection's
+                    // start and again from each answer: the idle timeout.
+                    let conn = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(idle_timeout)
+                        .serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    let result = tokio::select! {
+                        r = conn.as_mut() => r,
+                        _ = close.notified() => {
+                            conn.as_mut().graceful_shutdown();
+                            conn.await
+                        }
+                    };
+                    if let Err(e) = result {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
+                    lock(&slots).held.retain(|s| s.id != id);
                 });
             }
         }
@@ -186,7 +268,66 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LogPeak {
-    peak_bytes: u64,
+    /// Any JSON number, checked by [`check_log_peak`] (a negative or
+    /// fractional one gets a reason, not serde's message).
+    peak_bytes: serde_json::Number,
+}
+
+/// A stated peak above the largest GPU by more than this is refused: logs
+/// round (`Peak memory: 79.65 GiB`), so a little over is still honest.
+const LOG_PEAK_TOLERANCE: f64 = 0.02;
+
+/// A log-stated peak the sidecar may keep: a positive whole number of
+/// bytes, not above the node's largest GPU (plus [`LOG_PEAK_TOLERANCE`]).
+fn check_log_peak(n: &serde_json::Number, gpu_memory: u64) -> Result<u64, String> {
+    let Some(peak) = n.as_u64() else {
+        return Err(format!(
+            "peak_bytes {n} is not a whole number of bytes: give the peak per GPU in bytes, e.g. 42949672960"
+        ));
+    };
+    if peak == 0 {
+        return Err("peak_bytes 0: a job that used its GPU has a positive peak".into());
+    }
+    let limit = (gpu_memory as f64 * (1.0 + LOG_PEAK_TOLERANCE)) as u64;
+    if gpu_memory > 0 && peak > limit {
+        return Err(format!(
+            "peak_bytes {peak} is above this node's GPU memory ({gpu_memory} bytes): give the peak per GPU in bytes, not a sum over GPUs nor another unit"
+        ));
+    }
+    Ok(peak)
+}
+
+/// Writes need the bearer token of `--token-file` (the controller's).
+#[allow(clippy::result_large_err)]
+fn authorize(sc: &Sidecar, req: &Request<Incoming>) -> Result<(), Response<Full<Bytes>>> {
+    let Some(token) = &sc.http_config().token else {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "this sidecar takes no writes: start it with --token-file (GPUFIT_TOKEN_FILE), the controller's token file",
+        ));
+    };
+    let given = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match given {
+        None => Err(error(
+            StatusCode::UNAUTHORIZED,
+            "send the sidecar's token as `Authorization: Bearer <token>`",
+        )),
+        Some(g) if !constant_time_eq(g.as_bytes(), token.as_bytes()) => {
+            Err(error(StatusCode::UNAUTHORIZED, "wrong bearer token"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Compares without an early exit, so the time taken does not tell how
+/// much of a guessed token was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Routes one request.
@@ -194,11 +335,16 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-    let not_allowed = || {
-        error(
+    // 405 names what the path takes (RFC 9110 requires `Allow`).
+    let not_allowed = |allow: &str| {
+        let mut resp = error(
             StatusCode::METHOD_NOT_ALLOWED,
-            &format!("{method} is not allowed on {path}"),
-        )
+            &format!("{method} is not allowed on {path}: use {allow}"),
+        );
+        if let Ok(v) = http::HeaderValue::from_str(allow) {
+            resp.headers_mut().insert(http::header::ALLOW, v);
+        }
+        resp
     };
     match segs.as_slice() {
         ["healthz"] => match method {
@@ -211,7 +357,7 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
                 };
                 json(status, &h)
             }
-            _ => not_allowed(),
+            _ => not_allowed("GET"),
         },
         ["metrics"] => match method {
             Method::GET => match sc.render_metrics() {
@@ -221,15 +367,15 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
                     .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
                 Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
             },
-            _ => not_allowed(),
+            _ => not_allowed("GET"),
         },
         ["v1", "gpus"] => match method {
             Method::GET => json(StatusCode::OK, &sc.gpus()),
-            _ => not_allowed(),
+            _ => not_allowed("GET"),
         },
         ["v1", "jobs"] => match method {
             Method::GET => json(StatusCode::OK, &sc.jobs()),
-            _ => not_allowed(),
+            _ => not_allowed("GET"),
         },
         // POST only, so that a pod named `log-peak` can still be read with GET.
         ["v1", "jobs", rest @ ..]
@@ -249,14 +395,27 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
                     ),
                 );
             };
-            match read_json::<LogPeak>(req).await {
-                Ok(b) => json(StatusCode::OK, &sc.set_log_peak(key, b.peak_bytes)),
-                Err(resp) => resp,
+            if let Err(resp) = authorize(sc, &req) {
+                return resp;
+            }
+            let body = match read_json::<LogPeak>(req).await {
+                Ok(b) => b,
+                Err(resp) => return resp,
+            };
+            match check_log_peak(&body.peak_bytes, sc.max_gpu_memory()) {
+                Ok(peak) => json(StatusCode::OK, &sc.set_log_peak(key, peak)),
+                Err(why) => error(StatusCode::BAD_REQUEST, &why),
             }
         }
         ["v1", "jobs", rest @ ..] if !rest.is_empty() => {
             if method != Method::GET {
-                return not_allowed();
+                // `…/log-peak` takes POST (and a pod so named, GET).
+                let allow = if rest.len() >= 2 && rest.last() == Some(&"log-peak") {
+                    "GET, POST"
+                } else {
+                    "GET"
+                };
+                return not_allowed(allow);
             }
             let Some(id) = percent_decode(&rest.join("/")) else {
                 return error(
@@ -324,7 +483,8 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
                         &serde_json::json!({ "deleted": pid, "job": job }),
                     )
                 }
-                _ => not_allowed(),
+                (_, []) => not_allowed("GET, POST"),
+                _ => not_allowed("DELETE"),
             }
         }
         _ => error(

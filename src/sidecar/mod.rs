@@ -107,6 +107,31 @@ pub struct SidecarConfig {
     /// Where the host's `/proc` is (`/proc`, or e.g. `/host/proc` in a container).
     pub proc_root: PathBuf,
     pub tracker: TrackerConfig,
+    pub http: HttpConfig,
+}
+
+/// How the HTTP server treats its clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Connections held at once; past it the oldest idle one is closed (a
+    /// new one is refused only when every held one is busy).
+    pub max_connections: usize,
+    /// A connection that has not sent a complete request head this long
+    /// after it opened, or after its last answer, is closed.
+    pub idle_timeout: Duration,
+    /// Bearer token `POST /v1/jobs/{id}/log-peak` requires; `None`: the
+    /// write is refused (403), as the controller does without its token.
+    pub token: Option<String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(30),
+            token: None,
+        }
+    }
 }
 
 /// The default sampling interval: SPEC §6 asks for ≤ 200 ms so a training
@@ -158,7 +183,10 @@ pub fn live_gpus(cfg: &BackendConfig) -> Result<Vec<GpuInfo>, SidecarError> {
 /// The first local GPU as NVML sees it (live values win over the catalog);
 /// used by `gpufit suggest --gpu auto`. A clear error when there is none.
 pub fn local_gpu() -> Result<crate::core::catalog::GpuSpec, SidecarError> {
-    let gpus = live_gpus(&BackendConfig::nvml())?;
+    // The caller says what to do instead (name the GPU): the sidecar's own
+    // flags (--nvml-lib, --backend) are not this command's.
+    let source = nvml::NvmlSource::open_with_advice(None, "")?;
+    let gpus = source.sample().gpus;
     let g = gpus.into_iter().find(|g| g.healthy).ok_or_else(|| {
         SidecarError::Nvml(
             "NVML works but reports no readable GPU on this node: check `nvidia-smi`, or name the GPU with --gpu".into(),
@@ -215,6 +243,7 @@ pub struct Sidecar {
     sampling: Mutex<()>,
     state: Mutex<State>,
     metrics: Mutex<metrics::Metrics>,
+    http: HttpConfig,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -282,9 +311,26 @@ impl Sidecar {
                 processes: 0,
             }),
             metrics: Mutex::new(metrics::Metrics::new()?),
+            http: cfg.http.clone(),
         });
         sc.sample_now();
         Ok(sc)
+    }
+
+    /// The HTTP server's settings.
+    pub fn http_config(&self) -> &HttpConfig {
+        &self.http
+    }
+
+    /// The largest memory of the GPUs seen (0 when none): the bound on a
+    /// peak a job's log may state.
+    pub fn max_gpu_memory(&self) -> u64 {
+        lock(&self.state)
+            .gpus
+            .iter()
+            .map(|g| g.memory_total_bytes)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The node name.
@@ -589,6 +635,7 @@ mod tests {
             mapping_dir: None,
             proc_root: PathBuf::from("/nonexistent"),
             tracker: TrackerConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 
@@ -630,7 +677,11 @@ mod tests {
         if let Err(e) = local_gpu() {
             let msg = e.to_string();
             assert!(msg.contains("libnvidia-ml.so.1"), "{msg}");
-            assert!(msg.contains("--backend inventory"), "{msg}");
+            assert!(msg.contains("nvidia-smi"), "{msg}");
+            // `suggest --gpu auto` has no such flags.
+            for flag in ["--backend", "--nvml-lib", "--inventory"] {
+                assert!(!msg.contains(flag), "{flag} in {msg}");
+            }
         }
     }
 }

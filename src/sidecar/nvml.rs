@@ -40,6 +40,13 @@ impl NvmlSource {
     /// Loads and initializes NVML (from `lib` when given, else through the
     /// dynamic loader's search path). A failure says what was tried and what to do.
     pub fn open(lib: Option<PathBuf>) -> Result<Self, SidecarError> {
+        Self::open_with_advice(lib, SIDECAR_ADVICE)
+    }
+
+    /// Like [`NvmlSource::open`], ending a failure with `advice`: the flags
+    /// of the command that opens it (the sidecar's backends are no help to
+    /// `suggest --gpu auto`).
+    pub fn open_with_advice(lib: Option<PathBuf>, advice: &str) -> Result<Self, SidecarError> {
         let tried = match &lib {
             Some(p) => format!("loading NVML from {}", p.display()),
             None => format!(
@@ -50,10 +57,11 @@ impl NvmlSource {
             Some(p) => Nvml::builder().lib_path(OsStr::new(p)).init(),
             None => Nvml::init(),
         };
-        let nvml = result.map_err(|e| SidecarError::Nvml(nvml_start_message(&tried, &e)))?;
+        let nvml = result
+            .map_err(|e| SidecarError::Nvml(format!("{}{advice}", nvml_failure(&tried, &e))))?;
         let count = nvml.device_count().map_err(|e| {
             SidecarError::Nvml(format!(
-                "NVML loaded but cannot count devices: {e}. Check that the NVIDIA driver is loaded (`nvidia-smi` works) and that this process may open /dev/nvidia*; or run with `--backend inventory --inventory FILE` or `--backend simulate`"
+                "NVML loaded but cannot count devices: {e}. Check that the NVIDIA driver is loaded (`nvidia-smi` works) and that this process may open /dev/nvidia*{advice}"
             ))
         })?;
         if count == 0 {
@@ -168,14 +176,20 @@ impl NvmlSource {
     }
 }
 
+/// What the sidecar (and `gpus --live`) can do instead of NVML.
+pub const SIDECAR_ADVICE: &str = ". If libnvidia-ml.so.1 is installed somewhere the loader does not look, add its directory to LD_LIBRARY_PATH or pass --nvml-lib PATH \
+     (in a container: run it with the NVIDIA container toolkit, e.g. `--gpus all` or the nvidia RuntimeClass). \
+     On a node without NVML, run with `--backend inventory --inventory FILE` (GPUs declared by hand) or `--backend simulate` (synthetic GPUs)";
+
 /// The start-up failure message: what was tried, what happened, what to do.
 pub fn nvml_start_message(tried: &str, err: &dyn std::fmt::Display) -> String {
+    format!("{}{SIDECAR_ADVICE}", nvml_failure(tried, err))
+}
+
+fn nvml_failure(tried: &str, err: &dyn std::fmt::Display) -> String {
     format!(
         "cannot start the nvml backend: {tried} failed: {err}. \
-         Is the NVIDIA driver installed and loaded (does `nvidia-smi` work)? \
-         If libnvidia-ml.so.1 is installed somewhere the loader does not look, add its directory to LD_LIBRARY_PATH or pass --nvml-lib PATH \
-         (in a container: run it with the NVIDIA container toolkit, e.g. `--gpus all` or the nvidia RuntimeClass). \
-         On a node without NVML, run with `--backend inventory --inventory FILE` (GPUs declared by hand) or `--backend simulate` (synthetic GPUs)"
+         Is the NVIDIA driver installed and loaded (does `nvidia-smi` work)?"
     )
 }
 

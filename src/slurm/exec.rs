@@ -179,6 +179,7 @@ fn task_prolog_inner(
         suggestion: suggestion.clone(),
         started_at: Utc::now(),
         node: env.get("SLURMD_NODENAME").cloned(),
+        job_name: env.get("SLURM_JOB_NAME").cloned(),
     };
     if let Err(e) = write_state(&settings.state_dir, &state) {
         // The job still gets its settings; only the Epilog's record is lost.
@@ -521,25 +522,29 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
     let (exit_status, derived_status) = plan::exit_state(env);
     let mut oom = false;
     let mut log = plan::LogFacts::default();
-    let mut seen = Vec::new();
-    for path in ["SLURM_JOB_STDOUT", "SLURM_JOB_STDERR"]
-        .iter()
-        .filter_map(|k| env.get(*k))
-        .filter_map(|p| plan::output_path(p, env))
-    {
-        if seen.contains(&path) {
-            continue;
-        }
+    let mut read_any = false;
+    for path in output_files(env, job_id, state.job_name.as_deref()) {
         let Some(tail) = read_output_tail(&path, env.get("SLURM_JOB_UID")) else {
+            tracing::debug!(
+                "gpufit epilog: job {job_id}: output {} not readable",
+                path.display()
+            );
             continue;
         };
-        seen.push(path);
+        read_any = true;
         oom |= is_cuda_oom(&tail);
         if let Ok(parsed) = crate::core::logs::parse_str(&tail) {
             log.peak_memory_bytes = log.peak_memory_bytes.or(parsed.peak_memory_bytes());
             log.tokens_per_sec = log.tokens_per_sec.or(parsed.tokens_per_sec);
             log.samples_per_sec = log.samples_per_sec.or(parsed.samples_per_sec);
         }
+    }
+    if !read_any {
+        // Not a fault (output may go to /dev/null), but an OOM in it cannot
+        // be seen: say so where an operator looks.
+        tracing::info!(
+            "gpufit epilog: job {job_id}: no output file could be read; a CUDA OOM would go unnoticed"
+        );
     }
     let outcome = plan::Outcome {
         exit_status,
@@ -552,6 +557,30 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
     let node = env.get("SLURMD_NODENAME").cloned();
     let run = plan::build_run(&state, &outcome, settings.cluster.clone(), node);
     record_run(&settings, &run)
+}
+
+/// The job's output files, best first: slurmctld's expanded `StdOut=` /
+/// `StdErr=` (`scontrol show job`, the only source that knows `%x` and the
+/// default name for sure), then what the environment and the TaskProlog's
+/// saved job name allow (Slurm 22.05 gives the Epilog no
+/// `SLURM_JOB_STDOUT` when `--output` was not given).
+fn output_files(env: &Env, job_id: &str, job_name: Option<&str>) -> Vec<PathBuf> {
+    let mut paths = match run_with_timeout(
+        Command::new("scontrol").args(["show", "job", job_id]),
+        EPILOG_HTTP_TIMEOUT,
+    ) {
+        Ok(out) => plan::parse_scontrol_outputs(&out),
+        Err(e) => {
+            tracing::debug!("gpufit epilog: job {job_id}: {e}");
+            Vec::new()
+        }
+    };
+    for p in plan::output_candidates(env, job_name) {
+        if !paths.contains(&p) {
+            paths.push(p);
+        }
+    }
+    paths
 }
 
 /// Reads the TaskProlog's state, trusting it only when the job's own user

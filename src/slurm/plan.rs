@@ -54,7 +54,7 @@ pub struct SiteConfig {
     pub controller_url: Option<String>,
     /// `GPUFIT_HISTORY`: local history used when no controller is configured.
     pub history: Option<String>,
-    /// `GPUFIT_SIDECAR_URL`: the node sidecar, e.g. `http://127.0.0.1:9400`.
+    /// `GPUFIT_SIDECAR_URL`: the node sidecar, e.g. `http://127.0.0.1:9445`.
     pub sidecar_url: Option<String>,
     /// `GPUFIT_GPU`: GPU model name when neither the sidecar nor NVML answer.
     pub gpu: Option<String>,
@@ -379,6 +379,7 @@ pub fn plan_task_prolog(
         activation_offloading: parse_with(&fields, "activation_offloading", parse_bool)?,
         compile: parse_with(&fields, "compile", parse_bool)?,
         num_workers: parse_num(&fields, "dataloader_num_workers")?,
+        pure_bf16: None,
     };
     Ok(TaskPlan::Ask(Box::new(JobRequest {
         job_id,
@@ -574,6 +575,10 @@ pub struct JobState {
     /// When the TaskProlog ran (the run's start, for its duration).
     pub started_at: DateTime<Utc>,
     pub node: Option<String>,
+    /// `SLURM_JOB_NAME` as the TaskProlog saw it: the Epilog has no such
+    /// variable, and `--output=%x-%j.out` needs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
 }
 
 /// The state file of a job.
@@ -778,6 +783,59 @@ pub fn output_path(pattern: &str, env: &Env) -> Option<PathBuf> {
         env.get("SLURM_JOB_WORK_DIR")
             .map(|d| Path::new(d).join(path))
     }
+}
+
+/// `StdOut=` and `StdErr=` of `scontrol show job` output: slurmctld's
+/// expanded paths (`%x`, `%j`, the default `slurm-%j.out` filled in).
+/// Unset values (`(null)`, empty) are left out.
+pub fn parse_scontrol_outputs(out: &str) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    for field in out.split_whitespace() {
+        let value = field
+            .strip_prefix("StdOut=")
+            .or_else(|| field.strip_prefix("StdErr="));
+        if let Some(v) = value.filter(|v| !v.is_empty() && *v != "(null)" && *v != "/dev/null") {
+            let p = PathBuf::from(v);
+            if p.is_absolute() && !paths.contains(&p) {
+                paths.push(p);
+            }
+        }
+    }
+    paths
+}
+
+/// Where the job's output may be, best first, without asking slurmctld:
+/// `SLURM_JOB_STDOUT`/`SLURM_JOB_STDERR` when Slurm gives them (expanded
+/// with the job name the TaskProlog kept, since the Epilog has no
+/// `SLURM_JOB_NAME`), else Slurm's default `slurm-%j.out` (`slurm-%A_%a.out`
+/// for an array task) in the job's working directory.
+pub fn output_candidates(env: &Env, job_name: Option<&str>) -> Vec<PathBuf> {
+    let mut env = env.clone();
+    if let Some(name) = job_name.filter(|_| !env.contains_key("SLURM_JOB_NAME")) {
+        env.insert("SLURM_JOB_NAME".into(), name.to_string());
+    }
+    let mut paths: Vec<PathBuf> = Vec::new();
+    let given: Vec<&String> = ["SLURM_JOB_STDOUT", "SLURM_JOB_STDERR"]
+        .iter()
+        .filter_map(|k| env.get(*k))
+        .filter(|p| !p.is_empty())
+        .collect();
+    for p in &given {
+        if let Some(path) = output_path(p, &env) {
+            if !paths.contains(&path) {
+                paths.push(path);
+            }
+        }
+    }
+    if given.is_empty() {
+        let default = if env.contains_key("SLURM_ARRAY_TASK_ID") {
+            "slurm-%A_%a.out"
+        } else {
+            "slurm-%j.out"
+        };
+        paths.extend(output_path(default, &env));
+    }
+    paths
 }
 
 #[cfg(test)]

@@ -8,8 +8,10 @@ use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest, ProptestConf
 use super::*;
 use crate::core::memory::{Breakdown, Estimate};
 use crate::core::run::{FailureReason, RunResult, RunSource};
+use crate::core::settings::Dtype;
 use crate::core::units::GIB;
 use crate::core::workload::{ArchKind, Attention, ModelArch};
+use crate::core::workload::{Framework, LoraConfig, LoraTarget, Method, Optimizer, Sharding};
 use proptest::strategy::Strategy as Strategy_;
 
 /// fixed + slope × m, with the usual directions: fp32 doubles both, QLoRA /
@@ -309,7 +311,11 @@ fn two_measured_points_are_fitted_by_least_squares() {
     assert_eq!(s.source, SuggestionSource::HistoricalDataWithMemory);
     let m = s.settings.micro_batch_size;
     assert!((28..=38).contains(&m), "{m}");
-    assert!(s.reasoning.contains("per sample"), "{}", s.reasoning);
+    assert!(
+        s.reasoning.contains("fitted over 2 measured batch sizes"),
+        "{}",
+        s.reasoning
+    );
     let predicted_gib = s.predicted_peak_bytes as f64 / GIB as f64;
     assert!(
         (predicted_gib - (30.0 + m as f64)).abs() < 0.01,
@@ -428,14 +434,19 @@ fn when_micro_batch_one_does_not_fit_the_error_lists_alternatives_that_fit() {
             assert!(needed_gib > capacity_gib);
             let all = alternatives.join(" | ");
             assert!(all.contains("QLoRA"), "{all}");
-            assert!(all.contains("ZeRO-3 over 2 GPUs"), "{all}");
+            assert!(all.contains("ZeRO-3/FSDP over 2 GPUs"), "{all}");
             // Checkpointing alone does not save the fixed part: not listed.
             assert!(
                 !all.starts_with("activation checkpointing (--checkpointing on)"),
                 "{all}"
             );
-            // 8-bit AdamW: 100 × 0.7 = 70 GiB > 68 GiB target: not listed.
-            assert!(!all.contains("8-bit"), "{all}");
+            // 8-bit AdamW: 100 × 0.7 = 70 GiB fits the card but not the
+            // 68 GiB target: listed, and said to be above the target.
+            let eight = alternatives
+                .iter()
+                .find(|a| a.contains("8-bit"))
+                .expect("8-bit alternative");
+            assert!(eight.contains("above the balanced target"), "{eight}");
         }
         other => panic!("expected DoesNotFit, got {other:?}"),
     }
@@ -698,7 +709,9 @@ fn confidence_grows_with_runs_memory_data_and_a_known_boundary_and_is_capped() {
     let mem2 = balanced_pinned(&[ok_peak(4, 34.0), ok_peak(10, 40.0)]).confidence;
     let bounded = balanced_pinned(&[ok_peak(4, 34.0), ok_peak(10, 40.0), oom(45)]).confidence;
     assert!(bounded > mem2, "{bounded} vs {mem2}");
-    let many: Vec<RunRecord> = (1..40)
+    // Measured peaks stay under the 68 GiB target (a run at or above it
+    // leaves the source at plain historical data).
+    let many: Vec<RunRecord> = (1..36)
         .map(|m| ok_peak(m, 30.0 + m as f64))
         .chain([oom(60)])
         .collect();
@@ -864,11 +877,14 @@ fn the_fastest_candidate_that_meets_the_target_wins() {
         Dtype::Bf16,
         "bf16 beats fp32 on tensor cores"
     );
-    // Huge activations: without checkpointing only micro batch 1 would fit at
-    // 4k tokens... and with it far more: checkpointing wins.
+    // Huge activations: without checkpointing not even micro batch 1 meets
+    // the target; with it several do: checkpointing wins. (Where micro
+    // batch 1 without checkpointing meets the target, it is usually the
+    // faster one for an 8B model: the H100 measured 11,575 tokens/s at 1
+    // against 9,509 with checkpointing at 12.)
     let act = Linear {
         fixed_gib: 40.0,
-        slope_gib: 12.0,
+        slope_gib: 30.0,
     };
     let s = ask_with(
         &act,
@@ -1057,4 +1073,403 @@ fn an_absurd_pinned_micro_batch_is_a_warning_not_a_panic() {
     assert_eq!(s.settings.micro_batch_size, u32::MAX);
     assert!(s.warnings.iter().any(|w| w.contains("run out of memory")));
     assert_eq!(s.effective_batch(8), u32::MAX);
+}
+
+// === one memory truth, precision policy, exact global batch (issue 9) ===
+
+fn builtin(
+    w: &Workload,
+    gpu: &GpuSpec,
+    s: Strategy,
+    pins: &Pins,
+) -> Result<Suggestion, AdvisorError> {
+    suggest(&AdviceRequest {
+        workload: w,
+        gpu,
+        strategy: s,
+        targets: StrategyTargets::default(),
+        pins,
+        history: &[],
+    })
+}
+
+fn h100() -> GpuSpec {
+    crate::core::catalog::lookup_gpu("NVIDIA H100 80GB HBM3").expect("catalog GPU")
+}
+
+fn catalog_workload(model: &str, method: Method, framework: Framework, seq: u32) -> Workload {
+    let m = crate::core::catalog::lookup_model(model).expect("catalog model");
+    Workload {
+        model: m.arch,
+        method,
+        lora: (method != Method::Full).then(|| LoraConfig {
+            rank: 16,
+            targets: crate::core::memory::default_lora_targets(framework),
+        }),
+        seq_len: seq,
+        framework,
+        ..workload()
+    }
+}
+
+#[test]
+fn where_the_optimizer_step_dominates_the_batch_is_not_extrapolated_to_the_cap() {
+    // Qwen2.5-1.5B full under HF on an H100: the optimizer step (fp32
+    // master weights, foreach temporaries) is the peak at micro batch 1 and
+    // 2, so a line through those two points had slope 0 and "fit" 1024.
+    let w = catalog_workload("Qwen/Qwen2.5-1.5B", Method::Full, Framework::Hf, 2048);
+    let s = builtin(&w, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert!(s.settings.micro_batch_size < 64, "{s:?}");
+    let est = crate::core::memory::estimate(&w, &s.settings).unwrap();
+    let rel = (s.predicted_peak_bytes as f64 - est.peak_bytes as f64).abs() / est.peak_bytes as f64;
+    assert!(
+        rel < 0.01,
+        "predicted {} vs estimate {}",
+        s.predicted_peak_bytes,
+        est.peak_bytes
+    );
+    assert!(s.memory_fraction <= 0.85);
+}
+
+#[test]
+fn the_prediction_includes_the_accumulation_the_advisor_sets() {
+    // With a global batch, accumulation > 1 keeps the gradients alive
+    // during the next forward: the printed peak must include them.
+    let w = Workload {
+        global_batch: Some(64),
+        ..catalog_workload(
+            "meta-llama/Llama-3.2-1B",
+            Method::Full,
+            Framework::Torchtune,
+            2048,
+        )
+    };
+    let s = builtin(&w, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    let st = &s.settings;
+    assert_eq!(st.micro_batch_size * st.gradient_accumulation_steps, 64);
+    assert!(st.gradient_accumulation_steps > 1, "{st:?}");
+    let est = crate::core::memory::estimate(&w, st).unwrap();
+    let one = crate::core::memory::estimate(
+        &w,
+        &EngineeringSettings {
+            gradient_accumulation_steps: 1,
+            ..st.clone()
+        },
+    )
+    .unwrap();
+    assert!(est.peak_bytes > one.peak_bytes, "accumulation costs memory");
+    assert_eq!(s.predicted_peak_bytes, est.peak_bytes);
+}
+
+#[test]
+fn a_lora_base_is_held_in_bf16_in_every_framework_and_fp32_never_unpinned() {
+    for f in [
+        Framework::Generic,
+        Framework::Hf,
+        Framework::Torchtune,
+        Framework::Litgpt,
+        Framework::Lightning,
+    ] {
+        for method in [Method::Lora, Method::Qlora] {
+            let w = catalog_workload("Qwen/Qwen2.5-7B", method, f, 2048);
+            for st in Strategy::ALL {
+                let s = builtin(&w, &h100(), st, &Pins::default()).unwrap();
+                assert_eq!(s.settings.dtype, Dtype::Bf16, "{f:?} {method:?} {st}");
+            }
+        }
+    }
+    // On a GPU without bf16, the base is fp16 (torchtune: fp32, its only
+    // other precision).
+    let w = catalog_workload("Qwen/Qwen2.5-0.5B", Method::Lora, Framework::Hf, 512);
+    let s = builtin(&w, &t4(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Fp16);
+    // A pin wins.
+    let pins = Pins {
+        dtype: Some(Dtype::Fp32),
+        ..Pins::default()
+    };
+    let s = builtin(&w, &h100(), Strategy::Balanced, &pins).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Fp32);
+}
+
+#[test]
+fn pure_bf16_is_offered_to_hf_only_when_nothing_else_fits_and_the_switch_decides() {
+    // Qwen2.5-7B full on an H100 under HF: fp32 master weights need
+    // 16 bytes/param + more: nothing with bf16-mixed meets the target.
+    let w = catalog_workload("Qwen/Qwen2.5-7B", Method::Full, Framework::Hf, 2048);
+    let auto = builtin(&w, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert_eq!(auto.settings.dtype, Dtype::Bf16);
+    assert!(
+        auto.warnings.iter().any(|x| x.contains("pure bf16")),
+        "{:?}",
+        auto.warnings
+    );
+    let forbid = Pins {
+        pure_bf16: Some(false),
+        ..Pins::default()
+    };
+    match builtin(&w, &h100(), Strategy::Balanced, &forbid) {
+        Ok(s) => assert_eq!(s.settings.dtype, Dtype::Bf16Mixed),
+        Err(AdvisorError::DoesNotFit { alternatives, .. }) => {
+            assert!(alternatives[0].contains("pure bf16"), "{alternatives:?}")
+        }
+        Err(e) => panic!("{e}"),
+    }
+    // A small model fits with fp32 master weights: HF's default is kept.
+    let small = catalog_workload("Qwen/Qwen2.5-0.5B", Method::Full, Framework::Hf, 512);
+    let s = builtin(&small, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Bf16Mixed);
+    // torchtune's default is pure bf16.
+    let tt = catalog_workload("Qwen/Qwen2.5-0.5B", Method::Full, Framework::Torchtune, 512);
+    let s = builtin(&tt, &h100(), Strategy::Balanced, &Pins::default()).unwrap();
+    assert_eq!(s.settings.dtype, Dtype::Bf16);
+}
+
+#[test]
+fn a_global_batch_the_pins_cannot_meet_is_refused_naming_the_nearest_choices() {
+    let w = Workload {
+        global_batch: Some(7),
+        ..workload()
+    };
+    let pins = Pins {
+        micro_batch_size: Some(2),
+        ..Pins::default()
+    };
+    match ask(&w, &a100(), Strategy::Balanced, &pins, &[]) {
+        Err(AdvisorError::GlobalBatch { global, reason }) => {
+            assert_eq!(global, 7);
+            assert!(reason.contains("1 or 7"), "{reason}");
+        }
+        other => panic!("expected a global-batch error, got {other:?}"),
+    }
+    let pins = Pins {
+        gradient_accumulation_steps: Some(3),
+        ..Pins::default()
+    };
+    let w = Workload {
+        global_batch: Some(64),
+        ..workload()
+    };
+    assert!(matches!(
+        ask(&w, &a100(), Strategy::Balanced, &pins, &[]),
+        Err(AdvisorError::GlobalBatch { .. })
+    ));
+    // Pinned accumulation that divides: the micro batch follows exactly.
+    let pins = Pins {
+        gradient_accumulation_steps: Some(4),
+        ..Pins::default()
+    };
+    let s = ask(&w, &a100(), Strategy::Balanced, &pins, &[]).unwrap();
+    assert_eq!(s.settings.micro_batch_size, 16);
+    assert_eq!(s.settings.gradient_accumulation_steps, 4);
+}
+
+#[test]
+fn a_run_already_above_the_target_leaves_the_source_at_historical_data() {
+    // 20 + 2m GiB; m = 25 measured 72 GiB = 90 % of 80 GiB, over 85 %.
+    let s = balanced_pinned(&[ok_peak(25, 72.0)]);
+    assert_eq!(
+        s.source,
+        SuggestionSource::HistoricalData,
+        "{}",
+        s.reasoning
+    );
+    assert!(!s.reasoning.to_lowercase().contains("memory analysis"));
+    assert_eq!(
+        s.settings.micro_batch_size, 25,
+        "never below what already ran"
+    );
+    assert!(s
+        .warnings
+        .iter()
+        .any(|w| w.contains("above the balanced target")));
+}
+
+#[test]
+fn one_wild_measurement_among_consistent_runs_does_not_move_the_suggestion() {
+    let clean = [ok_peak(4, 28.0), ok_peak(8, 36.0), ok_peak(12, 44.0)];
+    let base = balanced_pinned(&clean).settings.micro_batch_size;
+    let mut poisoned = clean.to_vec();
+    poisoned.push(ok_peak(6, 79.0));
+    let s = balanced_pinned(&poisoned);
+    assert_eq!(s.settings.micro_batch_size, base, "{}", s.reasoning);
+    assert!(s.reasoning.contains("left out"), "{}", s.reasoning);
+}
+
+// === throughput: learned, explored, no flip-flop (issue 10) ===
+
+fn ok_speed(m: u32, ckpt: bool, compile: bool, gib: f64, tps: f64) -> RunRecord {
+    let mut r = run(m, Dtype::Bf16, ckpt);
+    r.settings.compile = compile;
+    r.result.peak_memory_bytes = Some((gib * GIB as f64) as u64);
+    r.result.tokens_per_sec = Some(tps);
+    r
+}
+
+fn bf16_pins() -> Pins {
+    Pins {
+        dtype: Some(Dtype::Bf16),
+        ..Pins::default()
+    }
+}
+
+#[test]
+fn measured_throughput_decides_between_measured_settings() {
+    // The model ranks checkpointing off first; the runs say on is faster
+    // here: measured numbers win over the model.
+    let h = [
+        ok_speed(4, false, false, 28.0, 5_000.0),
+        ok_speed(8, true, false, 30.0, 9_000.0),
+    ];
+    let pins = Pins {
+        compile: Some(false),
+        ..bf16_pins()
+    };
+    let s = ask(&workload(), &a100(), Strategy::Balanced, &pins, &h).unwrap();
+    assert!(s.settings.activation_checkpointing, "{}", s.reasoning);
+    assert!(s.reasoning.contains("tokens/s"), "{}", s.reasoning);
+    assert!(s.predicted_tokens_per_sec > 0.0);
+}
+
+#[test]
+fn balanced_tries_compile_once_the_uncompiled_speed_is_known_and_keeps_the_faster() {
+    // Nothing measured: no compile (a failed compile would cost a job).
+    assert!(
+        !ask(&workload(), &a100(), Strategy::Balanced, &bf16_pins(), &[])
+            .unwrap()
+            .settings
+            .compile
+    );
+    let base = ok_speed(16, false, false, 52.0, 10_000.0);
+    let s = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &bf16_pins(),
+        std::slice::from_ref(&base),
+    )
+    .unwrap();
+    assert!(
+        s.settings.compile,
+        "predicted faster and safe: tried. {}",
+        s.reasoning
+    );
+    // Compiled measured slower: back to uncompiled, and it stays there.
+    let slow = ok_speed(s.settings.micro_batch_size, false, true, 50.0, 9_500.0);
+    let h = vec![base.clone(), slow.clone()];
+    let s2 = ask(&workload(), &a100(), Strategy::Balanced, &bf16_pins(), &h).unwrap();
+    assert!(!s2.settings.compile, "{}", s2.reasoning);
+    let again = ok_speed(s2.settings.micro_batch_size, false, false, 52.0, 10_050.0);
+    let h = vec![base.clone(), slow, again];
+    let s3 = ask(&workload(), &a100(), Strategy::Balanced, &bf16_pins(), &h).unwrap();
+    assert!(!s3.settings.compile, "no flip-flop: {}", s3.reasoning);
+    // A compile that crashed (not an OOM) is not tried again.
+    let mut broke = ok_speed(16, false, true, 0.0, 0.0);
+    broke.result.success = false;
+    broke.result.failure_reason = Some(FailureReason::OtherError);
+    broke.result.peak_memory_bytes = None;
+    broke.result.tokens_per_sec = None;
+    let s4 = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &bf16_pins(),
+        &[base, broke],
+    )
+    .unwrap();
+    assert!(!s4.settings.compile);
+}
+
+#[test]
+fn an_untried_setting_within_the_noise_of_the_measured_one_is_not_tried() {
+    // ckpt off measured at 10,000 tokens/s; the model predicts ckpt on a
+    // little lower, and compile is pinned off: the measured setting stays.
+    let h = [ok_speed(16, false, false, 52.0, 10_000.0)];
+    let pins = Pins {
+        compile: Some(false),
+        ..bf16_pins()
+    };
+    for _ in 0..3 {
+        let s = ask(&workload(), &a100(), Strategy::Balanced, &pins, &h).unwrap();
+        assert!(!s.settings.activation_checkpointing);
+    }
+}
+
+// === adversarial histories over the catalog, builtin model ===
+
+fn arb_catalog_run() -> impl Strategy_<Value = (usize, bool, u32, bool, f64, f64)> {
+    (
+        0usize..2,        // dtype: bf16 / bf16-mixed
+        any::<bool>(),    // checkpointing
+        1u32..64,         // micro batch
+        any::<bool>(),    // OOM
+        0.05f64..1.0,     // peak as a fraction of the card
+        0.0f64..50_000.0, // tokens/s
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn catalog_hard_rules_hold_for_any_history(
+        model in 0usize..8,
+        gpu in 0usize..4,
+        method in 0usize..3,
+        g in proptest::option::of(proptest::sample::select(vec![16u32, 32, 48, 64, 96])),
+        strategy in 0usize..3,
+        runs in proptest::collection::vec(arb_catalog_run(), 0..12),
+    ) {
+        let models = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-7B", "meta-llama/Llama-3.2-1B",
+            "meta-llama/Llama-3.1-8B", "google/gemma-2-2b", "microsoft/phi-2", "mistralai/Mistral-7B-v0.1"];
+        let gpus = ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA L4", "Tesla T4"];
+        let Ok(m) = crate::core::catalog::lookup_model(models[model]) else { return Ok(()); };
+        let gpu = crate::core::catalog::lookup_gpu(gpus[gpu]).unwrap();
+        let method = [Method::Full, Method::Lora, Method::Qlora][method];
+        let w = Workload {
+            model: m.arch,
+            method,
+            lora: (method != Method::Full).then(|| LoraConfig { rank: 16, targets: vec![LoraTarget::Q, LoraTarget::V] }),
+            global_batch: g,
+            framework: Framework::Hf,
+            ..workload()
+        };
+        let cap = gpu.memory_bytes as f64;
+        let h: Vec<RunRecord> = runs.iter().map(|&(d, ckpt, mb, is_oom, frac, tps)| {
+            let mut r = run(mb, [Dtype::Bf16, Dtype::Bf16Mixed][d], ckpt);
+            r.model = w.model.name.clone();
+            r.method = method;
+            r.gpu_model = gpu.name.clone();
+            if is_oom {
+                r.result.success = false;
+                r.result.failure_reason = Some(FailureReason::Oom);
+            } else {
+                r.result.peak_memory_bytes = Some((frac * cap) as u64);
+                r.result.tokens_per_sec = Some(tps);
+            }
+            r
+        }).collect();
+        let s = Strategy::ALL[strategy];
+        let req = AdviceRequest { workload: &w, gpu: &gpu, strategy: s, targets: StrategyTargets::default(), pins: &Pins::default(), history: &h };
+        match suggest(&req) {
+            Ok(sug) => {
+                let st = &sug.settings;
+                if let Some(g) = g {
+                    prop_assert_eq!(st.micro_batch_size * st.gradient_accumulation_steps, g);
+                }
+                prop_assert!((sug.predicted_peak_bytes as f64) <= cap, "{sug:?}");
+                prop_assert!(sug.predicted_tokens_per_sec.is_finite() && sug.predicted_tokens_per_sec >= 0.0);
+                if sug.source != SuggestionSource::LearnedFromFailures {
+                    for r in h.iter().filter(|r| r.is_oom()) {
+                        if r.settings.activation_checkpointing == st.activation_checkpointing && r.settings.dtype == st.dtype {
+                            prop_assert!(st.micro_batch_size < r.settings.micro_batch_size);
+                        }
+                    }
+                }
+                prop_assert!(gpu.bf16 || st.dtype != Dtype::Bf16 || method != Method::Full);
+            }
+            Err(AdvisorError::DoesNotFit { .. }) => {}
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
 }

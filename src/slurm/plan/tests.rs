@@ -33,6 +33,8 @@ fn suggestion() -> Suggestion {
         gpu: "NVIDIA A100-SXM4-80GB".into(),
         reasoning: "line one\nline two".into(),
         warnings: vec![],
+        predicted_tokens_per_sec: 0.0,
+        measured_tokens_per_sec: None,
     }
 }
 
@@ -279,7 +281,7 @@ fn exports_are_single_line_export_statements_with_every_setting() {
 fn settings_take_the_environment_over_the_file_over_defaults() {
     let file = SiteConfig {
         controller_url: Some("http://ctl:8080/".into()),
-        sidecar_url: Some("http://127.0.0.1:9400".into()),
+        sidecar_url: Some("http://127.0.0.1:9445".into()),
         state_dir: Some("/srv/gpufit".into()),
         timeout_ms: Some(99_999),
         strategy: Some("conservative".into()),
@@ -355,6 +357,7 @@ fn state() -> JobState {
             .unwrap()
             .into(),
         node: Some("n1".into()),
+        job_name: None,
     }
 }
 
@@ -514,5 +517,63 @@ fn only_the_first_node_of_a_job_records_its_run() {
     assert!(
         records_here(&env(&[("SLURMD_NODENAME", "x")])),
         "no list: record"
+    );
+}
+
+#[test]
+fn scontrol_gives_the_expanded_output_paths() {
+    let out = "JobId=7 JobName=train\n   WorkDir=/home/u\n   StdErr=/home/u/train-7.out\n   StdIn=/dev/null\n   StdOut=/home/u/train-7.out\n   Power=\n";
+    assert_eq!(
+        parse_scontrol_outputs(out),
+        vec![PathBuf::from("/home/u/train-7.out")]
+    );
+    let out = "JobId=8\n   StdErr=/o/err-8 StdOut=/o/out-8\n";
+    assert_eq!(
+        parse_scontrol_outputs(out),
+        vec![PathBuf::from("/o/err-8"), PathBuf::from("/o/out-8")]
+    );
+    assert!(parse_scontrol_outputs("JobId=9\n   StdOut=(null)\n   StdErr=/dev/null\n").is_empty());
+    assert!(parse_scontrol_outputs("JobId=9\n   StdOut=relative.out\n").is_empty());
+}
+
+#[test]
+fn without_an_output_variable_the_default_file_in_the_work_dir_is_read() {
+    let e = env(&[
+        ("SLURM_JOB_ID", "42"),
+        ("SLURM_JOB_WORK_DIR", "/home/u/run"),
+    ]);
+    assert_eq!(
+        output_candidates(&e, None),
+        vec![PathBuf::from("/home/u/run/slurm-42.out")]
+    );
+    let e = env(&[
+        ("SLURM_JOB_ID", "43"),
+        ("SLURM_ARRAY_JOB_ID", "40"),
+        ("SLURM_ARRAY_TASK_ID", "3"),
+        ("SLURM_JOB_WORK_DIR", "/w"),
+    ]);
+    assert_eq!(
+        output_candidates(&e, None),
+        vec![PathBuf::from("/w/slurm-40_3.out")]
+    );
+    // No working directory: nothing to guess.
+    assert!(output_candidates(&env(&[("SLURM_JOB_ID", "42")]), None).is_empty());
+}
+
+#[test]
+fn the_job_name_kept_by_the_task_prolog_fills_in_x() {
+    let e = env(&[
+        ("SLURM_JOB_ID", "42"),
+        ("SLURM_JOB_STDOUT", "%x-%j.out"),
+        ("SLURM_JOB_WORK_DIR", "/w"),
+    ]);
+    assert_eq!(
+        output_candidates(&e, Some("train")),
+        vec![PathBuf::from("/w/train-42.out")]
+    );
+    // Without it `%x` is empty, as it was before the name was kept.
+    assert_eq!(
+        output_candidates(&e, None),
+        vec![PathBuf::from("/w/-42.out")]
     );
 }

@@ -1,0 +1,194 @@
+//! One memory truth: the peak of a candidate at any micro batch is the
+//! memory model's estimate for exactly the settings that would be suggested
+//! (that micro batch, the accumulation it implies, every phase of the step),
+//! corrected by the runs measured with those settings and bounded by their
+//! OOMs. The search for a micro batch, the hard rules and the printed
+//! `predicted_peak_bytes` all use this one prediction.
+
+use super::{
+    AdvisorError, Cand, Ctx, HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN, LEAST_SQUARES_Z,
+    ONE_POINT_SPLIT_UNCERTAINTY,
+};
+use crate::core::learner::{self, Correction, CorrectionKind, Measured};
+use crate::core::memory::Estimate;
+use crate::core::run::RunRecord;
+use crate::core::workload::Workload;
+
+/// The corrected memory prediction of one candidate.
+#[derive(Clone)]
+pub(super) struct Predictor<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    w: &'c Workload,
+    cand: Cand,
+    pub correction: Option<Correction>,
+    /// An OOM below the corrected prediction: beyond micro batch `.0` the
+    /// peak grows by `.1` more bytes per sample than predicted, just enough
+    /// that the OOM batch reaches the card's capacity.
+    pub oom_tilt: Option<(u32, f64)>,
+    /// A compiled candidate without compiled measurements of its own:
+    /// planned to fit compiled and uncompiled.
+    compile_untried: bool,
+}
+
+impl<'c, 'a> Predictor<'c, 'a> {
+    /// The memory model's estimate at micro batch `m` (with its accumulation).
+    pub fn model(&self, m: u32) -> Result<Estimate, AdvisorError> {
+        let s = self.cand.settings(m, self.ctx.accumulation(m));
+        Ok(self.ctx.opts.model.estimate(self.w, &s)?)
+    }
+
+    /// Best prediction of the peak (bytes) at micro batch `m`: no margin.
+    pub fn best(&self, m: u32) -> Result<f64, AdvisorError> {
+        let e = self.model(m)?;
+        Ok(self.best_of(&e, m))
+    }
+
+    fn best_of(&self, e: &Estimate, m: u32) -> f64 {
+        let mut p = e.peak_bytes as f64;
+        if let Some(c) = self.correction {
+            p = c.apply(p, m);
+        }
+        if let Some((from, extra)) = self.oom_tilt {
+            p += extra * m.saturating_sub(from) as f64;
+        }
+        p.max(0.0)
+    }
+
+    /// The pessimistic prediction a suggestion keeps under the target: what
+    /// the peak could be if the model's errors fall on the unlucky side.
+    /// Without measurements, the model's stated margins
+    /// ([`HEURISTIC_FIXED_MARGIN`] on the fixed part, [`HEURISTIC_SLOPE_MARGIN`]
+    /// on the per-sample part); with them, the fit's uncertainty beyond the
+    /// largest measured batch.
+    pub fn plan(&self, m: u32) -> Result<f64, AdvisorError> {
+        let e = self.model(m)?;
+        let compiled = self.plan_of(&e, m);
+        if !self.compile_untried {
+            return Ok(compiled);
+        }
+        // An untried compile must fit either way — compiled or not — so a
+        // compile that fails or saves less than modelled costs one retry,
+        // not an OOM.
+        let mut s = self.cand.settings(m, self.ctx.accumulation(m));
+        s.compile = false;
+        let plain = self.ctx.opts.model.estimate(self.w, &s)?;
+        Ok(compiled.max(self.plan_of(&plain, m)))
+    }
+
+    fn plan_of(&self, e: &Estimate, m: u32) -> f64 {
+        let best = self.best_of(e, m);
+        let Some(c) = self.correction else {
+            let phase_a = e.fixed_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN)
+                + e.per_sample_bytes as f64 * (1.0 + HEURISTIC_SLOPE_MARGIN) * m as f64;
+            let tilt = best - e.peak_bytes as f64;
+            return phase_a.max(e.peak_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN)) + tilt;
+        };
+        let beyond = m.saturating_sub(c.max_measured_batch) as f64;
+        let extra_slope = match c.kind {
+            CorrectionKind::ResidualLine => LEAST_SQUARES_Z * c.r1_stderr,
+            // One batch measured: the scale is known, how the model's error
+            // splits between fixed part and slope is not. A fixed part off
+            // by u·F moves the slope by u·F / m1.
+            CorrectionKind::Scale | CorrectionKind::DegenerateFallback => {
+                ONE_POINT_SPLIT_UNCERTAINTY * c.scale * e.fixed_bytes as f64
+                    / c.max_measured_batch.max(1) as f64
+            }
+        };
+        best + extra_slope * beyond
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// The predictor of candidate `c` for workload `w`, corrected by `runs`
+    /// (runs recorded with exactly the candidate's memory settings).
+    pub(super) fn predictor<'c>(
+        &'c self,
+        w: &'c Workload,
+        c: Cand,
+        runs: &[&RunRecord],
+    ) -> Result<Predictor<'c, 'a>, AdvisorError> {
+        let mut p = Predictor {
+            ctx: self,
+            w,
+            cand: c,
+            correction: None,
+            oom_tilt: None,
+            compile_untried: c.compile,
+        };
+        if runs.is_empty() {
+            return Ok(p);
+        }
+        // Peaks are learned from runs with the candidate's compile setting;
+        // a compiled candidate without its own measurements borrows the
+        // uncompiled ones (compile does not add memory: the H100 measured
+        // 24–34 % less), never the other way round.
+        let same_compile = |r: &&&RunRecord| r.settings.compile == c.compile;
+        let has_own = runs
+            .iter()
+            .filter(same_compile)
+            .any(|r| r.result.success && r.result.peak_memory_bytes.is_some());
+        p.compile_untried = c.compile && !has_own;
+        let learn_from: Vec<&&RunRecord> = if has_own || !c.compile {
+            runs.iter().filter(same_compile).collect()
+        } else {
+            runs.iter().collect()
+        };
+        let mut points = Vec::new();
+        for r in learn_from.into_iter().filter(|r| r.result.success) {
+            let Some(peak) = r.result.peak_memory_bytes else {
+                continue;
+            };
+            let e = self.model_for_record(w, r)?;
+            points.push(Measured {
+                micro_batch: r.settings.micro_batch_size,
+                model_bytes: e.peak_bytes as f64,
+                model_slope: e.per_sample_bytes as f64,
+                peak_bytes: peak as f64,
+            });
+        }
+        p.correction = learner::correct(&points);
+        // The smallest OOM is an upper bound: the true peak there was above
+        // the card. A prediction that says otherwise is too low beyond the
+        // largest measured batch below it.
+        let oom = runs
+            .iter()
+            .filter(|r| r.is_oom())
+            .min_by_key(|r| r.settings.micro_batch_size);
+        if let Some(r) = oom {
+            let o = r.settings.micro_batch_size;
+            let e = self.model_for_record(w, r)?;
+            let at_oom = match p.correction {
+                Some(c) => c.apply(e.peak_bytes as f64, o),
+                None => e.peak_bytes as f64,
+            };
+            if at_oom < self.capacity {
+                let from = points
+                    .iter()
+                    .map(|q| q.micro_batch)
+                    .filter(|&m| m < o)
+                    .max()
+                    .unwrap_or(0);
+                let extra = (self.capacity - at_oom) / (o - from).max(1) as f64;
+                p.oom_tilt = Some((from, extra));
+            }
+        }
+        Ok(p)
+    }
+
+    /// The memory model's estimate for the settings a run really used, at
+    /// its own sequence length (similar runs differ by up to 10 %).
+    fn model_for_record(&self, w: &Workload, r: &RunRecord) -> Result<Estimate, AdvisorError> {
+        let mut s = r.settings.clone();
+        s.gradient_accumulation_steps = s.gradient_accumulation_steps.max(1);
+        if r.seq_len != w.seq_len && r.seq_len > 0 {
+            let wr = Workload {
+                seq_len: r.seq_len,
+                ..w.clone()
+            };
+            if let Ok(e) = self.opts.model.estimate(&wr, &s) {
+                return Ok(e);
+            }
+        }
+        Ok(self.opts.model.estimate(w, &s)?)
+    }
+}

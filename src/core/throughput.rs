@@ -1,0 +1,302 @@
+//! The throughput model: predicted training tokens/s of a step, from the
+//! workload's FLOPs per token, the GPU's dense tensor throughput and an
+//! efficiency curve in tokens per micro batch. It ranks candidate settings
+//! where nothing is measured; measured tokens/s from the history calibrate
+//! it (the advisor does that) and replace it where a setting ran.
+//!
+//! Pure arithmetic, no I/O. Every constant says where it comes from; the
+//! ones fitted to `bench/data/h100/throughput.csv` (a real H100, HF training
+//! loop, see its README) say so.
+
+use crate::core::catalog::GpuSpec;
+use crate::core::settings::{Dtype, EngineeringSettings};
+use crate::core::workload::{ArchKind, Attention, Method, ModelArch, Workload};
+
+/// Best model-FLOPs utilisation a large micro batch reaches with fused
+/// (SDPA/flash) attention in bf16. Fitted to the H100 table: the saturating
+/// curve's asymptote gives 40 % (Llama-3.2-1B full), 43 % (Llama-3.1-8B
+/// LoRA) and 46 % (Qwen2.5-7B LoRA) of the 989 TFLOP/s dense bf16 peak;
+/// the median is used. (Megatron-LM reports 40–55 % on A100/H100 for
+/// larger, tuned runs, Narayanan et al. 2021.)
+pub const MFU_MAX: f64 = 0.43;
+
+/// Tokens per micro batch at which a step reaches half of [`MFU_MAX`], for a
+/// model of hidden size [`HALF_TOKENS_HIDDEN`]; it shrinks with the hidden
+/// size to the power [`HALF_TOKENS_EXPONENT`] (larger GEMMs fill the GPU
+/// with fewer rows). Fitted to the H100 table: 1,590 tokens at hidden 2048
+/// (Llama-3.2-1B), 960 at 2304 (gemma-2-2b), 330 at 3584 (Qwen2.5-7B), 230
+/// at 4096 (Llama-3.1-8B) — `1600 × (2048 / h)^2.8` is within 20 % of each.
+pub const HALF_TOKENS: f64 = 1600.0;
+/// See [`HALF_TOKENS`].
+pub const HALF_TOKENS_HIDDEN: f64 = 2048.0;
+/// See [`HALF_TOKENS`].
+pub const HALF_TOKENS_EXPONENT: f64 = 2.8;
+
+/// Eager attention materialises the score matrices and runs the softmax
+/// unfused: gemma-2-2b (eager, as its soft-capping requires) reached 21 %
+/// MFU against 40–46 % for SDPA models in the H100 table.
+pub const EAGER_ATTENTION_SPEED: f64 = 0.5;
+
+/// `bf16-mixed` / `fp16-mixed` (autocast over fp32 weights) relative to pure
+/// 16-bit weights: the casts of every weight per step and the fp32 optimizer
+/// update. H100 table: 0.875 (Llama-3.2-1B full, micro batch 8) and 0.93
+/// (Llama-3.1-8B LoRA, micro batch 2); the mean is used.
+pub const MIXED_SPEED: f64 = 0.9;
+
+/// fp32 (TF32 tensor cores) relative to bf16: half the dense tensor
+/// throughput on A100/H100 datasheets (156 vs 312, 495 vs 989 TFLOP/s).
+pub const FP32_SPEED_TF32: f64 = 0.5;
+/// fp32 without TF32 (pre-Ampere: V100 15.7 vs 125 TFLOP/s, T4 8.1 vs 65).
+pub const FP32_SPEED_NO_TF32: f64 = 0.125;
+
+/// `torch.compile` speed-up on training steps: +21 % to +44 % measured on
+/// the H100 (`bench/data/h100/compile_accum.csv`: Llama-3.2-1B full and
+/// Llama-3.1-8B LoRA); the lower end is used until a workload's own
+/// compiled runs say more.
+pub const COMPILE_SPEED: f64 = 1.2;
+
+/// QLoRA dequantises every NF4 weight in every forward and backward pass
+/// (bitsandbytes kernels), which costs about a third of the step on current
+/// GPUs (QLoRA paper, Dettmers et al. 2023, and the PEFT docs report QLoRA
+/// slower than LoRA; assumed 0.7 until measured).
+pub const QLORA_SPEED: f64 = 0.7;
+
+/// Activation offloading copies every checkpoint to host memory and back
+/// over PCIe; torchtune documents it as overlapping with compute "at a small
+/// cost" — assumed 0.9 until measured.
+pub const OFFLOAD_SPEED: f64 = 0.9;
+
+/// FLOPs of one training token, split into the passes a step runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Flops {
+    /// One forward pass, per token.
+    pub forward: f64,
+    /// The whole step (forward, backward, recomputation), per token.
+    pub step: f64,
+}
+
+/// Matmul parameters a token passes through: every linear layer of the
+/// active experts and the LM head (an embedding lookup is no matmul).
+fn matmul_params(a: &ModelArch) -> f64 {
+    let h = a.hidden_size as f64;
+    let qd = a.num_attention_heads as f64 * a.head_dim as f64;
+    let kvd = a.num_kv_heads as f64 * a.head_dim as f64;
+    let attn = h * qd + 2.0 * h * kvd + qd * h;
+    let i = a.intermediate_size as f64;
+    let mlp_one = if a.gated_mlp {
+        3.0 * h * i
+    } else {
+        2.0 * h * i
+    };
+    let active = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
+    let per_layer = attn + mlp_one * active;
+    let head = a.vocab_size as f64 * h;
+    a.num_layers as f64 * per_layer + head
+}
+
+/// FLOPs per token of a training step (Kaplan et al. 2020, "Scaling Laws",
+/// §2.1: 2N per token forward, 4N backward; plus attention's
+/// `4 × layers × seq × d_attn` forward, halved for causal fused kernels
+/// that skip the masked half). LoRA skips the frozen weights' gradients
+/// (≈ one forward less in backward); checkpointing adds one forward.
+pub fn flops_per_token(w: &Workload, s: &EngineeringSettings) -> Flops {
+    let a = &w.model;
+    let dense = 2.0 * matmul_params(a);
+    let d_attn = a.num_attention_heads as f64 * a.head_dim as f64;
+    let causal = a.kind != ArchKind::EncoderOnly;
+    let attn_share = if causal && w.attention != Attention::Eager {
+        0.5
+    } else {
+        1.0
+    };
+    let attn = 4.0 * a.num_layers as f64 * w.seq_len as f64 * d_attn * attn_share;
+    let forward = dense + attn;
+    // Backward: input gradients (≈ one forward) plus weight gradients (≈ one
+    // forward of the trainable weights; LoRA adapters are negligible).
+    let backward = match w.method {
+        Method::Full => 2.0 * forward,
+        Method::Lora | Method::Qlora => forward + attn,
+    };
+    let recompute = if s.activation_checkpointing {
+        forward
+    } else {
+        0.0
+    };
+    Flops {
+        forward,
+        step: forward + backward + recompute,
+    }
+}
+
+/// Half-saturation tokens per micro batch for a hidden size (see [`HALF_TOKENS`]).
+pub fn half_tokens(hidden: u32) -> f64 {
+    HALF_TOKENS * (HALF_TOKENS_HIDDEN / hidden.max(1) as f64).powf(HALF_TOKENS_EXPONENT)
+}
+
+/// Predicted tokens/s of one GPU for the workload and settings.
+pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f64 {
+    let flops = flops_per_token(w, s).step;
+    if flops <= 0.0 || gpu.bf16_tflops <= 0.0 {
+        return 0.0;
+    }
+    let tokens = s.micro_batch_size as f64 * w.seq_len as f64;
+    let util = MFU_MAX * tokens / (tokens + half_tokens(w.model.hidden_size));
+    let precision = match s.dtype {
+        Dtype::Fp32 if gpu.bf16 => FP32_SPEED_TF32,
+        Dtype::Fp32 => FP32_SPEED_NO_TF32,
+        Dtype::Bf16Mixed | Dtype::Fp16Mixed => MIXED_SPEED,
+        Dtype::Bf16 | Dtype::Fp16 => 1.0,
+    };
+    let attention = if w.attention == Attention::Eager {
+        EAGER_ATTENTION_SPEED
+    } else {
+        1.0
+    };
+    let qlora = if w.method == Method::Qlora {
+        QLORA_SPEED
+    } else {
+        1.0
+    };
+    let compile = if s.compile { COMPILE_SPEED } else { 1.0 };
+    let offload = if s.activation_offloading && s.activation_checkpointing {
+        OFFLOAD_SPEED
+    } else {
+        1.0
+    };
+    gpu.bf16_tflops * 1e12 * util * precision * attention * qlora * compile * offload / flops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::catalog::{lookup_gpu, lookup_model};
+    use crate::core::workload::{Framework, LoraConfig, Optimizer, Sharding};
+
+    fn w(model: &str, method: Method, seq: u32, attention: Attention) -> Workload {
+        Workload {
+            model: lookup_model(model).unwrap().arch,
+            method,
+            lora: (method != Method::Full).then(|| LoraConfig {
+                rank: 16,
+                targets: crate::core::memory::default_lora_targets(Framework::Hf),
+            }),
+            seq_len: seq,
+            optimizer: Optimizer::Adamw,
+            global_batch: None,
+            gpus: 1,
+            sharding: Sharding::None,
+            framework: Framework::Hf,
+            attention,
+        }
+    }
+
+    fn s(m: u32, dtype: Dtype, ckpt: bool) -> EngineeringSettings {
+        EngineeringSettings {
+            micro_batch_size: m,
+            dtype,
+            activation_checkpointing: ckpt,
+            ..EngineeringSettings::default()
+        }
+    }
+
+    #[test]
+    fn full_fine_tune_flops_are_about_six_times_the_parameters() {
+        let wl = w(
+            "meta-llama/Llama-3.1-8B",
+            Method::Full,
+            2048,
+            Attention::Sdpa,
+        );
+        let f = flops_per_token(&wl, &s(1, Dtype::Bf16, false));
+        let n = wl.model.params as f64;
+        assert!((f.step / n - 6.0).abs() < 0.6, "{}", f.step / n);
+        // LoRA: no weight gradients of the frozen base, two thirds of it.
+        let lora = w(
+            "meta-llama/Llama-3.1-8B",
+            Method::Lora,
+            2048,
+            Attention::Sdpa,
+        );
+        let fl = flops_per_token(&lora, &s(1, Dtype::Bf16, false));
+        assert!((fl.step / f.step - 2.0 / 3.0).abs() < 0.05);
+        // Checkpointing adds one forward.
+        let fc = flops_per_token(&wl, &s(1, Dtype::Bf16, true));
+        assert!((fc.step - f.step - f.forward).abs() < 1.0);
+    }
+
+    /// Within 15 % of every measured bf16 point of the H100 table it was
+    /// fitted to (checkpointing off), and in the measured order.
+    #[test]
+    fn predictions_track_the_h100_measurements() {
+        let h100 = lookup_gpu("NVIDIA H100 80GB HBM3").unwrap();
+        let cases = [
+            (
+                "meta-llama/Llama-3.2-1B",
+                Method::Full,
+                2048,
+                Attention::Sdpa,
+                2,
+                37894.9,
+            ),
+            (
+                "meta-llama/Llama-3.2-1B",
+                Method::Full,
+                2048,
+                Attention::Sdpa,
+                8,
+                46570.3,
+            ),
+            (
+                "meta-llama/Llama-3.1-8B",
+                Method::Lora,
+                2048,
+                Attention::Sdpa,
+                1,
+                11575.1,
+            ),
+            (
+                "meta-llama/Llama-3.1-8B",
+                Method::Lora,
+                2048,
+                Attention::Sdpa,
+                4,
+                12509.1,
+            ),
+            (
+                "Qwen/Qwen2.5-7B",
+                Method::Lora,
+                4096,
+                Attention::Sdpa,
+                1,
+                13115.7,
+            ),
+            (
+                "google/gemma-2-2b",
+                Method::Lora,
+                2048,
+                Attention::Eager,
+                2,
+                14823.4,
+            ),
+        ];
+        for (model, method, seq, attn, m, measured) in cases {
+            let wl = w(model, method, seq, attn);
+            let p = tokens_per_sec(&wl, &h100, &s(m, Dtype::Bf16, false));
+            let err = (p - measured) / measured;
+            assert!(
+                err.abs() < 0.15,
+                "{model} m {m}: {p:.0} vs {measured} ({err:+.2})"
+            );
+        }
+        // Checkpointing costs throughput; the curve saturates.
+        let wl = w(
+            "meta-llama/Llama-3.1-8B",
+            Method::Lora,
+            2048,
+            Attention::Sdpa,
+        );
+        let off2 = tokens_per_sec(&wl, &h100, &s(2, Dtype::Bf16, false));
+        let on12 = tokens_per_sec(&wl, &h100, &s(12, Dtype::Bf16, true));
+        assert!(off2 > on12, "{off2} vs {on12}: measured 12,272 vs 9,509");
+    }
+}

@@ -327,6 +327,16 @@ fn history_import_counts_skipped_lines_and_export_round_trips() {
         table.contains("imported 5 run(s)") && table.contains("skipped 4 of 9"),
         "{table}"
     );
+    // The same file again: every run has the identity it had, so the store
+    // still holds each run once.
+    let again = json(
+        gpufit(&db)
+            .args(["-o", "json", "history", "import"])
+            .arg(&src)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(again["total_in_store"], 5, "{again}");
 
     let out = d.path().join("export.jsonl");
     ok(gpufit(&db)
@@ -335,7 +345,11 @@ fn history_import_counts_skipped_lines_and_export_round_trips() {
         .output()
         .unwrap());
     let exported = std::fs::read_to_string(&out).unwrap();
-    assert_eq!(exported.lines().count(), 10);
+    assert_eq!(
+        exported.lines().count(),
+        5,
+        "imported three times, stored once"
+    );
     for line in exported.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         assert_eq!(v["result"]["peak_memory_gb"], 23.1, "GB written as read");
@@ -349,7 +363,7 @@ fn history_import_counts_skipped_lines_and_export_round_trips() {
             .output()
             .unwrap(),
     );
-    assert_eq!(back["imported"], 10);
+    assert_eq!(back["imported"], 5);
     assert_eq!(back["skipped"], 0);
     let a = json(
         gpufit(&db)

@@ -18,7 +18,12 @@ use gpufit::history::{self, HistoryError, HistoryStore, ListFilter};
 
 // === fixtures ===
 
+/// Each call is a distinct job (a real scheduler never reuses a job id
+/// within a cluster), so the stores keep every one.
+static NEXT_JOB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
+    let job = NEXT_JOB.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     RunRecord {
         id: None,
         timestamp: Utc
@@ -28,7 +33,7 @@ fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
         cluster: Some("c1".into()),
         node: Some("n1".into()),
         source: RunSource::Cli,
-        job_id: Some(format!("job-{minute}")),
+        job_id: Some(format!("job-{minute}-{job}")),
         model: model.into(),
         method: Method::Lora,
         gpu_model: gpu.into(),
@@ -110,7 +115,14 @@ fn contract(store: &dyn HistoryStore) {
     let all = store.list(&ListFilter::default()).unwrap();
     assert_eq!(all.len(), 7);
     assert!(all.windows(2).all(|w| w[0].timestamp >= w[1].timestamp));
-    assert_eq!(all[0].job_id.as_deref(), Some("job-7"));
+    assert!(
+        all[0]
+            .job_id
+            .as_deref()
+            .is_some_and(|j| j.starts_with("job-7-")),
+        "{:?}",
+        all[0].job_id
+    );
     let h100 = store
         .list(&ListFilter {
             gpu_model: Some(H100.into()),
@@ -187,11 +199,44 @@ fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
 
+/// Recording the same run twice (a retried Epilog, a replayed reconcile, a
+/// re-imported file) stores it once; the replay updates it.
+fn a_run_recorded_twice_is_stored_once(store: &dyn HistoryStore) {
+    let before = store.count().unwrap();
+    let mut r = run(M, A100, 4096, 3, 30);
+    r.result.peak_memory_bytes = None;
+    let id = store.record(&r).unwrap();
+    r.result.peak_memory_bytes = Some(31_000_000_000);
+    let id2 = store.record(&r).unwrap();
+    assert_eq!(id, id2, "the replay updates the same row");
+    assert_eq!(store.count().unwrap(), before + 1);
+    let q = HistoryQuery::new(M, Method::Lora, A100, 4096);
+    let got: Vec<RunRecord> = store
+        .similar(&q)
+        .unwrap()
+        .into_iter()
+        .filter(|x| x.job_id == r.job_id)
+        .collect();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].result.peak_memory_bytes, Some(31_000_000_000));
+    // Without a job id the content identifies the run: a batch holding the
+    // same record twice, imported twice, stores it once.
+    let mut anon = run(M, A100, 4096, 5, 31);
+    anon.job_id = None;
+    anon.source = RunSource::Import;
+    for _ in 0..2 {
+        let mut batch = vec![Ok(anon.clone()), Ok(anon.clone())].into_iter();
+        store.record_batch(&mut batch).unwrap();
+    }
+    assert_eq!(store.count().unwrap(), before + 2);
+}
+
 #[test]
 fn sqlite_store_meets_the_contract() {
     let d = tmp();
     let store = SqliteStore::open(&d.path().join("h.db")).unwrap();
     contract(&store);
+    a_run_recorded_twice_is_stored_once(&store);
 }
 
 #[test]
@@ -558,6 +603,7 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
     let url = pg.create_db("contract");
     let store = history::open(&url).unwrap();
     contract(store.as_ref());
+    a_run_recorded_twice_is_stored_once(store.as_ref());
 
     // Reconnecting (a second replica) migrates nothing and sees every record.
     let n = store.count().unwrap();

@@ -83,3 +83,101 @@ impl RunRecord {
         Some((predicted - measured) / measured)
     }
 }
+
+// === identity ===
+
+impl RunRecord {
+    /// The run's stable identity, so recording or importing it twice stores
+    /// it once (a replay updates the stored row, e.g. with a peak filled in
+    /// later): `source|cluster|job id` where the adapter knows the job (the
+    /// reconciler's `namespace/name/uid`, the Slurm job id), else a content
+    /// hash of the whole record (imports, CLI records: the same line
+    /// imported twice is the same run; `record` run twice at different
+    /// times is two runs).
+    pub fn identity(&self) -> String {
+        match &self.job_id {
+            Some(job) if !job.is_empty() => format!(
+                "{}|{}|{}",
+                serde_json::to_value(self.source)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                self.cluster.as_deref().unwrap_or(""),
+                job
+            ),
+            _ => {
+                let mut canon = self.clone();
+                canon.id = None;
+                let text = serde_json::to_string(&canon).unwrap_or_default();
+                format!("h:{:016x}{:016x}", fnv1a(&text, FNV_A), fnv1a(&text, FNV_B))
+            }
+        }
+    }
+}
+
+/// FNV-1a offset bases of two independent 64-bit hashes (128 bits together:
+/// a collision among 10^9 records has odds of about 10^-21).
+const FNV_A: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_B: u64 = 0x6c62_272e_07bb_0142;
+
+fn fnv1a(s: &str, basis: u64) -> u64 {
+    s.bytes().fold(basis, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    fn rec(job: Option<&str>) -> RunRecord {
+        RunRecord {
+            id: None,
+            timestamp: DateTime::<Utc>::UNIX_EPOCH,
+            cluster: Some("c1".into()),
+            node: None,
+            source: RunSource::Slurm,
+            job_id: job.map(str::to_string),
+            model: "m".into(),
+            method: Method::Full,
+            gpu_model: "NVIDIA A100-SXM4-80GB".into(),
+            seq_len: 2048,
+            lora_rank: None,
+            gpus: 1,
+            global_batch: None,
+            settings: EngineeringSettings::default(),
+            result: RunResult {
+                success: true,
+                failure_reason: None,
+                peak_memory_bytes: Some(1),
+                samples_per_sec: None,
+                tokens_per_sec: None,
+                duration_sec: None,
+            },
+            predicted_peak_bytes: None,
+        }
+    }
+
+    #[test]
+    fn a_job_is_identified_by_source_cluster_and_job_id_whatever_its_result() {
+        let a = rec(Some("42"));
+        let mut b = a.clone();
+        b.result.peak_memory_bytes = Some(2);
+        b.id = Some(7);
+        assert_eq!(a.identity(), b.identity());
+        assert_eq!(a.identity(), "slurm|c1|42");
+        let mut other = a.clone();
+        other.cluster = Some("c2".into());
+        assert_ne!(a.identity(), other.identity());
+    }
+
+    #[test]
+    fn without_a_job_id_the_content_identifies_the_run() {
+        let a = rec(None);
+        assert_eq!(a.identity(), rec(None).identity());
+        let mut b = a.clone();
+        b.timestamp = DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(1);
+        assert_ne!(a.identity(), b.identity());
+        assert!(a.identity().starts_with("h:") && a.identity().len() == 34);
+    }
+}

@@ -29,12 +29,15 @@ use crate::core::similarity::HistoryQuery;
 const MIGRATION_LOCK: i64 = 0x6770_7566_6974;
 
 fn migrations() -> Vec<String> {
-    vec![schema::create_runs(
-        "BIGINT",
-        "BOOLEAN",
-        "DOUBLE PRECISION",
-        "BIGSERIAL PRIMARY KEY",
-    )]
+    vec![
+        schema::create_runs(
+            "BIGINT",
+            "BOOLEAN",
+            "DOUBLE PRECISION",
+            "BIGSERIAL PRIMARY KEY",
+        ),
+        schema::ADD_RUN_KEY.to_string(),
+    ]
 }
 
 /// PostgreSQL-backed history.
@@ -329,15 +332,18 @@ fn from_row(url: &str, row: &Row) -> Result<RunRecord, HistoryError> {
 }
 
 fn insert_sql() -> String {
-    format!("{} RETURNING id", schema::insert(|k| format!("${k}")))
+    format!("{} RETURNING id", schema::upsert(|k| format!("${k}")))
 }
 
 impl HistoryStore for PostgresStore {
     fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {
         let mut c = self.lock();
         let p = to_params(run);
+        let key = run.identity();
+        let mut refs = p.refs();
+        refs.push(&key);
         let row = c
-            .query_one(insert_sql().as_str(), &p.refs())
+            .query_one(insert_sql().as_str(), &refs)
             .map_err(|e| self.err(e))?;
         row.try_get(0).map_err(|e| self.err(e))
     }
@@ -348,23 +354,45 @@ impl HistoryStore for PostgresStore {
     ) -> Result<u64, HistoryError> {
         let mut c = self.lock();
         let mut tx = c.transaction().map_err(|e| self.err(e))?;
-        // Binary COPY: one stream instead of a round trip per row.
-        let sql = format!(
-            "COPY runs ({}) FROM STDIN BINARY",
-            schema::COLUMNS.join(", ")
-        );
+        // Binary COPY into a staging table (one stream instead of a round
+        // trip per row), then one upsert keyed by each run's identity: a
+        // re-imported run updates its row instead of adding one.
+        tx.batch_execute(
+            "CREATE TEMP TABLE runs_stage (LIKE runs INCLUDING DEFAULTS) ON COMMIT DROP",
+        )
+        .map_err(|e| self.err(e))?;
+        let cols = schema::COLUMNS.join(", ");
+        let sql = format!("COPY runs_stage ({cols}, run_key) FROM STDIN BINARY");
         let sink = tx.copy_in(sql.as_str()).map_err(|e| self.err(e))?;
-        let mut w = BinaryCopyInWriter::new(sink, &column_types());
+        let mut types = column_types();
+        types.push(Type::TEXT);
+        let mut w = BinaryCopyInWriter::new(sink, &types);
         let mut n = 0;
         for r in runs {
             // On error, dropping the writer aborts the COPY and dropping
             // `tx` rolls the whole batch back.
             let r = r?;
             let p = to_params(&r);
-            w.write(&p.refs()).map_err(|e| self.err(e))?;
+            let key = r.identity();
+            let mut refs = p.refs();
+            refs.push(&key);
+            w.write(&refs).map_err(|e| self.err(e))?;
             n += 1;
         }
         w.finish().map_err(|e| self.err(e))?;
+        let set: Vec<String> = schema::COLUMNS
+            .iter()
+            .map(|c| format!("{c} = excluded.{c}"))
+            .collect();
+        // The last of several copies of one run in a batch wins, as it
+        // would row by row.
+        tx.batch_execute(&format!(
+            "INSERT INTO runs ({cols}, run_key)
+             SELECT DISTINCT ON (run_key) {cols}, run_key FROM runs_stage ORDER BY run_key, id DESC
+             ON CONFLICT (run_key) DO UPDATE SET {}",
+            set.join(", ")
+        ))
+        .map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
         Ok(n)
     }

@@ -86,6 +86,31 @@ pub fn create_runs(int: &str, boolean: &str, float: &str, id: &str) -> String {
     )
 }
 
+/// Migration 2: every run's stable identity ([`RunRecord::identity`]),
+/// unique, so a replayed or re-imported run updates its row instead of
+/// adding one. Rows written before it keep a NULL key (NULLs never collide).
+///
+/// [`RunRecord::identity`]: crate::core::run::RunRecord::identity
+pub const ADD_RUN_KEY: &str = "ALTER TABLE runs ADD COLUMN run_key TEXT;
+        CREATE UNIQUE INDEX IF NOT EXISTS runs_run_key ON runs (run_key);";
+
+/// `INSERT INTO runs (<columns>, run_key) VALUES (…) ON CONFLICT (run_key)
+/// DO UPDATE SET <columns> = excluded.<columns>`: the run keyed by its
+/// identity (the last placeholder), a replay updating it in place.
+pub fn upsert(p: impl Fn(usize) -> String) -> String {
+    let ph: Vec<String> = (1..=COLUMNS.len() + 1).map(p).collect();
+    let set: Vec<String> = COLUMNS
+        .iter()
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO runs ({}, run_key) VALUES ({}) ON CONFLICT (run_key) DO UPDATE SET {}",
+        COLUMNS.join(", "),
+        ph.join(", "),
+        set.join(", ")
+    )
+}
+
 /// `SELECT id, <columns> FROM runs`.
 pub fn select_all() -> String {
     format!("SELECT id, {} FROM runs", COLUMNS.join(", "))

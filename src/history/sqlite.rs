@@ -24,12 +24,10 @@ use crate::core::similarity::HistoryQuery;
 
 /// Migrations, in order; migration k (1-based) brings the file to version k.
 fn migrations() -> Vec<String> {
-    vec![schema::create_runs(
-        "INTEGER",
-        "INTEGER",
-        "REAL",
-        "INTEGER PRIMARY KEY",
-    )]
+    vec![
+        schema::create_runs("INTEGER", "INTEGER", "REAL", "INTEGER PRIMARY KEY"),
+        schema::ADD_RUN_KEY.to_string(),
+    ]
 }
 
 /// Schema version this build writes.
@@ -317,7 +315,14 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
 }
 
 fn insert_sql() -> String {
-    schema::insert(|k| format!("?{k}"))
+    format!("{} RETURNING id", schema::upsert(|k| format!("?{k}")))
+}
+
+/// The row's values with the run's identity last (the upsert's key).
+fn keyed_params(r: &RunRecord) -> Vec<rusqlite::types::Value> {
+    let mut v = params(r);
+    v.push(rusqlite::types::Value::Text(r.identity()));
+    v
 }
 
 impl HistoryStore for SqliteStore {
@@ -326,9 +331,8 @@ impl HistoryStore for SqliteStore {
         let mut stmt = conn
             .prepare_cached(&insert_sql())
             .map_err(|e| self.err(e))?;
-        stmt.execute(params_from_iter(params(run)))
-            .map_err(|e| self.err(e))?;
-        Ok(conn.last_insert_rowid())
+        stmt.query_row(params_from_iter(keyed_params(run)), |row| row.get(0))
+            .map_err(|e| self.err(e))
     }
 
     fn record_batch(
@@ -398,7 +402,7 @@ impl SqliteStore {
                 // On any error the transaction is dropped, i.e. rolled back:
                 // the batch is all or nothing, existing rows are untouched.
                 let r = r?;
-                stmt.execute(params_from_iter(params(&r)))
+                stmt.query_row(params_from_iter(keyed_params(&r)), |_| Ok(()))
                     .map_err(|e| self.err(e))?;
                 n += 1;
             }

@@ -97,7 +97,7 @@ impl Error {
 fn history_exit_code(e: &crate::history::HistoryError) -> u8 {
     use crate::history::HistoryError;
     match e {
-        HistoryError::BadUrl(_) => 2,
+        HistoryError::BadUrl(_) | HistoryError::Invalid(_) => 2,
         // The PostgreSQL store reports a URL it cannot parse as a Store
         // error; its message is the only mark of it.
         HistoryError::Store { message, .. } if message.starts_with("invalid PostgreSQL URL") => 2,

@@ -201,7 +201,7 @@ fn record_of_an_oom_log_is_a_failed_oom_run() {
                 "--seq-len",
                 "4096",
                 "--gpu",
-                "g",
+                "NVIDIA A100-SXM4-80GB",
                 "--micro-batch",
                 "16",
                 "--log-file",
@@ -229,7 +229,7 @@ fn record_flags_for_peak_use_their_own_units() {
         "--seq-len",
         "1024",
         "--gpu",
-        "g",
+        "NVIDIA A100-SXM4-80GB",
         "--micro-batch",
         "2",
     ];
@@ -255,7 +255,15 @@ fn record_flags_for_peak_use_their_own_units() {
 fn record_rejects_contradicting_or_absurd_flags_with_exit_2() {
     let d = tmp();
     let db = d.path().join("h.db");
-    let base = ["record", "--model", "m", "--seq-len", "1024", "--gpu", "g"];
+    let base = [
+        "record",
+        "--model",
+        "m",
+        "--seq-len",
+        "1024",
+        "--gpu",
+        "NVIDIA A100-SXM4-80GB",
+    ];
     let cases: [&[&str]; 4] = [
         &[
             "--micro-batch",
@@ -273,6 +281,68 @@ fn record_rejects_contradicting_or_absurd_flags_with_exit_2() {
         let out = gpufit(&db).args(base).args(extra).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{extra:?}");
         assert!(!out.stderr.is_empty());
+    }
+    assert!(
+        !db.exists() || {
+            let v = json(
+                gpufit(&db)
+                    .args(["-o", "json", "history", "list"])
+                    .output()
+                    .unwrap(),
+            );
+            v.as_array().unwrap().is_empty()
+        }
+    );
+}
+
+/// Records that would poison the history (issue 9) are refused, exit 2,
+/// with the reason; nothing is stored.
+#[test]
+fn record_refuses_poison_naming_the_field() {
+    let d = tmp();
+    let db = d.path().join("h.db");
+    let cases: &[(&str, &str, &[&str], &str)] = &[
+        ("auto", "auto", &["--success", "true"], "not a GPU"),
+        (
+            "H100",
+            "H100",
+            &["--success", "true"],
+            "NVIDIA H100 80GB HBM3",
+        ),
+        (
+            "500 GB peak on an 80 GB card",
+            "NVIDIA A100-SXM4-80GB",
+            &["--success", "true", "--peak-gb", "500"],
+            "more than",
+        ),
+        (
+            "micro batch 2^32-1",
+            "NVIDIA A100-SXM4-80GB",
+            &["--success", "true", "--micro-batch", "4294967295"],
+            "micro_batch_size",
+        ),
+    ];
+    for (what, gpu, extra, says) in cases {
+        let out = gpufit(&db)
+            .args([
+                "record",
+                "--model",
+                "meta-llama/Llama-3.1-8B",
+                "--seq-len",
+                "2048",
+            ])
+            .args(["--gpu", gpu])
+            .args(*extra)
+            .args(if extra.contains(&"--micro-batch") {
+                &[][..]
+            } else {
+                &["--micro-batch", "4"][..]
+            })
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        assert!(err.contains(says), "{what}: {err}");
     }
     assert!(
         !db.exists() || {
@@ -400,7 +470,7 @@ fn the_history_flag_wins_over_the_environment() {
             "--seq-len",
             "512",
             "--gpu",
-            "g",
+            "NVIDIA A100-SXM4-80GB",
             "--micro-batch",
             "1",
             "--history",
@@ -449,7 +519,7 @@ fn a_locked_history_exits_4_and_keeps_earlier_runs() {
         "--seq-len",
         "512",
         "--gpu",
-        "g",
+        "NVIDIA A100-SXM4-80GB",
         "--micro-batch",
         "1",
     ];

@@ -572,6 +572,11 @@ fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
 }
 
 fn validate_run(run: &RunRecord) -> Result<(), ApiError> {
+    // The history's one validation (GPU resolved, sizes and peaks
+    // plausible for the card, finite rates, no future timestamps).
+    if let Err(e) = run.clone().validated(None) {
+        return Err(ApiError::bad_request(format!("run refused: {e}")));
+    }
     if run.model.trim().is_empty() {
         return Err(ApiError::bad_request("run.model must not be empty"));
     }

@@ -181,3 +181,285 @@ mod identity_tests {
         assert!(a.identity().starts_with("h:") && a.identity().len() == 34);
     }
 }
+
+// === validation ===
+
+/// Why a record cannot enter the history. Each names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RecordError {
+    #[error("gpu_model `{0}` is not a GPU: give the NVML name (e.g. `NVIDIA H100 80GB HBM3`), `gpufit gpus` lists them")]
+    NotAGpu(String),
+    #[error("gpu_model `{name}` is ambiguous or misspelt: did you mean {}?", .candidates.join(", "))]
+    AmbiguousGpu {
+        name: String,
+        candidates: Vec<String>,
+    },
+    #[error("{field} = {value} is out of range: {expected}")]
+    OutOfRange {
+        field: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("peak_memory_bytes {peak} is more than the {capacity} bytes of {gpu} (+{tolerance_pct} %): not a measurement of this GPU")]
+    PeakAboveCard {
+        peak: u64,
+        capacity: u64,
+        gpu: String,
+        tolerance_pct: u32,
+    },
+    #[error("timestamp {0} is in the future")]
+    FromTheFuture(DateTime<Utc>),
+    #[error("a successful run cannot have a failure_reason")]
+    SuccessWithFailure,
+}
+
+/// GPU names that are placeholders, never a GPU model.
+const NOT_GPU_NAMES: &[&str] = &["auto", "unknown", "none", "null", "gpu", "cuda", "n/a", "-"];
+
+/// A measured peak may exceed the card's NVML total by this much (the
+/// total is rounded in catalogs, and nvidia-smi sums processes).
+pub const PEAK_TOLERANCE: f64 = 0.02;
+/// Largest micro batch / accumulation a record may carry.
+pub const MAX_BATCH: u32 = 65_536;
+/// Largest plausible tokens/s of one job (a thousand H100s at 1 M tokens/s
+/// each is 10^9).
+pub const MAX_TOKENS_PER_SEC: f64 = 1e9;
+/// Clock skew allowed between a node and the history.
+pub const FUTURE_TOLERANCE_SECS: i64 = 300;
+
+impl RunRecord {
+    /// The one validation every write path uses (CLI `record`, `history
+    /// import`, `POST /v1/runs`, the Slurm Epilog, the reconciler): a
+    /// record that could poison the history is refused with the field and
+    /// the reason; nothing is changed.
+    ///
+    /// The GPU is resolved through the catalog: a catalog name or alias
+    /// becomes its NVML name, a placeholder (`auto`) or a name close to
+    /// several catalog GPUs (`H100`) is refused; a name the catalog does not
+    /// know and nothing resembles is a custom GPU, accepted, and its peak is
+    /// checked against `capacity` when the caller knows it (NVML,
+    /// `--gpu-memory`).
+    pub fn validated(mut self, capacity: Option<u64>) -> Result<RunRecord, RecordError> {
+        let name = self.gpu_model.trim().to_string();
+        if name.is_empty() || NOT_GPU_NAMES.contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(RecordError::NotAGpu(self.gpu_model.clone()));
+        }
+        let capacity = match crate::core::catalog::lookup_gpu(&name) {
+            Ok(spec) => {
+                self.gpu_model = spec.name.clone();
+                Some(capacity.unwrap_or(spec.memory_bytes))
+            }
+            Err(crate::core::catalog::CatalogError::UnknownGpu { suggestions, .. })
+                if !suggestions.is_empty() =>
+            {
+                return Err(RecordError::AmbiguousGpu {
+                    name,
+                    candidates: suggestions,
+                })
+            }
+            Err(_) => capacity,
+        };
+        let range = |field: &'static str, v: u32, lo: u32, hi: u32, expected: &'static str| {
+            if v < lo || v > hi {
+                Err(RecordError::OutOfRange {
+                    field,
+                    value: v.to_string(),
+                    expected,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let s = &self.settings;
+        range(
+            "micro_batch_size",
+            s.micro_batch_size,
+            1,
+            MAX_BATCH,
+            "1 to 65,536",
+        )?;
+        range(
+            "gradient_accumulation_steps",
+            s.gradient_accumulation_steps,
+            1,
+            MAX_BATCH,
+            "1 to 65,536",
+        )?;
+        range("gpus", self.gpus, 1, 1_000_000, "1 to 1,000,000")?;
+        range("seq_len", self.seq_len, 1, 16_777_216, "1 to 16 M tokens")?;
+        if self.model.trim().is_empty() {
+            return Err(RecordError::OutOfRange {
+                field: "model",
+                value: "\"\"".into(),
+                expected: "a model name",
+            });
+        }
+        if let Some(peak) = self.result.peak_memory_bytes {
+            if peak == 0 {
+                return Err(RecordError::OutOfRange {
+                    field: "peak_memory_bytes",
+                    value: "0".into(),
+                    expected: "a positive number of bytes (leave it out when unknown)",
+                });
+            }
+            if let Some(cap) = capacity {
+                if peak as f64 > cap as f64 * (1.0 + PEAK_TOLERANCE) {
+                    return Err(RecordError::PeakAboveCard {
+                        peak,
+                        capacity: cap,
+                        gpu: self.gpu_model.clone(),
+                        tolerance_pct: (PEAK_TOLERANCE * 100.0) as u32,
+                    });
+                }
+            }
+        }
+        let rate = |field: &'static str, v: Option<f64>, max: f64, expected: &'static str| match v {
+            Some(x) if !(x.is_finite() && (0.0..=max).contains(&x)) => {
+                Err(RecordError::OutOfRange {
+                    field,
+                    value: x.to_string(),
+                    expected,
+                })
+            }
+            _ => Ok(()),
+        };
+        let r = &self.result;
+        rate(
+            "tokens_per_sec",
+            r.tokens_per_sec,
+            MAX_TOKENS_PER_SEC,
+            "finite, 0 to 10^9",
+        )?;
+        rate(
+            "samples_per_sec",
+            r.samples_per_sec,
+            MAX_TOKENS_PER_SEC,
+            "finite, 0 to 10^9",
+        )?;
+        rate(
+            "duration_sec",
+            r.duration_sec,
+            1e9,
+            "finite, 0 to 10^9 seconds",
+        )?;
+        if r.success && r.failure_reason.is_some() {
+            return Err(RecordError::SuccessWithFailure);
+        }
+        if self.timestamp > Utc::now() + chrono::Duration::seconds(FUTURE_TOLERANCE_SECS) {
+            return Err(RecordError::FromTheFuture(self.timestamp));
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod validation_tests {
+    use super::*;
+
+    fn rec() -> RunRecord {
+        RunRecord {
+            id: None,
+            timestamp: Utc::now(),
+            cluster: None,
+            node: None,
+            source: RunSource::Cli,
+            job_id: None,
+            model: "meta-llama/Llama-3.1-8B".into(),
+            method: Method::Lora,
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
+            seq_len: 2048,
+            lora_rank: Some(16),
+            gpus: 1,
+            global_batch: None,
+            settings: EngineeringSettings {
+                micro_batch_size: 4,
+                ..EngineeringSettings::default()
+            },
+            result: RunResult {
+                success: true,
+                failure_reason: None,
+                peak_memory_bytes: Some(50_000_000_000),
+                samples_per_sec: Some(5.0),
+                tokens_per_sec: Some(10_000.0),
+                duration_sec: Some(600.0),
+            },
+            predicted_peak_bytes: None,
+        }
+    }
+
+    #[test]
+    fn a_sane_record_passes_and_its_gpu_gets_the_nvml_name() {
+        let mut r = rec();
+        r.gpu_model = "h100-sxm".into();
+        match r.validated(None) {
+            Ok(v) => assert_eq!(v.gpu_model, "NVIDIA H100 80GB HBM3"),
+            // The alias may not exist; then it must be refused, not stored raw.
+            Err(e) => assert!(matches!(e, RecordError::AmbiguousGpu { .. }), "{e}"),
+        }
+        assert!(rec().validated(None).is_ok());
+    }
+
+    #[test]
+    fn poison_is_refused_with_the_field_named() {
+        let cases: Vec<(&str, Box<dyn Fn(&mut RunRecord)>)> = vec![
+            ("auto", Box::new(|r| r.gpu_model = "auto".into())),
+            ("H100 ambiguous", Box::new(|r| r.gpu_model = "H100".into())),
+            (
+                "500 GB peak",
+                Box::new(|r| r.result.peak_memory_bytes = Some(500_000_000_000)),
+            ),
+            (
+                "2^64-1 peak",
+                Box::new(|r| r.result.peak_memory_bytes = Some(u64::MAX)),
+            ),
+            (
+                "zero peak",
+                Box::new(|r| r.result.peak_memory_bytes = Some(0)),
+            ),
+            (
+                "huge batch",
+                Box::new(|r| r.settings.micro_batch_size = u32::MAX),
+            ),
+            ("zero batch", Box::new(|r| r.settings.micro_batch_size = 0)),
+            (
+                "zero accumulation",
+                Box::new(|r| r.settings.gradient_accumulation_steps = 0),
+            ),
+            (
+                "1e308 samples/s",
+                Box::new(|r| r.result.samples_per_sec = Some(1e308)),
+            ),
+            (
+                "negative samples/s",
+                Box::new(|r| r.result.samples_per_sec = Some(-5.0)),
+            ),
+            (
+                "NaN tokens/s",
+                Box::new(|r| r.result.tokens_per_sec = Some(f64::NAN)),
+            ),
+            (
+                "inf duration",
+                Box::new(|r| r.result.duration_sec = Some(f64::INFINITY)),
+            ),
+            (
+                "future",
+                Box::new(|r| r.timestamp = Utc::now() + chrono::Duration::days(2)),
+            ),
+            (
+                "success with a failure",
+                Box::new(|r| r.result.failure_reason = Some(FailureReason::Oom)),
+            ),
+        ];
+        for (what, f) in cases {
+            let mut r = rec();
+            f(&mut r);
+            assert!(r.validated(None).is_err(), "{what} was accepted");
+        }
+        // A custom GPU the catalog does not know is accepted; its peak is
+        // checked against the capacity the caller knows.
+        let mut r = rec();
+        r.gpu_model = "Test GPU".into();
+        assert!(r.clone().validated(None).is_ok());
+        assert!(r.validated(Some(10_000_000_000)).is_err());
+    }
+}

@@ -510,11 +510,14 @@ impl<R: BufRead> Iterator for JsonlReader<R> {
             };
             // Borrow juggling: parse from a copy-free view, then count.
             let parsed = parse_line(text, &self.opts, &mut self.resolver, self.now);
-            match parsed {
-                Ok(r) => {
+            match parsed.map(|r| r.validated(None)) {
+                Ok(Ok(r)) => {
                     self.stats.imported += 1;
                     return Some(Ok(r));
                 }
+                // The history's one validation: the same rule as every
+                // other write path, counted with the field it names.
+                Ok(Err(e)) => self.skip(&e.to_string()),
                 Err(reason) => self.skip(reason),
             }
         }

@@ -42,6 +42,10 @@ pub enum HistoryError {
     /// No run with this id.
     #[error("history store `{url}` has no run with id {id}")]
     NoSuchRun { url: String, id: i64 },
+    /// The record fails validation ([`RunRecord::validated`]); nothing
+    /// was written.
+    #[error("run refused, nothing was written: {0}")]
+    Invalid(#[from] crate::core::run::RecordError),
 }
 
 /// Filter for `list`.

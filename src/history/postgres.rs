@@ -337,6 +337,7 @@ fn insert_sql() -> String {
 
 impl HistoryStore for PostgresStore {
     fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {
+        let run = &run.clone().validated(None)?;
         let mut c = self.lock();
         let p = to_params(run);
         let key = run.identity();
@@ -371,7 +372,7 @@ impl HistoryStore for PostgresStore {
         for r in runs {
             // On error, dropping the writer aborts the COPY and dropping
             // `tx` rolls the whole batch back.
-            let r = r?;
+            let r = r?.validated(None)?;
             let p = to_params(&r);
             let key = r.identity();
             let mut refs = p.refs();

@@ -327,6 +327,7 @@ fn keyed_params(r: &RunRecord) -> Vec<rusqlite::types::Value> {
 
 impl HistoryStore for SqliteStore {
     fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {
+        let run = &run.clone().validated(None)?;
         let conn = self.lock();
         let mut stmt = conn
             .prepare_cached(&insert_sql())
@@ -401,7 +402,7 @@ impl SqliteStore {
             for r in runs {
                 // On any error the transaction is dropped, i.e. rolled back:
                 // the batch is all or nothing, existing rows are untouched.
-                let r = r?;
+                let r = r?.validated(None)?;
                 stmt.query_row(params_from_iter(keyed_params(&r)), |_| Ok(()))
                     .map_err(|e| self.err(e))?;
                 n += 1;

@@ -401,7 +401,8 @@ mod validation_tests {
 
     #[test]
     fn poison_is_refused_with_the_field_named() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut RunRecord)>)> = vec![
+        type Poison = Box<dyn Fn(&mut RunRecord)>;
+        let cases: Vec<(&str, Poison)> = vec![
             ("auto", Box::new(|r| r.gpu_model = "auto".into())),
             ("H100 ambiguous", Box::new(|r| r.gpu_model = "H100".into())),
             (

@@ -72,6 +72,24 @@ fn parse_log_recognises_every_fixture_format() {
             .collect();
         assert!(formats.contains(&format), "{file}: {formats:?}");
         assert_eq!(v["outcome"], outcome, "{file}");
+        // The run_logs.jsonl `result` shape rides along.
+        for key in [
+            "success",
+            "failure_reason",
+            "peak_memory_bytes",
+            "samples_per_sec",
+            "duration_sec",
+        ] {
+            assert!(v.get(key).is_some(), "{file}: no `{key}` in {v}");
+        }
+        let expected_failure = match outcome {
+            "out_of_memory" => serde_json::json!("OOM"),
+            _ => serde_json::Value::Null,
+        };
+        assert_eq!(v["failure_reason"], expected_failure, "{file}");
+        if outcome == "completed" {
+            assert_eq!(v["success"], true, "{file}");
+        }
     }
 }
 

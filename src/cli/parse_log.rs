@@ -25,6 +25,9 @@ struct Output<'a> {
     /// The peak gpufit records (reserved, else used, else allocated, else active).
     peak_memory_bytes: Option<u64>,
     success: Option<bool>,
+    /// `"OOM"`, `"other_error"` or null: the `result.failure_reason` of the
+    /// `run_logs.jsonl` layout.
+    failure_reason: Option<crate::core::run::FailureReason>,
     #[serde(flatten)]
     parsed: &'a ParsedLog,
 }
@@ -50,6 +53,11 @@ pub fn run(g: &Global, args: ParseLogArgs) -> crate::Result<ExitCode> {
             file: args.file.display().to_string(),
             peak_memory_bytes: p.peak_memory_bytes(),
             success: p.success(),
+            failure_reason: match p.outcome {
+                Some(LogOutcome::OutOfMemory) => Some(crate::core::run::FailureReason::Oom),
+                Some(LogOutcome::Failed) => Some(crate::core::run::FailureReason::OtherError),
+                _ => None,
+            },
             parsed: &p,
         })?,
         OutputFormat::Table => print_table(&args.file.display().to_string(), &p),

@@ -561,3 +561,83 @@ fn a_locked_history_exits_4_and_keeps_earlier_runs() {
     );
     assert_eq!(v.as_array().unwrap().len(), 1);
 }
+
+/// A shared history the job's user may read but not write (what
+/// docs/slurm.md recommends): reads work, a write is refused clearly and
+/// nothing changes. Runs gpufit as `nobody` (the tests run as root, which
+/// file permissions do not stop).
+#[test]
+fn a_read_only_shared_history_is_read_by_other_users_and_never_written() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmp();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = d.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let db = shared.join("history.db");
+    let rec = [
+        "record",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "lora",
+        "--lora-rank",
+        "16",
+        "--seq-len",
+        "2048",
+        "--gpu",
+        "NVIDIA A100-SXM4-80GB",
+        "--micro-batch",
+        "4",
+        "--success",
+        "true",
+        "--peak-gb",
+        "40",
+    ];
+    ok(gpufit(&db).args(rec).output().unwrap());
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let before = std::fs::read(&db).unwrap();
+    let as_nobody = |args: &[&str]| {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--", env!("CARGO_BIN_EXE_gpufit")])
+            .args(args)
+            .env("GPUFIT_HISTORY", format!("sqlite:{}", db.display()))
+            .env("HOME", d.path());
+        c.output().expect("runuser")
+    };
+    let list = as_nobody(&["-o", "json", "history", "list"]);
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    let runs: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(runs.as_array().map(Vec::len), Some(1));
+    let sug = as_nobody(&[
+        "-o",
+        "json",
+        "suggest",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "lora",
+        "--lora-rank",
+        "16",
+        "--seq-len",
+        "2048",
+        "--gpu",
+        "NVIDIA A100-SXM4-80GB",
+    ]);
+    assert!(
+        sug.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sug.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&sug.stdout).unwrap();
+    assert_ne!(s["source"], "heuristic", "the shared history was read: {s}");
+    let write = as_nobody(&rec);
+    assert!(!write.status.success());
+    let err = String::from_utf8_lossy(&write.stderr);
+    assert!(err.contains("read-only"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), before, "nothing written");
+}

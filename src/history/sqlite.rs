@@ -60,6 +60,10 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
     url: String,
     busy_timeout: Duration,
+    /// Opened read-only: this user cannot write the file or its directory
+    /// (a shared history on a cluster file system). Reads work; writes are
+    /// refused with a clear message.
+    read_only: bool,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -76,8 +80,90 @@ impl SqliteStore {
         Self::open_with(path, SqliteOptions::default())
     }
 
-    /// Opens (creating when missing) the file at `path`.
+    /// Opens (creating when missing) the file at `path`; an existing file
+    /// this user may read but not write (or whose directory it cannot write,
+    /// which WAL mode needs) is opened read-only.
     pub fn open_with(path: &Path, opts: SqliteOptions) -> Result<Self, HistoryError> {
+        match Self::open_read_write(path, opts.clone()) {
+            Ok(s) => Ok(s),
+            Err(e) if path.is_file() && is_access_error(&e) => Self::open_read_only(path, opts)
+                .map_err(|ro| {
+                    tracing::debug!(error = %ro, "read-only open failed too");
+                    e
+                }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether this store was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn open_read_only(path: &Path, opts: SqliteOptions) -> Result<Self, HistoryError> {
+        let url = format!("sqlite:{}", path.display());
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI;
+        let probe = |conn: &Connection| -> Result<i64, rusqlite::Error> {
+            conn.busy_timeout(opts.busy_timeout)?;
+            let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            conn.query_row("SELECT COUNT(*) FROM runs WHERE id < 0", [], |r| {
+                r.get::<_, i64>(0)
+            })?;
+            Ok(v)
+        };
+        let plain =
+            Connection::open_with_flags(path, flags).and_then(|c| probe(&c).map(|v| (c, v)));
+        let (conn, version) = match plain {
+            Ok(cv) => cv,
+            // A WAL database whose directory this user cannot write has no
+            // shared-memory file to map: read the file as it stands (what
+            // the writer last checkpointed; gpufit checkpoints on close).
+            Err(_) => {
+                let uri = format!("file:{}?immutable=1", uri_path(path));
+                let c = Connection::open_with_flags(&uri, flags)
+                    .map_err(|e| map_err(&url, opts.busy_timeout, e))?;
+                let v = probe(&c).map_err(|e| map_err(&url, opts.busy_timeout, e))?;
+                (c, v)
+            }
+        };
+        let supported = schema_version();
+        if version > supported {
+            return Err(HistoryError::SchemaTooNew {
+                url,
+                found: version,
+                supported,
+            });
+        }
+        if version < supported {
+            return Err(HistoryError::Store {
+                url,
+                message: format!(
+                    "read-only for this user, and written by an older gpufit (schema {version}, this one needs {supported}): open it once as a user who can write it"
+                ),
+            });
+        }
+        tracing::info!(%url, "history opened read-only: this user cannot write it");
+        Ok(SqliteStore {
+            conn: Mutex::new(conn),
+            url,
+            busy_timeout: opts.busy_timeout,
+            read_only: true,
+        })
+    }
+
+    fn refuse_write(&self) -> Result<(), HistoryError> {
+        if self.read_only {
+            return Err(HistoryError::Store {
+                url: self.url.clone(),
+                message: "opened read-only (this user cannot write the file or its directory): recording needs write access, e.g. record through the controller (`--history` of the Slurm hooks pointing at it) or as the history's owner".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn open_read_write(path: &Path, opts: SqliteOptions) -> Result<Self, HistoryError> {
         let url = format!("sqlite:{}", path.display());
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| HistoryError::Store {
@@ -97,8 +183,26 @@ impl SqliteStore {
             conn: Mutex::new(conn),
             url,
             busy_timeout: opts.busy_timeout,
+            read_only: false,
         };
         store.init()?;
+        // SQLite opens a file it may not write read-only without saying so,
+        // and a WAL file whose directory is read-only fails at the first
+        // read: find out now, so the caller can open it read-only properly.
+        let readonly = store.lock().is_readonly(rusqlite::MAIN_DB).unwrap_or(false);
+        let probe = store
+            .lock()
+            .query_row("SELECT COUNT(*) FROM runs WHERE id < 0", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(|e| store.err(e));
+        if readonly {
+            return Err(HistoryError::Store {
+                url: store.url.clone(),
+                message: "the file is read-only for this user".into(),
+            });
+        }
+        probe?;
         Ok(store)
     }
 
@@ -178,6 +282,30 @@ impl SqliteStore {
             })
         }
     }
+}
+
+/// An open or migration that failed because this user may not write.
+fn is_access_error(e: &HistoryError) -> bool {
+    match e {
+        HistoryError::Store { message, .. } => {
+            let m = message.to_ascii_lowercase();
+            m.contains("readonly")
+                || m.contains("read-only")
+                || m.contains("unable to open")
+                || m.contains("permission denied")
+                || m.contains("cannot create directory")
+        }
+        _ => false,
+    }
+}
+
+/// A path for a `file:` URI (`%`, `?` and `#` escaped).
+fn uri_path(p: &Path) -> String {
+    p.display()
+        .to_string()
+        .replace('%', "%25")
+        .replace('?', "%3f")
+        .replace('#', "%23")
 }
 
 fn map_err(url: &str, busy: Duration, e: rusqlite::Error) -> HistoryError {
@@ -327,6 +455,7 @@ fn keyed_params(r: &RunRecord) -> Vec<rusqlite::types::Value> {
 
 impl HistoryStore for SqliteStore {
     fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {
+        self.refuse_write()?;
         let run = &run.clone().validated(None)?;
         let conn = self.lock();
         let mut stmt = conn
@@ -340,6 +469,7 @@ impl HistoryStore for SqliteStore {
         &self,
         runs: &mut dyn Iterator<Item = Result<RunRecord, HistoryError>>,
     ) -> Result<u64, HistoryError> {
+        self.refuse_write()?;
         let mut conn = self.lock();
         // A large import inserts into the similarity index in random key
         // order: a 256 MiB page cache (only touched pages are allocated)
@@ -360,6 +490,7 @@ impl HistoryStore for SqliteStore {
     }
 
     fn set_peak(&self, id: i64, peak: u64) -> Result<(), HistoryError> {
+        self.refuse_write()?;
         self.set_peak_impl(id, peak)
     }
 

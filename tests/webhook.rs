@@ -349,6 +349,20 @@ async fn contradictory_annotations_are_denied() {
 }
 
 #[tokio::test]
+async fn a_global_batch_the_pinned_micro_batch_cannot_keep_is_denied_with_the_valid_choices() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/pins"] = json!("micro_batch_size=3");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], false, "{resp}");
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("global batch 32") && msg.contains("microBatchSize"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
 async fn a_pinned_micro_batch_in_annotations_is_kept() {
     let w = start_webhook().await;
     let mut anns = lora_annotations();

@@ -447,6 +447,12 @@ async fn reconcile_inner(tj: &TrainingJob, ctx: &Context) -> Result<Action, Cont
                 set_condition(&mut st, "Ready", false, "DoesNotFit", &msg, generation);
                 ctx.event(tj, EventType::Warning, "DoesNotFit", msg).await;
             }
+            Err(StartError::InvalidSpec(msg)) => {
+                st.phase = Some(Phase::Invalid);
+                set_condition(&mut st, "Invalid", true, "InvalidSpec", &msg, generation);
+                set_condition(&mut st, "Ready", false, "InvalidSpec", &msg, generation);
+                ctx.event(tj, EventType::Warning, "InvalidSpec", msg).await;
+            }
             Err(StartError::Retry(reason, e)) => {
                 set_condition(&mut st, "Ready", false, reason, &e.to_string(), generation);
                 if st.phase.is_none() {
@@ -920,8 +926,10 @@ fn decide(st: &TrainingJobStatus, v: &Validated, generation: Option<i64>) -> Nex
 }
 
 enum StartError {
-    /// Will not work without a spec change.
+    /// Will not work without a spec change: nothing fits.
     Invalid(String),
+    /// The spec contradicts itself (a global batch its pins cannot keep).
+    InvalidSpec(String),
     /// Transient (GPU labels missing, history down, API error): retry with backoff.
     Retry(&'static str, ControllerError),
 }
@@ -969,7 +977,11 @@ async fn start_attempt(
         pins: &v.pins,
         history: &history,
     })
-    .map_err(|e| StartError::Invalid(e.to_string()))?;
+    .map_err(|e| match e {
+        // The spec asks for a global batch its pins cannot keep: invalid.
+        advisor::AdvisorError::GlobalBatch { .. } => StartError::InvalidSpec(e.to_string()),
+        _ => StartError::Invalid(e.to_string()),
+    })?;
     ctx.metrics
         .suggestions
         .with_label_values(&[source_label(&suggestion), strategy_label(&suggestion)])

@@ -360,6 +360,11 @@ fn plan(
         history: &history,
     }) {
         Ok(s) => s,
+        // The global batch is scientific: settings that cannot keep it
+        // exactly are refused with the reason, not silently let through.
+        Err(e @ advisor::AdvisorError::GlobalBatch { .. }) => {
+            return Err(Denied(format!("gpufit: {e}")));
+        }
         Err(e) => {
             return Ok(Plan::Warn(format!(
                 "gpufit did not change this object: {e}"

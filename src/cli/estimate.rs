@@ -32,6 +32,9 @@ pub struct EstimateArgs {
     /// Activation offloading to CPU (with checkpointing, as torchtune does).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub offloading: OnOff,
+    /// torch.compile (Inductor fuses elementwise ops: less saved per sample).
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub compile: OnOff,
     /// Gradient accumulation steps (> 1 keeps gradients alive during forward).
     #[arg(long, default_value_t = 1)]
     pub grad_accum: u32,
@@ -95,6 +98,7 @@ pub fn settings_from(args: &EstimateArgs) -> crate::Result<EngineeringSettings> 
         dtype,
         activation_checkpointing: args.checkpointing.as_bool(),
         activation_offloading: args.offloading.as_bool(),
+        compile: args.compile.as_bool(),
         ..Default::default()
     })
 }

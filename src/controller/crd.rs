@@ -430,6 +430,10 @@ pub struct Attempt {
     /// (predicted − measured) / measured, when both are known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prediction_error: Option<f64>,
+    /// Training tokens/s per GPU the job reported in its termination
+    /// message (torchtune, HF Trainer, Lightning or plain metric lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_sec: Option<f64>,
     /// Id of the run in the history store, once recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<i64>,

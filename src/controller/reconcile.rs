@@ -651,6 +651,8 @@ async fn finish_attempt(
     });
     let refs = pod_refs(pods);
     a.node = refs.iter().find_map(|p| p.node.clone());
+    let seq = tj.spec.workload.seq_len;
+    a.tokens_per_sec = reported_tokens_per_sec(pods, a.settings.micro_batch_size, seq);
     if success {
         a.outcome = Outcome::Succeeded;
         a.message = None;
@@ -671,6 +673,33 @@ async fn finish_attempt(
         end: unix(a.finished_at.as_deref()),
     };
     lookup_peak(ctx, tj, a, q).await;
+}
+
+/// Training throughput the job printed in its containers' termination
+/// messages (what `/dev/termination-log` holds, or the log's tail with
+/// `FallbackToLogsOnError`), read by the shared log parsers: tokens/s as
+/// printed, else samples/s × sequence length, else (Lightning) iterations/s
+/// × micro batch × sequence length. The first container that says wins.
+pub fn reported_tokens_per_sec(pods: &[Pod], micro_batch: u32, seq_len: u32) -> Option<f64> {
+    let seq = seq_len as f64;
+    pods.iter()
+        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .flat_map(|cs| {
+            [
+                cs.state.as_ref().and_then(|s| s.terminated.as_ref()),
+                cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()),
+            ]
+        })
+        .flatten()
+        .filter_map(|t| t.message.as_deref())
+        .filter_map(|msg| crate::core::logs::parse_str(msg).ok())
+        .find_map(|p| {
+            p.tokens_per_sec
+                .or(p.samples_per_sec.map(|s| s * seq))
+                .or(p.steps_per_sec.map(|s| s * micro_batch as f64 * seq))
+                .filter(|t| t.is_finite() && *t > 0.0)
+        })
 }
 
 /// Looks the peak up once; on success fills measured peak and prediction error.
@@ -754,8 +783,8 @@ pub fn run_record(
                 _ => None,
             },
             peak_memory_bytes: a.measured_peak_bytes,
-            samples_per_sec: None,
-            tokens_per_sec: None,
+            samples_per_sec: a.tokens_per_sec.map(|t| t / w.seq_len.max(1) as f64),
+            tokens_per_sec: a.tokens_per_sec,
             duration_sec: duration,
         },
         predicted_peak_bytes: a.predicted_peak_bytes,
@@ -1010,6 +1039,7 @@ async fn start_attempt(
         measured_peak_bytes: None,
         peak_source: None,
         prediction_error: None,
+        tokens_per_sec: None,
         run_id: None,
         message: None,
         generation,
@@ -1128,4 +1158,39 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod throughput_tests {
+    use super::*;
+
+    fn pod(message: &str, exit: i32) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"containerStatuses": [{
+                "name": "train", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit, "message": message}}
+            }]}
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn throughput_is_read_from_what_the_job_printed() {
+        // HF Trainer's summary: samples/s × sequence length.
+        let hf = pod(
+            "{'train_runtime': 100.0, 'train_samples_per_second': 6.25, 'train_steps_per_second': 0.8, 'train_loss': 1.2, 'epoch': 1.0}",
+            0,
+        );
+        assert_eq!(reported_tokens_per_sec(&[hf], 4, 2048), Some(6.25 * 2048.0));
+        // torchtune's metric line: tokens/s as printed.
+        let tt = pod(
+            "Step 10 | loss:1.2 lr:2e-05 tokens_per_second_per_gpu:2890.1 peak_memory_active:18.2 peak_memory_alloc:18.2 peak_memory_reserved:19.9 ",
+            0,
+        );
+        assert_eq!(reported_tokens_per_sec(&[tt], 4, 2048), Some(2890.1));
+        // Nothing printed: nothing invented.
+        assert_eq!(reported_tokens_per_sec(&[pod("", 0)], 4, 2048), None);
+        assert_eq!(reported_tokens_per_sec(&[], 4, 2048), None);
+    }
 }

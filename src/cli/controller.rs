@@ -111,11 +111,55 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
         history_url,
         token_file: args.token_file.clone(),
     };
+    // SIGINT (a terminal) or SIGTERM (systemd, Kubernetes) stops it.
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     };
     if args.no_kubernetes {
-        rt.block_on(api::serve(api_cfg, shutdown))?;
+        // A Slurm site scrapes and probes the controller too: /metrics,
+        // /healthz and /readyz on the API's port, as in Kubernetes mode.
+        rt.block_on(async {
+            let cfg = api_cfg.clone();
+            let state = tokio::task::spawn_blocking(move || api::ApiState::from_config(&cfg))
+                .await
+                .map_err(|e| {
+                    crate::controller::ControllerError::Other(format!(
+                        "cannot open the history: {e}"
+                    ))
+                })??;
+            let metrics = crate::controller::metrics::Metrics::new();
+            let health = std::sync::Arc::new(crate::controller::metrics::Health::default());
+            health
+                .ready
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let listener = crate::controller::metrics::bind(api_cfg.listen).await?;
+            crate::controller::metrics::serve_on(
+                listener,
+                metrics.clone(),
+                health,
+                Some(std::sync::Arc::new(state.with_metrics(metrics))),
+                shutdown,
+            )
+            .await
+        })?;
         return Ok(ExitCode::SUCCESS);
     }
     if args.lease_duration < Duration::from_secs(3) {

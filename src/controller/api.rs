@@ -82,6 +82,9 @@ pub struct ApiState {
     pub limits: ApiLimits,
     /// Memory targets per strategy used by `POST /v1/suggest`.
     pub targets: StrategyTargets,
+    /// The controller's metrics: suggestions, OOMs and prediction errors
+    /// made through this API are counted like the Kubernetes path's.
+    pub metrics: Option<super::metrics::Metrics>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -102,7 +105,14 @@ impl ApiState {
             token: token.map(|t| t.into_bytes()),
             limits: ApiLimits::default(),
             targets: StrategyTargets::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts what this API does in `metrics`.
+    pub fn with_metrics(mut self, metrics: super::metrics::Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Opens the history store and reads the token file of `cfg`.
@@ -442,6 +452,12 @@ where
             let st = state.clone();
             let s = blocking(move || suggest_blocking(st.history.as_ref(), st.targets, &body))
                 .await??;
+            if let Some(m) = &state.metrics {
+                m.suggestions
+                    .with_label_values(&[s.source.as_str(), s.strategy.as_str()])
+                    .inc();
+                m.suggestion_confidence.observe(s.confidence);
+            }
             Ok(json_response(StatusCode::OK, &s))
         }
         (&Method::POST, "/v1/runs") => {
@@ -454,6 +470,14 @@ where
             validate_run(&run)?;
             run.id = None;
             run.model = canonical_model(&run.model);
+            if let Some(m) = &state.metrics {
+                if run.is_oom() {
+                    m.ooms.inc();
+                }
+                if let Some(e) = run.prediction_error().filter(|e| e.is_finite()) {
+                    m.prediction_error.observe(e);
+                }
+            }
             let st = state.clone();
             let id = blocking(move || st.history.record(&run))
                 .await?

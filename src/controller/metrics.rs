@@ -256,7 +256,11 @@ pub async fn serve_on(
                 }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
+            // A client that connects and sends nothing is dropped after
+            // 5 s instead of holding a file descriptor forever.
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(5))
                 .serve_connection(io, svc)
                 .await
             {

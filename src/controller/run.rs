@@ -129,7 +129,8 @@ pub async fn run(
                 None
             }
         };
-        let api_state = Arc::new(ApiState::new(history.clone(), token));
+        let api_state =
+            Arc::new(ApiState::new(history.clone(), token).with_metrics(metrics.clone()));
         let (m, h, s) = (metrics.clone(), health.clone(), stopped());
         let listen = cfg.api.listen;
         let listener = metrics::bind(listen).await?;

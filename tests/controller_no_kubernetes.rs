@@ -118,3 +118,71 @@ fn slurm_mode_serves_metrics_and_readiness_counts_its_work_and_stops_on_sigterm(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Kubernetes mode against an API server that never answers (unreachable,
+/// or RBAC missing): the caches never fill, and a SIGTERM must still stop
+/// the controller within a pod's grace period.
+#[test]
+fn sigterm_stops_a_controller_still_waiting_for_its_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    // A listener that accepts and never answers: the watches hang.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api_port = silent.local_addr().unwrap().port();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{api_port}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: x\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args(["controller", "--no-leader-election", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--history")
+        .arg(format!("sqlite:{}", dir.path().join("h.db").display()))
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Up (its HTTP port answers) but not ready.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent()
+        .get(&format!("http://127.0.0.1:{port}/healthz"))
+        .call()
+        .is_err()
+    {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the controller exited early"
+        );
+        assert!(Instant::now() < deadline, "/healthz never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "still waiting for caches"
+    );
+    let t = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("still running 5 s after SIGTERM: {err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(silent);
+}

@@ -161,8 +161,20 @@ pub async fn run(
         });
     }
 
-    let _ = nodes.wait_until_ready().await;
-    let _ = namespaces.wait_until_ready().await;
+    // The caches fill only once the API server answers (and RBAC allows
+    // the watches): until then a SIGTERM must still stop the pod within its
+    // grace period.
+    let caches = async {
+        let _ = nodes.wait_until_ready().await;
+        let _ = namespaces.wait_until_ready().await;
+    };
+    tokio::select! {
+        _ = stopped() => {
+            tracing::info!("stopped while waiting for the Kubernetes caches");
+            return Ok(());
+        }
+        _ = caches => {}
+    }
     health.ready.store(true, Ordering::Relaxed);
 
     let peaks = Arc::new(PromThenSidecar {

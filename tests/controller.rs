@@ -15,7 +15,7 @@ use gpufit::controller::gpu::{resolve_from_nodes, GpuError};
 use gpufit::controller::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
 use gpufit::controller::metrics::Metrics;
 use gpufit::controller::reconcile::{
-    classify_failure, reconcile, Context, MeasuredPeak, PeakQuery, PeakReader,
+    classify_failure, reconcile, Context, MeasuredPeak, PeakQuery, PeakReader, MAX_PEAK_LOOKUPS,
 };
 use gpufit::controller::validate::validate;
 use gpufit::core::advisor::{Strategy, Suggestion, SuggestionSource};
@@ -790,6 +790,8 @@ impl PeakReader for FakePeaks {
     }
 }
 
+const PEAK_RETRY_IN_TESTS: Duration = Duration::from_millis(300);
+
 struct Scenario {
     api: Arc<Mutex<FakeApi>>,
     ctx: Arc<Context>,
@@ -819,7 +821,7 @@ impl Scenario {
         let history = Arc::new(MemHistory::default());
         let peaks = Arc::new(FakePeaks(Mutex::new(Ok(Some(30 << 30)))));
         let (namespaces, _w) = reflector::store::<Namespace>();
-        let ctx = Context::new(
+        let mut ctx = Context::new(
             client,
             history.clone(),
             nodes,
@@ -827,6 +829,8 @@ impl Scenario {
             peaks.clone(),
             Metrics::new(),
         );
+        // Peak lookups are paced by time: short here, so tests wait little.
+        ctx.peak_retry = PEAK_RETRY_IN_TESTS;
         Scenario {
             api,
             ctx: Arc::new(ctx),
@@ -1194,10 +1198,38 @@ async fn an_unknown_peak_is_recorded_as_unknown_and_filled_in_later() {
         .contains(&"PeakUnavailable".to_string()));
 
     *s.peaks.0.lock().unwrap() = Ok(Some(31 << 30));
+    tokio::time::sleep(PEAK_RETRY_IN_TESTS + Duration::from_millis(50)).await;
     s.reconcile().await.expect("fills the peak");
     s.assert_no_unexpected_requests();
     assert_eq!(s.history.all()[0].result.peak_memory_bytes, Some(31 << 30));
     assert_eq!(s.status().attempts[0].measured_peak_bytes, Some(31 << 30));
+}
+
+/// A peak that reaches Prometheus late: the status patch of each failed
+/// lookup triggers a reconcile at once (the TrainingJob's own watch event),
+/// and those must not spend the lookups — time paces them, so the peak is
+/// still filled in when it arrives.
+#[tokio::test]
+async fn a_peak_that_arrives_late_is_filled_in_despite_immediate_reconciles() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    s.finish_job("llama-3-1-8b-lora-1", true, "");
+    *s.peaks.0.lock().unwrap() = Ok(None);
+    s.reconcile().await.expect("records without the peak");
+    // The events a real API server sends right after each status patch.
+    for _ in 0..(MAX_PEAK_LOOKUPS * 2) {
+        s.reconcile().await.expect("an early reconcile");
+    }
+    let a = &s.status().attempts[0];
+    assert_eq!(a.peak_lookups, 1, "early reconciles spent lookups: {a:?}");
+    assert_eq!(a.measured_peak_bytes, None);
+    // The peak shows up in Prometheus later; the next due lookup finds it.
+    *s.peaks.0.lock().unwrap() = Ok(Some(29 << 30));
+    tokio::time::sleep(PEAK_RETRY_IN_TESTS + Duration::from_millis(50)).await;
+    s.reconcile().await.expect("the due lookup");
+    assert_eq!(s.status().attempts[0].measured_peak_bytes, Some(29 << 30));
+    assert_eq!(s.history.all()[0].result.peak_memory_bytes, Some(29 << 30));
+    s.assert_no_unexpected_requests();
 }
 
 #[tokio::test]

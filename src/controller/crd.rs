@@ -430,6 +430,10 @@ pub struct Attempt {
     /// (predicted − measured) / measured, when both are known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prediction_error: Option<f64>,
+    /// When the peak was last looked up without success (RFC 3339): later
+    /// lookups are paced by time, not by reconciles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_peak_lookup: Option<String>,
     /// Training tokens/s per GPU the job reported in its termination
     /// message (torchtune, HF Trainer, Lightning or plain metric lines).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -54,6 +54,18 @@ pub const MANAGER: &str = "gpufit-controller";
 /// (the run stays recorded with peak unknown).
 pub const MAX_PEAK_LOOKUPS: u32 = 5;
 
+/// Default [`Context::peak_retry`]: 30 s, then 60, 120, 240 — a peak that
+/// reaches Prometheus within about 7 minutes of the Job's end is filled in.
+pub const PEAK_RETRY: Duration = Duration::from_secs(30);
+
+/// When the next lookup of a pending peak is due.
+fn peak_due(a: &Attempt, retry: Duration) -> Option<chrono::DateTime<chrono::Utc>> {
+    let last = chrono::DateTime::parse_from_rfc3339(a.last_peak_lookup.as_deref()?).ok()?;
+    let factor = 1u32 << a.peak_lookups.saturating_sub(1).min(10);
+    let wait = chrono::Duration::from_std(retry * factor).ok()?;
+    Some(last.with_timezone(&chrono::Utc) + wait)
+}
+
 // === Peak readers ===
 
 /// A pod of a finished Job, as the peak readers need it.
@@ -175,6 +187,12 @@ pub struct Context {
     pub default_mode: Mode,
     /// Cluster name recorded with each run.
     pub cluster: Option<String>,
+    /// Wait before the second lookup of a peak that was not there yet (a
+    /// Prometheus scrape or remote-write lag); doubled for each later one.
+    /// Time, not reconciles, paces the lookups: the status patch of a
+    /// failed lookup triggers a reconcile at once, which must not spend the
+    /// next lookup.
+    pub peak_retry: Duration,
     /// Consecutive failures per TrainingJob, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -203,6 +221,7 @@ impl Context {
             targets: StrategyTargets::default(),
             default_mode: Mode::Inject,
             cluster: None,
+            peak_retry: PEAK_RETRY,
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -412,7 +431,15 @@ async fn reconcile_inner(tj: &TrainingJob, ctx: &Context) -> Result<Action, Cont
 
     // --- fill peaks that were unknown when the run was recorded ---
     if fill_pending_peaks(ctx, &ns, &mut st, just_finished).await {
-        requeue = Some(requeue.map_or(Duration::from_secs(30), |r| r.min(Duration::from_secs(30))));
+        let next = st
+            .attempts
+            .iter()
+            .filter_map(|a| peak_due(a, ctx.peak_retry))
+            .min()
+            .and_then(|due| (due - chrono::Utc::now()).to_std().ok())
+            .unwrap_or(ctx.peak_retry)
+            .max(Duration::from_millis(100));
+        requeue = Some(requeue.map_or(next, |r| r.min(next)));
     }
 
     // --- decide: start an attempt, or settle the phase ---
@@ -723,10 +750,12 @@ async fn lookup_peak(ctx: &Context, tj: &TrainingJob, a: &mut Attempt, q: PeakQu
         }
         Ok(None) => {
             a.peak_lookups += 1;
+            a.last_peak_lookup = Some(chrono::Utc::now().to_rfc3339());
             false
         }
         Err(e) => {
             a.peak_lookups += 1;
+            a.last_peak_lookup = Some(chrono::Utc::now().to_rfc3339());
             ctx.event(
                 tj,
                 EventType::Warning,
@@ -836,6 +865,12 @@ async fn fill_pending_peaks(
         let Some(id) = a.run_id.filter(|_| waiting) else {
             continue;
         };
+        if peak_due(a, ctx.peak_retry).is_some_and(|due| chrono::Utc::now() < due) {
+            // Not yet: an early reconcile (our own status patch, a Job
+            // event) must not spend a lookup.
+            pending = true;
+            continue;
+        }
         let q = PeakQuery {
             namespace: ns.to_string(),
             job: a.job_name.clone(),
@@ -866,6 +901,7 @@ async fn fill_pending_peaks(
             }
             _ => {
                 a.peak_lookups += 1;
+                a.last_peak_lookup = Some(chrono::Utc::now().to_rfc3339());
                 pending |= a.peak_lookups < MAX_PEAK_LOOKUPS;
             }
         }
@@ -1042,6 +1078,7 @@ async fn start_attempt(
         tokens_per_sec: None,
         run_id: None,
         message: None,
+        last_peak_lookup: None,
         generation,
         mode: Some(v.mode),
         node: None,

@@ -1069,6 +1069,40 @@ async fn an_oom_is_recorded_and_retried_with_a_smaller_micro_batch() {
     );
 }
 
+/// The event order a real API server produces: creating the retry's Job
+/// makes its ADDED event reconcile the TrainingJob from a cache that does
+/// not have our status patch yet. That stale copy must not finish, record,
+/// count or announce the OOM a second time, nor create anything.
+#[tokio::test]
+async fn a_stale_cached_training_job_does_not_finish_an_attempt_twice() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    s.finish_job("llama-3-1-8b-lora-1", false, OOM_MESSAGE);
+    let stale = s.tj();
+    s.reconcile().await.expect("retry");
+    // The ADDED event of Job 2 (and a duplicate of it), with the old copy.
+    for _ in 0..2 {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            reconcile(Arc::new(stale.clone()), s.ctx.clone()),
+        )
+        .await
+        .expect("in time")
+        .expect("stale reconcile");
+    }
+    s.assert_no_unexpected_requests();
+    assert_eq!(s.history.all().len(), 1, "the OOM recorded once");
+    assert_eq!(s.ctx.metrics.ooms.get(), 1, "counted once");
+    let reasons = s.api.lock().unwrap().event_reasons();
+    let count = |r: &str| reasons.iter().filter(|x| x.as_str() == r).count();
+    assert_eq!(count("OutOfMemory"), 1, "{reasons:?}");
+    assert_eq!(count("RetryCreated"), 1, "{reasons:?}");
+    assert_eq!(s.api.lock().unwrap().jobs_created().len(), 2);
+    let st = s.status();
+    assert_eq!(st.attempts.len(), 2);
+    assert_eq!(st.attempts[1].outcome, Outcome::Running);
+}
+
 #[tokio::test]
 async fn when_oom_retries_are_exhausted_the_training_job_fails() {
     let mut tj = lora_tj();

@@ -383,6 +383,19 @@ async fn reconcile_inner(tj: &TrainingJob, ctx: &Context) -> Result<Action, Cont
                     });
                     requeue = Some(Duration::from_secs(300));
                 }
+                JobState::Finished(_)
+                    if jobs
+                        .get_opt(&super::build::job_name(&name, st.attempts[i].index + 1))
+                        .await?
+                        .is_some() =>
+                {
+                    // The next attempt's Job exists: this TrainingJob is a
+                    // stale cached copy (its ADDED event raced our status
+                    // patch). Finishing the attempt again would record,
+                    // count and announce it twice: wait for the fresh copy.
+                    tracing::debug!(tj = %name, "stale TrainingJob in the cache; requeued");
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
                 JobState::Finished(success) => {
                     let pod_list = pods
                         .list(

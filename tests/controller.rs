@@ -1004,7 +1004,11 @@ async fn a_finished_job_has_its_peak_read_its_run_recorded_and_the_training_job_
     assert!(r.result.success);
     assert_eq!(r.result.peak_memory_bytes, Some(30 << 30));
     assert_eq!(r.result.duration_sec, Some(1800.0));
-    assert_eq!(r.job_id.as_deref(), Some("default/llama-3-1-8b-lora-1"));
+    // Namespace, Job name and Job uid: the run's identity in the history.
+    assert_eq!(
+        r.job_id.as_deref(),
+        Some("default/llama-3-1-8b-lora-1/uid-llama-3-1-8b-lora-1")
+    );
     assert_eq!(Some(r.gpu_model.clone()), st.gpu);
     assert_eq!(r.method, Method::Lora);
     assert_eq!(r.global_batch, Some(64));
@@ -1067,6 +1071,42 @@ async fn an_oom_is_recorded_and_retried_with_a_smaller_micro_batch() {
             && reasons.contains(&"RetryCreated".to_string()),
         "{reasons:?}"
     );
+}
+
+/// Prometheus stopped while the Job ends and back a while later (here the
+/// outage spans three lookup intervals): the run is recorded at once
+/// without a peak, every early reconcile leaves the lookups alone, and the
+/// peak is filled in when Prometheus answers again.
+#[tokio::test]
+async fn prometheus_down_when_the_job_ends_and_back_later_fills_the_peak() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    s.finish_job("llama-3-1-8b-lora-1", true, "");
+    *s.peaks.0.lock().unwrap() = Err("Prometheus at http://prom:9090: connection refused".into());
+    s.reconcile().await.expect("records without the peak");
+    assert_eq!(s.history.all().len(), 1);
+    // Outage: reconciles keep coming (status patches, Job events, requeues).
+    let outage = PEAK_RETRY_IN_TESTS * 3;
+    let t = std::time::Instant::now();
+    while t.elapsed() < outage {
+        s.reconcile().await.expect("during the outage");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a = &s.status().attempts[0];
+    assert!(
+        a.peak_lookups < MAX_PEAK_LOOKUPS,
+        "lookups exhausted during a short outage: {a:?}"
+    );
+    // Prometheus is back.
+    *s.peaks.0.lock().unwrap() = Ok(Some(27 << 30));
+    let deadline = std::time::Instant::now() + PEAK_RETRY_IN_TESTS * 8;
+    while s.status().attempts[0].measured_peak_bytes.is_none() {
+        assert!(std::time::Instant::now() < deadline, "never filled in");
+        s.reconcile().await.expect("after the outage");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.history.all()[0].result.peak_memory_bytes, Some(27 << 30));
+    s.assert_no_unexpected_requests();
 }
 
 /// The event order a real API server produces: creating the retry's Job

@@ -430,6 +430,10 @@ pub struct Attempt {
     /// (predicted − measured) / measured, when both are known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prediction_error: Option<f64>,
+    /// UID of the Job, once it finished: part of the run's identity in the
+    /// history (a TrainingJob deleted and created again reuses Job names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_uid: Option<String>,
     /// When the peak was last looked up without success (RFC 3339): later
     /// lookups are paced by time, not by reconciles.
     #[serde(default, skip_serializing_if = "Option::is_none")]

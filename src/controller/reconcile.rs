@@ -691,6 +691,7 @@ async fn finish_attempt(
     });
     let refs = pod_refs(pods);
     a.node = refs.iter().find_map(|p| p.node.clone());
+    a.job_uid = job.metadata.uid.clone();
     let seq = tj.spec.workload.seq_len;
     a.tokens_per_sec = reported_tokens_per_sec(pods, a.settings.micro_batch_size, seq);
     if success {
@@ -808,7 +809,12 @@ pub fn run_record(
         cluster: cluster.map(str::to_string),
         node: a.node.clone(),
         source: RunSource::Kubernetes,
-        job_id: Some(format!("{ns}/{}", a.job_name)),
+        // The run's identity in the history: a replayed reconcile updates
+        // the row instead of adding one.
+        job_id: Some(match &a.job_uid {
+            Some(uid) => format!("{ns}/{}/{uid}", a.job_name),
+            None => format!("{ns}/{}", a.job_name),
+        }),
         model: w.model.name.clone(),
         method: w.method,
         gpu_model: gpu.to_string(),
@@ -1092,6 +1098,7 @@ async fn start_attempt(
         run_id: None,
         message: None,
         last_peak_lookup: None,
+        job_uid: None,
         generation,
         mode: Some(v.mode),
         node: None,

@@ -4,7 +4,7 @@
 //! Chromium (Debian's `chromium`), its plots checked in the DOM and in the
 //! screenshot's pixels.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -400,120 +400,9 @@ fn report_over_postgres_gives_the_same_figures_as_sqlite() {
     );
 }
 
-/// A PostgreSQL server on 127.0.0.1, stopped (and its directory removed) on drop.
-struct Postgres {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    as_postgres_user: bool,
-    _dir: tempfile::TempDir,
-}
-
-impl Postgres {
-    fn pg_cmd(&self, tool: &str) -> Command {
-        let exe = self.bin.join(tool);
-        if self.as_postgres_user {
-            // initdb and postgres refuse to run as root.
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(exe);
-            c
-        } else {
-            Command::new(exe)
-        }
-    }
-
-    fn start() -> Postgres {
-        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .map(|e| e.path().join("bin"))
-                    .filter(|b| b.join("initdb").exists())
-                    .collect()
-            })
-            .unwrap_or_default();
-        found.sort();
-        let bin = found.pop().expect(
-            "PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/initdb): install them with `apt-get install -y --no-install-recommends postgresql` (scripts/test.sh does it)",
-        );
-        let dir = tmp();
-        let as_postgres_user = Command::new("id")
-            .arg("-u")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-            .unwrap_or(false);
-        let root = dir.path().join("pg");
-        std::fs::create_dir_all(&root).unwrap();
-        if as_postgres_user {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-            let st = Command::new("chown")
-                .arg("postgres:postgres")
-                .arg(&root)
-                .status()
-                .unwrap();
-            assert!(st.success(), "chown postgres failed");
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free loopback port");
-        let pg = Postgres {
-            bin,
-            data: root.join("data"),
-            port,
-            as_postgres_user,
-            _dir: dir,
-        };
-        let out = pg
-            .pg_cmd("initdb")
-            .arg("-D")
-            .arg(&pg.data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
-            .output()
-            .expect("run initdb");
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let opts = format!(
-            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off",
-            pg.port,
-            root.display()
-        );
-        let out = pg
-            .pg_cmd("pg_ctl")
-            .arg("-D")
-            .arg(&pg.data)
-            .arg("-l")
-            .arg(root.join("log"))
-            .args(["-o", &opts, "-w", "-t", "30", "start"])
-            .output()
-            .expect("run pg_ctl start");
-        assert!(
-            out.status.success(),
-            "pg_ctl start failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        pg
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let _ = self
-            .pg_cmd("pg_ctl")
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "immediate", "-w", "-t", "20", "stop"])
-            .output();
-    }
-}
+#[path = "common/postgres.rs"]
+mod pg;
+use pg::Postgres;
 
 // === HTML in headless Chromium ===
 

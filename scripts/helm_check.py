@@ -771,6 +771,8 @@ REQUIRED_PANELS: list[tuple[str, Callable[[str, str], bool]]] = [
 
 GRAFANA_VARS = {
     "$__rate_interval": "5m",
+    # Longest first: `$__interval_ms` contains `$__interval`.
+    "$__interval_ms": "60000",
     "$__interval": "1m",
     "$__range": "1d",
     "${__range}": "1d",

@@ -123,7 +123,8 @@ fn run_json(job: &str, oom: bool) -> Value {
             "persistent_workers": true, "prefetch_factor": 2}},
         "result": {"success": !oom, "failure_reason": if oom { json!("OOM") } else { Value::Null },
             "peak_memory_bytes": if oom { Value::Null } else { json!(41_000_000_000u64) },
-            "samples_per_sec": null, "tokens_per_sec": null, "duration_sec": 600.0},
+            "samples_per_sec": null,
+            "tokens_per_sec": if oom { Value::Null } else { json!(9_000.0) }, "duration_sec": 600.0},
         "predicted_peak_bytes": 43_000_000_000u64
     })
 }

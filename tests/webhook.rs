@@ -505,5 +505,13 @@ async fn metrics_health_and_readiness_are_served_and_count_admissions() {
         text.contains("gpufit_controller_reconcile_duration_seconds"),
         "{text}"
     );
+    // The webhook's suggestion is counted, labelled with its path.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gpufit_controller_suggestions_total")
+                && l.contains(r#"path="webhook""#)
+                && l.ends_with(" 1")),
+        "{text}"
+    );
     let _ = tx.send(());
 }

@@ -454,7 +454,7 @@ where
                 .await??;
             if let Some(m) = &state.metrics {
                 m.suggestions
-                    .with_label_values(&[s.source.as_str(), s.strategy.as_str()])
+                    .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "slurm_api"])
                     .inc();
                 m.suggestion_confidence.observe(s.confidence);
             }
@@ -471,15 +471,36 @@ where
             run.id = None;
             run.model = canonical_model(&run.model);
             if let Some(m) = &state.metrics {
+                // The GPU model as the history stores it (NVML name).
+                let gpu = run
+                    .clone()
+                    .validated(None)
+                    .map(|r| r.gpu_model)
+                    .unwrap_or_else(|_| run.gpu_model.clone());
+                let outcome = if run.result.success {
+                    "success"
+                } else if run.is_oom() {
+                    "oom"
+                } else {
+                    "other_error"
+                };
+                m.count_run("slurm_api", &gpu, outcome);
                 if run.is_oom() {
                     m.ooms.inc();
                 }
                 if let Some(e) = run.prediction_error().filter(|e| e.is_finite()) {
-                    m.prediction_error.observe(e);
+                    m.observe_prediction_error(&gpu, e);
                 }
             }
             let st = state.clone();
-            let id = blocking(move || st.history.record(&run))
+            let id = blocking(move || {
+                let id = st.history.record(&run)?;
+                if let Some(m) = &st.metrics {
+                    let stored = run.clone().validated(None).unwrap_or(run);
+                    m.observe_throughput(st.history.as_ref(), &stored);
+                }
+                Ok::<_, crate::history::HistoryError>(id)
+            })
                 .await?
                 .map_err(|e| {
                     ApiError::new(

@@ -38,6 +38,15 @@ pub struct Metrics {
     pub ooms: IntCounter,
     /// Relative prediction error (predicted − measured) / measured.
     pub prediction_error: Histogram,
+    /// Runs recorded, by path, GPU model and outcome. Cardinality: 2 paths
+    /// × the fleet's GPU models × 3 outcomes (a fleet of 20 GPU models:
+    /// 120 series).
+    pub runs: IntCounterVec,
+    /// Prediction error by GPU model (11 buckets × GPU models).
+    pub prediction_error_by_gpu: HistogramVec,
+    /// A recorded run's tokens/s over the best known for its workload on
+    /// that GPU model (1 = as fast as the best setting seen), by GPU model.
+    pub throughput_vs_best: HistogramVec,
     /// Webhook admissions by kind and result (`mutated`, `untouched`, `denied`, `error`).
     pub webhook_requests: IntCounterVec,
     /// Webhook handling time in seconds.
@@ -74,9 +83,9 @@ impl Metrics {
         let suggestions = IntCounterVec::new(
             Opts::new(
                 "gpufit_controller_suggestions_total",
-                "Suggestions made, by source and strategy",
+                "Suggestions made, by source, strategy and path (kubernetes, webhook, slurm_api)",
             ),
-            &["source", "strategy"],
+            &["source", "strategy", "path"],
         )
         .expect("static metric definition");
         let suggestion_confidence = Histogram::with_opts(
@@ -104,6 +113,34 @@ impl Metrics {
             ]),
         )
         .expect("static metric definition");
+        let runs = IntCounterVec::new(
+            Opts::new(
+                "gpufit_controller_runs_total",
+                "Runs recorded, by path (kubernetes, slurm_api), GPU model and outcome (success, oom, other_error)",
+            ),
+            &["path", "gpu_model", "outcome"],
+        )
+        .expect("static metric definition");
+        let prediction_error_by_gpu = HistogramVec::new(
+            HistogramOpts::new(
+                "gpufit_controller_prediction_error_by_gpu_ratio",
+                "(predicted - measured) / measured peak GPU memory of recorded runs, by GPU model",
+            )
+            .buckets(vec![
+                -0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ]),
+            &["gpu_model"],
+        )
+        .expect("static metric definition");
+        let throughput_vs_best = HistogramVec::new(
+            HistogramOpts::new(
+                "gpufit_controller_throughput_vs_best_ratio",
+                "Tokens/s of a recorded run over the best known for its workload and GPU model",
+            )
+            .buckets(vec![0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99, 1.0]),
+            &["gpu_model"],
+        )
+        .expect("static metric definition");
         let webhook_requests = IntCounterVec::new(
             Opts::new(
                 "gpufit_webhook_requests_total",
@@ -129,6 +166,9 @@ impl Metrics {
             Box::new(suggestion_confidence.clone()),
             Box::new(ooms.clone()),
             Box::new(prediction_error.clone()),
+            Box::new(runs.clone()),
+            Box::new(prediction_error_by_gpu.clone()),
+            Box::new(throughput_vs_best.clone()),
             Box::new(webhook_requests.clone()),
             Box::new(webhook_duration.clone()),
         ] {
@@ -143,9 +183,61 @@ impl Metrics {
             suggestion_confidence,
             ooms,
             prediction_error,
+            runs,
+            prediction_error_by_gpu,
+            throughput_vs_best,
             webhook_requests,
             webhook_duration,
         }
+    }
+
+    /// Counts a recorded run (`path`: kubernetes or slurm_api).
+    pub fn count_run(&self, path: &str, gpu_model: &str, outcome: &str) {
+        self.runs
+            .with_label_values(&[path, gpu_model, outcome])
+            .inc();
+    }
+
+    /// Observes a recorded run's throughput against the best known for its
+    /// workload on its GPU model (the similar runs of the history, this one
+    /// included). Blocking: reads the history.
+    pub fn observe_throughput(
+        &self,
+        history: &dyn crate::history::HistoryStore,
+        run: &crate::core::run::RunRecord,
+    ) {
+        let Some(mine) = run
+            .result
+            .tokens_per_sec
+            .filter(|t| run.result.success && *t > 0.0)
+        else {
+            return;
+        };
+        let q = crate::core::similarity::HistoryQuery::new(
+            &run.model,
+            run.method,
+            &run.gpu_model,
+            run.seq_len,
+        );
+        let best = history
+            .similar(&q)
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.result.success)
+            .filter_map(|r| r.result.tokens_per_sec)
+            .filter(|t| t.is_finite())
+            .fold(mine, f64::max);
+        self.throughput_vs_best
+            .with_label_values(&[run.gpu_model.as_str()])
+            .observe(mine / best);
+    }
+
+    /// Observes a prediction error, fleet-wide and for its GPU model.
+    pub fn observe_prediction_error(&self, gpu_model: &str, err: f64) {
+        self.prediction_error.observe(err);
+        self.prediction_error_by_gpu
+            .with_label_values(&[gpu_model])
+            .observe(err);
     }
 
     /// Starts timing one reconcile; the time is recorded when the guard drops.

@@ -757,7 +757,12 @@ async fn lookup_peak(ctx: &Context, tj: &TrainingJob, a: &mut Attempt, q: PeakQu
                 if p.bytes > 0 {
                     let err = (pred as f64 - p.bytes as f64) / p.bytes as f64;
                     a.prediction_error = Some((err * 1000.0).round() / 1000.0);
-                    ctx.metrics.prediction_error.observe(err);
+                    let gpu = tj
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.gpu.clone())
+                        .unwrap_or_default();
+                    ctx.metrics.observe_prediction_error(&gpu, err);
                 }
             }
             true
@@ -855,10 +860,21 @@ async fn record_runs(
             continue;
         };
         let store = ctx.history.clone();
-        let id = tokio::task::spawn_blocking(move || store.record(&rec))
-            .await
-            .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
+        let metrics = ctx.metrics.clone();
+        let id = tokio::task::spawn_blocking(move || {
+            let id = store.record(&rec)?;
+            metrics.observe_throughput(store.as_ref(), &rec);
+            Ok::<_, crate::history::HistoryError>(id)
+        })
+        .await
+        .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
         a.run_id = Some(id);
+        let outcome = match a.outcome {
+            Outcome::Succeeded => "success",
+            Outcome::Oom => "oom",
+            _ => "other_error",
+        };
+        ctx.metrics.count_run("kubernetes", &gpu, outcome);
     }
     Ok(())
 }
@@ -872,6 +888,7 @@ async fn fill_pending_peaks(
     just_finished: Option<usize>,
 ) -> bool {
     let mut pending = false;
+    let gpu = st.gpu.clone().unwrap_or_default();
     for (i, a) in st.attempts.iter_mut().enumerate() {
         if Some(i) == just_finished {
             // Looked up a moment ago in `finish_attempt`.
@@ -912,7 +929,7 @@ async fn fill_pending_peaks(
                     if let Some(pred) = a.predicted_peak_bytes.filter(|_| p.bytes > 0) {
                         let err = (pred as f64 - p.bytes as f64) / p.bytes as f64;
                         a.prediction_error = Some((err * 1000.0).round() / 1000.0);
-                        ctx.metrics.prediction_error.observe(err);
+                        ctx.metrics.observe_prediction_error(&gpu, err);
                     }
                 } else {
                     pending = true;
@@ -1068,7 +1085,11 @@ async fn start_attempt(
     })?;
     ctx.metrics
         .suggestions
-        .with_label_values(&[source_label(&suggestion), strategy_label(&suggestion)])
+        .with_label_values(&[
+            source_label(&suggestion),
+            strategy_label(&suggestion),
+            "kubernetes",
+        ])
         .inc();
     ctx.metrics
         .suggestion_confidence

@@ -359,7 +359,15 @@ fn plan(
         pins: &pins,
         history: &history,
     }) {
-        Ok(s) => s,
+        Ok(s) => {
+            state
+                .metrics
+                .suggestions
+                .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "webhook"])
+                .inc();
+            state.metrics.suggestion_confidence.observe(s.confidence);
+            s
+        }
         // The global batch is scientific: settings that cannot keep it
         // exactly are refused with the reason, not silently let through.
         Err(e @ advisor::AdvisorError::GlobalBatch { .. }) => {

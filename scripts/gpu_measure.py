@@ -1,271 +1,398 @@
 #!/usr/bin/env python3
 """Measure real peak GPU memory of training steps, for gpufit's accuracy benchmark.
 
-Builds models from their architecture numbers (the same numbers as gpufit's
-catalog, written inline below: nothing is downloaded, weights are random),
-runs a few real training steps for every point of a grid
-
-    model x method (full, LoRA via peft when installed) x dtype (bf16, bf16-mixed)
-          x micro batch x sequence length x activation checkpointing (off, on)
-
-and writes one CSV line per point to bench/data/gpu_measured.csv with the
-three quantities people measure:
+Builds models from their architecture numbers (written inline below, the same
+numbers as each model's published config.json; nothing is downloaded, weights
+are random and created directly on the GPU), runs a few real training steps
+for every point of a grid, and writes one CSV line per point with the three
+quantities people measure:
 
     allocated_bytes  torch.cuda.max_memory_allocated()
     reserved_bytes   torch.cuda.max_memory_reserved()
-    device_bytes     what nvidia-smi shows for this process (reserved + CUDA context)
+    device_bytes     reserved + this process's CUDA context (what nvidia-smi shows)
 
-`cargo bench --bench accuracy` reads that file and scores every point.
+plus, for the hand-written loop, the peak of each phase of the last step
+(`fwd_peak`, `bwd_peak`, `step_peak`: max allocated during the forward, the
+backward and the optimizer step) and the allocated bytes after the forward
+and after the backward — which phase sets the peak, and by how much.
 
-Each point runs in its own child process so that its peak, its allocator
-cache and its CUDA context are its own. A point that runs out of memory is
-recorded with status "oom" (the benchmark skips it).
+Two loops:
+  loop=manual   `model(input_ids, labels=...)` (transformers' loss), backward,
+                torch.optim.AdamW (default foreach implementation; or
+                transformers' Adafactor, or bitsandbytes AdamW8bit),
+                zero_grad(set_to_none=True). dtype "bf16" keeps parameters in
+                bf16; "bf16-mixed"/"fp16-mixed" keep fp32 parameters under
+                torch.autocast (fp16 with a GradScaler); "fp32" is plain fp32.
+  loop=trainer  transformers' `Trainer` itself on an fp32-loaded model with
+                `bf16=True` (its default optimizer, recorded in optimizer_impl).
 
-The training loop is the Hugging Face path (`model(input_ids, labels=...)`,
-transformers' ForCausalLMLoss, torch.optim.AdamW with its default foreach
-implementation, zero_grad(set_to_none=True)), so rows are tagged
-framework=hf. "bf16" keeps the parameters in bf16 (as torchtune/litgpt do);
-"bf16-mixed" keeps fp32 parameters and runs under torch.autocast(bfloat16)
-(as the HF Trainer with bf16=True does).
+Points run one after another in one process; between points everything is
+deleted and `torch.cuda.empty_cache()` returns the cached segments, so each
+point starts from an empty allocator. A point that runs out of memory is
+recorded with status "oom". The config.json of every model used is written
+to bench/data/configs/<owner>__<name>.json so the benchmark can read
+models that are not in gpufit's catalog.
 
-Requirements: an NVIDIA GPU, PyTorch with CUDA, transformers; peft for the
-LoRA points (skipped with a note when missing).
-
-Usage:
-    python scripts/gpu_measure.py                 # full grid (~100 points)
-    python scripts/gpu_measure.py --quick         # a dozen points
-    python scripts/gpu_measure.py --out other.csv --steps 4
+Usage (on a GPU machine with torch, transformers, peft):
+    python scripts/gpu_measure.py --grid families --out bench/data/h100/families.csv
+    python scripts/gpu_measure.py --grid quick
+    python scripts/gpu_measure.py --grid families --budget-s 480   # stop starting points after 480 s
 """
 
 import argparse
 import csv
-import itertools
+import gc
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
-# Architecture numbers from each model's published config.json (the same
-# rows as src/core/catalog/models.rs). Keys are transformers config kwargs.
+# Architecture numbers from each model's published config.json.
 MODELS = {
     "Qwen/Qwen2.5-0.5B": dict(
-        model_type="qwen2",
-        hidden_size=896,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        intermediate_size=4864,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
+        model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+        tie_word_embeddings=True, max_position_embeddings=32768),
+    "Qwen/Qwen2.5-1.5B": dict(
+        model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, intermediate_size=8960, vocab_size=151936,
+        tie_word_embeddings=True, max_position_embeddings=131072),
     "meta-llama/Llama-3.2-1B": dict(
-        model_type="llama",
-        hidden_size=2048,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        intermediate_size=8192,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-        max_position_embeddings=131072,
-    ),
+        model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
+        tie_word_embeddings=True, max_position_embeddings=131072),
+    "meta-llama/Llama-3.2-3B": dict(
+        model_type="llama", hidden_size=3072, num_hidden_layers=28, num_attention_heads=24,
+        num_key_value_heads=8, head_dim=128, intermediate_size=8192, vocab_size=128256,
+        tie_word_embeddings=True, max_position_embeddings=131072),
+    "mistralai/Mistral-7B-v0.1": dict(
+        model_type="mistral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=14336, vocab_size=32000,
+        tie_word_embeddings=False, max_position_embeddings=32768),
+    "google/gemma-2-2b": dict(
+        model_type="gemma2", hidden_size=2304, num_hidden_layers=26, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, intermediate_size=9216, vocab_size=256000,
+        tie_word_embeddings=True, max_position_embeddings=8192, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, query_pre_attn_scalar=256, sliding_window=4096),
+    "microsoft/Phi-3-mini-4k-instruct": dict(
+        model_type="phi3", hidden_size=3072, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, intermediate_size=8192, vocab_size=32064,
+        tie_word_embeddings=False, max_position_embeddings=4096),
+    "microsoft/phi-2": dict(
+        model_type="phi", hidden_size=2560, num_hidden_layers=32, num_attention_heads=32,
+        intermediate_size=10240, vocab_size=51200, partial_rotary_factor=0.4,
+        tie_word_embeddings=False, max_position_embeddings=2048),
+    "EleutherAI/pythia-1.4b": dict(
+        model_type="gpt_neox", hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
+        intermediate_size=8192, vocab_size=50304, rotary_pct=0.25, use_parallel_residual=True,
+        tie_word_embeddings=False, max_position_embeddings=2048),
+    "tiiuae/falcon-7b": dict(
+        model_type="falcon", hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
+        multi_query=True, new_decoder_architecture=False, parallel_attn=True, bias=False,
+        vocab_size=65024, alibi=False, max_position_embeddings=2048),
     "openai-community/gpt2-medium": dict(
-        model_type="gpt2",
-        n_embd=1024,
-        n_layer=24,
-        n_head=16,
-        n_positions=1024,
-        vocab_size=50257,
-    ),
+        model_type="gpt2", n_embd=1024, n_layer=24, n_head=16, n_positions=1024,
+        vocab_size=50257),
+    "google-bert/bert-large-uncased": dict(
+        model_type="bert", hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+        intermediate_size=4096, vocab_size=30522, max_position_embeddings=512,
+        type_vocab_size=2),
 }
 
+# model_type -> peft target_modules for gpufit's q;v, and for all linear layers
 LORA_TARGETS = {
-    # model family -> (peft target_modules, the same targets in gpufit's names)
-    "qwen2": (["q_proj", "v_proj"], "q;v"),
-    "llama": (["q_proj", "v_proj"], "q;v"),
-    # GPT-2 fuses q, k and v into one `c_attn` projection
-    "gpt2": (["c_attn"], "q;k;v"),
+    "qwen2": ["q_proj", "v_proj"], "llama": ["q_proj", "v_proj"],
+    "mistral": ["q_proj", "v_proj"], "gemma2": ["q_proj", "v_proj"],
+    "phi3": ["qkv_proj"], "phi": ["q_proj", "v_proj"],
+    "gpt_neox": ["query_key_value"], "falcon": ["query_key_value"], "gpt2": ["c_attn"],
+    "bert": ["query", "value"],
 }
-LORA_RANK = 16
+LORA_NAMES = {"phi3": "q;k;v", "gpt_neox": "q;k;v", "falcon": "q;k;v", "gpt2": "q;k;v"}
 
 FIELDS = [
     "status", "model", "framework", "method", "lora_rank", "lora_targets", "base_quant",
     "dtype", "optimizer", "optimizer_impl", "micro_batch", "seq_len", "checkpointing",
     "grad_accum", "gpus", "attention", "head", "grads_kept", "cuda_context_mib",
-    "allocated_bytes", "reserved_bytes", "device_bytes", "gpu", "torch", "transformers",
-    "seconds", "error",
+    "allocated_bytes", "reserved_bytes", "device_bytes", "loop", "compile",
+    "fwd_peak", "bwd_peak", "step_peak", "after_fwd", "after_bwd", "tokens_per_sec",
+    "gpu", "torch", "transformers", "seconds", "error",
 ]
 
 
-def grid(quick):
-    models = list(MODELS)
-    methods = ["full", "lora"]
-    dtypes = ["bf16", "bf16-mixed"]
-    batches = [1, 4]
-    seqs = [512, 2048]
-    ckpts = ["off", "on"]
-    if quick:
-        models = ["Qwen/Qwen2.5-0.5B", "openai-community/gpt2-medium"]
-        dtypes = ["bf16"]
-        seqs = [512]
-    for model, method, dtype, mb, seq, ckpt in itertools.product(
-        models, methods, dtypes, batches, seqs, ckpts
-    ):
-        cfg = MODELS[model]
-        ctx = cfg.get("max_position_embeddings") or cfg.get("n_positions")
-        if seq > ctx:
-            continue
-        yield dict(model=model, method=method, dtype=dtype, micro_batch=mb, seq_len=seq,
-                   checkpointing=ckpt)
+def P(model, method="full", dtype="bf16", mb=1, seq=512, ckpt="off", **kw):
+    d = dict(model=model, method=method, dtype=dtype, micro_batch=mb, seq_len=seq,
+             checkpointing=ckpt, attention="sdpa", optimizer="adamw", head="lm",
+             loop="manual", compile=False, lora_rank=16, lora_targets="q;v")
+    d.update(kw)
+    return d
 
 
-def nvidia_smi_used_mib(pid):
-    """This process's GPU memory as nvidia-smi shows it (MiB), or None."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory",
-             "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0] == str(pid):
-            try:
-                return int(parts[1])
-            except ValueError:
-                return None
-    return None
+def grid(name):
+    q05, l1, q15 = "Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-1.5B"
+    g2, phi2, py = "google/gemma-2-2b", "microsoft/phi-2", "EleutherAI/pythia-1.4b"
+    phi3, bert = "microsoft/Phi-3-mini-4k-instruct", "google-bert/bert-large-uncased"
+    if name == "quick":
+        return [P(q05, mb=1, seq=512), P(q05, "lora", mb=4, seq=1024)]
+    if name != "families":
+        raise SystemExit(f"unknown grid {name}")
+    return [
+        # where the model under-predicted: which phase sets the peak
+        P(q05, mb=1, seq=512), P(q05, mb=4, seq=2048, ckpt="on"),
+        P(q05, mb=8, seq=2048, ckpt="on"), P(l1, mb=4, seq=2048, ckpt="on"),
+        P(l1, mb=8, seq=2048, ckpt="on"), P(l1, dtype="bf16-mixed", mb=8, seq=1024, ckpt="on"),
+        P(q05, dtype="bf16-mixed", mb=2, seq=1024), P(l1, mb=1, seq=512),
+        # other families
+        P(py, mb=4, seq=1024), P(py, mb=4, seq=1024, ckpt="on"),
+        P(py, dtype="bf16-mixed", mb=4, seq=1024), P(py, "lora", mb=8, seq=2048),
+        P(phi2, mb=2, seq=1024), P(phi2, mb=4, seq=2048, ckpt="on"), P(phi2, "lora", mb=4, seq=2048),
+        P(g2, mb=1, seq=1024, attention="eager"), P(g2, mb=4, seq=1024, ckpt="on", attention="eager"),
+        P(g2, mb=4, seq=1024, attention="sdpa"), P(g2, "lora", mb=4, seq=2048, attention="eager"),
+        P(g2, "lora", mb=4, seq=2048, ckpt="on", attention="eager"),
+        P(phi3, "lora", mb=4, seq=2048), P(phi3, "lora", mb=8, seq=2048, ckpt="on"),
+        P(phi3, mb=1, seq=1024, ckpt="on"),
+        P("tiiuae/falcon-7b", "lora", mb=2, seq=2048, ckpt="on"),
+        P("mistralai/Mistral-7B-v0.1", "lora", mb=2, seq=2048, ckpt="on",
+          lora_targets="all-linear", lora_rank=16),
+        # long sequences
+        P("meta-llama/Llama-3.2-3B", "lora", mb=1, seq=8192, ckpt="on"),
+        P("meta-llama/Llama-3.2-3B", "lora", mb=1, seq=8192),
+        P(q05, mb=1, seq=8192, ckpt="on"), P(q15, "lora", mb=2, seq=8192, ckpt="on"),
+        # encoder: BERT-large with a classification head (the HF single-GPU page setup)
+        P(bert, dtype="fp32", mb=4, seq=512, head="classifier"),
+        P(bert, dtype="fp16-mixed", mb=4, seq=512, head="classifier"),
+        P(bert, dtype="fp32", mb=4, seq=512, head="classifier", ckpt="on"),
+        P(bert, dtype="fp32", mb=4, seq=512, head="classifier", optimizer="adafactor"),
+        P(bert, dtype="fp32", mb=4, seq=512, head="classifier", optimizer="adamw8bit"),
+        P(bert, dtype="fp32", mb=16, seq=512, head="classifier"),
+        # transformers' Trainer itself (fp32 model, bf16=True)
+        P(q05, dtype="bf16-mixed", mb=4, seq=1024, loop="trainer"),
+        P(q05, dtype="bf16-mixed", mb=8, seq=1024, ckpt="on", loop="trainer"),
+        P(l1, dtype="bf16-mixed", mb=2, seq=2048, ckpt="on", loop="trainer"),
+        P(q15, "lora", dtype="bf16-mixed", mb=4, seq=2048, loop="trainer"),
+        # torch.compile
+        P(q05, mb=4, seq=1024, compile=True), P(q05, mb=4, seq=1024),
+    ]
 
 
-def run_point(point, steps):
-    """Runs one grid point in this process; returns the CSV row (dict)."""
+def config_for(model):
+    from transformers import AutoConfig
+    kw = dict(MODELS[model])
+    mt = kw.pop("model_type")
+    return mt, AutoConfig.for_model(mt, **kw)
+
+
+def run_point(p, steps, ctx_bytes):
     import torch
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
+    row = dict(p)
+    row.update(framework="hf", base_quant="none", optimizer_impl="foreach", grad_accum=1,
+               gpus=1, grads_kept="false", torch=torch.__version__,
+               transformers=transformers.__version__, gpu=torch.cuda.get_device_name(0),
+               cuda_context_mib=ctx_bytes // (1024 * 1024), error="")
+    mt, config = config_for(p["model"])
+    if p["method"] == "full":
+        row["lora_rank"], row["lora_targets"] = "", ""
+    elif p["lora_targets"] != "all-linear":
+        row["lora_targets"] = LORA_NAMES.get(mt, "q;v")
+    mixed = p["dtype"] in ("bf16-mixed", "fp16-mixed")
+    pdtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(p["dtype"], torch.float32)
+    adt = torch.float16 if p["dtype"] == "fp16-mixed" else torch.bfloat16
+    if p["loop"] == "trainer":
+        pdtype = torch.float32
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    cls = AutoModelForSequenceClassification if p["head"] == "classifier" else AutoModelForCausalLM
+    model = opt = scaler = None
+    try:
+        with torch.device("cuda"):
+            model = cls.from_config(config, torch_dtype=pdtype, attn_implementation=p["attention"])
+        if p["checkpointing"] == "on":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if p["method"] == "lora":
+            from peft import LoraConfig, get_peft_model
+            tm = "all-linear" if p["lora_targets"] == "all-linear" else LORA_TARGETS[mt]
+            model = get_peft_model(model, LoraConfig(
+                r=p["lora_rank"], lora_alpha=2 * p["lora_rank"], lora_dropout=0.0,
+                target_modules=tm, task_type="SEQ_CLS" if p["head"] == "classifier" else None))
+        model.train()
+        vocab = config.vocab_size
+        b, s = p["micro_batch"], p["seq_len"]
+        x = torch.randint(0, vocab, (b, s), device="cuda")
+        labels = torch.randint(0, 2, (b,), device="cuda") if p["head"] == "classifier" else x
+        if p["loop"] == "trainer":
+            return run_trainer(p, row, model, vocab, steps, ctx_bytes)
+        params = [q for q in model.parameters() if q.requires_grad]
+        if p["optimizer"] == "adafactor":
+            from transformers.optimization import Adafactor
+            opt = Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False,
+                            warmup_init=False)
+            row["optimizer_impl"] = ""
+        elif p["optimizer"] == "adamw8bit":
+            import bitsandbytes as bnb
+            opt = bnb.optim.AdamW8bit(params, lr=1e-5)
+            row["optimizer_impl"] = ""
+        else:
+            opt = torch.optim.AdamW(params, lr=1e-5)
+        scaler = torch.amp.GradScaler("cuda", enabled=p["dtype"] == "fp16-mixed")
+        fwd_model = torch.compile(model) if p["compile"] else model
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        alloc = reserved = 0
+        t_start = None
+        for i in range(steps):
+            if i == 1:
+                torch.cuda.synchronize()
+                t_start = time.time()
+            torch.cuda.reset_peak_memory_stats()
+            with torch.autocast("cuda", dtype=adt, enabled=mixed):
+                loss = fwd_model(input_ids=x, labels=labels).loss
+            torch.cuda.synchronize()
+            fwd = torch.cuda.max_memory_allocated()
+            after_fwd = torch.cuda.memory_allocated()
+            r1 = torch.cuda.max_memory_reserved()
+            torch.cuda.reset_peak_memory_stats()
+            scaler.scale(loss).backward()
+            torch.cuda.synchronize()
+            bwd = torch.cuda.max_memory_allocated()
+            after_bwd = torch.cuda.memory_allocated()
+            r2 = torch.cuda.max_memory_reserved()
+            torch.cuda.reset_peak_memory_stats()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            del loss
+            torch.cuda.synchronize()
+            stp = torch.cuda.max_memory_allocated()
+            r3 = torch.cuda.max_memory_reserved()
+            alloc = max(alloc, fwd, bwd, stp)
+            reserved = max(reserved, r1, r2, r3)
+        dt = (time.time() - t_start) / max(steps - 1, 1)
+        row.update(status="ok", allocated_bytes=alloc, reserved_bytes=reserved,
+                   device_bytes=reserved + ctx_bytes, fwd_peak=fwd, bwd_peak=bwd,
+                   step_peak=stp, after_fwd=after_fwd, after_bwd=after_bwd,
+                   tokens_per_sec=round(b * s / dt, 1))
+        return row
+    except torch.cuda.OutOfMemoryError as e:
+        row.update(status="oom", error=str(e).splitlines()[0][:160])
+        return row
+    except Exception as e:  # a point that cannot run is recorded, the grid goes on
+        row.update(status="error", error=f"{type(e).__name__}: {e}".splitlines()[0][:160])
+        return row
+    finally:
+        del model, opt, scaler
+        gc.collect()
+        torch.cuda.empty_cache()
 
-    row = dict(point)
-    row.update(framework="hf", lora_rank="", lora_targets="", base_quant="none",
-               optimizer="adamw", optimizer_impl="foreach", grad_accum=1, gpus=1,
-               attention="sdpa", head="lm", grads_kept="false",
-               torch=torch.__version__, transformers=transformers.__version__,
-               gpu=torch.cuda.get_device_name(0), error="")
-    pid = os.getpid()
+
+def run_trainer(p, row, model, vocab, steps, ctx_bytes):
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    class Rand(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1 << 20
+
+        def __getitem__(self, i):
+            ids = torch.randint(0, vocab, (p["seq_len"],))
+            return {"input_ids": ids, "labels": ids}
+
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(
+            output_dir=out, per_device_train_batch_size=p["micro_batch"], max_steps=steps,
+            bf16=True, gradient_checkpointing=p["checkpointing"] == "on",
+            gradient_checkpointing_kwargs={"use_reentrant": False}, report_to=[],
+            logging_steps=10_000, save_strategy="no", dataloader_num_workers=0,
+            learning_rate=1e-5)
+        torch.cuda.reset_peak_memory_stats()
+        t = time.time()
+        Trainer(model=model, args=args, train_dataset=Rand()).train()
+        torch.cuda.synchronize()
+        dt = (time.time() - t) / steps
+    optim = str(getattr(args.optim, "value", args.optim))
+    row.update(status="ok", allocated_bytes=torch.cuda.max_memory_allocated(),
+               reserved_bytes=torch.cuda.max_memory_reserved(),
+               optimizer_impl="fused" if "fused" in optim else "foreach",
+               tokens_per_sec=round(p["micro_batch"] * p["seq_len"] / dt, 1),
+               error=f"Trainer optim={optim}")
+    row["device_bytes"] = row["reserved_bytes"] + ctx_bytes
+    return row
+
+
+def context_bytes():
+    """This process's CUDA context as nvidia-smi shows it, before any tensor."""
+    import torch
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
-    ctx_mib = nvidia_smi_used_mib(pid)
-    row["cuda_context_mib"] = "" if ctx_mib is None else ctx_mib
-
-    cfg_kwargs = dict(MODELS[point["model"]])
-    model_type = cfg_kwargs.pop("model_type")
-    config = AutoConfig.for_model(model_type, **cfg_kwargs)
-    mixed = point["dtype"] == "bf16-mixed"
-    param_dtype = torch.float32 if mixed else torch.bfloat16
-    attn = "sdpa"
-    model = AutoModelForCausalLM.from_config(
-        config, torch_dtype=param_dtype, attn_implementation=attn
-    ).to("cuda")
-    if point["checkpointing"] == "on":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if point["method"] == "lora":
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError:
-            row.update(status="skipped", error="peft not installed")
-            return row
-        modules, names = LORA_TARGETS[model_type]
-        model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK,
-                                                 lora_dropout=0.0, target_modules=modules))
-        row["lora_rank"] = LORA_RANK
-        row["lora_targets"] = names
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-5)
-    vocab = config.vocab_size
-    x = torch.randint(0, vocab, (point["micro_batch"], point["seq_len"]), device="cuda")
-
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.time()
     try:
-        for _ in range(steps):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mixed):
-                loss = model(input_ids=x, labels=x).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-    except torch.cuda.OutOfMemoryError as e:
-        row.update(status="oom", error=str(e).splitlines()[0][:200])
-        return row
-    row["seconds"] = round(time.time() - t0, 3)
-    row["allocated_bytes"] = torch.cuda.max_memory_allocated()
-    row["reserved_bytes"] = torch.cuda.max_memory_reserved()
-    # The caching allocator keeps the peak's segments, so nvidia-smi now
-    # shows reserved-at-peak plus the context.
-    used = nvidia_smi_used_mib(pid)
-    row["device_bytes"] = "" if used is None else used * 1024 * 1024
-    row["status"] = "ok" if used is not None else "no-nvidia-smi"
-    return row
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True).stdout
+        for line in out.splitlines():
+            pid, used = [x.strip() for x in line.split(",")]
+            if pid == str(os.getpid()):
+                return int(used) * 1024 * 1024 - torch.cuda.memory_reserved()
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "bench",
                                                   "data", "gpu_measured.csv"))
-    ap.add_argument("--steps", type=int, default=3,
-                    help="training steps per point (>= 2 so optimizer state exists)")
-    ap.add_argument("--quick", action="store_true", help="a small grid")
-    ap.add_argument("--point", help=argparse.SUPPRESS)  # child mode: one JSON point
+    ap.add_argument("--configs", default=os.path.join(os.path.dirname(__file__), "..", "bench",
+                                                      "data", "configs"),
+                    help="where the config.json of each model used is written")
+    ap.add_argument("--grid", default="families", help="families | quick")
+    ap.add_argument("--steps", type=int, default=4, help="training steps per point (>= 3)")
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="start no new point after this many seconds")
+    ap.add_argument("--only", help="comma-separated indices of grid points to run")
     args = ap.parse_args()
-
-    if args.point:
-        row = run_point(json.loads(args.point), max(args.steps, 2))
-        print("ROW " + json.dumps(row))
-        return 0
-
     try:
-        import torch  # noqa: F401
+        import torch
         if not torch.cuda.is_available():
             print("no CUDA GPU visible: nothing to measure", file=sys.stderr)
             return 2
     except ImportError:
         print("PyTorch is not installed", file=sys.stderr)
         return 2
-
-    points = list(grid(args.quick))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", newline="") as f:
+    points = grid(args.grid)
+    if args.only:
+        keep = {int(i) for i in args.only.split(",")}
+        points = [p for i, p in enumerate(points) if i in keep]
+    out = os.path.abspath(args.out)
+    cfg_dir = os.path.abspath(args.configs)
+    os.makedirs(cfg_dir, exist_ok=True)
+    for m in {p["model"] for p in points}:
+        # the published numbers as given above (what gpufit reads), not
+        # transformers' expanded config with its version-specific defaults
+        d = dict(MODELS[m], _name_or_path=m)
+        with open(os.path.join(cfg_dir, m.replace("/", "__") + ".json"), "w") as f:
+            json.dump(d, f, indent=1, sort_keys=True, default=str)
+    ctx = context_bytes()
+    t0 = time.time()
+    with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         w.writeheader()
         for i, p in enumerate(points, 1):
+            if time.time() - t0 > args.budget_s:
+                print(f"budget reached: {len(points) - i + 1} points not run", flush=True)
+                break
             t = time.time()
-            try:
-                proc = subprocess.run(
-                    [sys.executable, __file__, "--point", json.dumps(p), "--steps",
-                     str(args.steps)],
-                    capture_output=True, text=True, timeout=900,
-                )
-                rows = [l[4:] for l in proc.stdout.splitlines() if l.startswith("ROW ")]
-                if rows:
-                    row = json.loads(rows[-1])
-                else:
-                    tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
-                    row = dict(p, status="error", error=tail[0][:200])
-            except subprocess.TimeoutExpired:
-                row = dict(p, status="error", error="timeout")
-            # commas would break the benchmark's simple CSV reader
-            row = {k: (str(v).replace(",", ";") if v is not None else "") for k, v in row.items()}
+            row = run_point(p, max(args.steps, 3), ctx)
+            row["seconds"] = round(time.time() - t, 1)
+            row = {k: ("" if v is None else str(v).replace(",", ";")) for k, v in row.items()}
             w.writerow(row)
             f.flush()
-            print(f"[{i}/{len(points)}] {p} -> {row.get('status')} "
-                  f"alloc={row.get('allocated_bytes')} reserved={row.get('reserved_bytes')} "
-                  f"device={row.get('device_bytes')} ({time.time() - t:.0f}s)", flush=True)
-    print(f"wrote {args.out}")
+            print(f"[{i}/{len(points)}] {p['model']} {p['method']} {p['dtype']} m{p['micro_batch']} "
+                  f"s{p['seq_len']} ckpt={p['checkpointing']} {p['attention']} {p['optimizer']} "
+                  f"{p['loop']} compile={p['compile']} -> {row['status']} "
+                  f"alloc={row.get('allocated_bytes')} res={row.get('reserved_bytes')} "
+                  f"f/b/s={row.get('fwd_peak')}/{row.get('bwd_peak')}/{row.get('step_peak')} "
+                  f"{row.get('error', '')} ({row['seconds']}s)", flush=True)
+    print(f"wrote {out}")
     return 0
 
 

@@ -24,8 +24,11 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use gpufit::cli::common::{parse_framework, parse_lora_targets, parse_optimizer};
+use gpufit::core::advisor::{HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN};
 use gpufit::core::catalog::{arch_from_hf_config, lookup_model};
-use gpufit::core::memory::{estimate_with, BaseQuant, Estimate, Head, ModelOptions, OptimizerImpl};
+use gpufit::core::memory::{
+    estimate_with, phase_terms, BaseQuant, Estimate, Head, ModelOptions, OptimizerImpl,
+};
 use gpufit::core::settings::{Dtype, EngineeringSettings};
 use gpufit::core::units::{GB, GIB, MIB};
 use gpufit::core::workload::{Attention, LoraConfig, Method, ModelArch, Sharding, Workload};
@@ -39,6 +42,9 @@ const MAX_UNDER: f64 = 0.10;
 /// The H100's NVML total (bench/data/h100/README.md): 81,559 MiB.
 const H100_CAPACITY: f64 = 81_559.0 * MIB as f64;
 
+/// Reads one data file into scored rows (path, source label).
+type Reader = fn(&Path, &str) -> Result<Vec<Row>, String>;
+
 struct Row {
     source: String,
     id: String,
@@ -49,6 +55,10 @@ struct Row {
     predicted: f64,
     /// Predicted device bytes (for fit/no-fit on the H100).
     predicted_device: f64,
+    /// What the advisor plans with for a first run (the estimate plus its
+    /// stated margins), in device bytes, and the measured device bytes.
+    first_plan: f64,
+    measured_device: Option<f64>,
     h100: bool,
     include: bool,
     note: String,
@@ -63,12 +73,21 @@ impl Row {
 fn main() -> ExitCode {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/data");
     let mut rows = Vec::new();
-    let files: [(&str, &str, fn(&Path, &str) -> Result<Vec<Row>, String>); 5] = [
+    let files: [(&str, &str, Reader); 6] = [
         ("published_peaks.csv", "", read_published),
         ("h100/peaks.csv", "h100 peaks grid", read_h100),
         ("h100/throughput.csv", "h100 throughput series", read_h100),
-        ("h100/compile_accum.csv", "h100 compile/accumulation", read_h100),
+        (
+            "h100/compile_accum.csv",
+            "h100 compile/accumulation",
+            read_h100,
+        ),
         ("h100/families.csv", "h100 families", read_h100),
+        (
+            "h100/holdout.csv",
+            "h100 holdout (measured after the fit)",
+            read_h100,
+        ),
     ];
     for (file, source, read) in files {
         match read(&root.join(file), source) {
@@ -173,6 +192,39 @@ fn main() -> ExitCode {
         100.0 * MAX_UNDER
     );
 
+    // The stated margins the advisor plans a first run with: does the plan
+    // cover what the GPU really held?
+    let covered: Vec<(&str, f64)> = rows
+        .iter()
+        .filter(|r| r.h100 && r.include)
+        .filter_map(|r| {
+            r.measured_device
+                .map(|m| (r.id.as_str(), (r.first_plan - m) / m))
+        })
+        .collect();
+    let short: Vec<&(&str, f64)> = covered.iter().filter(|(_, d)| *d < 0.0).collect();
+    println!(
+        "first-run plan (estimate + {:.0} % fixed / {:.0} % per-sample margins) covers the measured device peak: {}/{} H100 rows{}",
+        100.0 * HEURISTIC_FIXED_MARGIN,
+        100.0 * HEURISTIC_SLOPE_MARGIN,
+        covered.len() - short.len(),
+        covered.len(),
+        short
+            .iter()
+            .map(|(id, d)| format!("; {id} short by {:.1}%", -100.0 * d))
+            .collect::<String>()
+    );
+    let mut unders: Vec<f64> = all.iter().filter(|e| **e < 0.0).map(|e| -e).collect();
+    unders.sort_by(|a, b| a.total_cmp(b));
+    if !unders.is_empty() {
+        let p95 = unders[((unders.len() as f64 * 0.95).ceil() as usize).min(unders.len()) - 1];
+        println!(
+            "95th percentile of under-prediction (over the {} under-predicted rows): {:.1}%",
+            unders.len(),
+            100.0 * p95
+        );
+    }
+
     let (am, aw) = median_worst(&all);
     let (hm, hw) = median_worst(&h100);
     let checks = [
@@ -194,6 +246,16 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The advisor's figure for a first run without history
+/// (`advisor::predict`): the fixed part and the per-sample part each with
+/// its stated margin.
+fn first_plan(e: &Estimate) -> f64 {
+    let m = e.micro_batch_size as f64;
+    let line = e.fixed_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN)
+        + e.per_sample_bytes as f64 * (1.0 + HEURISTIC_SLOPE_MARGIN) * m;
+    line.max(e.peak_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN))
 }
 
 fn median_worst(errors: &[f64]) -> (f64, f64) {
@@ -430,6 +492,8 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             framework: field(&r, "framework")?.to_string(),
             predicted: quantity_of(&est, &q)?,
             predicted_device: est.device_bytes as f64,
+            first_plan: first_plan(&est),
+            measured_device: None,
             measured: Some(num::<f64>(&r, "peak")? * unit_bytes(field(&r, "unit")?)?),
             quantity: q,
             h100: false,
@@ -476,18 +540,42 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             match (opt(&r, "compile", "false"), opt(&r, "loop", "manual")) {
                 ("True" | "true", _) => ":compile".to_string(),
                 (_, "trainer") => ":trainer".to_string(),
-                _ => format!(
-                    "{}",
-                    match opt(&r, "grad_accum", "1") {
-                        "1" => String::new(),
-                        a => format!(":a{a}"),
-                    }
-                ),
+                _ => match opt(&r, "grad_accum", "1") {
+                    "1" => String::new(),
+                    a => format!(":a{a}"),
+                },
             }
         );
         let id = format!("{id}#{}", n + 2);
         let (w, s, o) = scenario(&r).map_err(|e| format!("row {id}: {e}"))?;
         let est = estimate_with(&w, &s, &o).map_err(|e| format!("row {id}: {e}"))?;
+        if let Ok(dump) = std::env::var("GPUFIT_ACCURACY_DUMP") {
+            // one line of model terms per H100 row, for fitting by hand
+            let t = phase_terms(&w, &s, &o);
+            let line = format!(
+                "{id},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                status,
+                opt(&r, "allocated_bytes", "0"),
+                opt(&r, "reserved_bytes", "0"),
+                t.persistent,
+                t.grads,
+                t.grads_in_a,
+                t.weights_transient_a,
+                t.activations,
+                t.logits,
+                t.step_transient,
+                s.activation_checkpointing,
+                est.peak_allocated_bytes
+            );
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&dump)
+            {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
         out.push(Row {
             source: source.to_string(),
             framework: opt(&r, "framework", "hf").to_string(),
@@ -499,6 +587,16 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             },
             predicted: est.peak_reserved_bytes as f64,
             predicted_device: est.device_bytes as f64,
+            first_plan: first_plan(&est),
+            // reserved + the context the row measured (or the model's)
+            measured_device: if status == "ok" {
+                Some(
+                    num::<f64>(&r, "reserved_bytes")? + est.device_bytes as f64
+                        - est.peak_reserved_bytes as f64,
+                )
+            } else {
+                None
+            },
             h100: true,
             include: true,
             // the allocated peak beside it shows which part of an error is

@@ -226,6 +226,7 @@ fn bench_workload(id: &str, method: Method, seq_len: u32) -> Workload {
             num_experts: 1,
             experts_per_token: 1,
             max_position_embeddings: 131_072,
+            quirks: Default::default(),
         },
         method,
         lora: Some(LoraConfig {

@@ -268,6 +268,7 @@ fn arch_from_params(p: f64) -> crate::Result<ModelArch> {
         params: n,
         // unknown context: do not reject any --seq-len
         max_position_embeddings: 0,
+        quirks: Default::default(),
         ..best
     })
 }

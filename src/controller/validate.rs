@@ -241,6 +241,7 @@ fn arch_from_numbers(
         num_experts: 1,
         experts_per_token: 1,
         max_position_embeddings: a.max_seq_len.unwrap_or(0),
+        quirks: Default::default(),
     })
 }
 

@@ -74,6 +74,33 @@ pub struct ModelArch {
     pub experts_per_token: u32,
     /// Longest sequence the model supports.
     pub max_position_embeddings: u32,
+    /// Family details that change what a block saves for backward.
+    #[serde(default)]
+    pub quirks: ArchQuirks,
+}
+
+/// What some families do differently inside a block, read from their
+/// `config.json` (see `memory::layer_activations` for what each costs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, rename_all = "camelCase")]
+pub struct ArchQuirks {
+    /// The MLP activation is transformers' Python `NewGELUActivation`
+    /// (`gelu_new`: GPT-2, Phi-2), whose mul/pow/tanh each save a tensor;
+    /// exact or fused GELU (`gelu`, `gelu_pytorch_tanh`) saves only its input.
+    pub composite_gelu: bool,
+    /// Norms before *and* after attention and MLP (Gemma 2: four per block).
+    pub sandwich_norms: bool,
+    /// `attn_logit_softcapping`: eager attention keeps `tanh(scores / cap)`.
+    pub attn_softcapping: bool,
+    /// `final_logit_softcapping`: the head keeps `tanh(logits / cap)`.
+    pub final_softcapping: bool,
+    /// Its SDPA call runs PyTorch's math kernel, which materialises the
+    /// score matrix like eager attention: Falcon-7B/40B hand one shared K/V
+    /// head with an explicit mask to `scaled_dot_product_attention`, which
+    /// the flash and memory-efficient kernels do not take (measured on the
+    /// H100: Falcon-7B LoRA at 2,048 tokens holds 61 GB with "sdpa", the
+    /// size of eager scores; bench/data/h100/holdout.csv).
+    pub sdpa_math_fallback: bool,
 }
 
 /// How the model is trained.

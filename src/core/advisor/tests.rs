@@ -97,6 +97,7 @@ fn workload() -> Workload {
             num_experts: 1,
             experts_per_token: 1,
             max_position_embeddings: 131_072,
+            quirks: Default::default(),
         },
         method: Method::Full,
         lora: None,

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::core::workload::{ArchKind, Method, ModelArch};
+use crate::core::workload::{ArchKind, ArchQuirks, Method, ModelArch};
 
 use super::CatalogError;
 
@@ -624,7 +624,29 @@ impl Row {
             num_experts: self.experts,
             experts_per_token: self.experts_per_token,
             max_position_embeddings: self.max_pos,
+            quirks: family_quirks(self.names[0]),
         }
+    }
+}
+
+/// Family details of catalog models, as their config.json files give them
+/// (`activation_function: gelu_new` for GPT-2; Gemma 2's four norms per
+/// block, `attn_logit_softcapping: 50`, `final_logit_softcapping: 30`).
+fn family_quirks(id: &str) -> ArchQuirks {
+    if id.starts_with("openai-community/gpt2") {
+        ArchQuirks {
+            composite_gelu: true,
+            ..ArchQuirks::default()
+        }
+    } else if id.starts_with("google/gemma-2") {
+        ArchQuirks {
+            sandwich_norms: true,
+            attn_softcapping: true,
+            final_softcapping: true,
+            ..ArchQuirks::default()
+        }
+    } else {
+        ArchQuirks::default()
     }
 }
 
@@ -900,9 +922,16 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
         name,
         &["num_attention_heads", "n_head", "num_heads", "n_heads"],
     )?;
-    let kv_heads = get_u32(&v, name, &["num_key_value_heads", "n_kv_heads"])?
-        .filter(|&k| k > 0)
-        .unwrap_or(heads);
+    // Falcon-7B/40B write `multi_query: true` (one K/V head) instead of a count.
+    let multi_query = v.get("multi_query").and_then(Value::as_bool) == Some(true)
+        && v.get("new_decoder_architecture").and_then(Value::as_bool) != Some(true);
+    let kv_heads = get_u32(
+        &v,
+        name,
+        &["num_key_value_heads", "n_kv_heads", "num_kv_heads"],
+    )?
+    .filter(|&k| k > 0)
+    .unwrap_or(if multi_query { 1 } else { heads });
     let head_dim = get_u32(&v, name, &["head_dim", "d_kv"])?
         .filter(|&d| d > 0)
         .unwrap_or(hidden / heads);
@@ -911,9 +940,13 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
             .and_then(Value::as_str)
             .is_some_and(|s| s.starts_with("gated"))
     } else {
+        // plain two-matrix MLPs: GPT-2, GPT-NeoX (Pythia), Phi-1/2, Falcon
         !(is_enc
             || model_type.starts_with("gpt2")
-            || model_type == "gpt_neox"
+            || matches!(
+                model_type.as_str(),
+                "gpt_neox" | "phi" | "falcon" | "gpt_bigcode"
+            )
             || v.get("n_embd").is_some())
     };
     let intermediate = match get_u32(
@@ -971,6 +1004,18 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
         .filter(|s| !s.is_empty())
         .unwrap_or(name)
         .to_string();
+    let act = ["hidden_act", "activation_function", "hidden_activation"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_str))
+        .unwrap_or("");
+    let cap = |k: &str| v.get(k).and_then(Value::as_f64).is_some_and(|c| c > 0.0);
+    let quirks = ArchQuirks {
+        composite_gelu: matches!(act, "gelu_new" | "gelu_fast"),
+        sandwich_norms: matches!(model_type.as_str(), "gemma2" | "gemma3" | "gemma3_text"),
+        attn_softcapping: cap("attn_logit_softcapping"),
+        final_softcapping: cap("final_logit_softcapping"),
+        sdpa_math_fallback: model_type == "falcon" && kv_heads < heads && kv_heads == 1,
+    };
     let mut arch = ModelArch {
         name: display,
         kind,
@@ -987,6 +1032,7 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
         num_experts: experts,
         experts_per_token,
         max_position_embeddings: max_pos,
+        quirks,
     };
     arch.params = count_params(&arch);
     Ok(arch)
@@ -1102,6 +1148,36 @@ mod tests {
         assert!(!a.gated_mlp);
         assert_eq!(a.intermediate_size, 3072);
         assert!((a.params as f64 / 124_439_808.0 - 1.0).abs() < 0.02);
+    }
+
+    #[test]
+    fn family_details_come_from_config_json() {
+        // Falcon-7B: one shared K/V head, GELU MLP, SDPA falls back to math.
+        let falcon = arch_from_hf_config(
+            "falcon.json",
+            r#"{"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
+                "num_attention_heads": 71, "multi_query": true, "vocab_size": 65024}"#,
+        )
+        .unwrap();
+        assert_eq!(falcon.num_kv_heads, 1);
+        assert!(!falcon.gated_mlp);
+        assert!(falcon.quirks.sdpa_math_fallback);
+        // Phi-2: plain MLP with the composite gelu_new.
+        let phi = arch_from_hf_config(
+            "phi.json",
+            r#"{"model_type": "phi", "hidden_size": 2560, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "intermediate_size": 10240,
+                "vocab_size": 51200, "hidden_act": "gelu_new"}"#,
+        )
+        .unwrap();
+        assert!(!phi.gated_mlp && phi.quirks.composite_gelu);
+        assert!(!phi.quirks.sdpa_math_fallback);
+        // Gemma 2: four norms per block and both soft-caps, in the catalog too.
+        let gemma = lookup_model("google/gemma-2-2b").unwrap().arch;
+        assert!(gemma.quirks.sandwich_norms);
+        assert!(gemma.quirks.attn_softcapping && gemma.quirks.final_softcapping);
+        let llama = lookup_model("meta-llama/Llama-3.1-8B").unwrap().arch;
+        assert_eq!(llama.quirks, ArchQuirks::default());
     }
 
     #[test]

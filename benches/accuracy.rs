@@ -553,7 +553,7 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             // one line of model terms per H100 row, for fitting by hand
             let t = phase_terms(&w, &s, &o);
             let line = format!(
-                "{id},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{id},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 status,
                 opt(&r, "allocated_bytes", "0"),
                 opt(&r, "reserved_bytes", "0"),
@@ -565,7 +565,8 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
                 t.logits,
                 t.step_transient,
                 s.activation_checkpointing,
-                est.peak_allocated_bytes
+                est.peak_allocated_bytes,
+                t.recompute_overlap
             );
             use std::io::Write;
             if let Ok(mut f) = std::fs::OpenOptions::new()

@@ -235,7 +235,7 @@ const TORCHTUNE_CE_CHUNKS: f64 = 8.0;
 /// * phase B's allocation plus the part of phase A's cached transients that
 ///   the gradients and the optimizer's temporaries could not reuse.
 ///
-/// The three shares below are fitted to the 165 reserved-byte measurements
+/// The shares below are fitted to the 165 reserved-byte measurements
 /// on an H100 in bench/data/h100/ (`cargo bench --bench accuracy` prints
 /// the residuals); the phase terms they multiply are the model's own.
 ///
@@ -248,7 +248,13 @@ const ALLOCATOR_TRANSIENT_SHARE: f64 = 0.10;
 /// split the cached loss/activation blocks; the optimizer's temporaries
 /// then find no block large enough: this share of phase A's transients
 /// stays reserved beside phase B's allocation.
-const ALLOCATOR_CROSS_PHASE_SHARE_CHECKPOINTED: f64 = 0.75;
+const ALLOCATOR_CROSS_PHASE_SHARE_CHECKPOINTED: f64 = 1.0;
+
+/// Checkpointed phase A: the loss buffers (vocabulary-wide) and the
+/// recomputed block's tensors (hidden/intermediate-wide) take turns but do
+/// not fit into each other's freed blocks: the smaller of the two stays
+/// reserved beside the larger, in full.
+const ALLOCATOR_RECOMPUTE_SHARE: f64 = 1.0;
 
 /// Phase B without checkpointing: gradients replace activations as the
 /// backward frees them (similar sizes), so only the optimizer temporaries
@@ -300,6 +306,9 @@ struct Plan {
     step_transient: f64,
     /// Activation checkpointing on (changes how phase B reuses the cache).
     checkpointing: bool,
+    /// Checkpointed: the smaller of one recomputed block and the loss
+    /// buffers, per sample (they take turns in the same cache).
+    recompute_overlap_per_sample: f64,
     // per sample (one sequence of the micro batch)
     act_per_sample: f64,
     logits_per_sample: f64,
@@ -444,7 +453,11 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     let trains = |t: LoraTarget| full || targets.contains(&t);
     let rank = w.lora.as_ref().map(|l| l.rank as f64).unwrap_or(0.0);
     let classic = !a.gated_mlp;
-    let eager = w.attention == Attention::Eager || a.quirks.sdpa_math_fallback;
+    // Quirks of transformers' modelling code; litgpt and torchtune write
+    // their own blocks (fused `gelu(approximate="tanh")`, K/V expanded
+    // before SDPA), so they do not apply there.
+    let hf_code = !matches!(w.framework, Framework::Litgpt | Framework::Torchtune);
+    let eager = w.attention == Attention::Eager || (a.quirks.sdpa_math_fallback && hf_code);
 
     let mut saved = 0.0;
     let mut per_seq = 0.0;
@@ -527,7 +540,7 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
         // composite in Python (0.5·x·(1 + tanh(…))) whose mul/tanh save
         // three more I-sized tensors; BERT's exact GELU and T5's ReLU do not.
         saved += e * i * k;
-        if a.quirks.composite_gelu {
+        if a.quirks.composite_gelu && hf_code {
             saved += 3.0 * e * i * k;
         }
         if a.kind == ArchKind::EncoderDecoder {
@@ -852,12 +865,16 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
             .is_some_and(|l| l.targets.contains(&LoraTarget::LmHead));
     let tail = 4.0f64.max(r) * h + if head_trains { e * h } else { 0.0 };
     let transient = la.backward_transient + la.backward_transient_per_seq * seq;
+    // Checkpointed: one block is recomputed at a time during backward, with
+    // its saved tensors and backward transients (Korthikanti et al. 2022,
+    // §4.2 "full activation recomputation": 2sbhL + one layer). That block
+    // is recomputed only after the loss's backward has freed the loss
+    // buffers, so it and the loss buffers are never alive together: the
+    // peak holds the larger of the two (added below, once both are known).
+    let recompute_tokens = per_token_layer + transient;
     let acts_tokens = if s.activation_checkpointing {
-        // Checkpointed blocks keep only their input (r·h per token); one
-        // block is recomputed at a time during backward, with its saved
-        // tensors and backward transients (Korthikanti et al. 2022, §4.2
-        // "full activation recomputation": 2sbhL + one layer).
-        layers * r * h + per_token_layer + transient + tail
+        // Checkpointed blocks keep only their input (r·h per token).
+        layers * r * h + tail
     } else {
         layers * per_token_layer + transient + tail
     };
@@ -889,6 +906,14 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
         // classification: the pooled token and a few logits per sequence
         Head::Classifier => 4.0 * h * 4.0,
     };
+    if s.activation_checkpointing {
+        // The recomputed block counts where it outgrows the loss buffers;
+        // the smaller of the two is what the allocator must fit into the
+        // other's freed blocks.
+        let recompute = seq * recompute_tokens;
+        pl.recompute_overlap_per_sample = recompute.min(pl.logits_per_sample);
+        pl.act_per_sample += (recompute - pl.logits_per_sample).max(0.0);
+    }
 
     // --- torch.compile ---
     // Inductor fuses the elementwise ops (norms, activations, rotary, the
@@ -901,6 +926,7 @@ fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
     if s.compile {
         pl.act_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
         pl.logits_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
+        pl.recompute_overlap_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
     }
 
     pl
@@ -968,7 +994,9 @@ fn eval(pl: &Plan, m: f64) -> Eval {
     } else {
         pl.step_transient
     };
-    let reserved_a = a + ALLOCATOR_TRANSIENT_SHARE * transient_a;
+    let reserved_a = a
+        + ALLOCATOR_TRANSIENT_SHARE * transient_a
+        + ALLOCATOR_RECOMPUTE_SHARE * pl.recompute_overlap_per_sample * m;
     let reserved_b = b + if pl.checkpointing {
         ALLOCATOR_CROSS_PHASE_SHARE_CHECKPOINTED * dyn_a
     } else {
@@ -1077,6 +1105,7 @@ pub struct PhaseTerms {
     pub activations: f64,
     pub logits: f64,
     pub step_transient: f64,
+    pub recompute_overlap: f64,
 }
 
 #[doc(hidden)]
@@ -1095,6 +1124,7 @@ pub fn phase_terms(
         activations: pl.act_per_sample * m,
         logits: pl.logits_per_sample * m,
         step_transient: pl.step_transient,
+        recompute_overlap: pl.recompute_overlap_per_sample * m,
     }
 }
 

@@ -126,6 +126,7 @@ FIELDS = [
     "grad_accum", "gpus", "attention", "head", "grads_kept", "cuda_context_mib",
     "allocated_bytes", "reserved_bytes", "device_bytes", "loop", "compile",
     "fwd_peak", "bwd_peak", "step_peak", "after_fwd", "after_bwd", "tokens_per_sec",
+    "varlen", "reserved_by_step",
     "gpu", "torch", "transformers", "seconds", "error",
 ]
 
@@ -133,7 +134,7 @@ FIELDS = [
 def P(model, method="full", dtype="bf16", mb=1, seq=512, ckpt="off", **kw):
     d = dict(model=model, method=method, dtype=dtype, micro_batch=mb, seq_len=seq,
              checkpointing=ckpt, attention="sdpa", optimizer="adamw", head="lm",
-             loop="manual", compile=False, lora_rank=16, lora_targets="q;v")
+             loop="manual", compile=False, lora_rank=16, lora_targets="q;v", varlen=False)
     d.update(kw)
     return d
 
@@ -167,6 +168,17 @@ def grid(name):
             P(bert, dtype="fp16-mixed", mb=32, seq=512, head="classifier"),
             P(bert, dtype="fp32", mb=8, seq=512, head="classifier", ckpt="on"),
         ]
+    if name == "steps":
+        # does the reserved peak keep growing after the first steps? 30
+        # steps each, fixed-length batches and batches whose length varies
+        # between half and all of seq_len (as real, unpacked data does)
+        l3 = "meta-llama/Llama-3.2-3B"
+        pts = [
+            P(l3, "lora", mb=1, seq=8192, ckpt="on"), P(q05, mb=1, seq=8192, ckpt="on"),
+            P(l1, mb=4, seq=2048, ckpt="on"), P(l1, mb=1, seq=512),
+            P("Qwen/Qwen2.5-7B", "lora", mb=4, seq=2048, ckpt="on"), P(l1, "lora", mb=8, seq=2048),
+        ]
+        return pts + [dict(p, varlen=True) for p in pts]
     if name != "families":
         raise SystemExit(f"unknown grid {name}")
     return [
@@ -272,7 +284,13 @@ def run_point(p, steps, ctx_bytes):
         torch.cuda.reset_peak_memory_stats()
         alloc = reserved = 0
         t_start = None
+        by_step = []
+        gen = torch.Generator().manual_seed(0)
         for i in range(steps):
+            if p["varlen"]:
+                n = int(torch.randint(s // 16, s // 8 + 1, (1,), generator=gen)) * 8
+                x = torch.randint(0, vocab, (b, n), device="cuda")
+                labels = x if p["head"] != "classifier" else labels
             if i == 1:
                 torch.cuda.synchronize()
                 t_start = time.time()
@@ -299,11 +317,13 @@ def run_point(p, steps, ctx_bytes):
             r3 = torch.cuda.max_memory_reserved()
             alloc = max(alloc, fwd, bwd, stp)
             reserved = max(reserved, r1, r2, r3)
+            by_step.append(round(max(r1, r2, r3) / 2**30, 2))
         dt = (time.time() - t_start) / max(steps - 1, 1)
         row.update(status="ok", allocated_bytes=alloc, reserved_bytes=reserved,
                    device_bytes=reserved + ctx_bytes, fwd_peak=fwd, bwd_peak=bwd,
                    step_peak=stp, after_fwd=after_fwd, after_bwd=after_bwd,
-                   tokens_per_sec=round(b * s / dt, 1))
+                   tokens_per_sec=round(b * s / dt, 1),
+                   reserved_by_step=";".join(map(str, by_step)))
         return row
     except torch.cuda.OutOfMemoryError as e:
         row.update(status="oom", error=str(e).splitlines()[0][:160])
@@ -376,7 +396,7 @@ def main():
     ap.add_argument("--configs", default=os.path.join(os.path.dirname(__file__), "..", "bench",
                                                       "data", "configs"),
                     help="where the config.json of each model used is written")
-    ap.add_argument("--grid", default="families", help="families | holdout | quick")
+    ap.add_argument("--grid", default="families", help="families | holdout | steps | quick")
     ap.add_argument("--steps", type=int, default=4, help="training steps per point (>= 3)")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new point after this many seconds")
@@ -413,7 +433,7 @@ def main():
                 print(f"budget reached: {len(points) - i + 1} points not run", flush=True)
                 break
             t = time.time()
-            row = run_point(p, max(args.steps, 3), ctx)
+            row = run_point(p, 30 if args.grid == "steps" else max(args.steps, 3), ctx)
             row["seconds"] = round(time.time() - t, 1)
             row = {k: ("" if v is None else str(v).replace(",", ";")) for k, v in row.items()}
             w.writerow(row)
@@ -423,7 +443,8 @@ def main():
                   f"{p['loop']} compile={p['compile']} -> {row['status']} "
                   f"alloc={row.get('allocated_bytes')} res={row.get('reserved_bytes')} "
                   f"f/b/s={row.get('fwd_peak')}/{row.get('bwd_peak')}/{row.get('step_peak')} "
-                  f"{row.get('error', '')} ({row['seconds']}s)", flush=True)
+                  f"{row.get('error', '')} varlen={p.get('varlen')} by_step={row.get('reserved_by_step')} "
+                  f"({row['seconds']}s)", flush=True)
     print(f"wrote {out}")
     return 0
 

@@ -457,7 +457,13 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     // their own blocks (fused `gelu(approximate="tanh")`, K/V expanded
     // before SDPA), so they do not apply there.
     let hf_code = !matches!(w.framework, Framework::Litgpt | Framework::Torchtune);
-    let eager = w.attention == Attention::Eager || (a.quirks.sdpa_math_fallback && hf_code);
+    let math_sdpa =
+        w.attention == Attention::Sdpa && a.quirks.sdpa_math_fallback && hf_code;
+    let eager = w.attention == Attention::Eager || math_sdpa;
+    // Softmax in 16 bits: Falcon's eager code. PyTorch's math SDPA instead
+    // upcasts 16-bit inputs to fp32 (`allow_fp16_bf16_reduction_math_sdp`
+    // is off by default since torch 2.5), like the fp32 softmax below.
+    let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa;
 
     let mut saved = 0.0;
     let mut per_seq = 0.0;
@@ -495,10 +501,20 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     if eager {
         // q, k (expanded to all heads) saved by QKᵀ, v by PV.
         saved += 3.0 * e * qd;
-        // The softmax output is fp32 (HF eager attention upcasts; autocast
-        // runs softmax in fp32; fp32 training is fp32 anyway) …
-        per_seq += 4.0 * heads;
-        if classic {
+        if softmax_16bit {
+            // Falcon's eager code runs softmax in the activations' dtype,
+            // without dropout: PV saves that output.
+            per_seq += e * heads;
+        } else if math_sdpa {
+            // fp32 probabilities saved for PV (no dropout, no 16-bit cast).
+            per_seq += 4.0 * heads;
+        } else {
+            // The softmax output is fp32 (HF eager attention upcasts; autocast
+            // runs softmax in fp32; fp32 training is fp32 anyway) …
+            per_seq += 4.0 * heads;
+        }
+        if softmax_16bit || math_sdpa {
+        } else if classic {
             // … attention dropout (p = 0.1) keeps a bool mask, and PV saves
             // the dropped probabilities (in fp32, or their 16-bit cast) …
             per_seq += (1.0 + e) * heads;
@@ -582,7 +598,13 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     // (fp32 softmax backward + 16-bit copy).
     let mlp_bt = if classic { 2.0 } else { 3.0 } * e * i * k;
     let bt = 2.0 * r * h + mlp_bt;
-    let bt_seq = if eager { (4.0 + 2.0 * e) * heads } else { 0.0 };
+    let bt_seq = match (eager, softmax_16bit) {
+        (false, _) => 0.0,
+        // the score gradient in the activations' dtype, twice while softmax's
+        // backward runs
+        (true, true) => 2.0 * e * heads,
+        (true, false) => (4.0 + 2.0 * e) * heads,
+    };
 
     LayerActs {
         saved,

@@ -101,6 +101,10 @@ pub struct ArchQuirks {
     /// H100: Falcon-7B LoRA at 2,048 tokens holds 61 GB with "sdpa", the
     /// size of eager scores; bench/data/h100/holdout.csv).
     pub sdpa_math_fallback: bool,
+    /// Eager attention runs softmax in the activations' dtype without
+    /// dropout (transformers' Falcon: `F.softmax(..., dtype=hidden_states.dtype)`),
+    /// not in fp32.
+    pub attn_softmax_16bit: bool,
 }
 
 /// How the model is trained.

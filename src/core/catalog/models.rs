@@ -1015,6 +1015,7 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
         attn_softcapping: cap("attn_logit_softcapping"),
         final_softcapping: cap("final_logit_softcapping"),
         sdpa_math_fallback: model_type == "falcon" && kv_heads < heads && kv_heads == 1,
+        attn_softmax_16bit: model_type == "falcon",
     };
     let mut arch = ModelArch {
         name: display,

@@ -457,8 +457,7 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     // their own blocks (fused `gelu(approximate="tanh")`, K/V expanded
     // before SDPA), so they do not apply there.
     let hf_code = !matches!(w.framework, Framework::Litgpt | Framework::Torchtune);
-    let math_sdpa =
-        w.attention == Attention::Sdpa && a.quirks.sdpa_math_fallback && hf_code;
+    let math_sdpa = w.attention == Attention::Sdpa && a.quirks.sdpa_math_fallback && hf_code;
     let eager = w.attention == Attention::Eager || math_sdpa;
     // Softmax in 16 bits: Falcon's eager code. PyTorch's math SDPA instead
     // upcasts 16-bit inputs to fp32 (`allow_fp16_bf16_reduction_math_sdp`

@@ -38,7 +38,7 @@ impl<'a> Ctx<'a> {
                 };
                 let outliers = if c.outliers > 0 {
                     format!(
-                        " ({} inconsistent measurement{} left out)",
+                        " ({} measurement{} left out: inconsistent with the others, or the allocator's cache filling the card)",
                         c.outliers,
                         plural(c.outliers)
                     )

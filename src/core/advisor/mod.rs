@@ -287,6 +287,15 @@ pub const HEURISTIC_FIXED_MARGIN: f64 = 0.10;
 /// See [`HEURISTIC_FIXED_MARGIN`].
 pub const HEURISTIC_SLOPE_MARGIN: f64 = 0.35;
 
+/// A successful run's measured peak at or above this share of the card …
+pub const CACHE_FILLED_SHARE: f64 = 0.95;
+/// … and this many times the model's prediction is the allocator's cache
+/// filling the card (PyTorch releases it when a request fails), not what the
+/// step needs: it is learned from as "fits", not as a peak. True
+/// under-predictions of the memory model stay within 25 % on the measured
+/// rows (`cargo bench --bench accuracy`), so a 1.25× gap is the cache.
+pub const CACHE_FILLED_RATIO: f64 = 1.25;
+
 /// With two or more measured batches, extrapolating beyond the largest one
 /// carries the fit's noise: the slope gets this many standard errors of
 /// margin there (about the one-sided 95th percentile).

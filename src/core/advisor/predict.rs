@@ -9,6 +9,7 @@ use super::{
     AdvisorError, Cand, Ctx, HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN, LEAST_SQUARES_Z,
     ONE_POINT_SPLIT_UNCERTAINTY,
 };
+use super::{CACHE_FILLED_RATIO, CACHE_FILLED_SHARE};
 use crate::core::learner::{self, Correction, CorrectionKind, Measured};
 use crate::core::memory::Estimate;
 use crate::core::run::RunRecord;
@@ -134,11 +135,18 @@ impl<'a> Ctx<'a> {
             runs.iter().collect()
         };
         let mut points = Vec::new();
+        let mut cache_filled = 0;
         for r in learn_from.into_iter().filter(|r| r.result.success) {
             let Some(peak) = r.result.peak_memory_bytes else {
                 continue;
             };
             let e = self.model_for_record(w, r)?;
+            if cache_filled_the_card(peak as f64, e.peak_bytes as f64, self.capacity) {
+                // The run fitted; its peak says how full the allocator's
+                // cache got, not what the step needs (see CACHE_FILLED_SHARE).
+                cache_filled += 1;
+                continue;
+            }
             points.push(Measured {
                 micro_batch: r.settings.micro_batch_size,
                 model_bytes: e.peak_bytes as f64,
@@ -146,7 +154,10 @@ impl<'a> Ctx<'a> {
                 peak_bytes: peak as f64,
             });
         }
-        p.correction = learner::correct(&points);
+        p.correction = learner::correct(&points).map(|c| Correction {
+            outliers: c.outliers + cache_filled,
+            ..c
+        });
         // The smallest OOM is an upper bound: the true peak there was above
         // the card. A prediction that says otherwise is too low beyond the
         // largest measured batch below it.
@@ -191,4 +202,14 @@ impl<'a> Ctx<'a> {
         }
         Ok(self.opts.model.estimate(w, &s)?)
     }
+}
+
+/// A successful run whose measured peak filled the card far beyond what the
+/// model predicts: PyTorch's caching allocator keeps freed blocks until a
+/// request fails, then releases them and retries (measured on the H100 with
+/// variable-length batches: reserved memory climbs over 30 steps from 28 to
+/// 77 GiB of 79.6 while the step needs 32 GiB, and drops when the card is
+/// full; bench/data/h100/steps.csv). Such a peak is the cache, not the need.
+fn cache_filled_the_card(peak: f64, model: f64, capacity: f64) -> bool {
+    peak >= CACHE_FILLED_SHARE * capacity && peak >= CACHE_FILLED_RATIO * model
 }

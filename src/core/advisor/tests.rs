@@ -1474,3 +1474,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_peak_that_is_the_allocator_cache_filling_the_card_is_not_learned_as_need() {
+    // Model: 20 + 2m GiB on an 80 GiB card. A run at m=4 (model 28 GiB)
+    // succeeded and NVML saw 77 GiB: variable-length batches let the
+    // caching allocator fill the card (bench/data/h100/steps.csv). It fitted;
+    // it does not say the step needs 77 GiB.
+    let without_peak = balanced_pinned(&[ok(4)]);
+    let cache_filled = balanced_pinned(&[ok_peak(4, 77.0)]);
+    assert_eq!(
+        cache_filled.settings.micro_batch_size,
+        without_peak.settings.micro_batch_size
+    );
+    assert!(cache_filled.settings.micro_batch_size >= 4);
+    // A measured peak the model merely under-predicts is still learned.
+    let under = balanced_pinned(&[ok_peak(4, 34.0)]);
+    assert!(
+        under.settings.micro_batch_size < cache_filled.settings.micro_batch_size,
+        "{} vs {}",
+        under.settings.micro_batch_size,
+        cache_filled.settings.micro_batch_size
+    );
+}

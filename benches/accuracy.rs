@@ -67,7 +67,11 @@ fn main() -> ExitCode {
         ("published_peaks.csv", "", read_published),
         ("h100/peaks.csv", "h100 peaks grid", read_h100),
         ("h100/throughput.csv", "h100 throughput series", read_h100),
-        ("h100/compile_accum.csv", "h100 compile/accumulation", read_h100),
+        (
+            "h100/compile_accum.csv",
+            "h100 compile/accumulation",
+            read_h100,
+        ),
         ("h100/families.csv", "h100 families", read_h100),
     ];
     for (file, source, read) in files {

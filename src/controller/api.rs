@@ -1,4 +1,5 @@
-//! The controller's HTTP API used by the Slurm hooks (SPEC §7, §8):
+//! The controller's HTTP API used by the Slurm hooks (docs/design.md,
+//! "Slurm and the controller's HTTP API"):
 //!
 //! | route                       | what                                                    | auth   |
 //! |-----------------------------|---------------------------------------------------------|--------|

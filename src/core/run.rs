@@ -1,5 +1,5 @@
 //! A run record: one finished (or failed) training run, with the prediction
-//! that was made for it so prediction error can be tracked (SPEC §4).
+//! that was made for it so prediction error can be tracked (docs/design.md, "Run records and history").
 
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;

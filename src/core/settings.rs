@@ -1,4 +1,4 @@
-//! Engineering settings: the only fields gpufit may ever set (SPEC §1).
+//! Engineering settings: the only fields gpufit may ever set (docs/design.md, "Domain").
 //! Scientific settings (learning rate, global batch, LoRA rank, data, seed,
 //! sequence length) live in [`crate::core::workload::Workload`] and are never
 //! written by gpufit.

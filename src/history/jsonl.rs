@@ -1,4 +1,4 @@
-//! JSON Lines import/export in the common `run_logs.jsonl` layout (SPEC §4):
+//! JSON Lines import/export in the common `run_logs.jsonl` layout (docs/design.md, "Run records and history"):
 //!
 //! ```json
 //! {"timestamp": "2024-11-22T10:00:00.123456",

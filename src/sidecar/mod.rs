@@ -1,6 +1,6 @@
 //! The node sidecar: reads GPUs (NVML, a declared inventory, or a simulated
 //! backend), attributes processes to pods / Slurm jobs, keeps per-job peak
-//! memory, and serves HTTP + Prometheus metrics (SPEC §6).
+//! memory, and serves HTTP + Prometheus metrics (docs/design.md, "Measuring peaks"; docs/sidecar-api.md).
 //!
 //! | module          | what it owns |
 //! |-----------------|--------------|
@@ -134,7 +134,7 @@ impl Default for HttpConfig {
     }
 }
 
-/// The default sampling interval: SPEC §6 asks for ≤ 200 ms so a training
+/// The default sampling interval: never slower than 200 ms, so a training
 /// step's peak is caught; PyTorch's caching allocator keeps reserved memory
 /// at its peak for the rest of the step, so 100 ms sees it.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
@@ -208,7 +208,7 @@ pub fn gpu_spec_from_live(g: &GpuInfo) -> crate::core::catalog::GpuSpec {
     crate::core::catalog::GpuSpec {
         name: g.name.clone(),
         memory_bytes: g.memory_total_bytes,
-        // bf16 from compute capability 8.0, fp8 from 8.9 (SPEC §1).
+        // bf16 from compute capability 8.0, fp8 from 8.9 (docs/design.md, "Domain").
         bf16: (major, minor) >= (8, 0),
         fp8: (major, minor) >= (8, 9),
         compute_capability: cc,

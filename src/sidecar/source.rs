@@ -1,6 +1,6 @@
 //! The GPU source interface: what the sidecar needs from the hardware, with
 //! one real implementation (NVML) and two stand-ins (a declared inventory,
-//! a deterministic simulation) — the dcgm-exporter shape (STYLE.md).
+//! a deterministic simulation) — the dcgm-exporter shape (docs/design.md, "Measuring peaks").
 
 use serde::{Deserialize, Serialize};
 

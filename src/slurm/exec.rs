@@ -349,7 +349,7 @@ pub fn gpu_from_sidecar(v: &serde_json::Value, indices: &[u32]) -> Option<GpuRef
             Some(GpuRef::Spec(GpuSpec {
                 name,
                 memory_bytes: m,
-                // bf16 from compute capability 8.0, fp8 from 8.9 (SPEC §1).
+                // bf16 from compute capability 8.0, fp8 from 8.9 (docs/design.md, "Domain").
                 bf16: major_minor >= 8.0,
                 fp8: major_minor >= 8.9,
                 compute_capability: cc,

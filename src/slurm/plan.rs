@@ -618,7 +618,8 @@ pub struct Outcome {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LogFacts {
     /// The peak the log states; preferred over the sidecar's sampled figure
-    /// (SPEC §6: the job's own statement of its peak wins).
+    /// (the job's own statement of its peak wins: it is the allocator's figure,
+    /// not a sample; docs/design.md, "Measuring peaks").
     pub peak_memory_bytes: Option<u64>,
     pub tokens_per_sec: Option<f64>,
     pub samples_per_sec: Option<f64>,

@@ -561,19 +561,6 @@ fn job_state(job: &Job) -> JobState {
     JobState::Active(status.active.unwrap_or(0) > 0)
 }
 
-/// Out-of-memory markers beyond PyTorch's own messages (which the shared
-/// log parser, [`crate::core::logs::oom::is_oom_line`], recognises): cuBLAS
-/// workspace allocation, JAX/XLA, and the CUDA runtime's error name.
-const EXTRA_OOM_MARKERS: [&str; 3] = [
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "RESOURCE_EXHAUSTED: Out of memory",
-    "cudaErrorMemoryAllocation",
-];
-
-fn is_gpu_oom_line(l: &str) -> bool {
-    crate::core::logs::oom::is_oom_line(l) || EXTRA_OOM_MARKERS.iter().any(|m| l.contains(m))
-}
-
 /// Tells a GPU out-of-memory failure from other failures by the containers'
 /// termination messages (with `terminationMessagePolicy:
 /// FallbackToLogsOnError` that is the log's tail) and exit codes.
@@ -594,7 +581,8 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (Outcome, String) {
                     continue;
                 }
                 let msg = t.message.as_deref().unwrap_or("");
-                if let Some(line) = msg.lines().find(|l| is_gpu_oom_line(l)) {
+                // The same markers as the log parser and the Slurm Epilog.
+                if let Some(line) = crate::core::logs::oom::first_oom_line(msg) {
                     return (
                         Outcome::Oom,
                         format!(

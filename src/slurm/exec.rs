@@ -653,10 +653,11 @@ fn read_output_tail(path: &Path, uid: Option<&String>) -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// Whether a job's output shows PyTorch's CUDA out-of-memory error (the log
-/// parsers' own test, so Kubernetes and Slurm agree).
+/// Whether a job's output shows a GPU out-of-memory error: the markers of
+/// [`crate::core::logs::oom::MARKERS`], the ones the Kubernetes reconciler
+/// uses, so both paths agree.
 pub fn is_cuda_oom(text: &str) -> bool {
-    text.lines().any(crate::core::logs::oom::is_oom_line)
+    crate::core::logs::oom::first_oom_line(text).is_some()
 }
 
 fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError> {

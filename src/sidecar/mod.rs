@@ -195,30 +195,14 @@ pub fn local_gpu() -> Result<crate::core::catalog::GpuSpec, SidecarError> {
     Ok(gpu_spec_from_live(&g))
 }
 
-/// A live GPU as a catalog-shaped spec: live name, memory and compute
-/// capability win; the catalog adds what NVML does not report (throughput).
+/// A live GPU as a catalog-shaped spec (the one rule:
+/// [`crate::core::catalog::GpuSpec::from_live`]).
 pub fn gpu_spec_from_live(g: &GpuInfo) -> crate::core::catalog::GpuSpec {
-    let catalog = crate::core::catalog::lookup_gpu(&g.name).ok();
-    let cc = g
-        .compute_capability
-        .clone()
-        .or_else(|| catalog.as_ref().map(|c| c.compute_capability.clone()))
-        .unwrap_or_default();
-    let (major, minor) = parse_cc(&cc);
-    crate::core::catalog::GpuSpec {
-        name: g.name.clone(),
-        memory_bytes: g.memory_total_bytes,
-        // bf16 from compute capability 8.0, fp8 from 8.9 (docs/design.md, "Domain").
-        bf16: (major, minor) >= (8, 0),
-        fp8: (major, minor) >= (8, 9),
-        compute_capability: cc,
-        bf16_tflops: catalog.map_or(0.0, |c| c.bf16_tflops),
-    }
-}
-
-fn parse_cc(cc: &str) -> (u32, u32) {
-    let mut it = cc.split('.').map(|p| p.trim().parse::<u32>().unwrap_or(0));
-    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    crate::core::catalog::GpuSpec::from_live(
+        &g.name,
+        g.memory_total_bytes,
+        g.compute_capability.as_deref(),
+    )
 }
 
 // === the running sidecar's state ===

@@ -343,18 +343,9 @@ pub fn gpu_from_sidecar(v: &serde_json::Value, indices: &[u32]) -> Option<GpuRef
             Some(GpuRef::Spec(spec))
         }
         (Ok(spec), _) => Some(GpuRef::Spec(spec)),
+        // bf16/fp8 from the reported compute capability, as everywhere.
         (Err(_), Some(m)) if m > 0 => {
-            let cc = cc.unwrap_or_default();
-            let major_minor: f64 = cc.parse().unwrap_or(0.0);
-            Some(GpuRef::Spec(GpuSpec {
-                name,
-                memory_bytes: m,
-                // bf16 from compute capability 8.0, fp8 from 8.9 (docs/design.md, "Domain").
-                bf16: major_minor >= 8.0,
-                fp8: major_minor >= 8.9,
-                compute_capability: cc,
-                bf16_tflops: 0.0,
-            }))
+            Some(GpuRef::Spec(GpuSpec::from_live(&name, m, cc.as_deref())))
         }
         (Err(_), _) => Some(GpuRef::Name(name)),
     }

@@ -127,3 +127,58 @@ fn comments_point_only_at_documents_in_the_repository() {
         bad.join("\n")
     );
 }
+
+/// Lines of the Rust files under `dir` that name one of `forbidden`.
+fn offending_lines(dir: &str, forbidden: &[&str]) -> Vec<String> {
+    let mut offenders = Vec::new();
+    for f in sources_under(&[dir]) {
+        let text = std::fs::read_to_string(&f).expect("readable source");
+        for (n, line) in text.lines().enumerate() {
+            let l = line.trim_start();
+            if l.starts_with("//") {
+                continue;
+            }
+            for m in forbidden {
+                if l.starts_with(&format!("use {m}::"))
+                    || l.starts_with(&format!("use {m};"))
+                    || l.contains(&format!(" {m}::"))
+                    || l.contains(&format!("({m}::"))
+                {
+                    offenders.push(format!("{}:{}: {}", f.display(), n + 1, l));
+                }
+            }
+        }
+    }
+    offenders
+}
+
+/// The Slurm hooks share the wire types and the suggestion service with the
+/// controller; they never reach into the Kubernetes controller itself.
+#[test]
+fn slurm_does_not_depend_on_the_controller() {
+    let bad = offending_lines("src/slurm", &["crate::controller", "gpufit::controller"]);
+    assert!(
+        bad.is_empty(),
+        "src/slurm uses the controller:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The wire types are serde structs only: no I/O crate, no adapter.
+#[test]
+fn wire_types_do_no_io() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("src/wire.rs")).expect("src/wire.rs");
+    let mut bad = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let l = line.trim_start();
+        for krate in FORBIDDEN {
+            if !l.starts_with("//")
+                && (l.starts_with(&format!("use {krate}::")) || l.contains(&format!(" {krate}::")))
+            {
+                bad.push(format!("src/wire.rs:{}: {l}", n + 1));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "wire types reach I/O:\n{}", bad.join("\n"));
+}

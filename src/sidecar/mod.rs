@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use crate::wire::sidecar::{GpusResponse, Health, JobsResponse};
 pub use attribution::{Attributor, JobKey};
 pub use simulate::{SimJob, SimProcess, SimulateConfig, SimulatedSource};
 pub use source::{Backend, GpuInfo, GpuSource, ProcessObservation, SourceSample};
@@ -232,38 +232,6 @@ pub struct Sidecar {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// `/v1/gpus` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GpusResponse {
-    pub node: String,
-    pub backend: Backend,
-    pub sampled_at: Option<DateTime<Utc>>,
-    pub gpus: Vec<GpuInfo>,
-}
-
-/// `/v1/jobs` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JobsResponse {
-    pub node: String,
-    pub backend: Backend,
-    /// False for the inventory backend, which sees no processes.
-    pub per_job_data: bool,
-    pub jobs: Vec<JobView>,
-}
-
-/// `/healthz` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Health {
-    /// `ok`, or `stale` when the sampler has not run for a while.
-    pub status: String,
-    pub node: String,
-    pub backend: Backend,
-    pub gpus: usize,
-    pub unhealthy_gpus: Vec<u32>,
-    pub tracked_jobs: usize,
-    pub last_sample_age_seconds: Option<f64>,
 }
 
 impl Sidecar {

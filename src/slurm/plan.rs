@@ -24,11 +24,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::SlurmError;
-use crate::controller::api::{GpuRef, SuggestRequest, WorkloadSpec};
 use crate::core::advisor::{Strategy, Suggestion};
 use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, Pins};
 use crate::core::workload::{Attention, Framework, LoraTarget, Method, Optimizer, Sharding};
+use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
 
 /// A hook's environment (name → value).
 pub type Env = BTreeMap<String, String>;
@@ -531,7 +531,7 @@ pub fn exports(job_id: &str, s: &Suggestion) -> Vec<String> {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_else(|| format!("{:?}", s.source));
     // The same names and spellings the Kubernetes controller injects.
-    let mut pairs = crate::controller::inject::env_vars(&s.settings);
+    let mut pairs = crate::core::settings::env_vars(&s.settings);
     pairs.extend([
         ("GPUFIT_SUGGESTION_SOURCE", source),
         ("GPUFIT_CONFIDENCE", format!("{:.2}", s.confidence)),
@@ -680,7 +680,7 @@ pub fn build_run(
     let s = &state.suggestion;
     // The catalog's canonical name and the method the name implies, so the
     // run lands on the key the advisor queries.
-    let resolved = crate::controller::api::resolve_workload(&state.workload).ok();
+    let resolved = crate::service::resolve_workload(&state.workload).ok();
     let (model, method) = match &resolved {
         Some(w) => (w.model.name.clone(), w.method),
         None => (
@@ -713,25 +713,6 @@ pub fn build_run(
         },
         predicted_peak_bytes: Some(s.predicted_peak_bytes),
     }
-}
-
-/// The peak memory in a sidecar `GET /v1/jobs/{id}` answer.
-pub fn peak_from_sidecar(v: &serde_json::Value) -> Option<u64> {
-    let direct = ["peak_memory_bytes", "peak_bytes", "memory_peak_bytes"];
-    for k in direct {
-        if let Some(n) = v.get(k).and_then(|x| x.as_u64()) {
-            return Some(n);
-        }
-    }
-    // `{"peak": {"bytes": N, "method": …}}`
-    if let Some(n) = v
-        .get("peak")
-        .and_then(|p| p.get("bytes").or_else(|| p.get("peak_bytes")))
-        .and_then(|x| x.as_u64())
-    {
-        return Some(n);
-    }
-    v.get("job").and_then(peak_from_sidecar)
 }
 
 /// The job's output file: `SLURM_JOB_STDOUT` is the `--output` pattern as

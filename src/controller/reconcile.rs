@@ -31,7 +31,7 @@ use serde_json::json;
 
 use crate::core::advisor::{self, AdviceRequest, StrategyTargets, Suggestion};
 use crate::core::catalog::GpuSpec;
-use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::similarity::HistoryQuery;
 use crate::history::HistoryStore;
 
@@ -796,28 +796,22 @@ pub fn run_record(
         (Some(s), Some(e)) if e >= s => Some(e - s),
         _ => None,
     };
-    Some(RunRecord {
-        id: None,
-        timestamp: chrono::Utc::now(),
-        cluster: cluster.map(str::to_string),
-        node: a.node.clone(),
-        source: RunSource::Kubernetes,
+    let origin = RunOrigin::new(RunSource::Kubernetes, chrono::Utc::now())
+        .cluster(cluster.map(str::to_string))
+        .node(a.node.clone())
         // The run's identity in the history: a replayed reconcile updates
         // the row instead of adding one.
-        job_id: Some(match &a.job_uid {
+        .job_id(Some(match &a.job_uid {
             Some(uid) => format!("{ns}/{}/{uid}", a.job_name),
             None => format!("{ns}/{}", a.job_name),
-        }),
-        model: w.model.name.clone(),
-        method: w.method,
-        gpu_model: gpu.to_string(),
-        seq_len: w.seq_len,
-        lora_rank: w.lora.as_ref().map(|l| l.rank),
-        gpus: w.gpus,
-        global_batch: w.global_batch,
+        }));
+    let record = RunRecord::new(
+        origin,
+        RunKey::of(w, gpu),
         settings,
-        result: RunResult {
+        RunResult {
             success: a.outcome == Outcome::Succeeded,
+            // Only finished attempts are recorded: Succeeded, Oom or Failed.
             failure_reason: match a.outcome {
                 Outcome::Oom => Some(FailureReason::Oom),
                 Outcome::Failed => Some(FailureReason::OtherError),
@@ -828,8 +822,9 @@ pub fn run_record(
             tokens_per_sec: a.tokens_per_sec,
             duration_sec: duration,
         },
-        predicted_peak_bytes: a.predicted_peak_bytes,
-    })
+    )
+    .with_prediction(a.predicted_peak_bytes);
+    Some(record)
 }
 
 async fn record_runs(

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::SlurmError;
 use crate::core::advisor::{Strategy, Suggestion};
-use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, Pins};
 use crate::core::workload::{Attention, Framework, LoraTarget, Method, Optimizer, Sharding};
 use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
@@ -669,13 +669,7 @@ pub fn build_run(
     let failed_exit = outcome.exit_status.is_some_and(|s| s != 0)
         || outcome.derived_status.is_some_and(|s| s != 0);
     let success = !outcome.oom && !failed_exit && outcome.exit_status.is_some();
-    let failure_reason = if outcome.oom {
-        Some(FailureReason::Oom)
-    } else if success {
-        None
-    } else {
-        Some(FailureReason::OtherError)
-    };
+    let failure_reason = FailureReason::of(success, outcome.oom);
     let duration = (outcome.ended_at - state.started_at).num_milliseconds() as f64 / 1000.0;
     let s = &state.suggestion;
     // The catalog's canonical name and the method the name implies, so the
@@ -688,13 +682,11 @@ pub fn build_run(
             state.workload.method.unwrap_or(Method::Full),
         ),
     };
-    RunRecord {
-        id: None,
-        timestamp: outcome.ended_at,
-        cluster,
-        node: node.or_else(|| state.node.clone()),
-        source: RunSource::Slurm,
-        job_id: Some(state.job_id.clone()),
+    let origin = RunOrigin::new(RunSource::Slurm, outcome.ended_at)
+        .cluster(cluster)
+        .node(node.or_else(|| state.node.clone()))
+        .job_id(Some(state.job_id.clone()));
+    let key = RunKey {
         model,
         method,
         gpu_model: s.gpu.clone(),
@@ -702,8 +694,12 @@ pub fn build_run(
         lora_rank: state.workload.lora_rank,
         gpus: state.workload.gpus.unwrap_or(1),
         global_batch: state.workload.global_batch,
-        settings: s.settings.clone(),
-        result: RunResult {
+    };
+    RunRecord::new(
+        origin,
+        key,
+        s.settings.clone(),
+        RunResult {
             success,
             failure_reason,
             peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),
@@ -711,8 +707,8 @@ pub fn build_run(
             tokens_per_sec: outcome.log.tokens_per_sec,
             duration_sec: (duration >= 0.0).then_some(duration),
         },
-        predicted_peak_bytes: Some(s.predicted_peak_bytes),
-    }
+    )
+    .with_prediction(Some(s.predicted_peak_bytes))
 }
 
 /// The job's output file: `SLURM_JOB_STDOUT` is the `--output` pattern as

@@ -20,7 +20,9 @@ pub mod controller;
 pub mod core;
 pub mod error;
 pub mod history;
+pub mod service;
 pub mod sidecar;
 pub mod slurm;
+pub mod wire;
 
 pub use error::{Error, Result};

@@ -1,5 +1,5 @@
 //! The pure core must not know about HTTP, Kubernetes, databases or NVML
-//! (STYLE.md): adapters call the core, never the reverse.
+//! (docs/design.md, "Data flow"): adapters call the core, never the reverse.
 
 use std::path::Path;
 
@@ -64,4 +64,121 @@ fn pure_core_imports_no_io_crates_and_no_adapters() {
         "pure core reaches an adapter or I/O crate:\n{}",
         offenders.join("\n")
     );
+}
+
+fn sources_under(dirs: &[&str]) -> Vec<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for d in dirs {
+        rust_files(&root.join(d), &mut files);
+    }
+    files
+}
+
+/// Comments used to cite a numbered SPEC section and a STYLE file that were never in the
+/// repository; a pointer must lead to a document (and a section of it) that
+/// is here. `src/core/catalog` is left out while it is being rewritten
+/// elsewhere (it still cites the missing SPEC for the bf16/fp8 rule, which is
+/// `core::capability` and docs/design.md, "Domain").
+#[test]
+fn comments_point_only_at_documents_in_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let design = std::fs::read_to_string(root.join("docs/design.md")).expect("docs/design.md");
+    let headings: Vec<&str> = design
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .collect();
+    let mut bad = Vec::new();
+    for f in sources_under(&["src", "tests", "benches"]) {
+        if f.components().any(|c| c.as_os_str() == "catalog") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).expect("readable source");
+        for (n, line) in text.lines().enumerate() {
+            let Some(at) = line.find("//") else { continue };
+            let comment = &line[at..];
+            if comment.contains(concat!("SPEC", " §")) || comment.contains(concat!("STYLE", ".md"))
+            {
+                bad.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+            // A pointer of the form design.md + quoted section name must name a `## ` heading.
+            if let Some(i) = comment.find("docs/design.md, \"") {
+                let rest = &comment[i + "docs/design.md, \"".len()..];
+                let name = rest.split('"').next().unwrap_or("");
+                if !headings.iter().any(|h| h.starts_with(name)) {
+                    bad.push(format!("{}:{}: no section {name:?}", f.display(), n + 1));
+                }
+            }
+            for doc in [
+                "docs/design.md",
+                "docs/slurm.md",
+                "docs/sidecar-api.md",
+                "docs/controller.md",
+            ] {
+                if comment.contains(doc) && !root.join(doc).exists() {
+                    bad.push(format!("{}:{}: {doc} is missing", f.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "references that lead nowhere:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// Lines of the Rust files under `dir` that name one of `forbidden`.
+fn offending_lines(dir: &str, forbidden: &[&str]) -> Vec<String> {
+    let mut offenders = Vec::new();
+    for f in sources_under(&[dir]) {
+        let text = std::fs::read_to_string(&f).expect("readable source");
+        for (n, line) in text.lines().enumerate() {
+            let l = line.trim_start();
+            if l.starts_with("//") {
+                continue;
+            }
+            for m in forbidden {
+                if l.starts_with(&format!("use {m}::"))
+                    || l.starts_with(&format!("use {m};"))
+                    || l.contains(&format!(" {m}::"))
+                    || l.contains(&format!("({m}::"))
+                {
+                    offenders.push(format!("{}:{}: {}", f.display(), n + 1, l));
+                }
+            }
+        }
+    }
+    offenders
+}
+
+/// The Slurm hooks share the wire types and the suggestion service with the
+/// controller; they never reach into the Kubernetes controller itself.
+#[test]
+fn slurm_does_not_depend_on_the_controller() {
+    let bad = offending_lines("src/slurm", &["crate::controller", "gpufit::controller"]);
+    assert!(
+        bad.is_empty(),
+        "src/slurm uses the controller:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The wire types are serde structs only: no I/O crate, no adapter.
+#[test]
+fn wire_types_do_no_io() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("src/wire.rs")).expect("src/wire.rs");
+    let mut bad = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let l = line.trim_start();
+        for krate in FORBIDDEN {
+            if !l.starts_with("//")
+                && (l.starts_with(&format!("use {krate}::")) || l.contains(&format!(" {krate}::")))
+            {
+                bad.push(format!("src/wire.rs:{}: {l}", n + 1));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "wire types reach I/O:\n{}", bad.join("\n"));
 }

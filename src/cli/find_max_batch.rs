@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::suggest::AdviceArgs;
 use super::{print_json, Global, OutputFormat};
 use crate::core::advisor::{AdvisorError, Strategy};
-use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::units::fmt_gib;
 
@@ -474,35 +474,23 @@ fn record_for(
         .ok()
         .map(|e| e.peak_bytes)
         .filter(|&p| p > 0);
-    RunRecord {
-        id: None,
-        timestamp: Utc::now(),
-        cluster: None,
-        node: hostname(),
-        source: RunSource::FindMaxBatch,
-        job_id: None,
-        model: w.model.name.clone(),
-        method: w.method,
-        gpu_model: gpu.to_string(),
-        seq_len: w.seq_len,
-        lora_rank: w.lora.as_ref().map(|l| l.rank),
-        gpus: w.gpus,
-        global_batch: w.global_batch,
-        settings: s,
-        result: RunResult {
+    RunRecord::new(
+        RunOrigin::new(RunSource::FindMaxBatch, Utc::now()).node(hostname()),
+        RunKey::of(w, gpu),
+        s,
+        RunResult {
             success: t.outcome == Outcome::Success,
-            failure_reason: match t.outcome {
-                Outcome::Success => None,
-                Outcome::Oom => Some(FailureReason::Oom),
-                Outcome::Failed | Outcome::TimedOut => Some(FailureReason::OtherError),
-            },
+            failure_reason: FailureReason::of(
+                t.outcome == Outcome::Success,
+                t.outcome == Outcome::Oom,
+            ),
             peak_memory_bytes: t.peak_memory_bytes,
             samples_per_sec: t.tokens_per_sec.map(|x| x / w.seq_len.max(1) as f64),
             tokens_per_sec: t.tokens_per_sec,
             duration_sec: Some(t.duration_sec),
         },
-        predicted_peak_bytes: predicted,
-    }
+    )
+    .with_prediction(predicted)
 }
 
 fn hostname() -> Option<String> {

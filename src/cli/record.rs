@@ -10,7 +10,7 @@ use super::common::{OnOff, WorkloadArgs};
 use super::history::{canonical_gpu, open_history};
 use super::{Global, OutputFormat};
 use crate::core::logs::ParsedLog;
-use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::units::{fmt_gib, gb, gib};
 use crate::core::workload::Method;
@@ -265,13 +265,11 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
             fmt_gib(total)
         ));
     }
-    let run = RunRecord {
-        id: None,
-        timestamp: Utc::now(),
-        cluster: a.cluster,
-        node: a.node,
-        source: RunSource::Cli,
-        job_id: a.job_id,
+    let origin = RunOrigin::new(RunSource::Cli, Utc::now())
+        .cluster(a.cluster)
+        .node(a.node)
+        .job_id(a.job_id);
+    let key = RunKey {
         model: k.model,
         method: k.method,
         gpu_model,
@@ -279,7 +277,11 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
         lora_rank: k.lora_rank,
         gpus: k.gpus,
         global_batch: k.global_batch,
-        settings: EngineeringSettings {
+    };
+    let run = RunRecord::new(
+        origin,
+        key,
+        EngineeringSettings {
             micro_batch_size: a.micro_batch,
             gradient_accumulation_steps: grad_accum,
             dtype,
@@ -288,7 +290,7 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
             compile: a.compile.as_bool(),
             ..EngineeringSettings::default()
         },
-        result: RunResult {
+        RunResult {
             success,
             failure_reason,
             peak_memory_bytes: peak_flag.or(log_result.as_ref().and_then(|r| r.peak_memory_bytes)),
@@ -298,10 +300,11 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
             tokens_per_sec: tokens.or(log_result.as_ref().and_then(|r| r.tokens_per_sec)),
             duration_sec: duration.or(log_result.as_ref().and_then(|r| r.duration_sec)),
         },
-        predicted_peak_bytes: a.predicted_peak_bytes,
-    };
+    )
+    .with_prediction(a.predicted_peak_bytes);
     let store = open_history(a.history.as_deref())?;
     let id = store.record(&run)?;
+    // The stored id, for the report below.
     let run = RunRecord {
         id: Some(id),
         ..run

@@ -1,4 +1,4 @@
-//! `gpufit sidecar`: the node sidecar (SPEC §6). Flags here; the work is in
+//! `gpufit sidecar`: the node sidecar (docs/design.md, "Measuring peaks"). Flags here; the work is in
 //! [`crate::sidecar`].
 
 use std::net::SocketAddr;

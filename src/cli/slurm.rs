@@ -1,4 +1,5 @@
-//! `gpufit slurm task-prolog|prolog|epilog`: the Slurm hooks (SPEC §8).
+//! `gpufit slurm task-prolog|prolog|epilog`: the Slurm hooks (docs/slurm.md;
+//! docs/design.md, "Slurm and the controller's HTTP API").
 //!
 //! Each always exits 0: a failing TaskProlog fails the user's job and a
 //! failing Prolog/Epilog drains the node, so gpufit being down or

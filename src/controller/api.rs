@@ -1,4 +1,5 @@
-//! The controller's HTTP API used by the Slurm hooks (SPEC §7, §8):
+//! The controller's HTTP API used by the Slurm hooks (docs/design.md,
+//! "Slurm and the controller's HTTP API"):
 //!
 //! | route                       | what                                                    | auth   |
 //! |-----------------------------|---------------------------------------------------------|--------|
@@ -27,21 +28,41 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use subtle::ConstantTimeEq;
 
 use super::ControllerError;
-use crate::core::advisor::{self, AdviceRequest, Strategy, StrategyTargets, Suggestion};
-use crate::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
-use crate::core::memory::default_lora_targets;
+use crate::core::advisor::{StrategyTargets, Suggestion};
 use crate::core::run::RunRecord;
-use crate::core::settings::Pins;
-use crate::core::similarity::HistoryQuery;
-use crate::core::workload::{
-    Attention, Framework, LoraConfig, LoraTarget, Method as TrainMethod, Optimizer, Sharding,
-    Workload,
-};
 use crate::history::{HistoryStore, ListFilter};
+use crate::service::SuggestError;
+pub use crate::service::{canonical_model, read_token_file, resolve_gpu, resolve_workload};
+pub use crate::wire::api::{ErrorBody, GpuRef, SuggestRequest, WorkloadSpec};
+
+impl From<SuggestError> for ApiError {
+    fn from(e: SuggestError) -> Self {
+        let status = match &e {
+            SuggestError::History(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // Does-not-fit is a valid answer about the request, not a server fault.
+            SuggestError::DoesNotFit(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            SuggestError::Model(_)
+            | SuggestError::Workload(_)
+            | SuggestError::Gpu(_)
+            | SuggestError::Advisor(_) => StatusCode::BAD_REQUEST,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+/// The whole suggestion (see [`crate::service::suggest_blocking`]), with
+/// its failure as an HTTP error.
+pub fn suggest_blocking(
+    history: &dyn HistoryStore,
+    targets: StrategyTargets,
+    req: &SuggestRequest,
+) -> Result<Suggestion, ApiError> {
+    crate::service::suggest_blocking(history, targets, req).map_err(ApiError::from)
+}
 
 /// How the API server is started.
 #[derive(Debug, Clone)]
@@ -175,82 +196,7 @@ impl ApiState {
     }
 }
 
-/// Reads a bearer token from a file (surrounding whitespace trimmed).
-pub fn read_token_file(path: &std::path::Path) -> Result<String, ControllerError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ControllerError::Other(format!("cannot read token file {}: {e}", path.display()))
-    })?;
-    let token = text.trim().to_string();
-    if token.is_empty() {
-        return Err(ControllerError::Other(format!(
-            "token file {} is empty: put a long random token in it (e.g. `openssl rand -hex 32`)",
-            path.display()
-        )));
-    }
-    Ok(token)
-}
-
 // === request and response types ===
-
-/// A workload as the Slurm hooks describe it: a catalog model plus the
-/// scientific numbers. Resolved with the model catalog on the controller.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkloadSpec {
-    /// Catalog model id (`meta-llama/Llama-3.1-8B`, `llama-3.1-8b`, a torchtune name).
-    pub model: String,
-    /// full, lora or qlora; default the method the model name implies, else full.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub method: Option<TrainMethod>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora_rank: Option<u32>,
-    /// Default: the framework's default targets (as `gpufit suggest`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora_targets: Option<Vec<LoraTarget>>,
-    pub seq_len: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub global_batch: Option<u32>,
-    /// Data-parallel GPUs; default 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpus: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub optimizer: Option<Optimizer>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sharding: Option<Sharding>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub framework: Option<Framework>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attention: Option<Attention>,
-}
-
-/// The GPU of a suggestion: a catalog name, or a full spec with live values
-/// (which win over the catalog).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum GpuRef {
-    Name(String),
-    Spec(GpuSpec),
-}
-
-/// Body of `POST /v1/suggest`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SuggestRequest {
-    pub workload: WorkloadSpec,
-    pub gpu: GpuRef,
-    /// Default balanced.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub strategy: Option<Strategy>,
-    #[serde(default)]
-    pub pins: Pins,
-}
-
-/// Body of an error response.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorBody {
-    pub error: String,
-    pub status: u16,
-}
 
 /// An API error: a status and a message that says what is wrong.
 #[derive(Debug, Clone, PartialEq)]
@@ -297,99 +243,6 @@ impl std::fmt::Display for ApiError {
 impl std::error::Error for ApiError {}
 
 // === the pure-ish request logic, shared with the Slurm hooks' local mode ===
-
-/// Canonical model id for a name (catalog id when the catalog knows it),
-/// so runs recorded under an alias land on the same history key.
-pub fn canonical_model(name: &str) -> String {
-    lookup_model(name)
-        .map(|m| m.arch.name)
-        .unwrap_or_else(|_| name.to_string())
-}
-
-/// Resolves a workload spec with the model catalog and validates it.
-pub fn resolve_workload(spec: &WorkloadSpec) -> Result<Workload, ApiError> {
-    let mref = lookup_model(&spec.model)
-        .map_err(|e| ApiError::bad_request(format!("workload.model: {e}")))?;
-    let method = spec.method.or(mref.method).unwrap_or(TrainMethod::Full);
-    let framework = spec.framework.unwrap_or(Framework::Generic);
-    // The same defaults as `gpufit suggest` (WorkloadArgs::resolve): rank 8
-    // (PEFT's and torchtune's default) and the framework's default targets.
-    let lora = match method {
-        TrainMethod::Full => None,
-        TrainMethod::Lora | TrainMethod::Qlora => Some(LoraConfig {
-            rank: spec.lora_rank.unwrap_or(8),
-            targets: spec
-                .lora_targets
-                .clone()
-                .unwrap_or_else(|| default_lora_targets(framework)),
-        }),
-    };
-    let workload = Workload {
-        model: mref.arch,
-        method,
-        lora,
-        seq_len: spec.seq_len,
-        optimizer: spec.optimizer.unwrap_or(Optimizer::Adamw),
-        global_batch: spec.global_batch,
-        gpus: spec.gpus.unwrap_or(1),
-        sharding: spec.sharding.unwrap_or(Sharding::None),
-        framework,
-        attention: spec.attention.unwrap_or(Attention::Sdpa),
-    };
-    workload
-        .validate()
-        .map_err(|e| ApiError::bad_request(format!("workload: {e}")))?;
-    Ok(workload)
-}
-
-/// Resolves the GPU of a request (catalog name, or a live spec).
-pub fn resolve_gpu(gpu: &GpuRef) -> Result<GpuSpec, ApiError> {
-    match gpu {
-        GpuRef::Name(n) => lookup_gpu(n).map_err(|e| ApiError::bad_request(format!("gpu: {e}"))),
-        GpuRef::Spec(s) if s.memory_bytes == 0 => Err(ApiError::bad_request(
-            "gpu.memory_bytes must be positive: give the GPU's total memory in bytes",
-        )),
-        GpuRef::Spec(s) => Ok(s.clone()),
-    }
-}
-
-/// The whole suggestion: resolve, read similar runs, ask the advisor.
-/// Blocking (reads the history): async callers use `spawn_blocking`.
-pub fn suggest_blocking(
-    history: &dyn HistoryStore,
-    targets: StrategyTargets,
-    req: &SuggestRequest,
-) -> Result<Suggestion, ApiError> {
-    let workload = resolve_workload(&req.workload)?;
-    let gpu = resolve_gpu(&req.gpu)?;
-    let query = HistoryQuery::new(
-        &workload.model.name,
-        workload.method,
-        &gpu.name,
-        workload.seq_len,
-    );
-    let runs = history.similar(&query).map_err(|e| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("cannot read the history: {e}"),
-        )
-    })?;
-    let advice = AdviceRequest {
-        workload: &workload,
-        gpu: &gpu,
-        strategy: req.strategy.unwrap_or(Strategy::Balanced),
-        targets,
-        pins: &req.pins,
-        history: &runs,
-    };
-    advisor::suggest(&advice).map_err(|e| match e {
-        // Does-not-fit is a valid answer about the request, not a server fault.
-        advisor::AdvisorError::DoesNotFit { .. } => {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
-        }
-        other => ApiError::bad_request(other.to_string()),
-    })
-}
 
 // === HTTP ===
 
@@ -445,7 +298,9 @@ where
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => Ok(json_response(
             StatusCode::OK,
-            &serde_json::json!({"status": "ok"}),
+            &crate::wire::api::HealthBody {
+                status: "ok".into(),
+            },
         )),
         (&Method::POST, "/v1/suggest") => {
             let body: SuggestRequest = read_json(&state, req).await?;
@@ -510,7 +365,7 @@ where
                 })?;
             Ok(json_response(
                 StatusCode::CREATED,
-                &serde_json::json!({ "id": id }),
+                &crate::wire::api::RunCreated { id },
             ))
         }
         (&Method::GET, "/v1/runs") => {
@@ -772,6 +627,7 @@ pub async fn serve_on(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::advisor::Strategy;
 
     #[test]
     fn list_filter_reads_model_gpu_and_limit() {

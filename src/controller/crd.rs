@@ -98,7 +98,7 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// What is trained (SPEC §1). Either `model` (a catalog id) or
+/// What is trained (docs/design.md, "Domain"). Either `model` (a catalog id) or
 /// `architecture` (numbers) must be given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -84,14 +84,12 @@ fn from_label(product: &str, memory_mib: Option<u64>) -> Result<GpuSpec, GpuErro
             product: product.to_string(),
         });
     };
-    Ok(GpuSpec {
-        name: product.replace('-', " "),
-        memory_bytes: mib * MIB,
-        compute_capability: String::new(),
-        bf16: false,
-        fp8: false,
-        bf16_tflops: 0.0,
-    })
+    // No compute capability on the label: the shared rule claims no bf16.
+    Ok(GpuSpec::from_live(
+        &product.replace('-', " "),
+        mib * MIB,
+        None,
+    ))
 }
 
 /// Whether a node satisfies the pod's `nodeSelector` and the first

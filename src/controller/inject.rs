@@ -45,42 +45,8 @@ pub const PLACEHOLDERS: [&str; 10] = [
     "prefetch_factor",
 ];
 
-/// The environment variables for a set of engineering settings, in a fixed order.
-pub fn env_vars(s: &EngineeringSettings) -> Vec<(&'static str, String)> {
-    vec![
-        ("GPUFIT_MICRO_BATCH_SIZE", s.micro_batch_size.to_string()),
-        (
-            "GPUFIT_GRAD_ACCUM_STEPS",
-            s.gradient_accumulation_steps.to_string(),
-        ),
-        ("GPUFIT_DTYPE", s.dtype.as_str().to_string()),
-        (
-            "GPUFIT_ACTIVATION_CHECKPOINTING",
-            s.activation_checkpointing.to_string(),
-        ),
-        (
-            "GPUFIT_ACTIVATION_OFFLOADING",
-            s.activation_offloading.to_string(),
-        ),
-        ("GPUFIT_COMPILE", s.compile.to_string()),
-        (
-            "GPUFIT_DATALOADER_NUM_WORKERS",
-            s.dataloader.num_workers.to_string(),
-        ),
-        (
-            "GPUFIT_DATALOADER_PIN_MEMORY",
-            s.dataloader.pin_memory.to_string(),
-        ),
-        (
-            "GPUFIT_DATALOADER_PERSISTENT_WORKERS",
-            s.dataloader.persistent_workers.to_string(),
-        ),
-        (
-            "GPUFIT_DATALOADER_PREFETCH_FACTOR",
-            s.dataloader.prefetch_factor.to_string(),
-        ),
-    ]
-}
+// Shared with the Slurm TaskProlog, which prints the same variables.
+pub use crate::core::settings::env_vars;
 
 /// The value each placeholder is replaced with.
 pub fn placeholder_values(s: &EngineeringSettings) -> [(&'static str, String); 10] {

@@ -94,7 +94,7 @@ impl Metrics {
                 "Confidence (0-1) of the suggestions made",
             )
             // The advisor caps confidence at 0.95 and keeps heuristic
-            // suggestions below 0.5 (SPEC §3).
+            // suggestions below 0.5 (docs/design.md, "Contracts").
             .buckets(vec![0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]),
         )
         .expect("static metric definition");

@@ -37,6 +37,9 @@ use thiserror::Error;
 pub enum ControllerError {
     #[error("{0}")]
     Other(String),
+    /// The bearer token file cannot be used.
+    #[error("{0}")]
+    Token(#[from] crate::service::TokenFileError),
     /// The TrainingJob spec (or a webhook annotation) is wrong: fixed by editing it.
     #[error("invalid spec: {0}")]
     Invalid(String),
@@ -77,7 +80,8 @@ impl ControllerError {
     /// A short, static, low-cardinality label for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            ControllerError::Other(_) => "other",
+            // A token file problem was an `Other` before it had a type: same label.
+            ControllerError::Other(_) | ControllerError::Token(_) => "other",
             ControllerError::Invalid(_) => "invalid_spec",
             ControllerError::Gpu(_) => "gpu",
             ControllerError::Advisor(_) => "advisor",

@@ -31,7 +31,7 @@ use serde_json::json;
 
 use crate::core::advisor::{self, AdviceRequest, StrategyTargets, Suggestion};
 use crate::core::catalog::GpuSpec;
-use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::similarity::HistoryQuery;
 use crate::history::HistoryStore;
 
@@ -561,19 +561,6 @@ fn job_state(job: &Job) -> JobState {
     JobState::Active(status.active.unwrap_or(0) > 0)
 }
 
-/// Out-of-memory markers beyond PyTorch's own messages (which the shared
-/// log parser, [`crate::core::logs::oom::is_oom_line`], recognises): cuBLAS
-/// workspace allocation, JAX/XLA, and the CUDA runtime's error name.
-const EXTRA_OOM_MARKERS: [&str; 3] = [
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "RESOURCE_EXHAUSTED: Out of memory",
-    "cudaErrorMemoryAllocation",
-];
-
-fn is_gpu_oom_line(l: &str) -> bool {
-    crate::core::logs::oom::is_oom_line(l) || EXTRA_OOM_MARKERS.iter().any(|m| l.contains(m))
-}
-
 /// Tells a GPU out-of-memory failure from other failures by the containers'
 /// termination messages (with `terminationMessagePolicy:
 /// FallbackToLogsOnError` that is the log's tail) and exit codes.
@@ -594,7 +581,8 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (Outcome, String) {
                     continue;
                 }
                 let msg = t.message.as_deref().unwrap_or("");
-                if let Some(line) = msg.lines().find(|l| is_gpu_oom_line(l)) {
+                // The same markers as the log parser and the Slurm Epilog.
+                if let Some(line) = crate::core::logs::oom::first_oom_line(msg) {
                     return (
                         Outcome::Oom,
                         format!(
@@ -808,28 +796,22 @@ pub fn run_record(
         (Some(s), Some(e)) if e >= s => Some(e - s),
         _ => None,
     };
-    Some(RunRecord {
-        id: None,
-        timestamp: chrono::Utc::now(),
-        cluster: cluster.map(str::to_string),
-        node: a.node.clone(),
-        source: RunSource::Kubernetes,
+    let origin = RunOrigin::new(RunSource::Kubernetes, chrono::Utc::now())
+        .cluster(cluster.map(str::to_string))
+        .node(a.node.clone())
         // The run's identity in the history: a replayed reconcile updates
         // the row instead of adding one.
-        job_id: Some(match &a.job_uid {
+        .job_id(Some(match &a.job_uid {
             Some(uid) => format!("{ns}/{}/{uid}", a.job_name),
             None => format!("{ns}/{}", a.job_name),
-        }),
-        model: w.model.name.clone(),
-        method: w.method,
-        gpu_model: gpu.to_string(),
-        seq_len: w.seq_len,
-        lora_rank: w.lora.as_ref().map(|l| l.rank),
-        gpus: w.gpus,
-        global_batch: w.global_batch,
+        }));
+    let record = RunRecord::new(
+        origin,
+        RunKey::of(w, gpu),
         settings,
-        result: RunResult {
+        RunResult {
             success: a.outcome == Outcome::Succeeded,
+            // Only finished attempts are recorded: Succeeded, Oom or Failed.
             failure_reason: match a.outcome {
                 Outcome::Oom => Some(FailureReason::Oom),
                 Outcome::Failed => Some(FailureReason::OtherError),
@@ -840,8 +822,9 @@ pub fn run_record(
             tokens_per_sec: a.tokens_per_sec,
             duration_sec: duration,
         },
-        predicted_peak_bytes: a.predicted_peak_bytes,
-    })
+    )
+    .with_prediction(a.predicted_peak_bytes);
+    Some(record)
 }
 
 async fn record_runs(

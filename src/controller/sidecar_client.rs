@@ -46,24 +46,10 @@ impl SidecarClient {
             Err(ureq::Error::Status(404, _)) => return Ok(None),
             Err(e) => return Err(format!("GET {url}: {e}")),
         };
-        let v: serde_json::Value = resp
+        // The sidecar's own type: one definition for its server and clients.
+        let job: crate::wire::sidecar::JobView = resp
             .into_json()
-            .map_err(|e| format!("GET {url}: not JSON: {e}"))?;
-        Ok(peak_from_json(&v))
+            .map_err(|e| format!("GET {url}: not a sidecar job: {e}"))?;
+        Ok(Some(job.peak_bytes))
     }
-}
-
-/// Finds the peak in the sidecar's job JSON. Accepts the documented
-/// `peak_bytes` and the longer `peak_memory_bytes`, at the top level or
-/// under `peak`/`job`.
-pub fn peak_from_json(v: &serde_json::Value) -> Option<u64> {
-    for key in ["peak_bytes", "peak_memory_bytes", "peak_gpu_memory_bytes"] {
-        if let Some(n) = v.get(key).and_then(serde_json::Value::as_u64) {
-            return Some(n);
-        }
-    }
-    if let Some(n) = v.pointer("/peak/bytes").and_then(serde_json::Value::as_u64) {
-        return Some(n);
-    }
-    v.get("job").and_then(peak_from_json)
 }

@@ -5,6 +5,7 @@
 //! adapters call the core, never the reverse.
 
 pub mod advisor;
+pub mod capability;
 pub mod catalog;
 pub mod learner;
 pub mod logs;

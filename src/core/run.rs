@@ -1,12 +1,12 @@
 //! A run record: one finished (or failed) training run, with the prediction
-//! that was made for it so prediction error can be tracked (SPEC §4).
+//! that was made for it so prediction error can be tracked (docs/design.md, "Run records and history").
 
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::core::settings::EngineeringSettings;
-use crate::core::workload::Method;
+use crate::core::workload::{Method, Workload};
 
 /// Where a run was recorded from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -68,7 +68,127 @@ pub struct RunRecord {
     pub predicted_peak_bytes: Option<u64>,
 }
 
+/// The workload fields a run is keyed by (the similarity key, see
+/// `core::similarity`) and described with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunKey {
+    /// Canonical model id.
+    pub model: String,
+    pub method: Method,
+    /// GPU model name as NVML prints it.
+    pub gpu_model: String,
+    pub seq_len: u32,
+    pub lora_rank: Option<u32>,
+    /// Data-parallel GPUs (at least 1).
+    pub gpus: u32,
+    pub global_batch: Option<u32>,
+}
+
+impl RunKey {
+    /// The key of a resolved workload on a GPU model.
+    pub fn of(w: &Workload, gpu_model: &str) -> RunKey {
+        RunKey {
+            model: w.model.name.clone(),
+            method: w.method,
+            gpu_model: gpu_model.to_string(),
+            seq_len: w.seq_len,
+            lora_rank: w.lora.as_ref().map(|l| l.rank),
+            gpus: w.gpus,
+            global_batch: w.global_batch,
+        }
+    }
+}
+
+/// When and where a run was recorded. Only the source and time are always
+/// known; the rest is set by the adapters that know it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOrigin {
+    pub source: RunSource,
+    pub timestamp: DateTime<Utc>,
+    pub cluster: Option<String>,
+    pub node: Option<String>,
+    /// The job's id in its system; makes recording the run idempotent
+    /// ([`RunRecord::identity`]).
+    pub job_id: Option<String>,
+}
+
+impl RunOrigin {
+    pub fn new(source: RunSource, timestamp: DateTime<Utc>) -> Self {
+        RunOrigin {
+            source,
+            timestamp,
+            cluster: None,
+            node: None,
+            job_id: None,
+        }
+    }
+
+    pub fn cluster(mut self, cluster: Option<String>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    pub fn node(mut self, node: Option<String>) -> Self {
+        self.node = node;
+        self
+    }
+
+    pub fn job_id(mut self, job_id: Option<String>) -> Self {
+        self.job_id = job_id;
+        self
+    }
+}
+
+impl FailureReason {
+    /// The failure reason of a run that succeeded or not and ran out of GPU
+    /// memory or not: none for a success, OOM before any other error.
+    pub fn of(success: bool, oom: bool) -> Option<FailureReason> {
+        if oom {
+            Some(FailureReason::Oom)
+        } else if success {
+            None
+        } else {
+            Some(FailureReason::OtherError)
+        }
+    }
+}
+
 impl RunRecord {
+    /// The one way a run record is made (every path that finishes a job):
+    /// not stored yet (`id` None), no prediction until
+    /// [`RunRecord::with_prediction`] says which was made for it.
+    pub fn new(
+        origin: RunOrigin,
+        key: RunKey,
+        settings: EngineeringSettings,
+        result: RunResult,
+    ) -> RunRecord {
+        RunRecord {
+            id: None,
+            timestamp: origin.timestamp,
+            cluster: origin.cluster,
+            node: origin.node,
+            source: origin.source,
+            job_id: origin.job_id,
+            model: key.model,
+            method: key.method,
+            gpu_model: key.gpu_model,
+            seq_len: key.seq_len,
+            lora_rank: key.lora_rank,
+            gpus: key.gpus,
+            global_batch: key.global_batch,
+            settings,
+            result,
+            predicted_peak_bytes: None,
+        }
+    }
+
+    /// The peak gpufit predicted for these settings.
+    pub fn with_prediction(mut self, predicted_peak_bytes: Option<u64>) -> Self {
+        self.predicted_peak_bytes = predicted_peak_bytes;
+        self
+    }
+
     pub fn is_oom(&self) -> bool {
         !self.result.success && self.result.failure_reason == Some(FailureReason::Oom)
     }
@@ -462,5 +582,84 @@ mod validation_tests {
         r.gpu_model = "Test GPU".into();
         assert!(r.clone().validated(None).is_ok());
         assert!(r.validated(Some(10_000_000_000)).is_err());
+    }
+}
+
+#[cfg(test)]
+mod new_tests {
+    use super::*;
+    use crate::core::catalog::lookup_model;
+    use crate::core::workload::{Attention, Framework, LoraConfig, Optimizer, Sharding};
+
+    #[test]
+    fn new_fills_every_field_from_its_parts_and_nothing_else() {
+        let t = DateTime::<Utc>::UNIX_EPOCH;
+        let w = Workload {
+            model: lookup_model("llama-3.1-8b").expect("catalog model").arch,
+            method: Method::Lora,
+            lora: Some(LoraConfig {
+                rank: 16,
+                targets: vec![],
+            }),
+            seq_len: 2048,
+            optimizer: Optimizer::Adamw,
+            global_batch: Some(32),
+            gpus: 2,
+            sharding: Sharding::None,
+            framework: Framework::Generic,
+            attention: Attention::Sdpa,
+        };
+        let result = RunResult {
+            success: false,
+            failure_reason: FailureReason::of(false, true),
+            peak_memory_bytes: Some(7),
+            samples_per_sec: None,
+            tokens_per_sec: None,
+            duration_sec: Some(1.0),
+        };
+        let r = RunRecord::new(
+            RunOrigin::new(RunSource::Slurm, t)
+                .cluster(Some("c".into()))
+                .node(Some("n".into()))
+                .job_id(Some("42".into())),
+            RunKey::of(&w, "NVIDIA H100 80GB HBM3"),
+            EngineeringSettings::default(),
+            result.clone(),
+        )
+        .with_prediction(Some(9));
+        assert_eq!(
+            r,
+            RunRecord {
+                id: None,
+                timestamp: t,
+                cluster: Some("c".into()),
+                node: Some("n".into()),
+                source: RunSource::Slurm,
+                job_id: Some("42".into()),
+                model: w.model.name.clone(),
+                method: Method::Lora,
+                gpu_model: "NVIDIA H100 80GB HBM3".into(),
+                seq_len: 2048,
+                lora_rank: Some(16),
+                gpus: 2,
+                global_batch: Some(32),
+                settings: EngineeringSettings::default(),
+                result,
+                predicted_peak_bytes: Some(9),
+            }
+        );
+        assert!(r.is_oom());
+    }
+
+    #[test]
+    fn failure_reason_of_a_run() {
+        assert_eq!(FailureReason::of(true, false), None);
+        assert_eq!(
+            FailureReason::of(false, false),
+            Some(FailureReason::OtherError)
+        );
+        // An OOM is an OOM whatever the exit status said.
+        assert_eq!(FailureReason::of(false, true), Some(FailureReason::Oom));
+        assert_eq!(FailureReason::of(true, true), Some(FailureReason::Oom));
     }
 }

@@ -1,4 +1,4 @@
-//! Engineering settings: the only fields gpufit may ever set (SPEC §1).
+//! Engineering settings: the only fields gpufit may ever set (docs/design.md, "Domain").
 //! Scientific settings (learning rate, global batch, LoRA rank, data, seed,
 //! sequence length) live in [`crate::core::workload::Workload`] and are never
 //! written by gpufit.
@@ -174,4 +174,43 @@ impl Pins {
             pure_bf16: later.pure_bf16.or(self.pure_bf16),
         }
     }
+}
+
+/// The environment variables for a set of engineering settings, in a fixed
+/// order: what the Kubernetes pod template and the Slurm TaskProlog inject,
+/// so a training script reads the same names on both.
+pub fn env_vars(s: &EngineeringSettings) -> Vec<(&'static str, String)> {
+    vec![
+        ("GPUFIT_MICRO_BATCH_SIZE", s.micro_batch_size.to_string()),
+        (
+            "GPUFIT_GRAD_ACCUM_STEPS",
+            s.gradient_accumulation_steps.to_string(),
+        ),
+        ("GPUFIT_DTYPE", s.dtype.as_str().to_string()),
+        (
+            "GPUFIT_ACTIVATION_CHECKPOINTING",
+            s.activation_checkpointing.to_string(),
+        ),
+        (
+            "GPUFIT_ACTIVATION_OFFLOADING",
+            s.activation_offloading.to_string(),
+        ),
+        ("GPUFIT_COMPILE", s.compile.to_string()),
+        (
+            "GPUFIT_DATALOADER_NUM_WORKERS",
+            s.dataloader.num_workers.to_string(),
+        ),
+        (
+            "GPUFIT_DATALOADER_PIN_MEMORY",
+            s.dataloader.pin_memory.to_string(),
+        ),
+        (
+            "GPUFIT_DATALOADER_PERSISTENT_WORKERS",
+            s.dataloader.persistent_workers.to_string(),
+        ),
+        (
+            "GPUFIT_DATALOADER_PREFETCH_FACTOR",
+            s.dataloader.prefetch_factor.to_string(),
+        ),
+    ]
 }

@@ -1,4 +1,4 @@
-//! "Similar" runs (SPEC §3): same model, same method, same GPU model, same
+//! "Similar" runs (docs/design.md, "Contracts", hard rules): same model, same method, same GPU model, same
 //! dtype and checkpointing, sequence length within 10 %. This is the one
 //! place that decides it, so it can be tightened later.
 

@@ -1,4 +1,4 @@
-//! JSON Lines import/export in the common `run_logs.jsonl` layout (SPEC §4):
+//! JSON Lines import/export in the common `run_logs.jsonl` layout (docs/design.md, "Run records and history"):
 //!
 //! ```json
 //! {"timestamp": "2024-11-22T10:00:00.123456",
@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use super::schema;
 use super::HistoryError;
-use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{DataLoaderSettings, Dtype, EngineeringSettings};
 use crate::core::units::{GB, GIB};
 use crate::core::workload::Method;
@@ -357,13 +357,11 @@ pub fn parse_line(
             (g * unit as f64).round() as u64
         })
     });
-    Ok(RunRecord {
-        id: None,
-        timestamp,
-        cluster: extra.cluster.or_else(|| opts.cluster.clone()),
-        node: extra.node,
-        source: extra.source.unwrap_or(RunSource::Import),
-        job_id: extra.job_id,
+    let origin = RunOrigin::new(extra.source.unwrap_or(RunSource::Import), timestamp)
+        .cluster(extra.cluster.or_else(|| opts.cluster.clone()))
+        .node(extra.node)
+        .job_id(extra.job_id);
+    let key = RunKey {
         model,
         method: extra.method.unwrap_or(name_method),
         gpu_model,
@@ -371,25 +369,25 @@ pub fn parse_line(
         lora_rank: extra.lora_rank,
         gpus: extra.gpus.filter(|g| *g >= 1).unwrap_or(1),
         global_batch: extra.global_batch,
-        settings: EngineeringSettings {
-            micro_batch_size: batch,
-            gradient_accumulation_steps: accum,
-            dtype,
-            activation_checkpointing: cfg.enable_activation_checkpointing.unwrap_or(false),
-            activation_offloading: cfg.enable_activation_offloading.unwrap_or(false),
-            compile: cfg.compile.unwrap_or(false),
-            dataloader: extra.dataloader.unwrap_or_default(),
-        },
-        result: RunResult {
-            success,
-            failure_reason: failure,
-            peak_memory_bytes,
-            samples_per_sec: samples,
-            tokens_per_sec: extra.tokens_per_sec.filter(|t| t.is_finite() && *t >= 0.0),
-            duration_sec: duration,
-        },
-        predicted_peak_bytes: extra.predicted_peak_bytes,
-    })
+    };
+    let settings = EngineeringSettings {
+        micro_batch_size: batch,
+        gradient_accumulation_steps: accum,
+        dtype,
+        activation_checkpointing: cfg.enable_activation_checkpointing.unwrap_or(false),
+        activation_offloading: cfg.enable_activation_offloading.unwrap_or(false),
+        compile: cfg.compile.unwrap_or(false),
+        dataloader: extra.dataloader.unwrap_or_default(),
+    };
+    let result = RunResult {
+        success,
+        failure_reason: failure,
+        peak_memory_bytes,
+        samples_per_sec: samples,
+        tokens_per_sec: extra.tokens_per_sec.filter(|t| t.is_finite() && *t >= 0.0),
+        duration_sec: duration,
+    };
+    Ok(RunRecord::new(origin, key, settings, result).with_prediction(extra.predicted_peak_bytes))
 }
 
 // === streaming reader ===

@@ -193,7 +193,10 @@ fn json<T: Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {
 }
 
 fn error(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {
-    let body = serde_json::json!({ "error": msg }).to_string();
+    let body = serde_json::to_string(&crate::wire::sidecar::ErrorBody {
+        error: msg.to_string(),
+    })
+    .unwrap_or_default();
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
@@ -263,14 +266,6 @@ async fn read_json<T: serde::de::DeserializeOwned>(
         .to_bytes();
     serde_json::from_slice(&body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")))
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LogPeak {
-    /// Any JSON number, checked by [`check_log_peak`] (a negative or
-    /// fractional one gets a reason, not serde's message).
-    peak_bytes: serde_json::Number,
 }
 
 /// A stated peak above the largest GPU by more than this is refused: logs
@@ -398,7 +393,7 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
             if let Err(resp) = authorize(sc, &req) {
                 return resp;
             }
-            let body = match read_json::<LogPeak>(req).await {
+            let body = match read_json::<crate::wire::sidecar::LogPeakRequest>(req).await {
                 Ok(b) => b,
                 Err(resp) => return resp,
             };

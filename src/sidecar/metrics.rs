@@ -29,7 +29,7 @@ pub struct MetricDef {
 
 /// Labels of per-GPU series.
 pub const GPU_LABELS: &[&str] = &["gpu", "uuid", "model", "node"];
-/// Labels of per-job series (SPEC §6): the job by pod or Slurm id, plus GPU,
+/// Labels of per-job series (docs/design.md, "Measuring peaks"): the job by pod or Slurm id, plus GPU,
 /// node and how the value was measured.
 pub const JOB_LABELS: &[&str] = &["namespace", "pod", "slurm_job_id", "gpu", "node", "method"];
 

@@ -1,6 +1,6 @@
 //! The node sidecar: reads GPUs (NVML, a declared inventory, or a simulated
 //! backend), attributes processes to pods / Slurm jobs, keeps per-job peak
-//! memory, and serves HTTP + Prometheus metrics (SPEC §6).
+//! memory, and serves HTTP + Prometheus metrics (docs/design.md, "Measuring peaks"; docs/sidecar-api.md).
 //!
 //! | module          | what it owns |
 //! |-----------------|--------------|
@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use crate::wire::sidecar::{GpusResponse, Health, JobsResponse};
 pub use attribution::{Attributor, JobKey};
 pub use simulate::{SimJob, SimProcess, SimulateConfig, SimulatedSource};
 pub use source::{Backend, GpuInfo, GpuSource, ProcessObservation, SourceSample};
@@ -134,7 +134,7 @@ impl Default for HttpConfig {
     }
 }
 
-/// The default sampling interval: SPEC §6 asks for ≤ 200 ms so a training
+/// The default sampling interval: never slower than 200 ms, so a training
 /// step's peak is caught; PyTorch's caching allocator keeps reserved memory
 /// at its peak for the rest of the step, so 100 ms sees it.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
@@ -195,30 +195,14 @@ pub fn local_gpu() -> Result<crate::core::catalog::GpuSpec, SidecarError> {
     Ok(gpu_spec_from_live(&g))
 }
 
-/// A live GPU as a catalog-shaped spec: live name, memory and compute
-/// capability win; the catalog adds what NVML does not report (throughput).
+/// A live GPU as a catalog-shaped spec (the one rule:
+/// [`crate::core::catalog::GpuSpec::from_live`]).
 pub fn gpu_spec_from_live(g: &GpuInfo) -> crate::core::catalog::GpuSpec {
-    let catalog = crate::core::catalog::lookup_gpu(&g.name).ok();
-    let cc = g
-        .compute_capability
-        .clone()
-        .or_else(|| catalog.as_ref().map(|c| c.compute_capability.clone()))
-        .unwrap_or_default();
-    let (major, minor) = parse_cc(&cc);
-    crate::core::catalog::GpuSpec {
-        name: g.name.clone(),
-        memory_bytes: g.memory_total_bytes,
-        // bf16 from compute capability 8.0, fp8 from 8.9 (SPEC §1).
-        bf16: (major, minor) >= (8, 0),
-        fp8: (major, minor) >= (8, 9),
-        compute_capability: cc,
-        bf16_tflops: catalog.map_or(0.0, |c| c.bf16_tflops),
-    }
-}
-
-fn parse_cc(cc: &str) -> (u32, u32) {
-    let mut it = cc.split('.').map(|p| p.trim().parse::<u32>().unwrap_or(0));
-    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    crate::core::catalog::GpuSpec::from_live(
+        &g.name,
+        g.memory_total_bytes,
+        g.compute_capability.as_deref(),
+    )
 }
 
 // === the running sidecar's state ===
@@ -248,38 +232,6 @@ pub struct Sidecar {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// `/v1/gpus` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GpusResponse {
-    pub node: String,
-    pub backend: Backend,
-    pub sampled_at: Option<DateTime<Utc>>,
-    pub gpus: Vec<GpuInfo>,
-}
-
-/// `/v1/jobs` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JobsResponse {
-    pub node: String,
-    pub backend: Backend,
-    /// False for the inventory backend, which sees no processes.
-    pub per_job_data: bool,
-    pub jobs: Vec<JobView>,
-}
-
-/// `/healthz` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Health {
-    /// `ok`, or `stale` when the sampler has not run for a while.
-    pub status: String,
-    pub node: String,
-    pub backend: Backend,
-    pub gpus: usize,
-    pub unhealthy_gpus: Vec<u32>,
-    pub tracked_jobs: usize,
-    pub last_sample_age_seconds: Option<f64>,
 }
 
 impl Sidecar {

@@ -19,33 +19,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use super::attribution::JobKey;
 use super::source::ProcessObservation;
-
-/// How a peak was measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PeakMethod {
-    /// The largest value seen by sampling at the sidecar's interval.
-    Sampled,
-    /// NVML accounting's per-process maximum: exact.
-    NvmlAccounting,
-    /// Stated in the job's own log (torchtune and others print it), supplied to the sidecar.
-    Log,
-}
-
-impl PeakMethod {
-    /// The label value used in metrics and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PeakMethod::Sampled => "sampled",
-            PeakMethod::NvmlAccounting => "nvml_accounting",
-            PeakMethod::Log => "log",
-        }
-    }
-}
+pub use crate::wire::sidecar::{JobGpuView, JobView, PeakMethod};
 
 /// Bounds on what the tracker keeps.
 #[derive(Debug, Clone)]
@@ -86,49 +63,6 @@ struct JobState {
     ended_at: Option<DateTime<Utc>>,
     first_read_after_end: Option<DateTime<Utc>>,
     log_peak: Option<u64>,
-}
-
-/// One GPU of a job, as served.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobGpuView {
-    pub gpu: u32,
-    pub current_bytes: u64,
-    pub peak_bytes: u64,
-    pub method: PeakMethod,
-}
-
-/// A job as served by `/v1/jobs` and `/v1/jobs/{id}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobView {
-    /// `namespace/pod`, a pod UID, or a Slurm job id.
-    pub id: String,
-    /// `pod`, `pod_uid` or `slurm`.
-    pub kind: String,
-    pub namespace: Option<String>,
-    pub pod: Option<String>,
-    pub pod_uid: Option<String>,
-    pub slurm_job_id: Option<String>,
-    pub node: String,
-    /// False once none of its processes is seen any more.
-    pub running: bool,
-    /// Largest current per-GPU use (bytes).
-    pub current_bytes: u64,
-    /// Sum of current use over its GPUs (bytes).
-    pub current_total_bytes: u64,
-    /// The job's peak per GPU (bytes): the log-stated peak when supplied, else the measured one.
-    pub peak_bytes: u64,
-    /// How `peak_bytes` was measured.
-    pub method: PeakMethod,
-    /// The peak the sidecar measured itself, whatever the log says.
-    pub measured_peak_bytes: u64,
-    /// How `measured_peak_bytes` was measured.
-    pub measured_method: PeakMethod,
-    pub gpus: Vec<JobGpuView>,
-    /// Processes seen at the last sample.
-    pub processes: usize,
-    pub first_seen: DateTime<Utc>,
-    pub last_seen: DateTime<Utc>,
-    pub ended_at: Option<DateTime<Utc>>,
 }
 
 /// One job in one sample: its key, per GPU (sum of current, sum of peak

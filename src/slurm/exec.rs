@@ -18,10 +18,11 @@ use chrono::Utc;
 
 use super::plan::{self, Backend, Env, HookSettings, JobRequest, JobState, SiteConfig, TaskPlan};
 use super::SlurmError;
-use crate::controller::api::{self, GpuRef, SuggestRequest};
 use crate::core::advisor::{StrategyTargets, Suggestion};
 use crate::core::catalog::{lookup_gpu, GpuSpec};
 use crate::core::run::RunRecord;
+use crate::wire::api::{ErrorBody, GpuRef, SuggestRequest};
+use crate::wire::sidecar::GpusResponse;
 
 /// How long the Epilog waits for each service (it runs after the job, so it
 /// may take a little longer than the TaskProlog, but never long enough to
@@ -295,7 +296,7 @@ pub fn sidecar_gpu(
     indices: &[u32],
     timeout: Duration,
 ) -> Result<Option<GpuRef>, SlurmError> {
-    let v: serde_json::Value = agent(Duration::from_millis(300), timeout)
+    let v: GpusResponse = agent(Duration::from_millis(300), timeout)
         .get(&format!("{url}/v1/gpus"))
         .call()
         .map_err(|e| SlurmError::Service(format!("sidecar {url}/v1/gpus: {e}")))?
@@ -304,59 +305,30 @@ pub fn sidecar_gpu(
     Ok(gpu_from_sidecar(&v, indices))
 }
 
-/// Picks the job's GPU out of a sidecar GPU list and turns it into a spec:
-/// the catalog entry with the live memory, or the live values alone.
-pub fn gpu_from_sidecar(v: &serde_json::Value, indices: &[u32]) -> Option<GpuRef> {
-    let list = v
-        .as_array()
-        .or_else(|| v.get("gpus").and_then(|g| g.as_array()))?;
-    let index_of = |g: &serde_json::Value| g.get("index").and_then(|i| i.as_u64());
+/// Picks the job's GPU out of the sidecar's GPU list (the first of the
+/// job's indices, else the first GPU) and turns it into a spec: the catalog
+/// entry with the live memory, or the live values alone
+/// ([`GpuSpec::from_live`]); a GPU without memory is named only.
+pub fn gpu_from_sidecar(v: &GpusResponse, indices: &[u32]) -> Option<GpuRef> {
     let gpu = indices
         .first()
-        .and_then(|want| list.iter().find(|g| index_of(g) == Some(u64::from(*want))))
-        .or_else(|| list.first())?;
-    let name = gpu
-        .get("name")
-        .or_else(|| gpu.get("model"))
-        .and_then(|n| n.as_str())?
-        .to_string();
-    let memory = [
-        "memory_total_bytes",
-        "memory_bytes",
-        "total_bytes",
-        "memory_total",
-    ]
-    .iter()
-    .find_map(|k| gpu.get(*k).and_then(|m| m.as_u64()))
-    .or_else(|| {
-        gpu.get("memory")
-            .and_then(|m| m.get("total_bytes").or_else(|| m.get("total")))
-            .and_then(|m| m.as_u64())
-    });
-    let cc = gpu
-        .get("compute_capability")
-        .and_then(|c| c.as_str())
-        .map(str::to_string);
-    match (lookup_gpu(&name), memory) {
-        (Ok(mut spec), Some(m)) if m > 0 => {
+        .and_then(|want| v.gpus.iter().find(|g| g.index == *want))
+        .or_else(|| v.gpus.first())?;
+    let name = gpu.name.clone();
+    let m = gpu.memory_total_bytes;
+    match lookup_gpu(&name) {
+        Ok(mut spec) if m > 0 => {
             spec.memory_bytes = m;
             Some(GpuRef::Spec(spec))
         }
-        (Ok(spec), _) => Some(GpuRef::Spec(spec)),
-        (Err(_), Some(m)) if m > 0 => {
-            let cc = cc.unwrap_or_default();
-            let major_minor: f64 = cc.parse().unwrap_or(0.0);
-            Some(GpuRef::Spec(GpuSpec {
-                name,
-                memory_bytes: m,
-                // bf16 from compute capability 8.0, fp8 from 8.9 (SPEC §1).
-                bf16: major_minor >= 8.0,
-                fp8: major_minor >= 8.9,
-                compute_capability: cc,
-                bf16_tflops: 0.0,
-            }))
-        }
-        (Err(_), _) => Some(GpuRef::Name(name)),
+        Ok(spec) => Some(GpuRef::Spec(spec)),
+        // bf16/fp8 from the reported compute capability, as everywhere.
+        Err(_) if m > 0 => Some(GpuRef::Spec(GpuSpec::from_live(
+            &name,
+            m,
+            gpu.compute_capability.as_deref(),
+        ))),
+        Err(_) => Some(GpuRef::Name(name)),
     }
 }
 
@@ -377,7 +349,7 @@ fn ask_suggestion(
                 }),
                 Err(ureq::Error::Status(code, r)) => {
                     let body = r.into_string().unwrap_or_default();
-                    let msg = serde_json::from_str::<api::ErrorBody>(&body)
+                    let msg = serde_json::from_str::<ErrorBody>(&body)
                         .map(|b| b.error)
                         .unwrap_or(body);
                     Err(SlurmError::Service(format!(
@@ -392,8 +364,8 @@ fn ask_suggestion(
         Backend::Local(history) => {
             let store = crate::history::open(history)
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
-            api::suggest_blocking(store.as_ref(), StrategyTargets::default(), req)
-                .map_err(|e| SlurmError::Service(format!("local suggestion: {}", e.message)))
+            crate::service::suggest_blocking(store.as_ref(), StrategyTargets::default(), req)
+                .map_err(|e| SlurmError::Service(format!("local suggestion: {e}")))
         }
     }
 }
@@ -626,10 +598,11 @@ pub fn sidecar_peak(url: &str, job_id: &str) -> Result<Option<u64>, SlurmError> 
         .call();
     match resp {
         Ok(r) => {
-            let v: serde_json::Value = r
-                .into_json()
-                .map_err(|e| SlurmError::Service(format!("sidecar {url}: bad JSON: {e}")))?;
-            Ok(plan::peak_from_sidecar(&v))
+            // The sidecar's own type: one definition for its server and clients.
+            let job: crate::wire::sidecar::JobView = r.into_json().map_err(|e| {
+                SlurmError::Service(format!("sidecar {url}: not a sidecar job: {e}"))
+            })?;
+            Ok(Some(job.peak_bytes))
         }
         Err(ureq::Error::Status(404, _)) => Ok(None),
         Err(e) => Err(SlurmError::Service(format!(
@@ -653,17 +626,18 @@ fn read_output_tail(path: &Path, uid: Option<&String>) -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// Whether a job's output shows PyTorch's CUDA out-of-memory error (the log
-/// parsers' own test, so Kubernetes and Slurm agree).
+/// Whether a job's output shows a GPU out-of-memory error: the markers of
+/// [`crate::core::logs::oom::MARKERS`], the ones the Kubernetes reconciler
+/// uses, so both paths agree.
 pub fn is_cuda_oom(text: &str) -> bool {
-    text.lines().any(crate::core::logs::oom::is_oom_line)
+    crate::core::logs::oom::first_oom_line(text).is_some()
 }
 
 fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError> {
     match &settings.backend {
         Backend::Controller(url) => {
             let token = match &settings.token_file {
-                Some(p) => api::read_token_file(p).map_err(|e| SlurmError::Service(e.to_string()))?,
+                Some(p) => crate::service::read_token_file(p).map_err(|e| SlurmError::Service(e.to_string()))?,
                 None => {
                     return Err(SlurmError::Service(
                         "no token file (GPUFIT_TOKEN_FILE / token_file in the site config): the controller refuses runs without its token".into(),
@@ -691,7 +665,7 @@ fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError
             let store = crate::history::open(history)
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
             let mut run = run.clone();
-            run.model = api::canonical_model(&run.model);
+            run.model = crate::service::canonical_model(&run.model);
             store
                 .record(&run)
                 .map(|_| ())
@@ -717,10 +691,20 @@ mod tests {
 
     #[test]
     fn the_sidecar_gpu_matching_the_job_index_is_chosen_and_live_memory_wins() {
-        let v = serde_json::json!({"gpus": [
-            {"index": 0, "name": "Some Unknown GPU", "memory_total_bytes": 1000, "compute_capability": "9.0"},
-            {"index": 1, "name": "Other Unknown GPU", "memory_total_bytes": 2000, "compute_capability": "7.5"},
-        ]});
+        let gpu = |index: u32, name: &str, mem: u64, cc: &str| {
+            serde_json::json!({"index": index, "uuid": format!("GPU-{index}"), "name": name,
+                "memory_total_bytes": mem, "memory_used_bytes": 0, "memory_free_bytes": mem,
+                "compute_capability": cc, "healthy": true})
+        };
+        let list = |gpus: Vec<serde_json::Value>| -> GpusResponse {
+            serde_json::from_value(serde_json::json!({"node": "n1", "backend": "simulate",
+                "sampled_at": null, "gpus": gpus}))
+            .expect("the sidecar's /v1/gpus shape")
+        };
+        let v = list(vec![
+            gpu(0, "Some Unknown GPU", 1000, "9.0"),
+            gpu(1, "Other Unknown GPU", 2000, "7.5"),
+        ]);
         match gpu_from_sidecar(&v, &[1]) {
             Some(GpuRef::Spec(s)) => {
                 assert_eq!(s.name, "Other Unknown GPU");
@@ -733,9 +717,9 @@ mod tests {
             Some(GpuRef::Spec(s)) => assert!(s.bf16 && s.fp8 && s.memory_bytes == 1000),
             other => panic!("{other:?}"),
         }
-        assert_eq!(gpu_from_sidecar(&serde_json::json!([]), &[0]), None);
+        assert_eq!(gpu_from_sidecar(&list(vec![]), &[0]), None);
         assert_eq!(
-            gpu_from_sidecar(&serde_json::json!([{"name": "X"}]), &[0]),
+            gpu_from_sidecar(&list(vec![gpu(0, "X", 0, "")]), &[0]),
             Some(GpuRef::Name("X".into()))
         );
     }

@@ -1,4 +1,4 @@
-//! Slurm integration (SPEC §8): the TaskProlog asks for a suggestion and
+//! Slurm integration (docs/design.md, "Slurm and the controller's HTTP API"): the TaskProlog asks for a suggestion and
 //! prints `export GPUFIT_…=value` lines; the Prolog writes GPU → job mapping
 //! files for the sidecar; the Epilog reports the run. A pure [`plan`] decides,
 //! a thin [`exec`] executor does the I/O.

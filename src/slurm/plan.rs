@@ -24,11 +24,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::SlurmError;
-use crate::controller::api::{GpuRef, SuggestRequest, WorkloadSpec};
 use crate::core::advisor::{Strategy, Suggestion};
-use crate::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, Pins};
 use crate::core::workload::{Attention, Framework, LoraTarget, Method, Optimizer, Sharding};
+use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
 
 /// A hook's environment (name → value).
 pub type Env = BTreeMap<String, String>;
@@ -531,7 +531,7 @@ pub fn exports(job_id: &str, s: &Suggestion) -> Vec<String> {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_else(|| format!("{:?}", s.source));
     // The same names and spellings the Kubernetes controller injects.
-    let mut pairs = crate::controller::inject::env_vars(&s.settings);
+    let mut pairs = crate::core::settings::env_vars(&s.settings);
     pairs.extend([
         ("GPUFIT_SUGGESTION_SOURCE", source),
         ("GPUFIT_CONFIDENCE", format!("{:.2}", s.confidence)),
@@ -618,7 +618,8 @@ pub struct Outcome {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LogFacts {
     /// The peak the log states; preferred over the sidecar's sampled figure
-    /// (SPEC §6: the job's own statement of its peak wins).
+    /// (the job's own statement of its peak wins: it is the allocator's figure,
+    /// not a sample; docs/design.md, "Measuring peaks").
     pub peak_memory_bytes: Option<u64>,
     pub tokens_per_sec: Option<f64>,
     pub samples_per_sec: Option<f64>,
@@ -668,18 +669,12 @@ pub fn build_run(
     let failed_exit = outcome.exit_status.is_some_and(|s| s != 0)
         || outcome.derived_status.is_some_and(|s| s != 0);
     let success = !outcome.oom && !failed_exit && outcome.exit_status.is_some();
-    let failure_reason = if outcome.oom {
-        Some(FailureReason::Oom)
-    } else if success {
-        None
-    } else {
-        Some(FailureReason::OtherError)
-    };
+    let failure_reason = FailureReason::of(success, outcome.oom);
     let duration = (outcome.ended_at - state.started_at).num_milliseconds() as f64 / 1000.0;
     let s = &state.suggestion;
     // The catalog's canonical name and the method the name implies, so the
     // run lands on the key the advisor queries.
-    let resolved = crate::controller::api::resolve_workload(&state.workload).ok();
+    let resolved = crate::service::resolve_workload(&state.workload).ok();
     let (model, method) = match &resolved {
         Some(w) => (w.model.name.clone(), w.method),
         None => (
@@ -687,13 +682,11 @@ pub fn build_run(
             state.workload.method.unwrap_or(Method::Full),
         ),
     };
-    RunRecord {
-        id: None,
-        timestamp: outcome.ended_at,
-        cluster,
-        node: node.or_else(|| state.node.clone()),
-        source: RunSource::Slurm,
-        job_id: Some(state.job_id.clone()),
+    let origin = RunOrigin::new(RunSource::Slurm, outcome.ended_at)
+        .cluster(cluster)
+        .node(node.or_else(|| state.node.clone()))
+        .job_id(Some(state.job_id.clone()));
+    let key = RunKey {
         model,
         method,
         gpu_model: s.gpu.clone(),
@@ -701,8 +694,12 @@ pub fn build_run(
         lora_rank: state.workload.lora_rank,
         gpus: state.workload.gpus.unwrap_or(1),
         global_batch: state.workload.global_batch,
-        settings: s.settings.clone(),
-        result: RunResult {
+    };
+    RunRecord::new(
+        origin,
+        key,
+        s.settings.clone(),
+        RunResult {
             success,
             failure_reason,
             peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),
@@ -710,27 +707,8 @@ pub fn build_run(
             tokens_per_sec: outcome.log.tokens_per_sec,
             duration_sec: (duration >= 0.0).then_some(duration),
         },
-        predicted_peak_bytes: Some(s.predicted_peak_bytes),
-    }
-}
-
-/// The peak memory in a sidecar `GET /v1/jobs/{id}` answer.
-pub fn peak_from_sidecar(v: &serde_json::Value) -> Option<u64> {
-    let direct = ["peak_memory_bytes", "peak_bytes", "memory_peak_bytes"];
-    for k in direct {
-        if let Some(n) = v.get(k).and_then(|x| x.as_u64()) {
-            return Some(n);
-        }
-    }
-    // `{"peak": {"bytes": N, "method": …}}`
-    if let Some(n) = v
-        .get("peak")
-        .and_then(|p| p.get("bytes").or_else(|| p.get("peak_bytes")))
-        .and_then(|x| x.as_u64())
-    {
-        return Some(n);
-    }
-    v.get("job").and_then(peak_from_sidecar)
+    )
+    .with_prediction(Some(s.predicted_peak_bytes))
 }
 
 /// The job's output file: `SLURM_JOB_STDOUT` is the `--output` pattern as

@@ -1,6 +1,6 @@
 //! Step 1: the candidate settings, and the precision policy.
 //!
-//! Precision policy (docs/design.md, "Precision candidates"):
+//! Precision policy (docs/design.md, "The advisor", the precision policy):
 //! * A pinned dtype is the only candidate.
 //! * LoRA / QLoRA: the frozen base is stored in 16 bits (bf16 where the GPU
 //!   has it, else fp16; QLoRA's NF4 base computes in that dtype) and never in

@@ -273,7 +273,7 @@ impl Default for AdvisorOptions<'static> {
 /// loaders become the bottleneck.
 pub const MAX_MICRO_BATCH: u32 = 1024;
 
-/// Confidence never reaches certainty: hardware, drivers and data vary (docs/design.md, "Advisor").
+/// Confidence never reaches certainty: hardware, drivers and data vary (docs/design.md, "The advisor").
 pub const MAX_CONFIDENCE: f64 = 0.95;
 
 /// With no measurement, the memory model's fixed part (weights, optimizer
@@ -302,7 +302,7 @@ pub const CACHE_FILLED_RATIO: f64 = 1.25;
 pub const LEAST_SQUARES_Z: f64 = 1.65;
 
 /// With one measured micro batch the model's line is scaled through it
-/// (docs/design.md, "Advisor"); how the model's error splits between fixed part and slope is
+/// (docs/design.md, "The advisor"); how the model's error splits between fixed part and slope is
 /// unknown. The split is taken as uncertain by this fraction of the fixed
 /// part, which is worth `u·F / m1` of slope beyond the measured batch m1:
 /// large when the fixed part dominates a small measured batch, small when

@@ -1,4 +1,4 @@
-//! Advisor rules (SPEC §3), one test per rule. The memory model here is a
+//! Advisor rules (docs/design.md, "Contracts" and "The advisor"), one test per rule. The memory model here is a
 //! small linear stand-in so the rules are tested as relations, independent
 //! of the real estimator's byte values.
 

@@ -1,4 +1,4 @@
-//! Log parsers: a training log → a run result (SPEC §5). Pure: text in,
+//! Log parsers: a training log → a run result (docs/design.md, "Log parsing"). Pure: text in,
 //! result out; any input gives a result or a clear error, never a panic.
 //!
 //! One module per format, each a small line-by-line state machine:

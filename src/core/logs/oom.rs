@@ -12,7 +12,8 @@
 //! capacity; 14.56 GiB already allocated; 3.19 MiB free; 14.73 GiB reserved in total by PyTorch)`.
 //! Sizes come from PyTorch's `format_size`: `bytes`, `KiB`, `MiB`, `GiB` —
 //! binary units. ROCm builds say `HIP out of memory`; a raw driver failure
-//! says `CUDA error: out of memory`.
+//! says `CUDA error: out of memory`; library allocations fail with
+//! `CUBLAS_STATUS_ALLOC_FAILED` / `CUDNN_STATUS_ALLOC_FAILED` (see [`MARKERS`]).
 
 use std::sync::LazyLock;
 
@@ -43,12 +44,34 @@ fn size(c: &regex::Captures<'_>, i: usize) -> Option<u64> {
     to_bytes(num(c.get(i)?.as_str())?, c.get(i + 1)?.as_str())
 }
 
-/// Whether a line is an out-of-memory error.
+/// Every marker of a GPU out-of-memory failure, in one place so the log
+/// parser, the Kubernetes reconciler (termination messages), the Slurm
+/// Epilog (output tail) and `find-max-batch` classify a line the same way.
+/// Before, the library markers lived only in the reconciler, so a cuBLAS
+/// allocation failure was an OOM on Kubernetes and "other error" on Slurm.
+pub const MARKERS: &[&str] = &[
+    // PyTorch's caching allocator (CUDA and ROCm builds) and its exception type.
+    "CUDA out of memory",
+    "HIP out of memory",
+    "OutOfMemoryError",
+    // A raw driver / runtime failure, as PyTorch reports it and by error name.
+    "CUDA error: out of memory",
+    "cudaErrorMemoryAllocation",
+    // cuBLAS workspace and cuDNN allocations fail outside PyTorch's allocator.
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    // JAX / XLA.
+    "RESOURCE_EXHAUSTED: Out of memory",
+];
+
+/// Whether a line is a GPU out-of-memory error.
 pub fn is_oom_line(line: &str) -> bool {
-    line.contains("CUDA out of memory")
-        || line.contains("HIP out of memory")
-        || line.contains("CUDA error: out of memory")
-        || line.contains("OutOfMemoryError")
+    MARKERS.iter().any(|m| line.contains(m))
+}
+
+/// The first line of `text` that is a GPU out-of-memory error.
+pub fn first_oom_line(text: &str) -> Option<&str> {
+    text.lines().find(|l| is_oom_line(l))
 }
 
 #[derive(Debug, Default)]
@@ -157,6 +180,23 @@ mod tests {
         let r = p.to_run_result(true);
         assert!(!r.success);
         assert_eq!(r.failure_reason, Some(crate::core::run::FailureReason::Oom));
+    }
+
+    #[test]
+    fn library_allocation_failures_are_ooms() {
+        for line in [
+            "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+            "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+            "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB",
+        ] {
+            let p = parse_str(&format!("{line}\n")).unwrap();
+            assert_eq!(p.outcome, Some(LogOutcome::OutOfMemory), "{line}");
+        }
+        assert_eq!(
+            super::first_oom_line("step 1\nCUBLAS_STATUS_ALLOC_FAILED\n"),
+            Some("CUBLAS_STATUS_ALLOC_FAILED")
+        );
+        assert_eq!(super::first_oom_line("loss 1.2\nexit 1\n"), None);
     }
 
     #[test]

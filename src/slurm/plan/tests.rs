@@ -431,23 +431,18 @@ fn the_exit_state_is_read_from_the_epilog_environment() {
 }
 
 #[test]
-fn the_peak_is_found_in_the_sidecar_answer_shapes() {
-    let cases = [
-        (serde_json::json!({"peak_memory_bytes": 5}), Some(5)),
-        (serde_json::json!({"peak_bytes": 6}), Some(6)),
-        (
-            serde_json::json!({"peak": {"bytes": 7, "method": "sampled"}}),
-            Some(7),
-        ),
-        (
-            serde_json::json!({"job": {"peak_memory_bytes": 8}}),
-            Some(8),
-        ),
-        (serde_json::json!({"current_bytes": 9}), None),
-    ];
-    for (v, want) in cases {
-        assert_eq!(peak_from_sidecar(&v), want, "{v}");
-    }
+fn the_peak_is_read_from_the_sidecar_job_type() {
+    // The Epilog reads `GET /v1/jobs/{id}` as the sidecar's own type.
+    let job: crate::wire::sidecar::JobView = serde_json::from_value(serde_json::json!({
+        "id": "42", "kind": "slurm", "namespace": null, "pod": null, "pod_uid": null,
+        "slurm_job_id": "42", "node": "n1", "running": false, "current_bytes": 0,
+        "current_total_bytes": 0, "peak_bytes": 6, "method": "log",
+        "measured_peak_bytes": 5, "measured_method": "sampled", "gpus": [],
+        "processes": 0, "first_seen": "2026-01-01T00:00:00Z",
+        "last_seen": "2026-01-01T00:01:00Z", "ended_at": null
+    }))
+    .expect("the sidecar's job shape");
+    assert_eq!(job.peak_bytes, 6, "the log-stated peak wins");
 }
 
 #[test]

@@ -1,0 +1,306 @@
+//! The admission decision: an AdmissionReview in, allowed untouched,
+//! allowed with a warning, mutated (the same injection as a TrainingJob's
+//! Job) or denied (a bad annotation) out.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Namespace, PodSpec};
+use kube::api::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde_json::Value;
+
+use crate::core::advisor::{self, AdviceRequest};
+use crate::core::similarity::HistoryQuery;
+
+use super::super::crd::Mode;
+use super::super::gpu;
+use super::super::inject;
+use super::super::reconcile::MODE_KEY;
+use super::super::validate::{check_pins, workload_from_spec};
+use super::annotations::{denied, input_annotations, parse_annotations, Denied};
+use super::WebhookState;
+
+/// Answers one AdmissionReview (JSON bytes as the API server sends them).
+pub fn review(body: &[u8], state: &WebhookState) -> AdmissionReview<DynamicObject> {
+    let start = Instant::now();
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => {
+            return AdmissionResponse::invalid(format!("not an AdmissionReview: {e}")).into_review()
+        }
+    };
+    let req: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(_) => {
+            return AdmissionResponse::invalid("AdmissionReview without a request").into_review()
+        }
+    };
+    let kind = match req.kind.kind.as_str() {
+        "Job" => "Job",
+        "PyTorchJob" => "PyTorchJob",
+        _ => "other",
+    };
+    let (resp, result) = admit(&req, state);
+    state
+        .metrics
+        .webhook_requests
+        .with_label_values(&[kind, result])
+        .inc();
+    state
+        .metrics
+        .webhook_duration
+        .with_label_values(&[kind])
+        .observe(start.elapsed().as_secs_f64());
+    resp.into_review()
+}
+
+/// Decides one request; the label says what happened (for metrics).
+fn admit(
+    req: &AdmissionRequest<DynamicObject>,
+    state: &WebhookState,
+) -> (AdmissionResponse, &'static str) {
+    let resp = AdmissionResponse::from(req);
+    if req.operation != Operation::Create {
+        return (resp, "untouched");
+    }
+    let Some(obj) = &req.object else {
+        return (resp, "untouched");
+    };
+    let original = match serde_json::to_value(obj) {
+        Ok(v) => v,
+        Err(e) => {
+            return (
+                resp.deny(format!("gpufit: cannot read the object: {e}")),
+                "error",
+            )
+        }
+    };
+    let anns: BTreeMap<String, String> = obj.metadata.annotations.clone().unwrap_or_default();
+    match plan(req, &original, &anns, state) {
+        Ok(Plan::Untouched) => (resp, "untouched"),
+        Ok(Plan::Warn(w)) => {
+            let mut resp = resp;
+            resp.warnings = Some(vec![w]);
+            (resp, "untouched")
+        }
+        Ok(Plan::Mutate(mutated, warnings)) => {
+            let patch = json_patch::diff(&original, &mutated);
+            match resp.with_patch(patch) {
+                Ok(mut r) => {
+                    if !warnings.is_empty() {
+                        r.warnings = Some(warnings);
+                    }
+                    (r, "mutated")
+                }
+                Err(e) => (
+                    AdmissionResponse::from(req)
+                        .deny(format!("gpufit: cannot encode the patch: {e}")),
+                    "error",
+                ),
+            }
+        }
+        Err(Denied(msg)) => (resp.deny(msg), "denied"),
+    }
+}
+
+enum Plan {
+    Untouched,
+    /// Allowed untouched, with a warning for the submitter.
+    Warn(String),
+    /// The mutated object and warnings.
+    Mutate(Value, Vec<String>),
+}
+
+fn plan(
+    req: &AdmissionRequest<DynamicObject>,
+    original: &Value,
+    anns: &BTreeMap<String, String>,
+    state: &WebhookState,
+) -> Result<Plan, Denied> {
+    let Some(inputs) = input_annotations(anns)? else {
+        return Ok(Plan::Untouched);
+    };
+
+    let templates = template_pointers(&req.kind.kind, original);
+    if templates.is_empty() {
+        return Err(Denied(format!(
+            "gpufit: a {} with gpufit.io annotations must have a pod template",
+            req.kind.kind
+        )));
+    }
+    let first_pod: Option<PodSpec> = original
+        .pointer(&format!("{}/spec", templates[0]))
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+
+    let (workload_spec, strategy, mode, pins, gpu_name) =
+        parse_annotations(&inputs, default_gpus(original, &templates))?;
+    let workload = workload_from_spec(&workload_spec, "annotations").map_err(|e| {
+        Denied(format!(
+            "gpufit: {}",
+            e.to_string()
+                .replace("annotations.seqLen", "gpufit.io/seq-len")
+                .replace("annotations.loraRank", "gpufit.io/lora-rank")
+                .replace("annotations.loraTargets", "gpufit.io/lora-targets")
+                .replace("annotations.model", "gpufit.io/model")
+                .replace("annotations.method", "gpufit.io/method")
+        ))
+    })?;
+    check_pins(&pins, &workload, "gpufit.io/pins").map_err(|e| Denied(format!("gpufit: {e}")))?;
+    let mode = match mode {
+        Some(m) => m,
+        None => namespace_mode(req.namespace.as_deref(), &state.namespaces)?
+            .unwrap_or(state.default_mode),
+    };
+
+    let gpu = match &gpu_name {
+        Some(name) => gpu::resolve_named(name).map_err(|e| denied("gpufit.io/gpu", e))?,
+        None => {
+            let nodes = state.nodes.state();
+            match gpu::resolve_from_nodes(nodes.iter().map(|n| n.as_ref()), first_pod.as_ref()) {
+                Ok(g) => g,
+                Err(e) => {
+                    return Ok(Plan::Warn(format!(
+                        "gpufit did not change this object: {e} (or annotate gpufit.io/gpu)"
+                    )))
+                }
+            }
+        }
+    };
+    let query = HistoryQuery::new(
+        &workload.model.name,
+        workload.method,
+        &gpu.name,
+        workload.seq_len,
+    );
+    let history = match state.cache.similar(state.history.as_ref(), &query) {
+        Ok(h) => h,
+        Err(e) => {
+            return Ok(Plan::Warn(format!(
+                "gpufit did not change this object: history store unavailable: {e}"
+            )))
+        }
+    };
+    let suggestion = match advisor::suggest(&AdviceRequest {
+        workload: &workload,
+        gpu: &gpu,
+        strategy,
+        targets: state.targets,
+        pins: &pins,
+        history: &history,
+    }) {
+        Ok(s) => {
+            state
+                .metrics
+                .suggestions
+                .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "webhook"])
+                .inc();
+            state.metrics.suggestion_confidence.observe(s.confidence);
+            s
+        }
+        // The global batch is scientific: settings that cannot keep it
+        // exactly are refused with the reason, not silently let through.
+        Err(e @ advisor::AdvisorError::GlobalBatch { .. }) => {
+            return Err(Denied(format!("gpufit: {e}")));
+        }
+        Err(e) => {
+            return Ok(Plan::Warn(format!(
+                "gpufit did not change this object: {e}"
+            )))
+        }
+    };
+
+    let mut mutated = original.clone();
+    if let Some(meta) = mutated.get_mut("metadata") {
+        inject::add_annotations(meta, &inject::annotations(&suggestion, mode));
+    }
+    for ptr in &templates {
+        if let Some(t) = mutated.pointer_mut(ptr) {
+            inject::inject_pod_template(t, &suggestion, mode, mode == Mode::Inject);
+        }
+    }
+    Ok(Plan::Mutate(mutated, suggestion.warnings.clone()))
+}
+
+/// JSON pointers of every pod template in the object (every rank).
+fn template_pointers(kind: &str, obj: &Value) -> Vec<String> {
+    match kind {
+        "PyTorchJob" => obj
+            .pointer("/spec/pytorchReplicaSpecs")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, v)| v.get("template").is_some())
+                    .map(|(k, _)| {
+                        format!("/spec/pytorchReplicaSpecs/{}/template", escape_pointer(k))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => {
+            if obj.pointer("/spec/template").is_some() {
+                vec!["/spec/template".to_string()]
+            } else {
+                vec![]
+            }
+        }
+    }
+}
+
+fn escape_pointer(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+fn gpu_limit(template: &Value) -> u32 {
+    template
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c.pointer("/resources/limits/nvidia.com~1gpu"))
+                .filter_map(|v| match v {
+                    Value::String(s) => s.parse::<u32>().ok(),
+                    Value::Number(n) => n.as_u64().map(|n| n as u32),
+                    _ => None,
+                })
+                .sum::<u32>()
+        })
+        .unwrap_or(0)
+        .max(1)
+}
+
+/// Data-parallel GPUs of the object when `gpufit.io/gpus` is not given:
+/// a Job's parallelism × GPUs per pod; a PyTorchJob's replicas × GPUs per pod.
+fn default_gpus(obj: &Value, templates: &[String]) -> u32 {
+    let mut total = 0u32;
+    for ptr in templates {
+        let Some(t) = obj.pointer(ptr) else { continue };
+        let replicas = if ptr.starts_with("/spec/pytorchReplicaSpecs") {
+            let parent = ptr.trim_end_matches("/template");
+            obj.pointer(&format!("{parent}/replicas"))
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+        } else {
+            obj.pointer("/spec/parallelism")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+        };
+        total = total.saturating_add((replicas as u32).saturating_mul(gpu_limit(t)));
+    }
+    total.max(1)
+}
+
+fn namespace_mode(ns: Option<&str>, namespaces: &Store<Namespace>) -> Result<Option<Mode>, Denied> {
+    let Some(ns) = ns else { return Ok(None) };
+    let Some(obj) = namespaces.get(&ObjectRef::new(ns)) else {
+        return Ok(None);
+    };
+    match obj.metadata.labels.as_ref().and_then(|l| l.get(MODE_KEY)) {
+        Some(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|e: String| Denied(format!("gpufit: namespace {ns} label {MODE_KEY}: {e}"))),
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,265 @@
+//! The webhook's annotations (the table in [`super`]): which are ours, and
+//! what they say. Pure: strings in, a workload spec or a denial out.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::core::advisor::Strategy;
+use crate::core::settings::Pins;
+
+use super::super::crd::{Mode, WorkloadSpec};
+use super::super::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
+
+/// The input annotations, without the `gpufit.io/` prefix.
+pub(super) const INPUT_KEYS: [&str; 15] = [
+    "model",
+    "seq-len",
+    "method",
+    "lora-rank",
+    "lora-targets",
+    "optimizer",
+    "global-batch",
+    "gpus",
+    "sharding",
+    "framework",
+    "attention",
+    "strategy",
+    "gpu",
+    "mode",
+    "pins",
+];
+
+/// A bad annotation: denied with this message.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Denied(pub(super) String);
+
+pub(super) fn denied(key: &str, msg: impl std::fmt::Display) -> Denied {
+    Denied(format!("gpufit: annotation {key}: {msg}"))
+}
+
+/// The `gpufit.io/` input annotations (prefix removed), or None when the
+/// object does not opt in or was already handled (a reinvocation, or a Job
+/// the reconciler created). Unknown keys and inputs without a model are
+/// refused: a typo must not silently turn gpufit off.
+pub(super) fn input_annotations(
+    anns: &BTreeMap<String, String>,
+) -> Result<Option<BTreeMap<&str, &str>>, Denied> {
+    let ours: BTreeMap<&str, &str> = anns
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("gpufit.io/").map(|k| (k, v.as_str())))
+        .collect();
+    // Already handled (reinvocation, or a Job the reconciler created).
+    if ours.contains_key(ANN_APPLIED.trim_start_matches("gpufit.io/"))
+        || ours.contains_key(ANN_RECOMMENDATION.trim_start_matches("gpufit.io/"))
+    {
+        return Ok(None);
+    }
+    let inputs: BTreeMap<&str, &str> = ours
+        .iter()
+        .filter(|(k, _)| **k != ANN_REASON.trim_start_matches("gpufit.io/"))
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    if inputs.is_empty() {
+        return Ok(None);
+    }
+    for k in inputs.keys() {
+        if !INPUT_KEYS.contains(k) {
+            return Err(denied(
+                &format!("gpufit.io/{k}"),
+                format!(
+                    "unknown; known annotations are {}",
+                    INPUT_KEYS.map(|k| format!("gpufit.io/{k}")).join(", ")
+                ),
+            ));
+        }
+    }
+    if !inputs.contains_key("model") {
+        return Err(denied(
+            "gpufit.io/model",
+            "missing: other gpufit.io annotations are set, so name the model (e.g. meta-llama/Llama-3.1-8B) to opt in, or remove them",
+        ));
+    }
+
+    Ok(Some(inputs))
+}
+
+/// What the annotations say: workload, strategy, mode, pins, GPU name.
+pub(super) type Parsed = (WorkloadSpec, Strategy, Option<Mode>, Pins, Option<String>);
+
+/// Reads the input annotations (keys without the `gpufit.io/` prefix) into
+/// a workload spec, strategy, mode, pins and GPU name. `default_gpus` is the
+/// object's own GPU count, used when `gpufit.io/gpus` is not given.
+pub(super) fn parse_annotations(
+    a: &BTreeMap<&str, &str>,
+    default_gpus: u32,
+) -> Result<Parsed, Denied> {
+    fn num(a: &BTreeMap<&str, &str>, key: &str) -> Result<Option<u32>, Denied> {
+        a.get(key)
+            .map(|v| {
+                v.trim().parse::<u32>().map_err(|_| {
+                    denied(
+                        &format!("gpufit.io/{key}"),
+                        format!("`{v}` is not a whole number"),
+                    )
+                })
+            })
+            .transpose()
+    }
+    fn parsed<T: std::str::FromStr>(
+        a: &BTreeMap<&str, &str>,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<T>, Denied> {
+        a.get(key)
+            .map(|v| {
+                v.trim().parse::<T>().map_err(|_| {
+                    denied(&format!("gpufit.io/{key}"), format!("`{v}` is not {what}"))
+                })
+            })
+            .transpose()
+    }
+    fn serde_enum<T: serde::de::DeserializeOwned>(
+        a: &BTreeMap<&str, &str>,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<T>, Denied> {
+        a.get(key)
+            .map(|v| {
+                serde_json::from_value(Value::String(v.trim().to_ascii_lowercase())).map_err(|_| {
+                    denied(
+                        &format!("gpufit.io/{key}"),
+                        format!("`{v}` is not one of {what}"),
+                    )
+                })
+            })
+            .transpose()
+    }
+    let seq_len = num(a, "seq-len")?.ok_or_else(|| {
+        denied(
+            "gpufit.io/seq-len",
+            "missing: give the training sequence length in tokens, e.g. \"2048\"",
+        )
+    })?;
+    let lora_targets = match a.get("lora-targets") {
+        None => None,
+        Some(v) => Some(
+            v.split(',')
+                .map(|t| t.trim())
+                .filter(|t| !t.is_empty())
+                .map(|t| {
+                    serde_json::from_value(Value::String(t.to_ascii_lowercase())).map_err(|_| {
+                        denied(
+                            "gpufit.io/lora-targets",
+                            format!("`{t}` is not one of q, k, v, o, gate, up, down, lm_head"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let gpus = match num(a, "gpus")? {
+        Some(g) => Some(g),
+        None => Some(default_gpus),
+    };
+    let w = WorkloadSpec {
+        model: a.get("model").map(|s| s.trim().to_string()),
+        architecture: None,
+        method: parsed(a, "method", "full, lora or qlora")?,
+        lora_rank: num(a, "lora-rank")?,
+        lora_targets,
+        seq_len,
+        optimizer: serde_enum(a, "optimizer", "adamw, adamw8bit, sgd, adafactor")?,
+        global_batch: num(a, "global-batch")?,
+        gpus,
+        sharding: serde_enum(a, "sharding", "none, zero1, zero2, zero3, fsdp")?,
+        framework: serde_enum(a, "framework", "generic, hf, torchtune, litgpt, lightning")?,
+        attention: serde_enum(a, "attention", "sdpa, eager")?,
+    };
+    let strategy = parsed::<Strategy>(a, "strategy", "conservative, balanced or aggressive")?
+        .unwrap_or(Strategy::Balanced);
+    let mode = parsed::<Mode>(a, "mode", "Inject or Recommend")?;
+    let pins = match a.get("pins") {
+        Some(v) => parse_pins(v)?,
+        None => Pins::default(),
+    };
+    let gpu = a.get("gpu").map(|s| s.trim().to_string());
+    if gpu.as_deref() == Some("") {
+        return Err(denied("gpufit.io/gpu", "is empty"));
+    }
+    Ok((w, strategy, mode, pins, gpu))
+}
+
+/// `micro_batch_size=4,dtype=bf16,activation_checkpointing=true,…`
+pub(super) fn parse_pins(s: &str) -> Result<Pins, Denied> {
+    let key = "gpufit.io/pins";
+    let mut p = Pins::default();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((k, v)) = item.split_once('=') else {
+            return Err(denied(key, format!("`{item}` is not name=value")));
+        };
+        let (k, v) = (k.trim(), v.trim());
+        let int = |v: &str| {
+            v.parse::<u32>()
+                .map_err(|_| denied(key, format!("{k}: `{v}` is not a whole number")))
+        };
+        let boolean = |v: &str| match v.to_ascii_lowercase().as_str() {
+            "true" | "on" | "1" | "yes" => Ok(true),
+            "false" | "off" | "0" | "no" => Ok(false),
+            _ => Err(denied(key, format!("{k}: `{v}` is not true or false"))),
+        };
+        match k {
+            "micro_batch_size" => p.micro_batch_size = Some(int(v)?),
+            "gradient_accumulation_steps" => p.gradient_accumulation_steps = Some(int(v)?),
+            "dtype" => p.dtype = Some(v.parse().map_err(|e: String| denied(key, e))?),
+            "activation_checkpointing" => p.activation_checkpointing = Some(boolean(v)?),
+            "activation_offloading" => p.activation_offloading = Some(boolean(v)?),
+            "compile" => p.compile = Some(boolean(v)?),
+            "num_workers" => p.num_workers = Some(int(v)?),
+            other => {
+                return Err(denied(
+                    key,
+                    format!("`{other}` is not an engineering setting: use micro_batch_size, gradient_accumulation_steps, dtype, activation_checkpointing, activation_offloading, compile or num_workers"),
+                ))
+            }
+        }
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_annotation_parses_every_engineering_field_and_rejects_others() {
+        let p = parse_pins("micro_batch_size=2, dtype=bf16, activation_checkpointing=on, compile=false, num_workers=8")
+            .expect("valid pins");
+        assert_eq!(p.micro_batch_size, Some(2));
+        assert_eq!(p.activation_checkpointing, Some(true));
+        assert_eq!(p.compile, Some(false));
+        assert_eq!(p.num_workers, Some(8));
+        let e = parse_pins("learning_rate=3e-4").expect_err("scientific field");
+        assert!(e.0.contains("not an engineering setting"), "{}", e.0);
+        assert!(parse_pins("micro_batch_size").is_err());
+    }
+
+    #[test]
+    fn only_our_input_annotations_opt_in() {
+        let anns = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let none = anns(&[("other.io/x", "1")]);
+        assert_eq!(input_annotations(&none), Ok(None));
+        let done = anns(&[("gpufit.io/model", "m"), (ANN_APPLIED, "{}")]);
+        assert_eq!(input_annotations(&done), Ok(None));
+        let typo = anns(&[("gpufit.io/modle", "m")]);
+        assert!(input_annotations(&typo).is_err());
+        let no_model = anns(&[("gpufit.io/seq-len", "2048")]);
+        assert!(input_annotations(&no_model).is_err());
+        let ok = anns(&[("gpufit.io/model", "m"), ("gpufit.io/seq-len", "2048")]);
+        assert_eq!(input_annotations(&ok).unwrap().unwrap().len(), 2);
+    }
+}

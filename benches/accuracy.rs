@@ -60,6 +60,8 @@ struct Row {
     first_plan: f64,
     measured_device: Option<f64>,
     h100: bool,
+    /// Measured with `expandable_segments:True` (reported on its own).
+    expandable: bool,
     include: bool,
     note: String,
 }
@@ -73,7 +75,7 @@ impl Row {
 fn main() -> ExitCode {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/data");
     let mut rows = Vec::new();
-    let files: [(&str, &str, Reader); 6] = [
+    let files: [(&str, &str, Reader); 8] = [
         ("published_peaks.csv", "", read_published),
         ("h100/peaks.csv", "h100 peaks grid", read_h100),
         ("h100/throughput.csv", "h100 throughput series", read_h100),
@@ -86,6 +88,16 @@ fn main() -> ExitCode {
         (
             "h100/holdout.csv",
             "h100 holdout (measured after the fit)",
+            read_h100,
+        ),
+        (
+            "h100/expandable/families.csv",
+            "h100 expandable_segments families",
+            read_h100,
+        ),
+        (
+            "h100/expandable/holdout.csv",
+            "h100 expandable_segments holdout",
             read_h100,
         ),
     ];
@@ -150,7 +162,12 @@ fn main() -> ExitCode {
     let all: Vec<f64> = scored.iter().filter_map(|r| r.error()).collect();
     let h100: Vec<f64> = scored
         .iter()
-        .filter(|r| r.h100)
+        .filter(|r| r.h100 && !r.expandable)
+        .filter_map(|r| r.error())
+        .collect();
+    let h100_es: Vec<f64> = scored
+        .iter()
+        .filter(|r| r.expandable)
         .filter_map(|r| r.error())
         .collect();
     let published: Vec<f64> = scored
@@ -161,7 +178,8 @@ fn main() -> ExitCode {
     println!("overall:");
     println!("  {}", summary("all scored rows", &all));
     println!("  {}", summary("published rows", &published));
-    println!("  {}", summary("H100 rows", &h100));
+    println!("  {}", summary("H100 rows (default allocator)", &h100));
+    println!("  {}", summary("H100 rows, expandable segments", &h100_es));
 
     // Fit / no-fit on the 80 GB card, for every H100 row (OOMs included).
     let mut fit_wrong = Vec::new();
@@ -444,6 +462,7 @@ fn scenario(
         },
         optimizer_impl,
         grads_kept_between_steps: opt(r, "grads_kept", "false") == "true",
+        expandable_segments: opt(r, "expandable_segments", "false") == "true",
         cuda_context_bytes: if ctx.is_empty() {
             None
         } else {
@@ -497,6 +516,7 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             measured: Some(num::<f64>(&r, "peak")? * unit_bytes(field(&r, "unit")?)?),
             quantity: q,
             h100: false,
+            expandable: false,
             include: field(&r, "include")? == "yes",
             note: field(&r, "note")?.to_string(),
             id,
@@ -515,7 +535,11 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
         .and_then(|s| s.to_str())
         .unwrap_or("h100")
         .to_string();
-    for (n, r) in read_csv(path)?.into_iter().enumerate() {
+    let expandable = path.components().any(|c| c.as_os_str() == "expandable");
+    for (n, mut r) in read_csv(path)?.into_iter().enumerate() {
+        if expandable {
+            r.insert("expandable_segments".into(), "true".into());
+        }
         let status = field(&r, "status")?;
         if status != "ok" && status != "oom" {
             continue;
@@ -546,7 +570,7 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
                 },
             }
         );
-        let id = format!("{id}#{}", n + 2);
+        let id = format!("{}{id}#{}", if expandable { "es:" } else { "" }, n + 2);
         let (w, s, o) = scenario(&r).map_err(|e| format!("row {id}: {e}"))?;
         let est = estimate_with(&w, &s, &o).map_err(|e| format!("row {id}: {e}"))?;
         if let Ok(dump) = std::env::var("GPUFIT_ACCURACY_DUMP") {
@@ -599,6 +623,7 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
                 None
             },
             h100: true,
+            expandable,
             include: true,
             // the allocated peak beside it shows which part of an error is
             // the allocator's

@@ -42,6 +42,10 @@ pub struct EstimateArgs {
     /// nf4 (default: nf4 for qlora, none otherwise).
     #[arg(long)]
     pub base_quant: Option<String>,
+    /// The job runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
+    /// (less allocator cache beside the tensors; see docs/design.md).
+    #[arg(long)]
+    pub expandable_segments: bool,
     /// GPU to compare with (NVML name such as `NVIDIA A100-SXM4-80GB`, see
     /// `gpufit gpus`): prints the fraction used and the largest micro batch that fits.
     #[arg(long, env = "GPUFIT_GPU")]
@@ -123,6 +127,7 @@ fn options_from(args: &EstimateArgs) -> crate::Result<ModelOptions> {
     };
     Ok(ModelOptions {
         base_quant,
+        expandable_segments: args.expandable_segments,
         ..Default::default()
     })
 }

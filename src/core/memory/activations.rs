@@ -1,0 +1,334 @@
+//! What a training step keeps per sample: the tensors each block saves for
+//! backward, the loss path's buffers, checkpointing's recomputed block and
+//! `torch.compile`'s fusion (docs/design.md, "The memory model").
+
+use crate::core::settings::{Dtype, EngineeringSettings};
+use crate::core::workload::{ArchKind, Attention, Framework, LoraTarget, Method, Workload};
+
+use super::plan::Plan;
+use super::storage::{compute_bytes, is_mixed, param_bytes};
+use super::{Head, ModelOptions};
+
+/// torchtune's `CEWithChunkedOutputLoss` splits the output projection and
+/// the loss into 8 chunks (`num_output_chunks = 8` in
+/// torchtune/modules/loss/ce_chunked_output_loss.py).
+const TORCHTUNE_CE_CHUNKS: f64 = 8.0;
+
+/// Per-token, per-layer bytes saved for backward, and the per-token
+/// transient of one layer's backward.
+struct LayerActs {
+    saved: f64,
+    /// Bytes per token scaling with sequence length (eager scores): × seq.
+    saved_per_seq: f64,
+    backward_transient: f64,
+    backward_transient_per_seq: f64,
+}
+
+fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
+    let a = &w.model;
+    let e = compute_bytes(s.dtype);
+    // Residual stream dtype: fp32 params make fp32 embeddings and residual
+    // adds under autocast.
+    let r = param_bytes(s.dtype);
+    let h = a.hidden_size as f64;
+    let heads = a.num_attention_heads as f64;
+    let qd = heads * a.head_dim as f64;
+    let i = a.intermediate_size as f64;
+    let k = a.experts_per_token.max(1) as f64;
+    let full = w.method == Method::Full;
+    let targets: &[LoraTarget] = w.lora.as_ref().map(|l| l.targets.as_slice()).unwrap_or(&[]);
+    let trains = |t: LoraTarget| full || targets.contains(&t);
+    let rank = w.lora.as_ref().map(|l| l.rank as f64).unwrap_or(0.0);
+    let classic = !a.gated_mlp;
+    // Quirks of transformers' modelling code; litgpt and torchtune write
+    // their own blocks (fused `gelu(approximate="tanh")`, K/V expanded
+    // before SDPA), so they do not apply there.
+    let hf_code = !matches!(w.framework, Framework::Litgpt | Framework::Torchtune);
+    let math_sdpa = w.attention == Attention::Sdpa && a.quirks.sdpa_math_fallback && hf_code;
+    let eager = w.attention == Attention::Eager || math_sdpa;
+    // Softmax in 16 bits: Falcon's eager code. PyTorch's math SDPA instead
+    // upcasts 16-bit inputs to fp32 (`allow_fp16_bf16_reduction_math_sdp`
+    // is off by default since torch 2.5), like the fp32 softmax below.
+    let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa;
+
+    let mut saved = 0.0;
+    let mut per_seq = 0.0;
+
+    // --- norms ---
+    // RMSNorm (HF LlamaRMSNorm, torchtune/litgpt RMSNorm) upcasts to fp32
+    // and saves the fp32 input for the rsqrt product (4h); the normalised
+    // value is saved by `weight * x` only when the weight trains. LayerNorm
+    // (GPT-2/BERT/T5) saves only its input plus per-token mean/rstd and
+    // runs in fp32 under autocast (4h either way).
+    let norm =
+        |trainable: bool| 4.0f64.max(r) * h + if trainable && !classic { r * h } else { 0.0 };
+    // Gemma 2 normalises before and after attention and the MLP (its
+    // `pre/post_attention_layernorm`, `pre/post_feedforward_layernorm`).
+    let norm_count = if a.kind == ArchKind::EncoderDecoder {
+        2.5
+    } else if a.quirks.sandwich_norms {
+        4.0
+    } else {
+        2.0
+    };
+    saved += norm_count * norm(full);
+
+    // --- attention ---
+    let qkv_trains = trains(LoraTarget::Q) || trains(LoraTarget::K) || trains(LoraTarget::V);
+    if qkv_trains {
+        // the projections' shared input (norm output or its autocast cast)
+        saved += e * h;
+    }
+    if !full && w.framework == Framework::Litgpt && qkv_trains {
+        // litgpt's LoRA layers default to `lora_dropout: 0.05`: the fused
+        // qkv adapter saves the bool mask and the dropped input.
+        saved += h + e * h;
+    }
+    if eager {
+        // q, k (expanded to all heads) saved by QKᵀ, v by PV.
+        saved += 3.0 * e * qd;
+        if softmax_16bit {
+            // Falcon's eager code runs softmax in the activations' dtype,
+            // without dropout: PV saves that output.
+            per_seq += e * heads;
+        } else if math_sdpa {
+            // fp32 probabilities saved for PV (no dropout, no 16-bit cast).
+            per_seq += 4.0 * heads;
+        } else {
+            // The softmax output is fp32 (HF eager attention upcasts; autocast
+            // runs softmax in fp32; fp32 training is fp32 anyway) …
+            per_seq += 4.0 * heads;
+        }
+        if softmax_16bit || math_sdpa {
+        } else if classic {
+            // … attention dropout (p = 0.1) keeps a bool mask, and PV saves
+            // the dropped probabilities (in fp32, or their 16-bit cast) …
+            per_seq += (1.0 + e) * heads;
+        } else if e < 4.0 {
+            // … or the 16-bit cast of the probabilities fed to PV.
+            per_seq += e * heads;
+        }
+        if a.quirks.attn_softcapping {
+            // Gemma 2 eager: `tanh(scores / cap) * cap` — tanh saves its
+            // output for backward (transformers `eager_attention_forward`).
+            per_seq += e * heads;
+        }
+    } else {
+        // SDPA saves q, k, v (k, v expanded from the KV heads: HF repeat_kv,
+        // torchtune's expand before SDPA), the output and an fp32
+        // log-sum-exp per head.
+        saved += 3.0 * e * qd + e * qd + 4.0 * heads;
+    }
+    if trains(LoraTarget::O) {
+        // o_proj input: the transposed, contiguous attention output.
+        saved += e * qd;
+    }
+    if classic {
+        // residual dropout masks after attention and MLP (p = 0.1, 1 byte)
+        saved += 2.0 * h;
+    }
+
+    // --- MLP ---
+    let up_trains = trains(LoraTarget::Gate) || trains(LoraTarget::Up);
+    if k > 1.0 {
+        // MoE: the router saves its input when trained; every routed copy of
+        // the token is gathered (hidden[top_x]) and saved by the experts.
+        saved += e * h * k + if full { e * h } else { 0.0 };
+    } else if up_trains {
+        saved += e * h;
+    }
+    if classic {
+        // fc1 output saved by the activation; GPT-2's (and Phi-2's) `gelu_new` is a
+        // composite in Python (0.5·x·(1 + tanh(…))) whose mul/tanh save
+        // three more I-sized tensors; BERT's exact GELU and T5's ReLU do not.
+        saved += e * i * k;
+        if a.quirks.composite_gelu && hf_code {
+            saved += 3.0 * e * i * k;
+        }
+        if a.kind == ArchKind::EncoderDecoder {
+            // T5: dropout (p = 0.1) after the ReLU: bool mask + output.
+            saved += (1.0 + e) * i * k;
+        }
+        if trains(LoraTarget::Down) {
+            saved += e * i * k;
+        }
+    } else {
+        // SwiGLU: gate output (silu input), up output and silu output (the
+        // mul's operands) always; the product is saved by down_proj only
+        // when down trains.
+        saved += 3.0 * e * i * k;
+        if trains(LoraTarget::Down) {
+            saved += e * i * k;
+        }
+    }
+
+    // --- LoRA adapters: the A output (rank wide) is saved by B. ---
+    if !full {
+        let n = targets
+            .iter()
+            .filter(|t| **t != LoraTarget::LmHead)
+            .map(|t| {
+                if matches!(t, LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down) {
+                    k
+                } else {
+                    1.0
+                }
+            })
+            .sum::<f64>();
+        saved += n * e * rank;
+    }
+
+    // Backward of one layer: the residual gradient (r·h, twice while the
+    // two branches add) and, in the MLP, the gradients of the product and
+    // of the two branches (3·e·I); in eager attention the score gradient
+    // (fp32 softmax backward + 16-bit copy).
+    let mlp_bt = if classic { 2.0 } else { 3.0 } * e * i * k;
+    let bt = 2.0 * r * h + mlp_bt;
+    let bt_seq = match (eager, softmax_16bit) {
+        (false, _) => 0.0,
+        // the score gradient in the activations' dtype, twice while softmax's
+        // backward runs
+        (true, true) => 2.0 * e * heads,
+        (true, false) => (4.0 + 2.0 * e) * heads,
+    };
+
+    LayerActs {
+        saved,
+        saved_per_seq: per_seq,
+        backward_transient: bt,
+        backward_transient_per_seq: bt_seq,
+    }
+}
+
+/// Loss-path bytes per (token × vocabulary entry), per framework. Each is
+/// the larger of the forward peak (logits + loss intermediates) and the
+/// backward peak of the loss (saved log-probs + their gradient + the
+/// gradient of the logits).
+fn logits_bytes_per_token_vocab(f: Framework, d: Dtype) -> f64 {
+    let pd = compute_bytes(d);
+    match f {
+        // transformers ≥ 4.46 `ForCausalLMLoss`: `logits.float()` then
+        // cross_entropy; log_softmax saves its fp32 output. Forward: 16-bit
+        // logits + fp32 copy + fp32 log-probs; backward: saved log-probs +
+        // nll gradient + log_softmax gradient, all fp32 (the 16-bit logits
+        // are released with the model output before backward).
+        Framework::Hf => {
+            let upcast = if pd < 4.0 { 4.0 } else { 0.0 };
+            (pd + upcast + 4.0).max(12.0)
+        }
+        // torchtune `CEWithChunkedOutputLoss`: 16-bit logit chunks, each
+        // upcast to fp32 only inside its own cross_entropy; all chunks'
+        // fp32 log-probs are saved; the recipe `del logits` before backward.
+        Framework::Torchtune => {
+            let fwd = pd + 4.0 + 4.0 / TORCHTUNE_CE_CHUNKS;
+            let bwd = 4.0 + (8.0 + pd) / TORCHTUNE_CE_CHUNKS;
+            fwd.max(bwd)
+        }
+        // litgpt `chunked_cross_entropy` (128-token chunks) on the 16-bit
+        // logits without upcast: logits + 16-bit log-probs; the training
+        // loop still holds the logits during backward.
+        Framework::Litgpt => 2.0 * pd + 3.0 * pd / 16.0,
+        // A plain `F.cross_entropy(logits, y)`: under autocast (the -mixed
+        // dtypes, Lightning's `bf16-mixed`) cross_entropy is an fp32 op, so
+        // it behaves like the HF path; with plain 16-bit or fp32 weights it
+        // runs in the logits' dtype: saved log-probs + two gradients.
+        Framework::Lightning | Framework::Generic => {
+            if is_mixed(d) {
+                (pd + 4.0 + 4.0).max(12.0)
+            } else {
+                (2.0 * pd).max(3.0 * pd)
+            }
+        }
+    }
+}
+
+/// Activations and loss buffers per sample, and checkpointing's overlap.
+pub(super) fn per_sample(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+    pl: &mut Plan,
+) {
+    let a = &w.model;
+    let e = compute_bytes(s.dtype);
+    let seq = w.seq_len as f64;
+    let layers = a.num_layers as f64;
+    let la = layer_activations(w, s);
+    let per_token_layer = la.saved + la.saved_per_seq * seq;
+    let r = param_bytes(s.dtype);
+    let h = a.hidden_size as f64;
+    // Final norm + head input (saved only when the head trains).
+    let head_trains = w.method == Method::Full
+        || w.lora
+            .as_ref()
+            .is_some_and(|l| l.targets.contains(&LoraTarget::LmHead));
+    let tail = 4.0f64.max(r) * h + if head_trains { e * h } else { 0.0 };
+    let transient = la.backward_transient + la.backward_transient_per_seq * seq;
+    // Checkpointed: one block is recomputed at a time during backward, with
+    // its saved tensors and backward transients (Korthikanti et al. 2022,
+    // §4.2 "full activation recomputation": 2sbhL + one layer). That block
+    // is recomputed only after the loss's backward has freed the loss
+    // buffers, so it and the loss buffers are never alive together: the
+    // peak holds the larger of the two (added below, once both are known).
+    let recompute_tokens = per_token_layer + transient;
+    let acts_tokens = if s.activation_checkpointing {
+        // Checkpointed blocks keep only their input (r·h per token).
+        layers * r * h + tail
+    } else {
+        layers * per_token_layer + transient + tail
+    };
+    let acts_tokens = if s.activation_offloading && s.activation_checkpointing {
+        // torchtune activation offloading moves the checkpointed inputs to
+        // CPU; one block's input stays on the GPU while it streams.
+        acts_tokens - (layers - 1.0).max(0.0) * r * h
+    } else {
+        acts_tokens
+    };
+    // Encoder–decoder: decoder tokens attend to the encoder output, which is
+    // kept; counted as one more hidden-size tensor per token.
+    let enc_dec = if a.kind == ArchKind::EncoderDecoder {
+        r * h
+    } else {
+        0.0
+    };
+    pl.act_per_sample = seq * (acts_tokens + enc_dec);
+
+    // --- logits / loss buffers per sample ---
+    pl.logits_per_sample = match opts.head {
+        Head::LanguageModel => {
+            // Gemma 2's `final_logit_softcapping`: `tanh(logits / cap) * cap`
+            // in the logits' dtype; tanh keeps its output for backward.
+            let softcap = if a.quirks.final_softcapping { e } else { 0.0 };
+            seq * a.vocab_size as f64
+                * (logits_bytes_per_token_vocab(w.framework, s.dtype) + softcap)
+        }
+        // classification: the pooled token and a few logits per sequence
+        Head::Classifier => 4.0 * h * 4.0,
+    };
+    if s.activation_checkpointing {
+        // The recomputed block counts where it outgrows the loss buffers;
+        // the smaller of the two is what the allocator must fit into the
+        // other's freed blocks.
+        let recompute = seq * recompute_tokens;
+        pl.recompute_overlap_per_sample = recompute.min(pl.logits_per_sample);
+        pl.act_per_sample += (recompute - pl.logits_per_sample).max(0.0);
+    }
+
+    // --- torch.compile ---
+    // Inductor fuses the elementwise ops (norms, activations, rotary, the
+    // loss) so their intermediates are not saved for backward: the whole
+    // per-sample part shrinks, the fixed part does not move. Measured on an
+    // H100 (bench/data/h100/compile_accum.csv, allocated bytes, micro batch
+    // 4 → 8 and 2 → 4): Llama-3.2-1B full 6.75 → 4.36 GB per sample
+    // (×0.65), Llama-3.1-8B LoRA 14.44 → 9.92 GB (×0.69), fixed parts equal
+    // within 0.1 %. The larger factor is used (the safer side).
+    if s.compile {
+        pl.act_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
+        pl.logits_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
+        pl.recompute_overlap_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
+    }
+}
+
+/// See the `torch.compile` block of the plan: per-sample memory compiled /
+/// eager, measured on an H100.
+pub const COMPILE_PER_SAMPLE_FACTOR: f64 = 0.69;

@@ -1,0 +1,125 @@
+//! PyTorch's caching allocator: what `max_memory_reserved` holds beyond
+//! the tensors, per allocator mode (docs/design.md, "The memory model").
+
+use super::plan::Plan;
+
+/// Caching-allocator overhead: `max_memory_reserved` exceeds
+/// `max_memory_allocated` because blocks freed by the step's transient
+/// tensors (activations, loss buffers, optimizer temporaries) are kept in
+/// segments that later, differently sized requests cannot fully reuse
+/// (c10/cuda/CUDACachingAllocator.cpp: requests over 1 MiB are rounded to
+/// 2 MiB and served best-fit from cached blocks, splitting them; a request
+/// no cached block can hold maps a new segment, and nothing is returned to
+/// the driver without `empty_cache`). Reserved memory therefore only grows
+/// during the run: the reserved peak is the larger of
+/// * phase A's allocation plus the unreusable share of its own transients
+///   (blocks split by tensors of other sizes in the same forward/backward),
+/// * phase B's allocation plus the part of phase A's cached transients that
+///   the gradients and the optimizer's temporaries could not reuse.
+///
+/// The shares below are fitted to the 165 reserved-byte measurements
+/// on an H100 in bench/data/h100/ (`cargo bench --bench accuracy` prints
+/// the residuals); the phase terms they multiply are the model's own.
+///
+/// How much of each transient the allocator keeps reserved beside the
+/// allocation (see above); one set per allocator mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct AllocatorShares {
+    /// Phase A: share of its transient bytes (activations, loss buffers,
+    /// autocast/dequantization copies) that stays reserved but unusable.
+    transient: f64,
+    /// Checkpointed phase A: the loss buffers (vocabulary-wide) and the
+    /// recomputed block's tensors (hidden/intermediate-wide) take turns but
+    /// do not fit into each other's freed blocks: this share of the smaller
+    /// of the two stays reserved beside the larger.
+    recompute: f64,
+    /// Phase B without checkpointing: gradients replace activations as the
+    /// backward frees them (similar sizes), so only the optimizer
+    /// temporaries miss the cache: this share of the smaller of phase A's
+    /// transients and the temporaries stays reserved.
+    cross_phase: f64,
+    /// Phase B with checkpointing: gradients are made one recomputed block
+    /// at a time, in between that block's activations, and split the cached
+    /// loss/activation blocks; the optimizer's temporaries then find no
+    /// block large enough: this share of phase A's transients stays reserved.
+    cross_phase_checkpointed: f64,
+}
+
+/// The default caching allocator, fitted to the 165 reserved-byte
+/// measurements in bench/data/h100/{peaks,throughput,compile_accum,families}.csv.
+pub(super) const CACHING_ALLOCATOR: AllocatorShares = AllocatorShares {
+    transient: 0.10,
+    recompute: 1.0,
+    cross_phase: 0.75,
+    cross_phase_checkpointed: 1.0,
+};
+
+/// `expandable_segments:True`: segments grow in place, so freed ranges are
+/// reused by requests of any size and most of the gap disappears. Fitted
+/// to the same grids measured again with the setting on
+/// (bench/data/h100/expandable/); what stays is the checkpointed loss
+/// buffers' turn-taking with the recomputed block.
+pub(super) const EXPANDABLE_SEGMENTS: AllocatorShares = AllocatorShares {
+    transient: ES_TRANSIENT,
+    recompute: ES_RECOMPUTE,
+    cross_phase: ES_CROSS,
+    cross_phase_checkpointed: ES_CROSS_CKPT,
+};
+// Fitted to the 63 rows of bench/data/h100/expandable/ (median 4.3 %,
+// worst 15.7 %); the cross-phase share without checkpointing is zero there.
+const ES_TRANSIENT: f64 = 0.04;
+const ES_RECOMPUTE: f64 = 1.0;
+const ES_CROSS: f64 = 0.0;
+const ES_CROSS_CKPT: f64 = 0.5;
+
+/// Plus per-segment rounding: the allocator maps memory in 2 MiB pages;
+/// each persistent parameter/state tensor wastes on average half a page
+/// only when it is small, which for transformer weights is below 1 % — we
+/// count 1 % of persistent bytes (kRoundLarge = 2 MiB).
+pub(super) const ALLOCATOR_PERSISTENT_SHARE: f64 = 0.01;
+
+/// Result of evaluating a plan at a micro batch.
+pub(super) struct Eval {
+    pub(super) allocated: f64,
+    pub(super) reserved: f64,
+    pub(super) device: f64,
+    pub(super) phase_a: bool,
+}
+
+pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
+    let persistent = pl.weights_stored + pl.master + pl.opt_state;
+    let dyn_a = pl.act_per_sample * m + pl.logits_per_sample * m;
+    let a = persistent + pl.grads_in_a + pl.weights_transient_a + dyn_a;
+    let b = persistent + pl.grads + pl.step_transient;
+    let phase_a = a >= b;
+    let allocated = a.max(b);
+    let transient_a = dyn_a + pl.weights_transient_a;
+    let reserved_a = a
+        + pl.shares.transient * transient_a
+        + pl.shares.recompute * pl.recompute_overlap_per_sample * m;
+    let reserved_b = b + if pl.checkpointing {
+        pl.shares.cross_phase_checkpointed * dyn_a
+    } else {
+        pl.shares.cross_phase * dyn_a.min(pl.step_transient)
+    };
+    let reserved =
+        reserved_a.max(reserved_b) + ALLOCATOR_PERSISTENT_SHARE * (persistent + pl.grads);
+    Eval {
+        allocated,
+        reserved,
+        device: reserved + pl.cuda_context,
+        phase_a,
+    }
+}
+
+/// Phase A's allocator overhead on its fixed part (the line `fixed + slope × m`).
+pub(super) fn allocator_overhead(pl: &Plan, persistent: f64, transient: f64) -> f64 {
+    ALLOCATOR_PERSISTENT_SHARE * persistent + pl.shares.transient * transient
+}
+
+/// Phase A's reserved bytes per sample: activations and loss buffers with
+/// their allocator share, plus the checkpointed turn-taking share.
+pub(super) fn reserved_slope(pl: &Plan) -> f64 {
+    (pl.act_per_sample + pl.logits_per_sample) * (1.0 + pl.shares.transient)
+        + pl.shares.recompute * pl.recompute_overlap_per_sample
+}

@@ -1,0 +1,142 @@
+//! The plan: every term of the memory model that does not depend on the
+//! micro batch, built step by step from the workload and settings
+//! (storage → gradients → optimizer → per-sample terms).
+
+use crate::core::settings::{Dtype, EngineeringSettings};
+use crate::core::workload::{Framework, Method, Sharding, Workload};
+
+use super::activations::per_sample;
+use super::allocator::{AllocatorShares, CACHING_ALLOCATOR, EXPANDABLE_SEGMENTS};
+use super::storage::{
+    compute_bytes, gradients, is_mixed, lora_params, optimizer, param_bytes, params_of, weights,
+    Params,
+};
+use super::{ModelOptions, CUDA_CONTEXT_BYTES};
+
+/// Everything about a workload + settings that does not depend on the micro batch.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Plan {
+    // persistent (both phases)
+    pub(super) weights_stored: f64,
+    pub(super) master: f64,
+    pub(super) opt_state: f64,
+    pub(super) grads: f64,
+    /// Gradients alive during phase A (accumulation keeps them).
+    pub(super) grads_in_a: f64,
+    /// Autocast / all-gather / dequantization copies alive in phase A only.
+    pub(super) weights_transient_a: f64,
+    /// Optimizer temporaries in phase B.
+    pub(super) step_transient: f64,
+    /// Activation checkpointing on (changes how phase B reuses the cache).
+    pub(super) checkpointing: bool,
+    /// The allocator's reserved-over-allocated shares.
+    pub(super) shares: AllocatorShares,
+    /// Checkpointed: the smaller of one recomputed block and the loss
+    /// buffers, per sample (they take turns in the same cache).
+    pub(super) recompute_overlap_per_sample: f64,
+    // per sample (one sequence of the micro batch)
+    pub(super) act_per_sample: f64,
+    pub(super) logits_per_sample: f64,
+    pub(super) cuda_context: f64,
+}
+
+/// Numbers every term needs: parameter groups, element sizes, sharding,
+/// and how the trainable parameters are stored.
+pub(super) struct Layout {
+    pub(super) p: Params,
+    pub(super) pb: f64,
+    pub(super) e: f64,
+    pub(super) mixed: bool,
+    pub(super) deepspeed: bool,
+    pub(super) shard_opt: f64,
+    pub(super) shard_grad: f64,
+    pub(super) shard_param: f64,
+    pub(super) trainable: f64,
+    pub(super) train_store: f64,
+    pub(super) master_bytes: f64,
+}
+
+fn layout(w: &Workload, s: &EngineeringSettings) -> Layout {
+    let a = &w.model;
+    let p = params_of(a);
+    let total = a.params as f64;
+    let pb = param_bytes(s.dtype);
+    let e = compute_bytes(s.dtype);
+    let mixed = is_mixed(s.dtype);
+    let gpus = w.gpus.max(1) as f64;
+    let deepspeed = matches!(
+        w.sharding,
+        Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
+    );
+    let shard_opt = if w.sharding != Sharding::None {
+        gpus
+    } else {
+        1.0
+    };
+    let shard_grad = if matches!(
+        w.sharding,
+        Sharding::Zero2 | Sharding::Zero3 | Sharding::Fsdp
+    ) {
+        gpus
+    } else {
+        1.0
+    };
+    let shard_param = if matches!(w.sharding, Sharding::Zero3 | Sharding::Fsdp) {
+        gpus
+    } else {
+        1.0
+    };
+
+    let trainable = match w.method {
+        Method::Full => total,
+        Method::Lora | Method::Qlora => w
+            .lora
+            .as_ref()
+            .map(|l| lora_params(a, l.rank, &l.targets) as f64)
+            .unwrap_or(0.0),
+    };
+    // Trainable parameters' storage: DeepSpeed ZeRO keeps 16-bit module
+    // params plus a separate fp32 master copy in the optimizer (Rajbhandari
+    // et al. 2020, "ZeRO", §3: 2Ψ + 2Ψ + KΨ with K = 12). PEFT keeps LoRA
+    // adapters in fp32 even on a 16-bit base (`autocast_adapter_dtype=True`).
+    let (train_store, master_bytes) = if deepspeed && s.dtype != Dtype::Fp32 {
+        (2.0, 4.0)
+    } else if w.method != Method::Full && w.framework == Framework::Hf {
+        (4.0, 0.0)
+    } else {
+        (pb, 0.0)
+    };
+    Layout {
+        p,
+        pb,
+        e,
+        mixed,
+        deepspeed,
+        shard_opt,
+        shard_grad,
+        shard_param,
+        trainable,
+        train_store,
+        master_bytes,
+    }
+}
+
+pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
+    let l = layout(w, s);
+    let mut pl = Plan {
+        cuda_context: opts.cuda_context_bytes.unwrap_or(CUDA_CONTEXT_BYTES) as f64,
+        checkpointing: s.activation_checkpointing,
+        shares: if opts.expandable_segments {
+            EXPANDABLE_SEGMENTS
+        } else {
+            CACHING_ALLOCATOR
+        },
+        ..Plan::default()
+    };
+
+    weights(w, s, opts, &l, &mut pl);
+    gradients(w, s, opts, &l, &mut pl);
+    optimizer(w, opts, &l, &mut pl);
+    per_sample(w, s, opts, &mut pl);
+    pl
+}

@@ -194,37 +194,40 @@ impl ResolveError {
         }
     }
 
-    /// The field's name and the message, both in `naming`'s words.
+    /// The field's name (a CRD path in full: `spec.workload.loraRank`) and
+    /// the message in `naming`'s words (fields inside it named as the path
+    /// names them: `loraRank`, `gpufit.io/lora-rank`, `GPUFIT_LORA_RANK`).
     pub fn parts(&self, naming: Naming<'_>) -> (String, String) {
-        let whole = self.render(naming);
-        let name = self.field.name(naming);
-        let message = whole
-            .strip_prefix(&format!("{name}: "))
-            .map(str::to_string)
-            .unwrap_or(whole);
-        (name, message)
-    }
-
-    /// `field: message` with every field named as `naming` names it.
-    pub fn render(&self, naming: Naming<'_>) -> String {
         let mut msg = self.message.clone();
         if naming != Naming::Cli {
-            // Longest flags first: `--lora-rank` before a shorter prefix.
+            // Longest flags first, so no flag is replaced inside a longer one.
             let mut fields = WorkloadField::ALL;
             fields.sort_by_key(|f| std::cmp::Reverse(f.flag().len()));
-            for f in fields {
-                msg = msg.replace(f.flag(), &f.name(naming));
-            }
             let arch = match naming {
                 Naming::Spec(_) => "architecture.params/hiddenSize/layers",
                 _ => "the architecture numbers",
             };
             msg = msg.replace("--params/--hidden-size/--layers", arch);
+            for f in fields {
+                let word = match naming {
+                    // Inside a message the spec field's own name reads best.
+                    Naming::Spec(_) => f.camel().to_string(),
+                    other => f.name(other),
+                };
+                msg = msg.replace(f.flag(), &word);
+            }
         }
+        (self.field.name(naming), msg)
+    }
+
+    /// `field: message` in `naming`'s words (the message alone when it
+    /// already starts with the field, as the workload's own checks do).
+    pub fn render(&self, naming: Naming<'_>) -> String {
+        let (name, msg) = self.parts(naming);
         if self.names_itself {
             msg
         } else {
-            format!("{}: {msg}", self.field.name(naming))
+            format!("{name}: {msg}")
         }
     }
 }

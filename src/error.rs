@@ -11,6 +11,9 @@ pub enum Error {
     Catalog(#[from] crate::core::catalog::CatalogError),
     #[error(transparent)]
     Workload(#[from] crate::core::workload::WorkloadError),
+    /// A workload request that does not resolve (names the flag at fault).
+    #[error(transparent)]
+    Resolve(#[from] crate::core::request::ResolveError),
     #[error(transparent)]
     Memory(#[from] crate::core::memory::MemoryError),
     #[error(transparent)]
@@ -44,7 +47,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Catalog(_) => "catalog",
-            Error::Workload(_) => "workload",
+            Error::Workload(_) | Error::Resolve(_) => "workload",
             Error::Memory(_) => "memory",
             Error::Advisor(_) => "advisor",
             Error::LogParse(_) => "log_parse",
@@ -65,6 +68,7 @@ impl Error {
             Error::Usage(_)
             | Error::Catalog(_)
             | Error::Workload(_)
+            | Error::Resolve(_)
             | Error::Memory(_)
             | Error::LogParse(_) => 2,
             Error::Advisor(crate::core::advisor::AdvisorError::DoesNotFit { .. }) => 3,

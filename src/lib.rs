@@ -12,6 +12,8 @@
 //! | [`sidecar`]   | node-local GPU reader (NVML, inventory, simulate), job attribution, HTTP API, Prometheus metrics |
 //! | [`controller`]| Kubernetes controller (TrainingJob CRD, reconcile pipeline, webhook, leader election) and the HTTP API the Slurm hooks use |
 //! | [`slurm`]     | Slurm TaskProlog / Prolog / Epilog: a pure plan plus a thin executor |
+//! | [`wire`]      | the JSON of the sidecar's and the controller's HTTP APIs, defined once (serde types only) |
+//! | [`service`]   | what the controller's API and the Slurm hooks share: the blocking suggestion, the token file |
 //! | [`cli`]       | the `gpufit` command line (clap) |
 #![forbid(unsafe_code)]
 

@@ -182,3 +182,33 @@ fn wire_types_do_no_io() {
     }
     assert!(bad.is_empty(), "wire types reach I/O:\n{}", bad.join("\n"));
 }
+
+/// The shared layers below both adapters: the suggestion service and the
+/// wire types reach neither the controller nor the Slurm hooks.
+#[test]
+fn shared_layers_do_not_depend_on_either_adapter() {
+    let mut bad = offending_lines(
+        "src/service",
+        &["crate::controller", "crate::slurm", "crate::cli"],
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let wire = std::fs::read_to_string(root.join("src/wire.rs")).expect("src/wire.rs");
+    for (n, line) in wire.lines().enumerate() {
+        for m in [
+            "crate::controller",
+            "crate::slurm",
+            "crate::sidecar",
+            "crate::service",
+            "crate::cli",
+        ] {
+            if !line.trim_start().starts_with("//") && line.contains(m) {
+                bad.push(format!("src/wire.rs:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "a shared layer uses an adapter:\n{}",
+        bad.join("\n")
+    );
+}

@@ -478,28 +478,31 @@ fn with_json_output_errors_are_json_on_stderr() {
 fn a_warning_to_a_pipe_is_printed_once_without_colour_codes() {
     let dir = tempfile::tempdir().unwrap();
     let history = format!("sqlite:{}/h.db", dir.path().display());
-    // stderr is a pipe here; `--lora-rank` with `--method full` warns.
+    // stderr is a pipe here; recording a model the catalog does not know
+    // warns. (`--lora-rank` with `--method full` used to warn; it is now
+    // refused on every path: docs/design.md, "Workload resolution".)
     let o = gpufit_in(
         dir.path(),
         &[
-            "suggest",
+            "record",
             "--model",
-            "meta-llama/Llama-3.1-8B",
-            "--method",
-            "full",
-            "--lora-rank",
-            "8",
+            "my-own-model-7b",
             "--seq-len",
             "2048",
             "--gpu",
             "NVIDIA H100 80GB HBM3",
+            "--micro-batch",
+            "2",
+            "--success",
+            "true",
             "--history",
             &history,
         ],
     );
     let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
     assert_eq!(
-        err.matches("--lora-rank/--lora-targets are ignored")
+        err.matches("recording under the model name as given")
             .count(),
         1,
         "the warning once: {err}"

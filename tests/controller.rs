@@ -191,10 +191,19 @@ fn model_and_architecture_together_fail_validation() {
     assert_eq!(invalid_field(&tj, None), "spec.workload.model");
 }
 
+/// One resolver for every path (docs/design.md, "Workload resolution"):
+/// the CRD's LoRA rank defaults to 8 as on the command line and the Slurm
+/// API, and the targets follow the framework.
 #[test]
-fn lora_method_without_rank_fails_validation() {
+fn lora_method_without_rank_gets_rank_8_and_the_frameworks_targets() {
     let tj = minimal_with(|v| v["spec"]["workload"]["method"] = json!("lora"));
-    assert_eq!(invalid_field(&tj, None), "spec.workload.loraRank");
+    let v = validate(&tj.spec, None).expect("valid");
+    let lora = v.workload.lora.expect("LoRA config");
+    assert_eq!(lora.rank, 8);
+    assert_eq!(
+        lora.targets,
+        gpufit::core::memory::default_lora_targets(v.workload.framework)
+    );
 }
 
 #[test]
@@ -1172,7 +1181,8 @@ async fn when_oom_retries_are_exhausted_the_training_job_fails() {
 #[tokio::test]
 async fn an_invalid_spec_sets_a_condition_and_creates_no_job() {
     let mut tj = lora_tj();
-    tj.spec.workload.lora_rank = None;
+    // A LoRA rank on a full fine-tune contradicts itself: refused on every path.
+    tj.spec.workload.method = Some(Method::Full);
     let s = Scenario::new(tj, a100_nodes());
     let action = s
         .reconcile()

@@ -5,10 +5,9 @@ use std::path::Path;
 
 use crate::core::catalog::models::count_params;
 use crate::core::catalog::{all_models, arch_from_hf_config, lookup_model};
-use crate::core::memory::default_lora_targets;
+use crate::core::request::{ModelRequest, WorkloadRequest};
 use crate::core::workload::{
-    ArchKind, Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding,
-    Workload,
+    ArchKind, Attention, Framework, LoraTarget, Method, ModelArch, Optimizer, Sharding, Workload,
 };
 
 /// `on` / `off` switch for flags like `--checkpointing`.
@@ -88,51 +87,41 @@ pub struct WorkloadArgs {
 }
 
 impl WorkloadArgs {
-    /// Resolves the flags into a validated workload.
-    pub fn resolve(&self) -> crate::Result<Workload> {
-        let (arch, implied) = self.resolve_model()?;
+    /// The flags as a workload request (the model read here: a config.json
+    /// path is the command line's own). Enum values are parsed by the core's
+    /// `FromStr`, the same aliases as every other path.
+    pub fn request(&self) -> crate::Result<WorkloadRequest> {
+        let (arch, implied_method) = self.resolve_model()?;
         let method = match &self.method {
-            Some(m) => m.parse::<Method>().map_err(|e| usage("--method", &e))?,
-            None => implied.unwrap_or(Method::Full),
+            Some(m) => Some(m.parse::<Method>().map_err(|e| usage("--method", &e))?),
+            None => None,
         };
-        let framework = parse_framework(&self.framework)?;
-        let lora = match method {
-            Method::Full => {
-                if self.lora_rank.is_some() || self.lora_targets.is_some() {
-                    tracing::warn!("--lora-rank/--lora-targets are ignored with --method full");
-                }
-                None
-            }
-            Method::Lora | Method::Qlora => Some(LoraConfig {
-                // PEFT's `LoraConfig(r=8)` and torchtune's shipped configs
-                // (`lora_rank: 8`) both default to 8.
-                rank: self.lora_rank.unwrap_or(8),
-                targets: match &self.lora_targets {
-                    Some(t) => parse_lora_targets(t)?,
-                    None => default_lora_targets(framework),
-                },
+        let lora_targets = match &self.lora_targets {
+            Some(t) => Some(parse_lora_targets(t)?),
+            None => None,
+        };
+        Ok(WorkloadRequest {
+            model: Some(ModelRequest::Arch {
+                arch,
+                implied_method,
             }),
-        };
-        let seq_len = self.seq_len.ok_or_else(|| {
-            crate::Error::Usage(
-                "--seq-len is required: give the training sequence length in tokens, e.g. --seq-len 2048"
-                    .into(),
-            )
-        })?;
-        let w = Workload {
-            model: arch,
             method,
-            lora,
-            seq_len,
-            optimizer: parse_optimizer(&self.optimizer)?,
+            lora_rank: self.lora_rank,
+            lora_targets,
+            seq_len: self.seq_len,
+            optimizer: Some(parse_optimizer(&self.optimizer)?),
             global_batch: self.global_batch,
-            gpus: self.gpus,
-            sharding: parse_zero(self.zero)?,
-            framework,
-            attention: parse_attention(&self.attention)?,
-        };
-        w.validate()?;
-        Ok(w)
+            gpus: Some(self.gpus),
+            sharding: Some(parse_zero(self.zero)?),
+            framework: Some(parse_framework(&self.framework)?),
+            attention: Some(parse_attention(&self.attention)?),
+        })
+    }
+
+    /// Resolves the flags into a validated workload (the core's one
+    /// resolver: docs/design.md, "Workload resolution").
+    pub fn resolve(&self) -> crate::Result<Workload> {
+        Ok(self.request()?.resolve()?)
     }
 
     /// The architecture from `--model` (catalog name or config.json path)
@@ -273,121 +262,38 @@ fn arch_from_params(p: f64) -> crate::Result<ModelArch> {
     })
 }
 
-/// `--framework`.
+/// `--framework` (the core's `FromStr`: the aliases every path accepts).
 pub fn parse_framework(s: &str) -> crate::Result<Framework> {
-    Ok(match s.trim().to_ascii_lowercase().as_str() {
-        "generic" | "pytorch" | "torch" => Framework::Generic,
-        "hf" | "huggingface" | "transformers" | "trl" => Framework::Hf,
-        "torchtune" | "tune" => Framework::Torchtune,
-        "litgpt" => Framework::Litgpt,
-        "lightning" | "pytorch-lightning" | "pl" => Framework::Lightning,
-        other => {
-            return Err(usage(
-                "--framework",
-                &format!(
-                    "unknown framework `{other}`: use generic, hf, torchtune, litgpt or lightning"
-                ),
-            ))
-        }
-    })
+    s.parse().map_err(|e: String| usage("--framework", &e))
 }
 
 /// `--optimizer`.
 pub fn parse_optimizer(s: &str) -> crate::Result<Optimizer> {
-    let n: String = s
-        .trim()
-        .to_ascii_lowercase()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .collect();
-    Ok(match n.as_str() {
-        "adamw" | "adam" | "adamwtorch" | "adamwtorchfused" => Optimizer::Adamw,
-        "adamw8bit" | "adam8bit" | "adamwbnb8bit" | "pagedadamw8bit" | "bnbadamw8bit" => {
-            Optimizer::Adamw8bit
-        }
-        "sgd" | "sgdmomentum" => Optimizer::Sgd,
-        "adafactor" => Optimizer::Adafactor,
-        _ => {
-            return Err(usage(
-                "--optimizer",
-                &format!("unknown optimizer `{s}`: use adamw, adamw8bit, sgd or adafactor"),
-            ))
-        }
-    })
+    s.parse().map_err(|e: String| usage("--optimizer", &e))
 }
 
 /// `--attention`.
 pub fn parse_attention(s: &str) -> crate::Result<Attention> {
-    Ok(match s.trim().to_ascii_lowercase().as_str() {
-        "sdpa" | "flash" | "flash-attention" | "flash_attention_2" | "flash-attn" => {
-            Attention::Sdpa
-        }
-        "eager" | "math" => Attention::Eager,
-        other => {
-            return Err(usage(
-                "--attention",
-                &format!("unknown attention `{other}`: use sdpa or eager"),
-            ))
-        }
-    })
+    s.parse().map_err(|e: String| usage("--attention", &e))
 }
 
 /// `--zero 0|1|2|3`.
 pub fn parse_zero(z: u8) -> crate::Result<Sharding> {
-    Ok(match z {
-        0 => Sharding::None,
-        1 => Sharding::Zero1,
-        2 => Sharding::Zero2,
-        3 => Sharding::Zero3,
-        other => {
-            return Err(usage(
-                "--zero",
-                &format!("ZeRO stage {other} does not exist: use 0, 1, 2 or 3"),
-            ))
-        }
-    })
+    if z > 3 {
+        return Err(usage(
+            "--zero",
+            &format!("ZeRO stage {z} does not exist: use 0, 1, 2 or 3"),
+        ));
+    }
+    z.to_string()
+        .parse()
+        .map_err(|e: String| usage("--zero", &e))
 }
 
 /// `--lora-targets q,k,v,o,gate,up,down,lm_head` or `all-linear` (PEFT's
 /// spelling: every linear of the blocks, not the output head).
 pub fn parse_lora_targets(s: &str) -> crate::Result<Vec<LoraTarget>> {
-    use LoraTarget::*;
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let p = part.to_ascii_lowercase().replace('-', "_");
-        let p = p.trim_end_matches("_proj");
-        let t: &[LoraTarget] = match p {
-            "all_linear" | "all" => &[Q, K, V, O, Gate, Up, Down],
-            "q" | "query" => &[Q],
-            "k" | "key" => &[K],
-            "v" | "value" => &[V],
-            "o" | "output" | "out" | "dense" => &[O],
-            "gate" | "w1" => &[Gate],
-            "up" | "w3" => &[Up],
-            "down" | "w2" => &[Down],
-            "lm_head" | "head" | "output_head" => &[LmHead],
-            "mlp" => &[Gate, Up, Down],
-            _ => {
-                return Err(usage(
-                    "--lora-targets",
-                    &format!("unknown target `{part}`: use a comma list of q,k,v,o,gate,up,down,lm_head, or all-linear"),
-                ))
-            }
-        };
-        for x in t {
-            if !out.contains(x) {
-                out.push(*x);
-            }
-        }
-    }
-    if out.is_empty() {
-        return Err(usage(
-            "--lora-targets",
-            "is empty: name at least one of q,k,v,o,gate,up,down,lm_head, or all-linear",
-        ));
-    }
-    out.sort();
-    Ok(out)
+    LoraTarget::parse_list(s).map_err(|e| usage("--lora-targets", &e))
 }
 
 #[cfg(test)]

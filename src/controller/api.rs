@@ -45,10 +45,9 @@ impl From<SuggestError> for ApiError {
             SuggestError::History(_) => StatusCode::SERVICE_UNAVAILABLE,
             // Does-not-fit is a valid answer about the request, not a server fault.
             SuggestError::DoesNotFit(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            SuggestError::Model(_)
-            | SuggestError::Workload(_)
-            | SuggestError::Gpu(_)
-            | SuggestError::Advisor(_) => StatusCode::BAD_REQUEST,
+            SuggestError::Workload(_) | SuggestError::Gpu(_) | SuggestError::Advisor(_) => {
+                StatusCode::BAD_REQUEST
+            }
         };
         ApiError::new(status, e.to_string())
     }

@@ -113,11 +113,13 @@ pub struct WorkloadSpec {
     /// Training method: `full`, `lora` or `qlora` (default `full`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<Method>,
-    /// LoRA rank, required for `lora` and `qlora` (scientific: never changed).
+    /// LoRA rank for `lora` and `qlora` (default 8; scientific: never changed).
+    /// Refused with `full`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_rank: Option<u32>,
     /// Linear layers that get LoRA adapters (`q`, `k`, `v`, `o`, `gate`,
-    /// `up`, `down`, `lm_head`); default `q` and `v`.
+    /// `up`, `down`, `lm_head`); default the framework's (torchtune: q, v,
+    /// o, gate, up, down; the others: q and v). Refused with `full`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_targets: Option<Vec<crate::core::workload::LoraTarget>>,
     /// Training sequence length in tokens.

@@ -5,12 +5,9 @@
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 
 use crate::core::advisor::Strategy;
-use crate::core::catalog::lookup_model;
+use crate::core::request::{ModelRequest, Naming, WorkloadRequest};
 use crate::core::settings::Pins;
-use crate::core::workload::{
-    ArchKind, Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding,
-    Workload,
-};
+use crate::core::workload::{ArchKind, ModelArch, Workload};
 
 use super::crd::{Mode, TrainingJobSpec, WorkloadSpec};
 use super::inject::PLACEHOLDERS;
@@ -78,104 +75,45 @@ pub fn validate(
     })
 }
 
-/// The workload part, shared with the webhook (whose annotations are parsed
-/// into a [`WorkloadSpec`] first). `at` prefixes field names in messages.
-pub fn workload_from_spec(w: &WorkloadSpec, at: &str) -> Result<Workload, ValidationError> {
-    let (arch, implied_method) = match (&w.model, &w.architecture) {
+/// The spec as a workload request for the core's one resolver
+/// (docs/design.md, "Workload resolution"). `at` prefixes field names.
+pub fn request_from_spec(w: &WorkloadSpec, at: &str) -> Result<WorkloadRequest, ValidationError> {
+    let model = match (&w.model, &w.architecture) {
         (Some(_), Some(_)) => {
             return Err(ValidationError::new(
                 format!("{at}.model"),
                 "both `model` and `architecture` are set: give one of them",
             ))
         }
-        (None, None) => {
-            return Err(ValidationError::new(
-                format!("{at}.model"),
-                "missing: give a catalog model id (e.g. meta-llama/Llama-3.1-8B; `gpufit models` lists them) or `architecture` with the numbers",
-            ))
-        }
-        (Some(name), None) => {
-            if name.trim().is_empty() {
-                return Err(ValidationError::new(format!("{at}.model"), "is empty"));
-            }
-            let r = lookup_model(name)
-                .map_err(|e| ValidationError::new(format!("{at}.model"), e.to_string()))?;
-            (r.arch, r.method)
-        }
-        (None, Some(a)) => (arch_from_numbers(a, at)?, None),
+        (Some(name), None) => Some(ModelRequest::Catalog(name.clone())),
+        (None, Some(a)) => Some(ModelRequest::Arch {
+            arch: arch_from_numbers(a, at)?,
+            implied_method: None,
+        }),
+        (None, None) => None,
     };
-    let method = match (w.method, implied_method) {
-        (Some(m), Some(implied)) if m != implied => {
-            return Err(ValidationError::new(
-                format!("{at}.method"),
-                format!(
-                    "`{m}` contradicts the model name, which implies `{implied}`: drop one of them"
-                ),
-            ))
-        }
-        (Some(m), _) => m,
-        (None, Some(implied)) => implied,
-        (None, None) => Method::Full,
-    };
-    let lora = match method {
-        Method::Full => {
-            if w.lora_rank.is_some() || w.lora_targets.is_some() {
-                return Err(ValidationError::new(
-                    format!("{at}.loraRank"),
-                    "is set but the method is `full`: set method to lora or qlora, or drop loraRank/loraTargets",
-                ));
-            }
-            None
-        }
-        Method::Lora | Method::Qlora => {
-            let Some(rank) = w.lora_rank else {
-                return Err(ValidationError::new(
-                    format!("{at}.loraRank"),
-                    format!("missing: method `{method}` needs a LoRA rank (typically 8-64)"),
-                ));
-            };
-            let targets = match &w.lora_targets {
-                Some(t) if t.is_empty() => {
-                    return Err(ValidationError::new(
-                        format!("{at}.loraTargets"),
-                        "is empty: list the layers that get adapters (q, k, v, o, gate, up, down, lm_head) or leave it out",
-                    ))
-                }
-                Some(t) => t.clone(),
-                // PEFT's default for Llama-style models: q_proj and v_proj.
-                None => vec![LoraTarget::Q, LoraTarget::V],
-            };
-            Some(LoraConfig { rank, targets })
-        }
-    };
-    let workload = Workload {
-        model: arch,
-        method,
-        lora,
-        seq_len: w.seq_len,
-        optimizer: w.optimizer.unwrap_or(Optimizer::Adamw),
+    Ok(WorkloadRequest {
+        model,
+        method: w.method,
+        lora_rank: w.lora_rank,
+        lora_targets: w.lora_targets.clone(),
+        seq_len: Some(w.seq_len),
+        optimizer: w.optimizer,
         global_batch: w.global_batch,
-        gpus: w.gpus.unwrap_or(1),
-        sharding: w.sharding.unwrap_or(Sharding::None),
-        framework: w.framework.unwrap_or(Framework::Generic),
-        attention: w.attention.unwrap_or(Attention::Sdpa),
-    };
-    workload
-        .validate()
-        .map_err(|e| ValidationError::new(at.to_string(), spec_words(&e.to_string())))?;
-    Ok(workload)
+        gpus: w.gpus,
+        sharding: w.sharding,
+        framework: w.framework,
+        attention: w.attention,
+    })
 }
 
-/// Core messages name CLI flags; in a spec the same field is camelCase.
-fn spec_words(msg: &str) -> String {
-    msg.replace("--seq-len", "seqLen")
-        .replace("--global-batch", "globalBatch")
-        .replace("--gpus", "gpus")
-        .replace("--lora-rank", "loraRank")
-        .replace(
-            "--params/--hidden-size/--layers",
-            "architecture.params/hiddenSize/layers",
-        )
+/// The workload part of a spec, resolved and checked; the error names the
+/// spec field (`{at}.loraRank`).
+pub fn workload_from_spec(w: &WorkloadSpec, at: &str) -> Result<Workload, ValidationError> {
+    request_from_spec(w, at)?.resolve().map_err(|e| {
+        let (field, message) = e.parts(Naming::Spec(at));
+        ValidationError::new(field, message)
+    })
 }
 
 fn arch_from_numbers(

@@ -11,6 +11,7 @@ pub mod learner;
 pub mod logs;
 pub mod memory;
 pub mod report;
+pub mod request;
 pub mod run;
 pub mod settings;
 pub mod similarity;

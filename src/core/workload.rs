@@ -2,6 +2,8 @@
 //! structural; gpufit reads them and never changes them.
 
 use schemars::JsonSchema;
+use std::str::FromStr;
+
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -108,7 +110,7 @@ pub struct ArchQuirks {
 }
 
 /// How the model is trained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     Full,
@@ -133,22 +135,8 @@ impl std::fmt::Display for Method {
     }
 }
 
-impl std::str::FromStr for Method {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "full" | "full-finetune" | "full_finetune" | "fft" => Ok(Method::Full),
-            "lora" => Ok(Method::Lora),
-            "qlora" => Ok(Method::Qlora),
-            other => Err(format!("unknown method `{other}`: use full, lora or qlora")),
-        }
-    }
-}
-
 /// A linear layer LoRA adapters can be attached to.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LoraTarget {
     Q,
@@ -168,7 +156,7 @@ pub struct LoraConfig {
     pub targets: Vec<LoraTarget>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
     Adamw,
@@ -178,7 +166,7 @@ pub enum Optimizer {
 }
 
 /// Sharding of model state over data-parallel GPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Sharding {
     None,
@@ -191,7 +179,7 @@ pub enum Sharding {
 
 /// The training framework, whose defaults change memory for the same flags
 /// (loss path, LoRA default targets, what the optimizer step keeps).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Framework {
     Generic,
@@ -203,11 +191,193 @@ pub enum Framework {
 
 /// Attention kernel: flash/SDPA keeps O(seq) per head, eager keeps the
 /// seq × seq score matrix per head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Attention {
     Sdpa,
     Eager,
+}
+
+// === parsing: one FromStr per enum, used by every path ===
+//
+// The command line, the TrainingJob CRD, the webhook annotations, the Slurm
+// hooks and the controller's JSON API all accept the same spellings:
+// serde deserializes these enums through `FromStr` (the JSON schema still
+// lists the canonical names), so an alias that works in one place works in
+// all of them (docs/design.md, "Workload resolution").
+
+/// Deserializes an enum through its `FromStr` (the one list of aliases).
+macro_rules! deserialize_via_from_str {
+    ($($t:ty),*) => {$(
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+deserialize_via_from_str!(Method, LoraTarget, Optimizer, Sharding, Framework, Attention);
+
+/// Lower case, `-` and spaces as `_`: the spellings people use for one name.
+fn norm(s: &str) -> String {
+    s.trim().to_ascii_lowercase().replace(['-', ' '], "_")
+}
+
+impl FromStr for Method {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match norm(s).as_str() {
+            "full" | "full_finetune" | "fft" => Ok(Method::Full),
+            "lora" => Ok(Method::Lora),
+            "qlora" => Ok(Method::Qlora),
+            _ => Err(format!(
+                "unknown method `{}`: use full, lora or qlora",
+                s.trim()
+            )),
+        }
+    }
+}
+
+impl FromStr for Framework {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match norm(s).as_str() {
+            "generic" | "pytorch" | "torch" => Ok(Framework::Generic),
+            "hf" | "huggingface" | "transformers" | "trl" => Ok(Framework::Hf),
+            "torchtune" | "tune" => Ok(Framework::Torchtune),
+            "litgpt" => Ok(Framework::Litgpt),
+            "lightning" | "pytorch_lightning" | "pl" => Ok(Framework::Lightning),
+            _ => Err(format!(
+                "unknown framework `{}`: use generic, hf, torchtune, litgpt or lightning",
+                s.trim()
+            )),
+        }
+    }
+}
+
+impl FromStr for Optimizer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // Punctuation-free: `adamw_torch_fused`, `paged-adamw-8bit`, `AdamW8bit`.
+        let n: String = s
+            .trim()
+            .to_ascii_lowercase()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .collect();
+        match n.as_str() {
+            "adamw" | "adam" | "adamwtorch" | "adamwtorchfused" => Ok(Optimizer::Adamw),
+            "adamw8bit" | "adam8bit" | "adamwbnb8bit" | "pagedadamw8bit" | "bnbadamw8bit" => {
+                Ok(Optimizer::Adamw8bit)
+            }
+            "sgd" | "sgdmomentum" => Ok(Optimizer::Sgd),
+            "adafactor" => Ok(Optimizer::Adafactor),
+            _ => Err(format!(
+                "unknown optimizer `{}`: use adamw, adamw8bit, sgd or adafactor",
+                s.trim()
+            )),
+        }
+    }
+}
+
+impl FromStr for Sharding {
+    type Err = String;
+    /// `none`, `zero1`–`zero3`, `fsdp`; a bare ZeRO stage `0`–`3` as the
+    /// command line's `--zero` and Slurm's `GPUFIT_ZERO` give it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match norm(s).replace('_', "").as_str() {
+            "none" | "0" | "zero0" | "ddp" => Ok(Sharding::None),
+            "zero1" | "1" => Ok(Sharding::Zero1),
+            "zero2" | "2" => Ok(Sharding::Zero2),
+            "zero3" | "3" => Ok(Sharding::Zero3),
+            "fsdp" | "fullshard" => Ok(Sharding::Fsdp),
+            _ => Err(format!(
+                "unknown sharding `{}`: use none, zero1, zero2, zero3 or fsdp (ZeRO stage 0-3)",
+                s.trim()
+            )),
+        }
+    }
+}
+
+impl FromStr for Attention {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match norm(s).as_str() {
+            "sdpa" | "flash" | "flash_attention" | "flash_attention_2" | "flash_attn" => {
+                Ok(Attention::Sdpa)
+            }
+            "eager" | "math" => Ok(Attention::Eager),
+            _ => Err(format!(
+                "unknown attention `{}`: use sdpa or eager",
+                s.trim()
+            )),
+        }
+    }
+}
+
+impl LoraTarget {
+    /// The targets one name stands for: a layer (`q`, `q_proj`, `w1`), or a
+    /// group (`all-linear`: every linear of the blocks, PEFT's spelling;
+    /// `mlp`). torchtune's `output_proj` is the attention output (`o`).
+    fn group(name: &str) -> Option<&'static [LoraTarget]> {
+        use LoraTarget::*;
+        let n = norm(name);
+        Some(match n.trim_end_matches("_proj") {
+            "all_linear" | "all" => &[Q, K, V, O, Gate, Up, Down],
+            "q" | "query" => &[Q],
+            "k" | "key" => &[K],
+            "v" | "value" => &[V],
+            "o" | "output" | "out" | "dense" => &[O],
+            "gate" | "w1" => &[Gate],
+            "up" | "w3" => &[Up],
+            "down" | "w2" => &[Down],
+            "lm_head" | "head" | "output_head" => &[LmHead],
+            "mlp" => &[Gate, Up, Down],
+            _ => return None,
+        })
+    }
+
+    /// A list of targets: names separated by `,` (or `+` / `:`, which a
+    /// Slurm job comment needs because `,` separates its pairs); groups
+    /// expanded, duplicates dropped, sorted. Empty is an error.
+    pub fn parse_list(s: &str) -> Result<Vec<LoraTarget>, String> {
+        let mut out = Vec::new();
+        for part in s
+            .split([',', '+', ':'])
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
+            let targets = LoraTarget::group(part).ok_or_else(|| {
+                format!("unknown target `{part}`: use a comma list of q,k,v,o,gate,up,down,lm_head, or all-linear")
+            })?;
+            for t in targets {
+                if !out.contains(t) {
+                    out.push(*t);
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(
+                "is empty: name at least one of q,k,v,o,gate,up,down,lm_head, or all-linear".into(),
+            );
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+impl FromStr for LoraTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match LoraTarget::group(s) {
+            Some([one]) => Ok(*one),
+            _ => Err(format!(
+                "`{}` is not one of q, k, v, o, gate, up, down, lm_head",
+                s.trim()
+            )),
+        }
+    }
 }
 
 /// Everything that describes what is trained.

@@ -6,11 +6,9 @@ use crate::core::advisor::{
     self, AdviceRequest, AdvisorError, Strategy, StrategyTargets, Suggestion,
 };
 use crate::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
-use crate::core::memory::default_lora_targets;
+use crate::core::request::{ModelRequest, Naming, ResolveError, WorkloadRequest};
 use crate::core::similarity::HistoryQuery;
-use crate::core::workload::{
-    Attention, Framework, LoraConfig, Method as TrainMethod, Optimizer, Sharding, Workload,
-};
+use crate::core::workload::Workload;
 use crate::history::{HistoryError, HistoryStore};
 use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
 
@@ -18,12 +16,10 @@ use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
 /// request field at fault; the HTTP API maps the kinds to statuses.
 #[derive(Debug, thiserror::Error)]
 pub enum SuggestError {
-    /// `workload.model` is not in the catalog.
-    #[error("workload.model: {0}")]
-    Model(String),
-    /// The resolved workload is inconsistent.
-    #[error("workload: {0}")]
-    Workload(String),
+    /// The workload does not resolve; the message names the JSON field
+    /// (`workload.lora_rank: …`).
+    #[error("{}", .0.render(Naming::Json))]
+    Workload(#[source] ResolveError),
     /// `gpu` is unknown or has no memory.
     #[error("{0}")]
     Gpu(String),
@@ -46,39 +42,30 @@ pub fn canonical_model(name: &str) -> String {
         .unwrap_or_else(|_| name.to_string())
 }
 
-/// Resolves a workload spec with the model catalog and validates it.
-pub fn resolve_workload(spec: &WorkloadSpec) -> Result<Workload, SuggestError> {
-    let mref = lookup_model(&spec.model).map_err(|e| SuggestError::Model(e.to_string()))?;
-    let method = spec.method.or(mref.method).unwrap_or(TrainMethod::Full);
-    let framework = spec.framework.unwrap_or(Framework::Generic);
-    // The same defaults as `gpufit suggest` (WorkloadArgs::resolve): rank 8
-    // (PEFT's and torchtune's default) and the framework's default targets.
-    let lora = match method {
-        TrainMethod::Full => None,
-        TrainMethod::Lora | TrainMethod::Qlora => Some(LoraConfig {
-            rank: spec.lora_rank.unwrap_or(8),
-            targets: spec
-                .lora_targets
-                .clone()
-                .unwrap_or_else(|| default_lora_targets(framework)),
-        }),
-    };
-    let workload = Workload {
-        model: mref.arch,
-        method,
-        lora,
-        seq_len: spec.seq_len,
-        optimizer: spec.optimizer.unwrap_or(Optimizer::Adamw),
+/// A wire workload as a request for the core's one resolver.
+pub fn request_from_wire(spec: &WorkloadSpec) -> WorkloadRequest {
+    WorkloadRequest {
+        model: Some(ModelRequest::Catalog(spec.model.clone())),
+        method: spec.method,
+        lora_rank: spec.lora_rank,
+        lora_targets: spec.lora_targets.clone(),
+        seq_len: Some(spec.seq_len),
+        optimizer: spec.optimizer,
         global_batch: spec.global_batch,
-        gpus: spec.gpus.unwrap_or(1),
-        sharding: spec.sharding.unwrap_or(Sharding::None),
-        framework,
-        attention: spec.attention.unwrap_or(Attention::Sdpa),
-    };
-    workload
-        .validate()
-        .map_err(|e| SuggestError::Workload(e.to_string()))?;
-    Ok(workload)
+        gpus: spec.gpus,
+        sharding: spec.sharding,
+        framework: spec.framework,
+        attention: spec.attention,
+    }
+}
+
+/// Resolves a wire workload with the core's one resolver (docs/design.md,
+/// "Workload resolution"): the same defaults as `gpufit suggest`, the CRD
+/// and the webhook.
+pub fn resolve_workload(spec: &WorkloadSpec) -> Result<Workload, SuggestError> {
+    request_from_wire(spec)
+        .resolve()
+        .map_err(SuggestError::Workload)
 }
 
 /// Resolves the GPU of a request (catalog name, or a live spec).

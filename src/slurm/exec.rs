@@ -365,7 +365,13 @@ fn ask_suggestion(
             let store = crate::history::open(history)
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
             crate::service::suggest_blocking(store.as_ref(), StrategyTargets::default(), req)
-                .map_err(|e| SlurmError::Service(format!("local suggestion: {e}")))
+                .map_err(|e| match e {
+                    // Name the field as the job set it: GPUFIT_LORA_RANK.
+                    crate::service::SuggestError::Workload(r) => {
+                        SlurmError::Job(r.render(crate::core::request::Naming::SlurmEnv))
+                    }
+                    other => SlurmError::Service(format!("local suggestion: {other}")),
+                })
         }
     }
 }

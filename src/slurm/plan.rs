@@ -345,29 +345,21 @@ pub fn plan_task_prolog(
             Some((gpu_indices.len() as u32).max(1) * nodes)
         }
     };
-    let sharding = match parse_num::<u8>(&fields, "zero")? {
-        None | Some(0) => None,
-        Some(1) => Some(Sharding::Zero1),
-        Some(2) => Some(Sharding::Zero2),
-        Some(3) => Some(Sharding::Zero3),
-        Some(z) => {
-            return Err(SlurmError::Job(format!(
-                "GPUFIT_ZERO={z}: use a ZeRO stage 0, 1, 2 or 3"
-            )))
-        }
-    };
+    // Every value through its type's FromStr: the aliases the command line,
+    // the CRD and the webhook accept (docs/design.md, "Workload resolution").
+    let sharding = parse_with(&fields, "zero", |s| s.parse::<Sharding>())?;
     let workload = WorkloadSpec {
         model,
         method: parse_with(&fields, "method", |s| s.parse::<Method>())?,
         lora_rank: parse_num(&fields, "lora_rank")?,
-        lora_targets: parse_with(&fields, "lora_targets", parse_lora_targets)?,
+        lora_targets: parse_with(&fields, "lora_targets", LoraTarget::parse_list)?,
         seq_len,
         global_batch: parse_num(&fields, "global_batch")?,
         gpus,
-        optimizer: parse_with(&fields, "optimizer", parse_optimizer)?,
+        optimizer: parse_with(&fields, "optimizer", |s| s.parse::<Optimizer>())?,
         sharding,
-        framework: parse_with(&fields, "framework", parse_framework)?,
-        attention: parse_with(&fields, "attention", parse_attention)?,
+        framework: parse_with(&fields, "framework", |s| s.parse::<Framework>())?,
+        attention: parse_with(&fields, "attention", |s| s.parse::<Attention>())?,
     };
     let strategy =
         parse_with(&fields, "strategy", |s| s.parse::<Strategy>())?.unwrap_or(site_strategy);
@@ -453,72 +445,6 @@ fn parse_bool(s: &str) -> Result<bool, String> {
         "0" | "false" | "no" | "off" => Ok(false),
         _ => Err(format!("`{s}` is not a switch: use true or false")),
     }
-}
-
-fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
-    match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-        "adamw" | "adam" => Ok(Optimizer::Adamw),
-        "adamw8bit" | "adam8bit" | "pagedadamw8bit" => Ok(Optimizer::Adamw8bit),
-        "sgd" => Ok(Optimizer::Sgd),
-        "adafactor" => Ok(Optimizer::Adafactor),
-        _ => Err(format!(
-            "unknown optimizer `{s}`: use adamw, adamw8bit, sgd or adafactor"
-        )),
-    }
-}
-
-fn parse_framework(s: &str) -> Result<Framework, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "generic" => Ok(Framework::Generic),
-        "hf" | "huggingface" | "transformers" => Ok(Framework::Hf),
-        "torchtune" => Ok(Framework::Torchtune),
-        "litgpt" => Ok(Framework::Litgpt),
-        "lightning" => Ok(Framework::Lightning),
-        _ => Err(format!(
-            "unknown framework `{s}`: use generic, hf, torchtune, litgpt or lightning"
-        )),
-    }
-}
-
-fn parse_attention(s: &str) -> Result<Attention, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "sdpa" | "flash" | "flash_attention_2" => Ok(Attention::Sdpa),
-        "eager" => Ok(Attention::Eager),
-        _ => Err(format!("unknown attention `{s}`: use sdpa or eager")),
-    }
-}
-
-fn parse_lora_targets(s: &str) -> Result<Vec<LoraTarget>, String> {
-    if s.eq_ignore_ascii_case("all-linear") || s.eq_ignore_ascii_case("all_linear") {
-        return Ok(vec![
-            LoraTarget::Q,
-            LoraTarget::K,
-            LoraTarget::V,
-            LoraTarget::O,
-            LoraTarget::Gate,
-            LoraTarget::Up,
-            LoraTarget::Down,
-        ]);
-    }
-    // `+` or `:` separate targets inside a comment, where `,` separates pairs.
-    s.split([',', '+', ':'])
-        .filter(|t| !t.is_empty())
-        .map(
-            |t| match t.trim().to_ascii_lowercase().trim_end_matches("_proj") {
-                "q" => Ok(LoraTarget::Q),
-                "k" => Ok(LoraTarget::K),
-                "v" => Ok(LoraTarget::V),
-                "o" | "output" => Ok(LoraTarget::O),
-                "gate" | "w1" => Ok(LoraTarget::Gate),
-                "up" | "w3" => Ok(LoraTarget::Up),
-                "down" | "w2" => Ok(LoraTarget::Down),
-                "lm_head" | "output_proj" => Ok(LoraTarget::LmHead),
-                o => Err(format!(
-                    "unknown LoRA target `{o}`: use q,k,v,o,gate,up,down,lm_head or all-linear"
-                )),
-            },
-        )
-        .collect()
 }
 
 // === what the TaskProlog prints ===

@@ -18,9 +18,10 @@ use super::super::crd::Mode;
 use super::super::gpu;
 use super::super::inject;
 use super::super::reconcile::MODE_KEY;
-use super::super::validate::{check_pins, workload_from_spec};
+use super::super::validate::check_pins;
 use super::annotations::{denied, input_annotations, parse_annotations, Denied};
 use super::WebhookState;
+use crate::core::request::Naming;
 
 /// Answers one AdmissionReview (JSON bytes as the API server sends them).
 pub fn review(body: &[u8], state: &WebhookState) -> AdmissionReview<DynamicObject> {
@@ -134,19 +135,12 @@ fn plan(
         .pointer(&format!("{}/spec", templates[0]))
         .and_then(|v| serde_json::from_value(v.clone()).ok());
 
-    let (workload_spec, strategy, mode, pins, gpu_name) =
+    let (request, strategy, mode, pins, gpu_name) =
         parse_annotations(&inputs, default_gpus(original, &templates))?;
-    let workload = workload_from_spec(&workload_spec, "annotations").map_err(|e| {
-        Denied(format!(
-            "gpufit: {}",
-            e.to_string()
-                .replace("annotations.seqLen", "gpufit.io/seq-len")
-                .replace("annotations.loraRank", "gpufit.io/lora-rank")
-                .replace("annotations.loraTargets", "gpufit.io/lora-targets")
-                .replace("annotations.model", "gpufit.io/model")
-                .replace("annotations.method", "gpufit.io/method")
-        ))
-    })?;
+    // The core's one resolver, the field named as its annotation.
+    let workload = request
+        .resolve()
+        .map_err(|e| Denied(format!("gpufit: {}", e.render(Naming::Annotation))))?;
     check_pins(&pins, &workload, "gpufit.io/pins").map_err(|e| Denied(format!("gpufit: {e}")))?;
     let mode = match mode {
         Some(m) => m,

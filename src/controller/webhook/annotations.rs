@@ -3,12 +3,16 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
+use std::str::FromStr;
 
 use crate::core::advisor::Strategy;
+use crate::core::request::{ModelRequest, Naming, WorkloadRequest};
 use crate::core::settings::Pins;
+use crate::core::workload::{
+    Attention, Framework, LoraTarget, Method, Optimizer, Sharding, Workload,
+};
 
-use super::super::crd::{Mode, WorkloadSpec};
+use super::super::crd::Mode;
 use super::super::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
 
 /// The input annotations, without the `gpufit.io/` prefix.
@@ -84,16 +88,37 @@ pub(super) fn input_annotations(
     Ok(Some(inputs))
 }
 
-/// What the annotations say: workload, strategy, mode, pins, GPU name.
-pub(super) type Parsed = (WorkloadSpec, Strategy, Option<Mode>, Pins, Option<String>);
+/// What the annotations say: workload request, strategy, mode, pins, GPU name.
+pub(super) type Parsed = (
+    WorkloadRequest,
+    Strategy,
+    Option<Mode>,
+    Pins,
+    Option<String>,
+);
 
 /// Reads the input annotations (keys without the `gpufit.io/` prefix) into
-/// a workload spec, strategy, mode, pins and GPU name. `default_gpus` is the
-/// object's own GPU count, used when `gpufit.io/gpus` is not given.
+/// a workload request (resolved by the core's one resolver, like every
+/// other path), strategy, mode, pins and GPU name. Every value is parsed by
+/// its type's `FromStr`: the aliases the command line and the Slurm hooks
+/// accept. `default_gpus` is the object's own GPU count, used when
+/// `gpufit.io/gpus` is not given.
 pub(super) fn parse_annotations(
     a: &BTreeMap<&str, &str>,
     default_gpus: u32,
 ) -> Result<Parsed, Denied> {
+    fn parsed<T: FromStr>(a: &BTreeMap<&str, &str>, key: &str) -> Result<Option<T>, Denied>
+    where
+        T::Err: std::fmt::Display,
+    {
+        a.get(key)
+            .map(|v| {
+                v.trim()
+                    .parse::<T>()
+                    .map_err(|e| denied(&format!("gpufit.io/{key}"), e))
+            })
+            .transpose()
+    }
     fn num(a: &BTreeMap<&str, &str>, key: &str) -> Result<Option<u32>, Denied> {
         a.get(key)
             .map(|v| {
@@ -106,79 +131,27 @@ pub(super) fn parse_annotations(
             })
             .transpose()
     }
-    fn parsed<T: std::str::FromStr>(
-        a: &BTreeMap<&str, &str>,
-        key: &str,
-        what: &str,
-    ) -> Result<Option<T>, Denied> {
-        a.get(key)
-            .map(|v| {
-                v.trim().parse::<T>().map_err(|_| {
-                    denied(&format!("gpufit.io/{key}"), format!("`{v}` is not {what}"))
-                })
-            })
-            .transpose()
-    }
-    fn serde_enum<T: serde::de::DeserializeOwned>(
-        a: &BTreeMap<&str, &str>,
-        key: &str,
-        what: &str,
-    ) -> Result<Option<T>, Denied> {
-        a.get(key)
-            .map(|v| {
-                serde_json::from_value(Value::String(v.trim().to_ascii_lowercase())).map_err(|_| {
-                    denied(
-                        &format!("gpufit.io/{key}"),
-                        format!("`{v}` is not one of {what}"),
-                    )
-                })
-            })
-            .transpose()
-    }
-    let seq_len = num(a, "seq-len")?.ok_or_else(|| {
-        denied(
-            "gpufit.io/seq-len",
-            "missing: give the training sequence length in tokens, e.g. \"2048\"",
-        )
-    })?;
-    let lora_targets = match a.get("lora-targets") {
-        None => None,
-        Some(v) => Some(
-            v.split(',')
-                .map(|t| t.trim())
-                .filter(|t| !t.is_empty())
-                .map(|t| {
-                    serde_json::from_value(Value::String(t.to_ascii_lowercase())).map_err(|_| {
-                        denied(
-                            "gpufit.io/lora-targets",
-                            format!("`{t}` is not one of q, k, v, o, gate, up, down, lm_head"),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-    };
-    let gpus = match num(a, "gpus")? {
-        Some(g) => Some(g),
-        None => Some(default_gpus),
-    };
-    let w = WorkloadSpec {
-        model: a.get("model").map(|s| s.trim().to_string()),
-        architecture: None,
-        method: parsed(a, "method", "full, lora or qlora")?,
+    let lora_targets = a
+        .get("lora-targets")
+        .map(|v| LoraTarget::parse_list(v).map_err(|e| denied("gpufit.io/lora-targets", e)))
+        .transpose()?;
+    let request = WorkloadRequest {
+        model: a
+            .get("model")
+            .map(|s| ModelRequest::Catalog(s.trim().to_string())),
+        method: parsed::<Method>(a, "method")?,
         lora_rank: num(a, "lora-rank")?,
         lora_targets,
-        seq_len,
-        optimizer: serde_enum(a, "optimizer", "adamw, adamw8bit, sgd, adafactor")?,
+        seq_len: num(a, "seq-len")?,
+        optimizer: parsed::<Optimizer>(a, "optimizer")?,
         global_batch: num(a, "global-batch")?,
-        gpus,
-        sharding: serde_enum(a, "sharding", "none, zero1, zero2, zero3, fsdp")?,
-        framework: serde_enum(a, "framework", "generic, hf, torchtune, litgpt, lightning")?,
-        attention: serde_enum(a, "attention", "sdpa, eager")?,
+        gpus: Some(num(a, "gpus")?.unwrap_or(default_gpus)),
+        sharding: parsed::<Sharding>(a, "sharding")?,
+        framework: parsed::<Framework>(a, "framework")?,
+        attention: parsed::<Attention>(a, "attention")?,
     };
-    let strategy = parsed::<Strategy>(a, "strategy", "conservative, balanced or aggressive")?
-        .unwrap_or(Strategy::Balanced);
-    let mode = parsed::<Mode>(a, "mode", "Inject or Recommend")?;
+    let strategy = parsed::<Strategy>(a, "strategy")?.unwrap_or(Strategy::Balanced);
+    let mode = parsed::<Mode>(a, "mode")?;
     let pins = match a.get("pins") {
         Some(v) => parse_pins(v)?,
         None => Pins::default(),
@@ -187,7 +160,23 @@ pub(super) fn parse_annotations(
     if gpu.as_deref() == Some("") {
         return Err(denied("gpufit.io/gpu", "is empty"));
     }
-    Ok((w, strategy, mode, pins, gpu))
+    Ok((request, strategy, mode, pins, gpu))
+}
+
+/// The workload the annotations describe, resolved by the core's one
+/// resolver; a denial names the annotation at fault.
+pub fn workload_from_annotations(
+    annotations: &BTreeMap<String, String>,
+    default_gpus: u32,
+) -> Result<Option<Workload>, String> {
+    let Some(inputs) = input_annotations(annotations).map_err(|d| d.0)? else {
+        return Ok(None);
+    };
+    let (request, ..) = parse_annotations(&inputs, default_gpus).map_err(|d| d.0)?;
+    request
+        .resolve()
+        .map(Some)
+        .map_err(|e| format!("gpufit: {}", e.render(Naming::Annotation)))
 }
 
 /// `micro_batch_size=4,dtype=bf16,activation_checkpointing=true,…`

@@ -52,6 +52,7 @@ mod annotations;
 mod server;
 
 pub use admission::review;
+pub use annotations::workload_from_annotations;
 pub use server::{review_json, serve, tls_config, WebhookServer};
 
 /// The path the webhook answers on.

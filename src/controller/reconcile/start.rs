@@ -1,0 +1,175 @@
+//! Step 5, start an attempt: resolve the GPU, ask the advisor (with this
+//! job's history, which now knows any OOM), build and create the Job.
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, PostParams};
+use kube::runtime::events::EventType;
+use kube::ResourceExt;
+
+use crate::controller::build::{self, build_job};
+use crate::controller::crd::{
+    Attempt, Mode, Outcome, Phase, SettingsStatus, SuggestionStatus, TrainingJob, TrainingJobStatus,
+};
+use crate::controller::gpu;
+use crate::controller::validate::Validated;
+use crate::controller::ControllerError;
+use crate::core::advisor::{self, AdviceRequest, Suggestion};
+use crate::core::catalog::GpuSpec;
+use crate::core::similarity::HistoryQuery;
+
+use super::context::Context;
+use super::status::set_condition;
+
+/// Why no attempt was started.
+#[derive(Debug)]
+pub(super) enum StartError {
+    /// Will not work without a spec change: nothing fits.
+    Invalid(String),
+    /// The spec contradicts itself (a global batch its pins cannot keep).
+    InvalidSpec(String),
+    /// Transient (GPU labels missing, history down, API error): retry with backoff.
+    Retry(&'static str, ControllerError),
+}
+
+/// Resolves the GPU, asks the advisor (with this job's history), builds and creates the Job.
+pub(super) async fn start_attempt(
+    ctx: &Context,
+    tj: &TrainingJob,
+    ns: &str,
+    v: &Validated,
+    st: &mut TrainingJobStatus,
+    generation: Option<i64>,
+) -> Result<(), StartError> {
+    let gpu: GpuSpec = match &v.gpu {
+        Some(name) => gpu::resolve_named(name),
+        None => {
+            let nodes = ctx.nodes.state();
+            gpu::resolve_from_nodes(
+                nodes.iter().map(|n| n.as_ref()),
+                tj.spec.template.spec.as_ref(),
+            )
+        }
+    }
+    .map_err(|e| StartError::Retry("GpuUnknown", ControllerError::Gpu(e.to_string())))?;
+
+    let query = HistoryQuery::new(
+        &v.workload.model.name,
+        v.workload.method,
+        &gpu.name,
+        v.workload.seq_len,
+    );
+    let store = ctx.history.clone();
+    let history = tokio::task::spawn_blocking(move || store.similar(&query))
+        .await
+        .map_err(|e| {
+            StartError::Retry("HistoryUnavailable", ControllerError::Other(e.to_string()))
+        })?
+        .map_err(|e| StartError::Retry("HistoryUnavailable", ControllerError::History(e)))?;
+
+    let suggestion: Suggestion = advisor::suggest(&AdviceRequest {
+        workload: &v.workload,
+        gpu: &gpu,
+        strategy: v.strategy,
+        targets: ctx.targets,
+        pins: &v.pins,
+        history: &history,
+    })
+    .map_err(|e| match e {
+        // The spec asks for a global batch its pins cannot keep: invalid.
+        advisor::AdvisorError::GlobalBatch { .. } => StartError::InvalidSpec(e.to_string()),
+        _ => StartError::Invalid(e.to_string()),
+    })?;
+    ctx.metrics
+        .suggestions
+        .with_label_values(&[
+            source_label(&suggestion),
+            strategy_label(&suggestion),
+            "kubernetes",
+        ])
+        .inc();
+    ctx.metrics
+        .suggestion_confidence
+        .observe(suggestion.confidence);
+
+    let index = st.attempts.iter().map(|a| a.index).max().unwrap_or(0) + 1;
+    let job = build_job(tj, index, &suggestion, v.mode)
+        .map_err(|e| StartError::Retry("BuildFailed", ControllerError::Other(e.to_string())))?;
+    let job_name = build::job_name(&tj.name_any(), index);
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    match jobs.create(&PostParams::default(), &job).await {
+        Ok(_) => {}
+        // Created on an earlier pass whose status patch was lost: adopt it.
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+        Err(e) => return Err(StartError::Retry("JobCreateFailed", e.into())),
+    }
+    let retry = index > 1;
+    st.attempts.push(Attempt {
+        index,
+        job_name: job_name.clone(),
+        settings: SettingsStatus::from(&suggestion.settings),
+        outcome: Outcome::Running,
+        predicted_peak_bytes: Some(suggestion.predicted_peak_bytes),
+        measured_peak_bytes: None,
+        peak_source: None,
+        prediction_error: None,
+        tokens_per_sec: None,
+        run_id: None,
+        message: None,
+        last_peak_lookup: None,
+        job_uid: None,
+        generation,
+        mode: Some(v.mode),
+        node: None,
+        started_at: None,
+        finished_at: None,
+        peak_lookups: 0,
+    });
+    st.job_name = Some(job_name.clone());
+    st.gpu = Some(gpu.name.clone());
+    st.suggestion = Some(SuggestionStatus::from(&suggestion));
+    st.phase = Some(Phase::Pending);
+    let verb = if v.mode == Mode::Inject {
+        "with"
+    } else {
+        "as written; recommended"
+    };
+    let msg = format!(
+        "{} Job {job_name} {verb} micro batch {} × accumulation {}, {} on {} ({}, confidence {:.2}): {}",
+        if retry { "retry: created" } else { "created" },
+        suggestion.settings.micro_batch_size,
+        suggestion.settings.gradient_accumulation_steps,
+        suggestion.settings.dtype,
+        gpu.name,
+        source_label(&suggestion),
+        suggestion.confidence,
+        suggestion.reasoning
+    );
+    set_condition(st, "Ready", true, "JobCreated", &msg, generation);
+    ctx.event(
+        tj,
+        EventType::Normal,
+        if retry { "RetryCreated" } else { "JobCreated" },
+        msg,
+    )
+    .await;
+    Ok(())
+}
+
+fn source_label(s: &Suggestion) -> &'static str {
+    use crate::core::advisor::SuggestionSource::*;
+    match s.source {
+        Heuristic => "heuristic",
+        HistoricalData => "historical_data",
+        HistoricalDataWithMemory => "historical_data_with_memory",
+        LearnedFromFailures => "learned_from_failures",
+    }
+}
+
+fn strategy_label(s: &Suggestion) -> &'static str {
+    use crate::core::advisor::Strategy::*;
+    match s.strategy {
+        Conservative => "conservative",
+        Balanced => "balanced",
+        Aggressive => "aggressive",
+    }
+}

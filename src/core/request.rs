@@ -1,0 +1,471 @@
+//! One workload resolver: a [`WorkloadRequest`] — the workload as a user
+//! gives it, every field optional — resolved once into a [`Workload`], with
+//! errors that name the field at fault. The command line, the TrainingJob
+//! CRD, the webhook annotations, the controller's Slurm API and the Slurm
+//! hooks all build a request and call [`WorkloadRequest::resolve`], so the
+//! same input gives the same workload (and the same suggestion) on every
+//! path. The defaults, written down in docs/design.md ("Workload
+//! resolution"):
+//!
+//! * method: as given, else what the model name implies (torchtune recipe
+//!   names), else `full` — a given method wins over the name's hint (a
+//!   `…_lora_…` recipe trained as QLoRA; the CRD used to refuse this);
+//! * LoRA rank 8 (PEFT's `LoraConfig(r=8)` and torchtune's shipped configs);
+//!   LoRA targets: the framework's defaults ([`default_lora_targets`]);
+//! * `full` with a LoRA rank or targets is an error on every path (it used
+//!   to be a warning on the command line, ignored silently by the Slurm
+//!   API and an error in the CRD): contradictory input is refused, never
+//!   half-used;
+//! * optimizer AdamW, 1 data-parallel GPU, no sharding, generic framework,
+//!   SDPA attention.
+
+use crate::core::catalog::lookup_model;
+use crate::core::memory::default_lora_targets;
+use crate::core::workload::{
+    Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding, Workload,
+    WorkloadError,
+};
+
+/// The LoRA rank when none is given.
+pub const DEFAULT_LORA_RANK: u32 = 8;
+
+/// Which model is trained, as given.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelRequest {
+    /// A catalog id (Hugging Face id, short id, torchtune recipe or
+    /// component name); the name may imply a method.
+    Catalog(String),
+    /// Architecture numbers (a config.json, `--params`, a CRD's
+    /// `architecture`), read by the adapter; `implied_method` is what its
+    /// name implied, if anything.
+    Arch {
+        arch: ModelArch,
+        implied_method: Option<Method>,
+    },
+}
+
+/// A workload as users give it: every field optional.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkloadRequest {
+    pub model: Option<ModelRequest>,
+    pub method: Option<Method>,
+    pub lora_rank: Option<u32>,
+    pub lora_targets: Option<Vec<LoraTarget>>,
+    pub seq_len: Option<u32>,
+    pub optimizer: Option<Optimizer>,
+    pub global_batch: Option<u32>,
+    pub gpus: Option<u32>,
+    pub sharding: Option<Sharding>,
+    pub framework: Option<Framework>,
+    pub attention: Option<Attention>,
+}
+
+/// A field of a workload request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkloadField {
+    Model,
+    Method,
+    LoraRank,
+    LoraTargets,
+    SeqLen,
+    Optimizer,
+    GlobalBatch,
+    Gpus,
+    Sharding,
+    Framework,
+    Attention,
+}
+
+/// How a path names the fields in its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming<'a> {
+    /// `--seq-len`.
+    Cli,
+    /// A CRD path under the given prefix: `spec.workload.seqLen`.
+    Spec(&'a str),
+    /// `gpufit.io/seq-len`.
+    Annotation,
+    /// `GPUFIT_SEQ_LEN` (or `seq_len=` in a job comment).
+    SlurmEnv,
+    /// `workload.seq_len` in a JSON request.
+    Json,
+}
+
+impl WorkloadField {
+    const ALL: [WorkloadField; 11] = [
+        WorkloadField::Model,
+        WorkloadField::Method,
+        WorkloadField::LoraRank,
+        WorkloadField::LoraTargets,
+        WorkloadField::SeqLen,
+        WorkloadField::Optimizer,
+        WorkloadField::GlobalBatch,
+        WorkloadField::Gpus,
+        WorkloadField::Sharding,
+        WorkloadField::Framework,
+        WorkloadField::Attention,
+    ];
+
+    /// The snake_case name (JSON, Slurm comment keys).
+    pub fn snake(self) -> &'static str {
+        match self {
+            WorkloadField::Model => "model",
+            WorkloadField::Method => "method",
+            WorkloadField::LoraRank => "lora_rank",
+            WorkloadField::LoraTargets => "lora_targets",
+            WorkloadField::SeqLen => "seq_len",
+            WorkloadField::Optimizer => "optimizer",
+            WorkloadField::GlobalBatch => "global_batch",
+            WorkloadField::Gpus => "gpus",
+            WorkloadField::Sharding => "sharding",
+            WorkloadField::Framework => "framework",
+            WorkloadField::Attention => "attention",
+        }
+    }
+
+    fn camel(self) -> &'static str {
+        match self {
+            WorkloadField::LoraRank => "loraRank",
+            WorkloadField::LoraTargets => "loraTargets",
+            WorkloadField::SeqLen => "seqLen",
+            WorkloadField::GlobalBatch => "globalBatch",
+            other => other.snake(),
+        }
+    }
+
+    /// The command-line flag.
+    pub fn flag(self) -> &'static str {
+        match self {
+            WorkloadField::Sharding => "--zero",
+            WorkloadField::Model => "--model",
+            WorkloadField::Method => "--method",
+            WorkloadField::LoraRank => "--lora-rank",
+            WorkloadField::LoraTargets => "--lora-targets",
+            WorkloadField::SeqLen => "--seq-len",
+            WorkloadField::Optimizer => "--optimizer",
+            WorkloadField::GlobalBatch => "--global-batch",
+            WorkloadField::Gpus => "--gpus",
+            WorkloadField::Framework => "--framework",
+            WorkloadField::Attention => "--attention",
+        }
+    }
+
+    /// The field's name in a path's vocabulary.
+    pub fn name(self, naming: Naming<'_>) -> String {
+        match naming {
+            Naming::Cli => self.flag().to_string(),
+            Naming::Spec(prefix) => format!("{prefix}.{}", self.camel()),
+            Naming::Annotation => format!("gpufit.io/{}", self.flag().trim_start_matches("--")),
+            Naming::SlurmEnv => match self {
+                WorkloadField::Sharding => "GPUFIT_ZERO".into(),
+                other => format!("GPUFIT_{}", other.snake().to_ascii_uppercase()),
+            },
+            Naming::Json => format!("workload.{}", self.snake()),
+        }
+    }
+}
+
+/// What is wrong with a workload request: the field and what to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolveError {
+    pub field: WorkloadField,
+    /// What is wrong and how to fix it. Core messages name command-line
+    /// flags; [`ResolveError::render`] puts them in a path's words.
+    pub message: String,
+    /// The message already starts with the field's name (the workload's
+    /// own checks: "--seq-len 9000 is longer than …").
+    names_itself: bool,
+}
+
+impl std::fmt::Display for ResolveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render(Naming::Cli))
+    }
+}
+
+impl std::error::Error for ResolveError {}
+
+impl ResolveError {
+    fn new(field: WorkloadField, message: impl Into<String>) -> Self {
+        ResolveError {
+            field,
+            message: message.into(),
+            names_itself: false,
+        }
+    }
+
+    /// The field's name (a CRD path in full: `spec.workload.loraRank`) and
+    /// the message in `naming`'s words (fields inside it named as the path
+    /// names them: `loraRank`, `gpufit.io/lora-rank`, `GPUFIT_LORA_RANK`).
+    pub fn parts(&self, naming: Naming<'_>) -> (String, String) {
+        let mut msg = self.message.clone();
+        if naming != Naming::Cli {
+            // Longest flags first, so no flag is replaced inside a longer one.
+            let mut fields = WorkloadField::ALL;
+            fields.sort_by_key(|f| std::cmp::Reverse(f.flag().len()));
+            let arch = match naming {
+                Naming::Spec(_) => "architecture.params/hiddenSize/layers",
+                _ => "the architecture numbers",
+            };
+            msg = msg.replace("--params/--hidden-size/--layers", arch);
+            for f in fields {
+                let word = match naming {
+                    // Inside a message the spec field's own name reads best.
+                    Naming::Spec(_) => f.camel().to_string(),
+                    other => f.name(other),
+                };
+                msg = msg.replace(f.flag(), &word);
+            }
+        }
+        (self.field.name(naming), msg)
+    }
+
+    /// `field: message` in `naming`'s words (the message alone when it
+    /// already starts with the field, as the workload's own checks do).
+    pub fn render(&self, naming: Naming<'_>) -> String {
+        let (name, msg) = self.parts(naming);
+        if self.names_itself {
+            msg
+        } else {
+            format!("{name}: {msg}")
+        }
+    }
+}
+
+impl From<WorkloadError> for ResolveError {
+    /// The workload's own consistency checks, attributed to a field.
+    fn from(e: WorkloadError) -> Self {
+        let field = match &e {
+            WorkloadError::NotPositive { flag, .. } => match *flag {
+                "--seq-len" => WorkloadField::SeqLen,
+                "--gpus" => WorkloadField::Gpus,
+                "--global-batch" => WorkloadField::GlobalBatch,
+                "--lora-rank" => WorkloadField::LoraRank,
+                _ => WorkloadField::Model,
+            },
+            WorkloadError::SeqTooLong { .. } => WorkloadField::SeqLen,
+            WorkloadError::LoraRankTooLarge { .. } => WorkloadField::LoraRank,
+            WorkloadError::GlobalBatchNotDivisible { .. } => WorkloadField::GlobalBatch,
+            WorkloadError::Invalid { field, .. } if *field == "lora" => WorkloadField::LoraRank,
+            WorkloadError::Invalid { .. } => WorkloadField::Model,
+        };
+        ResolveError {
+            field,
+            message: e.to_string(),
+            names_itself: true,
+        }
+    }
+}
+
+impl WorkloadRequest {
+    /// Resolves the request with the model catalog and the defaults above,
+    /// and checks the result ([`Workload::validate`]).
+    pub fn resolve(&self) -> Result<Workload, ResolveError> {
+        use WorkloadField as F;
+        let (arch, implied) = match &self.model {
+            None => {
+                return Err(ResolveError::new(
+                    F::Model,
+                    "missing: give a catalog model id (e.g. meta-llama/Llama-3.1-8B; `gpufit models` lists them) or the architecture numbers",
+                ))
+            }
+            Some(ModelRequest::Catalog(name)) if name.trim().is_empty() => {
+                return Err(ResolveError::new(F::Model, "is empty"))
+            }
+            Some(ModelRequest::Catalog(name)) => {
+                let r = lookup_model(name.trim())
+                    .map_err(|e| ResolveError::new(F::Model, e.to_string()))?;
+                (r.arch, r.method)
+            }
+            Some(ModelRequest::Arch {
+                arch,
+                implied_method,
+            }) => (arch.clone(), *implied_method),
+        };
+        // The user's statement wins over the hint a recipe name gives.
+        let method = self.method.or(implied).unwrap_or(Method::Full);
+        let framework = self.framework.unwrap_or(Framework::Generic);
+        let lora = match method {
+            Method::Full => {
+                if self.lora_rank.is_some() || self.lora_targets.is_some() {
+                    let field = if self.lora_rank.is_some() {
+                        F::LoraRank
+                    } else {
+                        F::LoraTargets
+                    };
+                    return Err(ResolveError::new(
+                        field,
+                        "is set but the method is `full`: use --method lora or qlora, or drop --lora-rank/--lora-targets",
+                    ));
+                }
+                None
+            }
+            Method::Lora | Method::Qlora => Some(LoraConfig {
+                rank: self.lora_rank.unwrap_or(DEFAULT_LORA_RANK),
+                targets: match &self.lora_targets {
+                    Some(t) if t.is_empty() => {
+                        return Err(ResolveError::new(
+                            F::LoraTargets,
+                            "is empty: list the layers that get adapters (q, k, v, o, gate, up, down, lm_head) or leave it out",
+                        ))
+                    }
+                    Some(t) => t.clone(),
+                    None => default_lora_targets(framework),
+                },
+            }),
+        };
+        let seq_len = self.seq_len.ok_or_else(|| {
+            ResolveError::new(
+                F::SeqLen,
+                "missing: give the training sequence length in tokens, e.g. 2048",
+            )
+        })?;
+        let workload = Workload {
+            model: arch,
+            method,
+            lora,
+            seq_len,
+            optimizer: self.optimizer.unwrap_or(Optimizer::Adamw),
+            global_batch: self.global_batch,
+            gpus: self.gpus.unwrap_or(1),
+            sharding: self.sharding.unwrap_or(Sharding::None),
+            framework,
+            attention: self.attention.unwrap_or(Attention::Sdpa),
+        };
+        workload.validate()?;
+        Ok(workload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lora_request() -> WorkloadRequest {
+        WorkloadRequest {
+            model: Some(ModelRequest::Catalog("meta-llama/Llama-3.1-8B".into())),
+            method: Some(Method::Lora),
+            seq_len: Some(2048),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn lora_defaults_rank_8_and_the_frameworks_targets() {
+        let w = lora_request().resolve().unwrap();
+        let l = w.lora.unwrap();
+        assert_eq!(l.rank, DEFAULT_LORA_RANK);
+        assert_eq!(l.targets, default_lora_targets(Framework::Generic));
+        let tt = WorkloadRequest {
+            framework: Some(Framework::Torchtune),
+            ..lora_request()
+        };
+        assert_eq!(
+            tt.resolve().unwrap().lora.unwrap().targets,
+            default_lora_targets(Framework::Torchtune)
+        );
+    }
+
+    #[test]
+    fn full_with_a_rank_is_refused_naming_the_field() {
+        let r = WorkloadRequest {
+            method: Some(Method::Full),
+            lora_rank: Some(16),
+            ..lora_request()
+        };
+        let e = r.resolve().unwrap_err();
+        assert_eq!(e.field, WorkloadField::LoraRank);
+        assert!(e
+            .render(Naming::Annotation)
+            .starts_with("gpufit.io/lora-rank: "));
+        assert!(e
+            .render(Naming::Spec("spec.workload"))
+            .starts_with("spec.workload.loraRank: "));
+    }
+
+    #[test]
+    fn missing_and_inconsistent_fields_are_named() {
+        let e = WorkloadRequest {
+            seq_len: None,
+            ..lora_request()
+        }
+        .resolve()
+        .unwrap_err();
+        assert_eq!(e.field, WorkloadField::SeqLen);
+        assert_eq!(
+            e.render(Naming::SlurmEnv),
+            "GPUFIT_SEQ_LEN: missing: give the training sequence length in tokens, e.g. 2048"
+        );
+        let e = WorkloadRequest {
+            seq_len: Some(1 << 30),
+            ..lora_request()
+        }
+        .resolve()
+        .unwrap_err();
+        assert_eq!(e.field, WorkloadField::SeqLen);
+        assert!(
+            e.render(Naming::Json).contains("workload.seq_len"),
+            "{}",
+            e.render(Naming::Json)
+        );
+        let e = WorkloadRequest {
+            model: None,
+            ..lora_request()
+        }
+        .resolve()
+        .unwrap_err();
+        assert_eq!(e.field, WorkloadField::Model);
+    }
+
+    #[test]
+    fn a_given_method_wins_over_the_one_the_name_implies() {
+        let r = WorkloadRequest {
+            model: Some(ModelRequest::Catalog(
+                "llama3_1/8B_lora_single_device".into(),
+            )),
+            seq_len: Some(2048),
+            ..Default::default()
+        };
+        assert_eq!(r.resolve().unwrap().method, Method::Lora);
+        let q = WorkloadRequest {
+            method: Some(Method::Qlora),
+            ..r
+        };
+        assert_eq!(q.resolve().unwrap().method, Method::Qlora);
+    }
+
+    #[test]
+    fn every_alias_parses_the_same_from_text_and_json() {
+        for (text, want) in [
+            ("tune", Framework::Torchtune),
+            ("pl", Framework::Lightning),
+            ("PyTorch-Lightning", Framework::Lightning),
+            ("transformers", Framework::Hf),
+            ("torch", Framework::Generic),
+        ] {
+            assert_eq!(text.parse::<Framework>().unwrap(), want, "{text}");
+            let j: Framework = serde_json::from_value(serde_json::json!(text)).unwrap();
+            assert_eq!(j, want, "{text} from JSON");
+        }
+        assert_eq!(
+            "paged_adamw_8bit".parse::<Optimizer>().unwrap(),
+            Optimizer::Adamw8bit
+        );
+        assert_eq!("3".parse::<Sharding>().unwrap(), Sharding::Zero3);
+        assert_eq!(
+            "flash_attention_2".parse::<Attention>().unwrap(),
+            Attention::Sdpa
+        );
+        assert_eq!("FFT".parse::<Method>().unwrap(), Method::Full);
+        assert_eq!(
+            LoraTarget::parse_list("q_proj+v_proj:output_proj").unwrap(),
+            vec![LoraTarget::Q, LoraTarget::V, LoraTarget::O]
+        );
+        assert!(LoraTarget::parse_list(" , ").is_err());
+        // Serialization keeps the canonical names.
+        assert_eq!(
+            serde_json::to_value(Framework::Torchtune).unwrap(),
+            "torchtune"
+        );
+    }
+}

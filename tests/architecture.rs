@@ -77,9 +77,7 @@ fn sources_under(dirs: &[&str]) -> Vec<std::path::PathBuf> {
 
 /// Comments used to cite a numbered SPEC section and a STYLE file that were never in the
 /// repository; a pointer must lead to a document (and a section of it) that
-/// is here. `src/core/catalog` is left out while it is being rewritten
-/// elsewhere (it still cites the missing SPEC for the bf16/fp8 rule, which is
-/// `core::capability` and docs/design.md, "Domain").
+/// is here.
 #[test]
 fn comments_point_only_at_documents_in_the_repository() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -90,9 +88,6 @@ fn comments_point_only_at_documents_in_the_repository() {
         .collect();
     let mut bad = Vec::new();
     for f in sources_under(&["src", "tests", "benches"]) {
-        if f.components().any(|c| c.as_os_str() == "catalog") {
-            continue;
-        }
         let text = std::fs::read_to_string(&f).expect("readable source");
         for (n, line) in text.lines().enumerate() {
             let Some(at) = line.find("//") else { continue };

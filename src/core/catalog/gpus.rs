@@ -44,7 +44,8 @@ struct Row {
     memory_mib: u64,
     cc: &'static str,
     /// bf16 / fp8 support; for NVIDIA derived from `cc` (bf16 from 8.0, fp8
-    /// from 8.9, SPEC §1) and checked by a test.
+    /// from 8.9: `core::capability`, docs/design.md, "Domain") and checked by
+    /// a test against that rule.
     bf16: bool,
     fp8: bool,
     tflops: f64,
@@ -61,8 +62,10 @@ const fn nv(
     tflops: f64,
     aliases: &'static [&'static str],
 ) -> Row {
-    // bf16 from compute capability 8.0, fp8 from 8.9 (SPEC §1); compared as
-    // the (major, minor) digits of the "x.y" string.
+    // bf16 from compute capability 8.0, fp8 from 8.9 (the rule of
+    // `core::capability`, restated here because a catalog row is built in a
+    // `const fn`; a test keeps the two equal); compared as the (major,
+    // minor) digits of the "x.y" string.
     let b = cc.as_bytes();
     let major = (b[0] - b'0') as u32 * if b.len() > 3 { 10 } else { 1 }
         + if b.len() > 3 { (b[1] - b'0') as u32 } else { 0 };

@@ -325,162 +325,32 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Routes one request.
-pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// What every handler answers.
+type Reply = Response<Full<Bytes>>;
+
+/// Routes one request: each route is a function below.
+pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-    // 405 names what the path takes (RFC 9110 requires `Allow`).
-    let not_allowed = |allow: &str| {
-        let mut resp = error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            &format!("{method} is not allowed on {path}: use {allow}"),
-        );
-        if let Ok(v) = http::HeaderValue::from_str(allow) {
-            resp.headers_mut().insert(http::header::ALLOW, v);
-        }
-        resp
-    };
+    let get = method == Method::GET;
     match segs.as_slice() {
-        ["healthz"] => match method {
-            Method::GET => {
-                let h = sc.health();
-                let status = if h.status == "ok" {
-                    StatusCode::OK
-                } else {
-                    StatusCode::SERVICE_UNAVAILABLE
-                };
-                json(status, &h)
-            }
-            _ => not_allowed("GET"),
-        },
-        ["metrics"] => match method {
-            Method::GET => match sc.render_metrics() {
-                Ok(text) => Response::builder()
-                    .header("content-type", prometheus::TEXT_FORMAT)
-                    .body(Full::new(Bytes::from(text)))
-                    .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
-                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-            },
-            _ => not_allowed("GET"),
-        },
-        ["v1", "gpus"] => match method {
-            Method::GET => json(StatusCode::OK, &sc.gpus()),
-            _ => not_allowed("GET"),
-        },
-        ["v1", "jobs"] => match method {
-            Method::GET => json(StatusCode::OK, &sc.jobs()),
-            _ => not_allowed("GET"),
-        },
+        ["healthz"] if get => healthz(sc),
+        ["metrics"] if get => metrics(sc),
+        ["v1", "gpus"] if get => json(StatusCode::OK, &sc.gpus()),
+        ["v1", "jobs"] if get => json(StatusCode::OK, &sc.jobs()),
+        ["healthz"] | ["metrics"] | ["v1", "gpus"] | ["v1", "jobs"] => {
+            method_not_allowed(&method, &path, "GET")
+        }
         // POST only, so that a pod named `log-peak` can still be read with GET.
         ["v1", "jobs", rest @ ..]
             if method == Method::POST && rest.last() == Some(&"log-peak") && rest.len() >= 2 =>
         {
-            let Some(id) = percent_decode(&rest[..rest.len() - 1].join("/")) else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "malformed percent-escape in job id",
-                );
-            };
-            let Some(key) = key_from_id(&id) else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!(
-                        "`{id}` is not a job id: give a Slurm job id, namespace/pod, or a pod UID"
-                    ),
-                );
-            };
-            if let Err(resp) = authorize(sc, &req) {
-                return resp;
-            }
-            let body = match read_json::<crate::wire::sidecar::LogPeakRequest>(req).await {
-                Ok(b) => b,
-                Err(resp) => return resp,
-            };
-            match check_log_peak(&body.peak_bytes, sc.max_gpu_memory()) {
-                Ok(peak) => json(StatusCode::OK, &sc.set_log_peak(key, peak)),
-                Err(why) => error(StatusCode::BAD_REQUEST, &why),
-            }
+            post_log_peak(sc, &rest[..rest.len() - 1], req).await
         }
-        ["v1", "jobs", rest @ ..] if !rest.is_empty() => {
-            if method != Method::GET {
-                // `…/log-peak` takes POST (and a pod so named, GET).
-                let allow = if rest.len() >= 2 && rest.last() == Some(&"log-peak") {
-                    "GET, POST"
-                } else {
-                    "GET"
-                };
-                return not_allowed(allow);
-            }
-            let Some(id) = percent_decode(&rest.join("/")) else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "malformed percent-escape in job id",
-                );
-            };
-            match sc.job(&id) {
-                Some(j) => json(StatusCode::OK, &j),
-                None => error(
-                    StatusCode::NOT_FOUND,
-                    &format!("no job `{id}` on node {}: it has not used a GPU here, or it ended and was evicted after being read (GET /v1/jobs lists what is held)", sc.node()),
-                ),
-            }
-        }
+        ["v1", "jobs", rest @ ..] if !rest.is_empty() => get_job(sc, &method, &path, rest),
         ["v1", "simulate", "processes", tail @ ..] if tail.len() <= 1 => {
-            let Some(sim) = sc.simulator().cloned() else {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    &format!("{path} exists only with `--backend simulate` (this sidecar runs --backend {})", sc.backend()),
-                );
-            };
-            match (method.clone(), tail) {
-                (Method::GET, []) => json(
-                    StatusCode::OK,
-                    &serde_json::json!({ "processes": sim.processes() }),
-                ),
-                (Method::POST, []) => {
-                    let p: SimProcess = match read_json(req).await {
-                        Ok(p) => p,
-                        Err(resp) => return resp,
-                    };
-                    let id = p.job.key().id();
-                    if let Err(e) = sim.upsert(p.clone()) {
-                        return error(StatusCode::BAD_REQUEST, &e.to_string());
-                    }
-                    sc.sample_now();
-                    json(
-                        StatusCode::OK,
-                        &serde_json::json!({ "process": p, "job": sc.job_peek(&id) }),
-                    )
-                }
-                (Method::DELETE, [pid]) => {
-                    let Ok(pid) = pid.parse::<u32>() else {
-                        return error(
-                            StatusCode::BAD_REQUEST,
-                            &format!("`{pid}` is not a process id"),
-                        );
-                    };
-                    let job = sim
-                        .processes()
-                        .into_iter()
-                        .find(|p| p.pid == pid)
-                        .map(|p| p.job.key().id());
-                    if !sim.remove(pid) {
-                        return error(
-                            StatusCode::NOT_FOUND,
-                            &format!("no simulated process {pid}"),
-                        );
-                    }
-                    sc.sample_now();
-                    let job = job.and_then(|id| sc.job_peek(&id));
-                    json(
-                        StatusCode::OK,
-                        &serde_json::json!({ "deleted": pid, "job": job }),
-                    )
-                }
-                (_, []) => not_allowed("GET, POST"),
-                _ => not_allowed("DELETE"),
-            }
+            simulate_processes(sc, req, &method, &path, tail).await
         }
         _ => error(
             StatusCode::NOT_FOUND,
@@ -490,6 +360,175 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
             ),
         ),
     }
+}
+
+/// 405 naming what the path takes (RFC 9110 requires `Allow`).
+fn method_not_allowed(method: &Method, path: &str, allow: &str) -> Reply {
+    let mut resp = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{method} is not allowed on {path}: use {allow}"),
+    );
+    if let Ok(v) = http::HeaderValue::from_str(allow) {
+        resp.headers_mut().insert(http::header::ALLOW, v);
+    }
+    resp
+}
+
+/// `GET /healthz`: 503 when sampling stopped, so a probe sees it.
+fn healthz(sc: &Sidecar) -> Reply {
+    let h = sc.health();
+    let status = if h.status == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(status, &h)
+}
+
+/// `GET /metrics`: Prometheus text, not JSON.
+fn metrics(sc: &Sidecar) -> Reply {
+    match sc.render_metrics() {
+        Ok(text) => Response::builder()
+            .header("content-type", prometheus::TEXT_FORMAT)
+            .body(Full::new(Bytes::from(text)))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// `POST /v1/jobs/{id}/log-peak`; `id_segs` is the path between `jobs/`
+/// and `/log-peak`. The id is checked before the token so that a typo is
+/// named even to a caller without one.
+async fn post_log_peak(sc: &Sidecar, id_segs: &[&str], req: Request<Incoming>) -> Reply {
+    let Some(id) = percent_decode(&id_segs.join("/")) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "malformed percent-escape in job id",
+        );
+    };
+    let Some(key) = key_from_id(&id) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("`{id}` is not a job id: give a Slurm job id, namespace/pod, or a pod UID"),
+        );
+    };
+    if let Err(resp) = authorize(sc, &req) {
+        return resp;
+    }
+    let body = match read_json::<crate::wire::sidecar::LogPeakRequest>(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    match check_log_peak(&body.peak_bytes, sc.max_gpu_memory()) {
+        Ok(peak) => json(StatusCode::OK, &sc.set_log_peak(key, peak)),
+        Err(why) => error(StatusCode::BAD_REQUEST, &why),
+    }
+}
+
+/// `GET /v1/jobs/{id}`; `rest` is the path after `jobs/` (a `namespace/pod`
+/// id may come with its `/` unescaped).
+fn get_job(sc: &Sidecar, method: &Method, path: &str, rest: &[&str]) -> Reply {
+    if method != Method::GET {
+        // `…/log-peak` takes POST (and a pod so named, GET).
+        let allow = if rest.len() >= 2 && rest.last() == Some(&"log-peak") {
+            "GET, POST"
+        } else {
+            "GET"
+        };
+        return method_not_allowed(method, path, allow);
+    }
+    let Some(id) = percent_decode(&rest.join("/")) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "malformed percent-escape in job id",
+        );
+    };
+    match sc.job(&id) {
+        Some(j) => json(StatusCode::OK, &j),
+        None => error(
+            StatusCode::NOT_FOUND,
+            &format!("no job `{id}` on node {}: it has not used a GPU here, or it ended and was evicted after being read (GET /v1/jobs lists what is held)", sc.node()),
+        ),
+    }
+}
+
+/// `/v1/simulate/processes[/{pid}]`: only with `--backend simulate`.
+async fn simulate_processes(
+    sc: &Sidecar,
+    req: Request<Incoming>,
+    method: &Method,
+    path: &str,
+    tail: &[&str],
+) -> Reply {
+    let Some(sim) = sc.simulator().cloned() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "{path} exists only with `--backend simulate` (this sidecar runs --backend {})",
+                sc.backend()
+            ),
+        );
+    };
+    match (method.clone(), tail) {
+        (Method::GET, []) => json(
+            StatusCode::OK,
+            &serde_json::json!({ "processes": sim.processes() }),
+        ),
+        (Method::POST, []) => post_sim_process(sc, &sim, req).await,
+        (Method::DELETE, [pid]) => delete_sim_process(sc, &sim, pid),
+        (_, []) => method_not_allowed(method, path, "GET, POST"),
+        _ => method_not_allowed(method, path, "DELETE"),
+    }
+}
+
+/// `POST /v1/simulate/processes`: registers the process (or sets its
+/// memory) and samples at once, so that each call is seen.
+async fn post_sim_process(
+    sc: &Sidecar,
+    sim: &super::simulate::SimulatedSource,
+    req: Request<Incoming>,
+) -> Reply {
+    let p: SimProcess = match read_json(req).await {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    let id = p.job.key().id();
+    if let Err(e) = sim.upsert(p.clone()) {
+        return error(StatusCode::BAD_REQUEST, &e.to_string());
+    }
+    sc.sample_now();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "process": p, "job": sc.job_peek(&id) }),
+    )
+}
+
+/// `DELETE /v1/simulate/processes/{pid}`: the process ends; answers the
+/// job it belonged to as now sampled.
+fn delete_sim_process(sc: &Sidecar, sim: &super::simulate::SimulatedSource, pid: &str) -> Reply {
+    let Ok(pid) = pid.parse::<u32>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("`{pid}` is not a process id"),
+        );
+    };
+    let job = sim
+        .processes()
+        .into_iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.job.key().id());
+    if !sim.remove(pid) {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("no simulated process {pid}"),
+        );
+    }
+    sc.sample_now();
+    let job = job.and_then(|id| sc.job_peek(&id));
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "deleted": pid, "job": job }),
+    )
 }
 
 #[cfg(test)]

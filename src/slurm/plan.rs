@@ -520,7 +520,7 @@ fn single_line(v: &str) -> String {
 /// What the TaskProlog decided, saved for the Epilog (which does not see
 /// the job's `--export` variables nor the TaskProlog's exports).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobState {
+pub struct SavedDecision {
     pub job_id: String,
     pub workload: WorkloadSpec,
     pub suggestion: Suggestion,
@@ -552,7 +552,7 @@ pub fn mapping_files(mapping_dir: &Path, job_id: &str, gpus: &[u32]) -> Vec<(Pat
 
 /// How the job ended, as the Epilog reads it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub struct JobEnd {
     /// `SLURM_JOB_EXIT_CODE` (a wait(2) status: 0 = success).
     pub exit_status: Option<i64>,
     /// `SLURM_JOB_DERIVED_EC`: highest exit status of the job's steps.
@@ -613,8 +613,8 @@ pub fn exit_state(env: &Env) -> (Option<i64>, Option<i64>) {
 
 /// The run record of a finished job.
 pub fn build_run(
-    state: &JobState,
-    outcome: &Outcome,
+    state: &SavedDecision,
+    outcome: &JobEnd,
     cluster: Option<String>,
     node: Option<String>,
 ) -> RunRecord {

@@ -8,7 +8,8 @@ use kube::ResourceExt;
 
 use crate::controller::build::{self, build_job};
 use crate::controller::crd::{
-    Attempt, Mode, Outcome, Phase, SettingsStatus, SuggestionStatus, TrainingJob, TrainingJobStatus,
+    Attempt, AttemptOutcome, Mode, Phase, SettingsStatus, SuggestionStatus, TrainingJob,
+    TrainingJobStatus,
 };
 use crate::controller::gpu;
 use crate::controller::validate::Validated;
@@ -152,7 +153,7 @@ fn record_attempt(
         index,
         job_name: job_name.to_string(),
         settings: SettingsStatus::from(&suggestion.settings),
-        outcome: Outcome::Running,
+        outcome: AttemptOutcome::Running,
         predicted_peak_bytes: Some(suggestion.predicted_peak_bytes),
         measured_peak_bytes: None,
         peak_source: None,

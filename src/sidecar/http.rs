@@ -117,65 +117,94 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let busy = Arc::new(AtomicUsize::new(0));
-                let close = Arc::new(tokio::sync::Notify::new());
-                let id = {
-                    let mut sl = lock(&slots);
-                    if sl.held.len() >= cfg.max_connections.max(1) {
-                        match sl.held.iter().position(|s| s.busy.load(Ordering::Acquire) == 0) {
-                            Some(i) => {
-                                if let Some(old) = sl.held.remove(i) {
-                                    old.close.notify_one();
-                                }
-                            }
-                            None => {
-                                tracing::debug!("{} connections all busy: refusing one", sl.held.len());
-                                continue; // drops the stream
-                            }
-                        }
-                    }
-                    sl.next_id += 1;
-                    let id = sl.next_id;
-                    sl.held.push_back(Slot { id, busy: Arc::clone(&busy), close: Arc::clone(&close) });
-                    id
+                let Some(slot) = take_slot(&slots, cfg.max_connections) else {
+                    continue; // drops the stream
                 };
-                let sc = Arc::clone(&sidecar);
-                let slots = Arc::clone(&slots);
-                let idle_timeout = cfg.idle_timeout;
-                tokio::spawn(async move {
-                    let in_flight = Arc::clone(&busy);
-                    let svc = service_fn(move |req| {
-                        let sc = Arc::clone(&sc);
-                        let in_flight = Arc::clone(&in_flight);
-                        async move {
-                            in_flight.fetch_add(1, Ordering::AcqRel);
-                            let resp = handle(&sc, req).await;
-                            in_flight.fetch_sub(1, Ordering::AcqRel);
-                            Ok::<_, Infallible>(resp)
-                        }
-                    });
-                    // hyper's header-read timeout runs from the connection's
-                    // start and again from each answer: the idle timeout.
-                    let conn = http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(idle_timeout)
-                        .serve_connection(TokioIo::new(stream), svc);
-                    tokio::pin!(conn);
-                    let result = tokio::select! {
-                        r = conn.as_mut() => r,
-                        _ = close.notified() => {
-                            conn.as_mut().graceful_shutdown();
-                            conn.await
-                        }
-                    };
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                    lock(&slots).held.retain(|s| s.id != id);
-                });
+                tokio::spawn(serve_connection(
+                    stream,
+                    Arc::clone(&sidecar),
+                    Arc::clone(&slots),
+                    slot,
+                    cfg.idle_timeout,
+                ));
             }
         }
     }
+}
+
+/// A slot for a new connection: past `max_connections` the oldest idle
+/// one is asked to close; None when all are busy (the newcomer is refused).
+fn take_slot(slots: &Mutex<Slots>, max_connections: usize) -> Option<Slot> {
+    let mut sl = lock(slots);
+    if sl.held.len() >= max_connections.max(1) {
+        match sl
+            .held
+            .iter()
+            .position(|s| s.busy.load(Ordering::Acquire) == 0)
+        {
+            Some(i) => {
+                if let Some(old) = sl.held.remove(i) {
+                    old.close.notify_one();
+                }
+            }
+            None => {
+                tracing::debug!("{} connections all busy: refusing one", sl.held.len());
+                return None;
+            }
+        }
+    }
+    sl.next_id += 1;
+    let slot = Slot {
+        id: sl.next_id,
+        busy: Arc::new(AtomicUsize::new(0)),
+        close: Arc::new(tokio::sync::Notify::new()),
+    };
+    sl.held.push_back(Slot {
+        id: slot.id,
+        busy: Arc::clone(&slot.busy),
+        close: Arc::clone(&slot.close),
+    });
+    Some(slot)
+}
+
+/// Serves one connection until it ends or its slot is asked to close,
+/// then gives the slot back.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    sc: Arc<Sidecar>,
+    slots: Arc<Mutex<Slots>>,
+    slot: Slot,
+    idle_timeout: Duration,
+) {
+    let in_flight = Arc::clone(&slot.busy);
+    let svc = service_fn(move |req| {
+        let sc = Arc::clone(&sc);
+        let in_flight = Arc::clone(&in_flight);
+        async move {
+            in_flight.fetch_add(1, Ordering::AcqRel);
+            let resp = handle(&sc, req).await;
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    // hyper's header-read timeout runs from the connection's
+    // start and again from each answer: the idle timeout.
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(idle_timeout)
+        .serve_connection(TokioIo::new(stream), svc);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = slot.close.notified() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+    lock(&slots).held.retain(|s| s.id != slot.id);
 }
 
 fn json<T: Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpufit::controller::build::{build_job, job_name, LABEL_TRAINING_JOB};
-use gpufit::controller::crd::{Mode, Outcome, Phase, TrainingJob, TrainingJobStatus};
+use gpufit::controller::crd::{AttemptOutcome, Mode, Phase, TrainingJob, TrainingJobStatus};
 use gpufit::controller::gpu::{resolve_from_nodes, GpuError};
 use gpufit::controller::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
 use gpufit::controller::metrics::Metrics;
@@ -523,14 +523,14 @@ fn pod_terminated(exit_code: i32, reason: &str, message: &str) -> Pod {
 fn a_cuda_out_of_memory_termination_message_is_an_oom() {
     let msg = "Traceback (most recent call last):\n  File \"train.py\", line 9\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.2 GiB is free.\n";
     let (outcome, why) = classify_failure(&failed_job(), &[pod_terminated(1, "Error", msg)]);
-    assert_eq!(outcome, Outcome::Oom);
+    assert_eq!(outcome, AttemptOutcome::Oom);
     assert!(why.contains("CUDA out of memory"), "{why}");
 }
 
 #[test]
 fn a_host_memory_kill_is_not_a_gpu_oom() {
     let (outcome, why) = classify_failure(&failed_job(), &[pod_terminated(137, "OOMKilled", "")]);
-    assert_eq!(outcome, Outcome::Failed);
+    assert_eq!(outcome, AttemptOutcome::Failed);
     assert!(why.contains("host memory"), "{why}");
 }
 
@@ -544,7 +544,7 @@ fn another_error_reports_the_exit_code_and_last_log_line() {
             "loading data\nFileNotFoundError: /data/train.jsonl\n",
         )],
     );
-    assert_eq!(outcome, Outcome::Failed);
+    assert_eq!(outcome, AttemptOutcome::Failed);
     assert!(
         why.contains("code 2") && why.contains("FileNotFoundError"),
         "{why}"
@@ -554,7 +554,7 @@ fn another_error_reports_the_exit_code_and_last_log_line() {
 #[test]
 fn a_failed_job_without_pods_reports_the_job_condition() {
     let (outcome, why) = classify_failure(&failed_job(), &[]);
-    assert_eq!(outcome, Outcome::Failed);
+    assert_eq!(outcome, AttemptOutcome::Failed);
     assert!(why.contains("backoff limit"), "{why}");
 }
 
@@ -969,7 +969,7 @@ async fn a_new_training_job_gets_a_job_with_the_settings_and_an_owner_reference_
     assert_eq!(st.observed_generation, Some(1));
     assert!(st.gpu.as_deref().unwrap_or("").contains("A100"));
     assert_eq!(st.attempts.len(), 1);
-    assert_eq!(st.attempts[0].outcome, Outcome::Running);
+    assert_eq!(st.attempts[0].outcome, AttemptOutcome::Running);
     assert!(st
         .conditions
         .iter()
@@ -1002,7 +1002,7 @@ async fn a_finished_job_has_its_peak_read_its_run_recorded_and_the_training_job_
     let st = s.status();
     assert_eq!(st.phase, Some(Phase::Succeeded));
     let a = &st.attempts[0];
-    assert_eq!(a.outcome, Outcome::Succeeded);
+    assert_eq!(a.outcome, AttemptOutcome::Succeeded);
     assert_eq!(a.measured_peak_bytes, Some(30 << 30));
     assert_eq!(st.peak_gib, Some(30.0));
     assert!(a.prediction_error.is_some());
@@ -1052,7 +1052,7 @@ async fn an_oom_is_recorded_and_retried_with_a_smaller_micro_batch() {
 
     let st = s.status();
     assert_eq!(st.attempts.len(), 2);
-    assert_eq!(st.attempts[0].outcome, Outcome::Oom);
+    assert_eq!(st.attempts[0].outcome, AttemptOutcome::Oom);
     assert!(st.attempts[0]
         .message
         .as_deref()
@@ -1071,7 +1071,7 @@ async fn an_oom_is_recorded_and_retried_with_a_smaller_micro_batch() {
         second < first,
         "retry micro batch {second} must be below the OOM batch {first}"
     );
-    assert_eq!(st.attempts[1].outcome, Outcome::Running);
+    assert_eq!(st.attempts[1].outcome, AttemptOutcome::Running);
     assert_eq!(st.phase, Some(Phase::Pending));
     assert_eq!(s.ctx.metrics.ooms.get(), 1);
     let reasons = s.api.lock().unwrap().event_reasons();
@@ -1149,7 +1149,7 @@ async fn a_stale_cached_training_job_does_not_finish_an_attempt_twice() {
     assert_eq!(s.api.lock().unwrap().jobs_created().len(), 2);
     let st = s.status();
     assert_eq!(st.attempts.len(), 2);
-    assert_eq!(st.attempts[1].outcome, Outcome::Running);
+    assert_eq!(st.attempts[1].outcome, AttemptOutcome::Running);
 }
 
 #[tokio::test]
@@ -1211,7 +1211,7 @@ async fn a_job_deleted_under_a_running_training_job_fails_it_and_is_not_recreate
     s.reconcile().await.expect("notices the deletion");
     s.assert_no_unexpected_requests();
     let st = s.status();
-    assert_eq!(st.attempts[0].outcome, Outcome::Deleted);
+    assert_eq!(st.attempts[0].outcome, AttemptOutcome::Deleted);
     assert_eq!(st.phase, Some(Phase::Failed));
     assert_eq!(
         s.api.lock().unwrap().jobs_created().len(),
@@ -1240,7 +1240,7 @@ async fn with_the_history_store_down_the_run_stays_in_status_and_is_recorded_lat
     let st = s.status();
     assert_eq!(
         st.attempts[0].outcome,
-        Outcome::Succeeded,
+        AttemptOutcome::Succeeded,
         "the outcome is kept in status"
     );
     assert_eq!(st.attempts[0].run_id, None);

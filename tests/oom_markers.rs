@@ -3,7 +3,7 @@
 //! container's termination message) and the log parser share
 //! `core::logs::oom` (docs/design.md, "Log parsing").
 
-use gpufit::controller::crd::Outcome;
+use gpufit::controller::crd::AttemptOutcome;
 use gpufit::controller::reconcile::classify_failure;
 use gpufit::core::logs::{parse_str, LogOutcome};
 use gpufit::slurm::exec::is_cuda_oom;
@@ -63,7 +63,7 @@ fn slurm_epilog_and_reconciler_classify_the_same_lines_identically() {
         let text = output_with(line);
         let slurm = is_cuda_oom(&text);
         let (outcome, _) = classify_failure(&job(), &[pod_with_message(&text)]);
-        let kube = outcome == Outcome::Oom;
+        let kube = outcome == AttemptOutcome::Oom;
         let parsed = parse_str(&text).expect("parses").outcome == Some(LogOutcome::OutOfMemory);
         assert_eq!(slurm, expect_oom, "Slurm Epilog on {line:?}");
         assert_eq!(kube, expect_oom, "reconciler on {line:?}");

@@ -111,55 +111,8 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
         history_url,
         token_file: args.token_file.clone(),
     };
-    // SIGINT (a terminal) or SIGTERM (systemd, Kubernetes) stops it.
-    let shutdown = async {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = term.recv() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    };
     if args.no_kubernetes {
-        // A Slurm site scrapes and probes the controller too: /metrics,
-        // /healthz and /readyz on the API's port, as in Kubernetes mode.
-        rt.block_on(async {
-            let cfg = api_cfg.clone();
-            let state = tokio::task::spawn_blocking(move || api::ApiState::from_config(&cfg))
-                .await
-                .map_err(|e| {
-                    crate::controller::ControllerError::Other(format!(
-                        "cannot open the history: {e}"
-                    ))
-                })??;
-            let metrics = crate::controller::metrics::Metrics::new();
-            let health = std::sync::Arc::new(crate::controller::metrics::Health::default());
-            health
-                .ready
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            let listener = crate::controller::metrics::bind(api_cfg.listen).await?;
-            crate::controller::metrics::serve_on(
-                listener,
-                metrics.clone(),
-                health,
-                Some(std::sync::Arc::new(state.with_metrics(metrics))),
-                shutdown,
-            )
-            .await
-        })?;
+        rt.block_on(serve_slurm_api(api_cfg))?;
         return Ok(ExitCode::SUCCESS);
     }
     if args.lease_duration < Duration::from_secs(3) {
@@ -167,6 +120,62 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
             "--lease-duration must be at least 3s (the Lease is renewed every third of it)".into(),
         ));
     }
+    let cfg = kubernetes_config(args, api_cfg);
+    rt.block_on(run::run(cfg, shutdown_signal()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGINT (a terminal) or SIGTERM (systemd, Kubernetes) stops it.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// `--no-kubernetes`: the Slurm HTTP API alone, until a signal. A Slurm
+/// site scrapes and probes the controller too: /metrics, /healthz and
+/// /readyz on the API's port, as in Kubernetes mode.
+async fn serve_slurm_api(api_cfg: ApiConfig) -> Result<(), crate::controller::ControllerError> {
+    let cfg = api_cfg.clone();
+    let state = tokio::task::spawn_blocking(move || api::ApiState::from_config(&cfg))
+        .await
+        .map_err(|e| {
+            crate::controller::ControllerError::Other(format!("cannot open the history: {e}"))
+        })??;
+    let metrics = crate::controller::metrics::Metrics::new();
+    let health = std::sync::Arc::new(crate::controller::metrics::Health::default());
+    health
+        .ready
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let listener = crate::controller::metrics::bind(api_cfg.listen).await?;
+    crate::controller::metrics::serve_on(
+        listener,
+        metrics.clone(),
+        health,
+        Some(std::sync::Arc::new(state.with_metrics(metrics))),
+        shutdown_signal(),
+    )
+    .await
+}
+
+/// The Kubernetes-mode configuration from the flags.
+fn kubernetes_config(args: ControllerArgs, api_cfg: ApiConfig) -> ControllerConfig {
     let webhook = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(WebhookConfig {
             listen: args.webhook_listen,
@@ -187,7 +196,7 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
         lease_duration: args.lease_duration,
         renew_every: args.lease_duration / 3,
     });
-    let cfg = ControllerConfig {
+    ControllerConfig {
         api: api_cfg,
         webhook,
         mode: match args.mode {
@@ -202,20 +211,5 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
         leader,
         cluster: args.cluster,
         targets: StrategyTargets::default(),
-    };
-    rt.block_on(run::run(cfg, async {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }))?;
-    Ok(ExitCode::SUCCESS)
+    }
 }

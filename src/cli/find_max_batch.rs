@@ -61,7 +61,7 @@ pub struct FindMaxBatchArgs {
 /// How one trial ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum TrialOutcome {
     Success,
     Oom,
     Failed,
@@ -72,7 +72,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct Trial {
     pub micro_batch_size: u32,
-    pub outcome: Outcome,
+    pub outcome: TrialOutcome,
     pub exit_code: Option<i32>,
     pub duration_sec: f64,
     pub peak_memory_bytes: Option<u64>,
@@ -132,6 +132,40 @@ impl Bracket {
 }
 
 pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
+    check_args(&args)?;
+    let r = args.advice.resolve()?;
+    let start = SearchStart::new(&args, &r)?;
+    let store = history_store(&args)?;
+    let searched = search(&args, &r, &start, store.as_deref())?;
+    let b = searched.bracket;
+    if b.lo == 0 {
+        return Err(nothing_fits(&r, &start, b.hi).into());
+    }
+    let per_gpu = start.per_gpu;
+    let for_global_batch = per_gpu.and_then(|per| {
+        (1..=b.lo.min(per))
+            .rev()
+            .find(|d| per.is_multiple_of(*d))
+            .map(|d| (d, per / d))
+    });
+    let result = SearchResult {
+        max_micro_batch: b.lo,
+        smallest_oom: (b.hi <= start.cap).then_some(b.hi),
+        predicted: start.predicted,
+        for_global_batch,
+        settings: EngineeringSettings {
+            micro_batch_size: b.lo,
+            ..start.settings
+        },
+        trials: searched.trials,
+        recorded: searched.recorded,
+    };
+    print_result(g, &args, &r.workload, &result)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses arguments that cannot make a search.
+fn check_args(args: &FindMaxBatchArgs) -> crate::Result<()> {
     if args.cmd.trim().is_empty() {
         return Err(crate::Error::Usage(
             "--cmd is empty: give the training command, e.g. --cmd 'python train.py --batch-size {micro_batch_size}'".into(),
@@ -142,68 +176,104 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
             "--steps and --max-trials must be at least 1".into(),
         ));
     }
-    let r = args.advice.resolve()?;
-    let w = &r.workload;
-    // Start from the aggressive prediction: the search is for the maximum.
-    let sug = match r.suggest(Strategy::Aggressive) {
-        Ok(s) => Some(s),
-        Err(crate::Error::Advisor(AdvisorError::DoesNotFit { .. })) => None,
-        Err(e) => return Err(e),
-    };
-    let settings =
-        sug.as_ref()
+    Ok(())
+}
+
+/// Where the search starts and what bounds it.
+struct SearchStart {
+    /// The advisor's aggressive suggestion (None: it says nothing fits).
+    suggestion: Option<crate::core::advisor::Suggestion>,
+    /// The settings every trial runs with (the micro batch aside).
+    settings: EngineeringSettings,
+    /// The per-GPU batch `--global-batch` asks for.
+    per_gpu: Option<u32>,
+    /// Largest micro batch tried.
+    cap: u32,
+    /// The advisor's micro batch (1 without a suggestion).
+    predicted: u32,
+    /// The first micro batch tried.
+    first: u32,
+}
+
+impl SearchStart {
+    fn new(args: &FindMaxBatchArgs, r: &super::suggest::Resolved) -> crate::Result<Self> {
+        let w = &r.workload;
+        // Start from the aggressive prediction: the search is for the maximum.
+        let suggestion = match r.suggest(Strategy::Aggressive) {
+            Ok(s) => Some(s),
+            Err(crate::Error::Advisor(AdvisorError::DoesNotFit { .. })) => None,
+            Err(e) => return Err(e),
+        };
+        let settings = suggestion
+            .as_ref()
             .map(|s| s.settings.clone())
             .unwrap_or_else(|| EngineeringSettings {
                 dtype: r.pins.dtype.unwrap_or(Dtype::Bf16),
                 activation_checkpointing: r.pins.activation_checkpointing.unwrap_or(true),
                 ..EngineeringSettings::default()
             });
-    let settings = told_settings(&args.cmd, args.settings_from_env, settings);
-    let per_gpu = w.global_batch.map(|gb| gb / w.gpus.max(1));
-    let cap = args
-        .max_batch
-        .or(per_gpu)
-        .unwrap_or(crate::core::advisor::MAX_MICRO_BATCH)
-        .clamp(1, 1 << 20);
-    let predicted = sug
-        .as_ref()
-        .map(|s| s.settings.micro_batch_size)
-        .unwrap_or(1);
-    let start = args.start.unwrap_or(predicted).clamp(1, cap);
+        let settings = told_settings(&args.cmd, args.settings_from_env, settings);
+        let per_gpu = w.global_batch.map(|gb| gb / w.gpus.max(1));
+        let cap = args
+            .max_batch
+            .or(per_gpu)
+            .unwrap_or(crate::core::advisor::MAX_MICRO_BATCH)
+            .clamp(1, 1 << 20);
+        let predicted = suggestion
+            .as_ref()
+            .map(|s| s.settings.micro_batch_size)
+            .unwrap_or(1);
+        let first = args.start.unwrap_or(predicted).clamp(1, cap);
+        Ok(SearchStart {
+            suggestion,
+            settings,
+            per_gpu,
+            cap,
+            predicted,
+            first,
+        })
+    }
+}
 
-    let store = if args.no_record {
-        None
-    } else {
-        let url = args
-            .advice
-            .history
-            .clone()
-            .unwrap_or_else(crate::history::default_url);
-        Some(crate::history::open(&url)?)
-    };
+/// The history the trials are recorded in (None with `--no-record`).
+fn history_store(
+    args: &FindMaxBatchArgs,
+) -> crate::Result<Option<Box<dyn crate::history::HistoryStore>>> {
+    if args.no_record {
+        return Ok(None);
+    }
+    let url = args
+        .advice
+        .history
+        .clone()
+        .unwrap_or_else(crate::history::default_url);
+    Ok(Some(crate::history::open(&url)?))
+}
 
-    let pb = ProgressBar::new(args.max_trials as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} trial {pos}/{len} {elapsed} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb.enable_steady_tick(Duration::from_millis(200));
-    let say = |pb: &ProgressBar, line: String| {
-        if pb.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            pb.println(line);
-        }
-    };
+/// What the trials found.
+struct Searched {
+    bracket: Bracket,
+    trials: Vec<Trial>,
+    recorded: usize,
+}
 
+/// Runs trials until the bracket closes or `--max-trials`; a trial that
+/// times out or fails for another reason than memory ends the search.
+fn search(
+    args: &FindMaxBatchArgs,
+    r: &super::suggest::Resolved,
+    start: &SearchStart,
+    store: Option<&dyn crate::history::HistoryStore>,
+) -> crate::Result<Searched> {
+    let pb = progress_bar(args.max_trials);
     let mut b = Bracket {
         lo: 0,
-        hi: cap + 1,
-        cap,
+        hi: start.cap + 1,
+        cap: start.cap,
     };
     let mut trials = Vec::new();
     let mut recorded = 0usize;
-    let mut next = Some(start);
+    let mut next = Some(start.first);
     interrupt::watch();
     while let Some(m) = next {
         if let Err(e) = interrupt::check() {
@@ -218,7 +288,7 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
             break;
         }
         pb.set_message(format!("micro batch {m} running…"));
-        let t = match run_trial(&args, &settings, m, trials.len() as u32 + 1) {
+        let t = match run_trial(args, &start.settings, m, trials.len() as u32 + 1) {
             Ok(t) => t,
             Err(e) => {
                 // Leave the terminal clean (the bar hides the cursor).
@@ -227,90 +297,118 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
             }
         };
         pb.inc(1);
-        say(
-            &pb,
-            format!(
-                "trial {}: micro batch {m}: {}{} in {:.1}s",
-                trials.len() + 1,
-                match t.outcome {
-                    Outcome::Success => "ok",
-                    Outcome::Oom => "out of memory",
-                    Outcome::Failed => "failed",
-                    Outcome::TimedOut => "timed out",
-                },
-                t.peak_memory_bytes
-                    .map(|p| format!(", peak {}", fmt_gib(p)))
-                    .unwrap_or_default(),
-                t.duration_sec
-            ),
-        );
-        if let Some(store) = &store {
-            let rec = record_for(&r.workload, &r.gpu.name, &settings, &t, &r, m);
+        say(&pb, trial_line(trials.len() + 1, m, &t));
+        if let Some(store) = store {
+            let rec = record_for(&r.workload, &r.gpu.name, &start.settings, &t, r, m);
             store.record(&rec)?;
             recorded += 1;
         }
-        let outcome = t.outcome;
-        let exit = t.exit_code;
-        let tail = t_tail(&t);
+        let judged = narrow(&mut b, args, m, &t);
         trials.push(t);
-        match outcome {
-            Outcome::Success => b.lo = b.lo.max(m),
-            Outcome::Oom => b.hi = b.hi.min(m),
-            Outcome::TimedOut => {
-                pb.finish_and_clear();
-                return Err(crate::Error::Usage(format!(
-                    "the trial at micro batch {m} did not finish {} steps within {}: raise --timeout or lower --steps",
-                    args.steps,
-                    humantime::format_duration(args.timeout)
-                )));
-            }
-            Outcome::Failed => {
-                pb.finish_and_clear();
-                return Err(crate::Error::Usage(format!(
-                    "the trial at micro batch {m} failed (exit {}) without a CUDA out-of-memory error, so the search cannot judge it: fix the command and rerun{tail}",
-                    exit.map(|c| c.to_string()).unwrap_or_else(|| "by signal".into())
-                )));
-            }
+        if let Err(e) = judged {
+            pb.finish_and_clear();
+            return Err(e);
         }
         next = b.next();
     }
     pb.finish_and_clear();
-    if b.lo == 0 {
-        return Err(AdvisorError::DoesNotFit {
-            model: w.model.name.clone(),
-            gpu: r.gpu.name.clone(),
-            needed_gib: sug
-                .as_ref()
-                .map(|s| crate::core::units::to_gib(s.predicted_peak_bytes))
-                .unwrap_or(0.0),
-            capacity_gib: crate::core::units::to_gib(r.gpu.memory_bytes),
-            alternatives: vec![format!(
-                "even micro batch {} ran out of memory with {}: `gpufit suggest` lists what would fit (checkpointing, offloading, an 8-bit optimizer, QLoRA, ZeRO-3 over more GPUs)",
-                b.hi, settings.dtype
-            )],
-        }
-        .into());
-    }
-    let for_global_batch = per_gpu.and_then(|per| {
-        (1..=b.lo.min(per))
-            .rev()
-            .find(|d| per.is_multiple_of(*d))
-            .map(|d| (d, per / d))
-    });
-    let result = SearchResult {
-        max_micro_batch: b.lo,
-        smallest_oom: (b.hi <= cap).then_some(b.hi),
-        predicted,
-        for_global_batch,
-        settings: EngineeringSettings {
-            micro_batch_size: b.lo,
-            ..settings
-        },
+    Ok(Searched {
+        bracket: b,
         trials,
         recorded,
-    };
+    })
+}
+
+/// Narrows the bracket with trial `t` at micro batch `m`; Err when the
+/// trial cannot be judged (timed out, or failed without an OOM).
+fn narrow(b: &mut Bracket, args: &FindMaxBatchArgs, m: u32, t: &Trial) -> crate::Result<()> {
+    match t.outcome {
+        TrialOutcome::Success => b.lo = b.lo.max(m),
+        TrialOutcome::Oom => b.hi = b.hi.min(m),
+        TrialOutcome::TimedOut => {
+            return Err(crate::Error::Usage(format!(
+                "the trial at micro batch {m} did not finish {} steps within {}: raise --timeout or lower --steps",
+                args.steps,
+                humantime::format_duration(args.timeout)
+            )));
+        }
+        TrialOutcome::Failed => {
+            return Err(crate::Error::Usage(format!(
+                "the trial at micro batch {m} failed (exit {}) without a CUDA out-of-memory error, so the search cannot judge it: fix the command and rerun{}",
+                t.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "by signal".into()),
+                t_tail(t)
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn progress_bar(max_trials: u32) -> ProgressBar {
+    let pb = ProgressBar::new(max_trials as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} trial {pos}/{len} {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
+}
+
+/// A line above the bar (on stderr when the bar is hidden, e.g. no terminal).
+fn say(pb: &ProgressBar, line: String) {
+    if pb.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        pb.println(line);
+    }
+}
+
+/// `trial 3: micro batch 16: ok, peak 71.2 GiB in 42.0s`.
+fn trial_line(n: usize, m: u32, t: &Trial) -> String {
+    format!(
+        "trial {n}: micro batch {m}: {}{} in {:.1}s",
+        match t.outcome {
+            TrialOutcome::Success => "ok",
+            TrialOutcome::Oom => "out of memory",
+            TrialOutcome::Failed => "failed",
+            TrialOutcome::TimedOut => "timed out",
+        },
+        t.peak_memory_bytes
+            .map(|p| format!(", peak {}", fmt_gib(p)))
+            .unwrap_or_default(),
+        t.duration_sec
+    )
+}
+
+/// Even the smallest micro batch tried ran out of memory.
+fn nothing_fits(
+    r: &super::suggest::Resolved,
+    start: &SearchStart,
+    smallest_oom: u32,
+) -> AdvisorError {
+    AdvisorError::DoesNotFit {
+        model: r.workload.model.name.clone(),
+        gpu: r.gpu.name.clone(),
+        needed_gib: start
+            .suggestion
+            .as_ref()
+            .map(|s| crate::core::units::to_gib(s.predicted_peak_bytes))
+            .unwrap_or(0.0),
+        capacity_gib: crate::core::units::to_gib(r.gpu.memory_bytes),
+        alternatives: vec![format!(
+            "even micro batch {} ran out of memory with {}: `gpufit suggest` lists what would fit (checkpointing, offloading, an 8-bit optimizer, QLoRA, ZeRO-3 over more GPUs)",
+            smallest_oom, start.settings.dtype
+        )],
+    }
+}
+
+fn print_result(
+    g: &Global,
+    args: &FindMaxBatchArgs,
+    w: &crate::core::workload::Workload,
+    result: &SearchResult,
+) -> crate::Result<()> {
     match g.output {
-        OutputFormat::Json => print_json(&result)?,
+        OutputFormat::Json => print_json(result)?,
         OutputFormat::Table => {
             println!(
                 "Largest micro batch that completed {} steps: {} ({} trials, started from the advisor's {}{}).",
@@ -333,7 +431,7 @@ pub fn run(g: &Global, args: FindMaxBatchArgs) -> crate::Result<ExitCode> {
             println!("Recorded {} trial(s) in the history.", result.recorded);
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// The settings a trial is really run with: checkpointing and compile as
@@ -479,10 +577,10 @@ fn record_for(
         RunKey::of(w, gpu),
         s,
         RunResult {
-            success: t.outcome == Outcome::Success,
+            success: t.outcome == TrialOutcome::Success,
             failure_reason: FailureReason::of(
-                t.outcome == Outcome::Success,
-                t.outcome == Outcome::Oom,
+                t.outcome == TrialOutcome::Success,
+                t.outcome == TrialOutcome::Oom,
             ),
             peak_memory_bytes: t.peak_memory_bytes,
             samples_per_sec: t.tokens_per_sec.map(|x| x / w.seq_len.max(1) as f64),
@@ -557,12 +655,75 @@ fn tokens_per_sec(text: &str, m: u32, seq_len: u32) -> Option<f64> {
         .filter(|t| t.is_finite() && *t > 0.0)
 }
 
+/// Runs trial number `trial` at micro batch `m` and judges it.
 fn run_trial(
     args: &FindMaxBatchArgs,
     settings: &EngineeringSettings,
     m: u32,
     trial: u32,
 ) -> crate::Result<Trial> {
+    let (cmd, mut c) = trial_command(args, settings, m, trial);
+    let started = Instant::now();
+    let mut child = c.spawn().map_err(|e| crate::Error::Io {
+        context: format!("cannot start `sh -c {cmd}`"),
+        source: e,
+    })?;
+    interrupt::set_trial(child.id());
+    let cap = Arc::new(Mutex::new(Captured::default()));
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        let c2 = cap.clone();
+        pumps.push(std::thread::spawn(move || pump(out, c2)));
+    }
+    if let Some(err) = child.stderr.take() {
+        let c2 = cap.clone();
+        pumps.push(std::thread::spawn(move || pump(err, c2)));
+    }
+    let (status, timed_out) = wait_for_trial(&mut child, started, args.timeout, trial)?;
+    interrupt::set_trial(0);
+    // A trial ended by the signal's kill is no result.
+    interrupt::check()?;
+    for p in pumps {
+        let _ = p.join();
+    }
+    let duration_sec = started.elapsed().as_secs_f64();
+    let captured = cap
+        .lock()
+        .map(|c| (c.oom, c.tail.clone()))
+        .unwrap_or_default();
+    let (oom, tail) = captured;
+    let text = String::from_utf8_lossy(&tail);
+    let exit_code = status.and_then(|s| s.code());
+    let ok = status.is_some_and(|s| s.success());
+    let outcome = if timed_out {
+        TrialOutcome::TimedOut
+    } else if oom {
+        // PyTorch's message decides, whatever the exit status (scripts that
+        // catch the exception often still exit 0).
+        TrialOutcome::Oom
+    } else if ok {
+        TrialOutcome::Success
+    } else {
+        TrialOutcome::Failed
+    };
+    Ok(trial_result(
+        args,
+        m,
+        outcome,
+        exit_code,
+        duration_sec,
+        &text,
+    ))
+}
+
+/// The trial's `sh -c` command (the placeholders filled, the settings also
+/// in `GPUFIT_*` variables), in its own process group; answers its text too.
+fn trial_command(
+    args: &FindMaxBatchArgs,
+    settings: &EngineeringSettings,
+    m: u32,
+    trial: u32,
+) -> (String, Command) {
     let cmd = args
         .cmd
         .replace("{micro_batch_size}", &m.to_string())
@@ -595,26 +756,20 @@ fn run_trial(
         // Own process group, so a timeout kills the whole training tree.
         c.process_group(0);
     }
-    let started = Instant::now();
-    let mut child = c.spawn().map_err(|e| crate::Error::Io {
-        context: format!("cannot start `sh -c {cmd}`"),
-        source: e,
-    })?;
-    interrupt::set_trial(child.id());
-    let cap = Arc::new(Mutex::new(Captured::default()));
-    let mut pumps = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        let c2 = cap.clone();
-        pumps.push(std::thread::spawn(move || pump(out, c2)));
-    }
-    if let Some(err) = child.stderr.take() {
-        let c2 = cap.clone();
-        pumps.push(std::thread::spawn(move || pump(err, c2)));
-    }
-    let mut timed_out = false;
-    let status = loop {
+    (cmd, c)
+}
+
+/// Waits for the trial, polling for a signal; past `timeout` kills its
+/// process group. Answers its status and whether it timed out.
+fn wait_for_trial(
+    child: &mut std::process::Child,
+    started: Instant,
+    timeout: Duration,
+    trial: u32,
+) -> crate::Result<(Option<std::process::ExitStatus>, bool)> {
+    loop {
         match child.try_wait() {
-            Ok(Some(st)) => break Some(st),
+            Ok(Some(st)) => return Ok((Some(st), false)),
             Ok(None) => {}
             Err(e) => {
                 return Err(crate::Error::Io {
@@ -629,62 +784,47 @@ fn run_trial(
             interrupt::set_trial(0);
             return Err(e);
         }
-        if started.elapsed() >= args.timeout {
-            timed_out = true;
+        if started.elapsed() >= timeout {
             kill_group(child.id());
             let _ = child.kill();
-            break child.wait().ok();
+            return Ok((child.wait().ok(), true));
         }
         std::thread::sleep(Duration::from_millis(20));
-    };
-    interrupt::set_trial(0);
-    // A trial ended by the signal's kill is no result.
-    interrupt::check()?;
-    for p in pumps {
-        let _ = p.join();
     }
-    let duration_sec = started.elapsed().as_secs_f64();
-    let captured = cap
-        .lock()
-        .map(|c| (c.oom, c.tail.clone()))
-        .unwrap_or_default();
-    let (oom, tail) = captured;
-    let text = String::from_utf8_lossy(&tail);
-    let exit_code = status.and_then(|s| s.code());
-    let ok = status.is_some_and(|s| s.success());
-    let outcome = if timed_out {
-        Outcome::TimedOut
-    } else if oom {
-        // PyTorch's message decides, whatever the exit status (scripts that
-        // catch the exception often still exit 0).
-        Outcome::Oom
-    } else if ok {
-        Outcome::Success
-    } else {
-        Outcome::Failed
-    };
-    Ok(Trial {
+}
+
+/// The trial as reported: peak and throughput from a success's output,
+/// the last lines of anything else's.
+fn trial_result(
+    args: &FindMaxBatchArgs,
+    m: u32,
+    outcome: TrialOutcome,
+    exit_code: Option<i32>,
+    duration_sec: f64,
+    text: &str,
+) -> Trial {
+    Trial {
         micro_batch_size: m,
         outcome,
         exit_code,
         duration_sec,
-        peak_memory_bytes: if outcome == Outcome::Success {
-            peak_bytes(&text)
+        peak_memory_bytes: if outcome == TrialOutcome::Success {
+            peak_bytes(text)
         } else {
             None
         },
-        tokens_per_sec: if outcome == Outcome::Success {
-            tokens_per_sec(&text, m, args.advice.workload.seq_len.unwrap_or(0))
+        tokens_per_sec: if outcome == TrialOutcome::Success {
+            tokens_per_sec(text, m, args.advice.workload.seq_len.unwrap_or(0))
         } else {
             None
         },
-        output_tail: if outcome == Outcome::Success {
+        output_tail: if outcome == TrialOutcome::Success {
             String::new()
         } else {
             let last: Vec<&str> = text.lines().rev().take(8).collect();
             last.into_iter().rev().collect::<Vec<_>>().join("\n")
         },
-    })
+    }
 }
 
 #[cfg(unix)]

@@ -184,74 +184,14 @@ struct Output<'a> {
 pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
     let k = key(&args.workload)?;
     let a = *args.run;
-    if a.micro_batch == 0 {
-        return Err(usage("--micro-batch must be at least 1"));
-    }
-    let dtype: Dtype = a.dtype.parse().map_err(usage)?;
-    let grad_accum = match a.grad_accum {
-        Some(0) => return Err(usage("--grad-accum must be at least 1")),
-        Some(n) => n,
-        None => match k.global_batch {
-            Some(gb) if gb % (a.micro_batch * k.gpus) == 0 => gb / (a.micro_batch * k.gpus),
-            _ => 1,
-        },
-    };
-    let mut notes = Vec::new();
+    let settings = settings_of(&a, &k)?;
     let parsed: Option<ParsedLog> = match &a.log_file {
         Some(p) => Some(super::parse_log::parse_file(p)?),
         None => None,
     };
-
-    let peak_flag = match (a.peak_gb, a.peak_gib, a.peak_bytes) {
-        (Some(x), _, _) => finite_non_negative("--peak-gb", Some(x))?.map(gb),
-        (_, Some(x), _) => finite_non_negative("--peak-gib", Some(x))?.map(gib),
-        (_, _, b) => b,
-    };
-    if let Some(b) = peak_flag.filter(|b| *b > MAX_PEAK_BYTES) {
-        return Err(usage(format!(
-            "the peak memory given ({b} bytes) is above 10000 GB: check the unit (--peak-gb, --peak-gib or --peak-bytes)"
-        )));
-    }
-    let samples = finite_non_negative("--samples-per-sec", a.samples_per_sec)?;
-    let tokens = finite_non_negative("--tokens-per-sec", a.tokens_per_sec)?;
-    let duration = finite_non_negative("--duration-sec", a.duration_sec)?;
-
-    let log_result = parsed.as_ref().map(|p| p.to_run_result(true));
-    if let Some(p) = &parsed {
-        if p.success().is_none() && a.success.is_none() && a.failure.is_none() {
-            notes.push("the log has no end-of-training line; recorded as a success because its steps ran (pass --success false to override)".into());
-        }
-    }
-    let failure = match a.failure {
-        Some(FailureArg::Oom) => Some(FailureReason::Oom),
-        Some(FailureArg::Other) => Some(FailureReason::OtherError),
-        None => None,
-    };
-    let success = match (a.success, failure, &log_result) {
-        (Some(true), Some(_), _) => {
-            return Err(usage("--success true contradicts --failure: leave one out"))
-        }
-        (Some(s), _, _) => s,
-        (None, Some(_), _) => false,
-        (None, None, Some(r)) => r.success,
-        (None, None, None) => true,
-    };
-    let failure_reason = if success {
-        None
-    } else {
-        failure
-            .or(log_result.as_ref().and_then(|r| r.failure_reason))
-            .or(Some(FailureReason::OtherError))
-    };
-    // Lightning reports iterations (micro batches) per second, not samples.
-    let samples_from_steps = parsed
-        .as_ref()
-        .and_then(|p| p.steps_per_sec)
-        .filter(|_| parsed.as_ref().is_some_and(|p| p.samples_per_sec.is_none()))
-        .map(|s| s * a.micro_batch as f64);
-    if samples.is_none() && samples_from_steps.is_some() {
-        notes.push("samples/s = the log's iterations/s × micro batch".into());
-    }
+    // What the flags and the log tell, and notes on how it was read.
+    let mut notes = Vec::new();
+    let result = result_of(&a, parsed.as_ref(), &mut notes)?;
 
     let gpu_model = canonical_gpu(&a.gpu);
     if gpu_model.is_empty() {
@@ -278,30 +218,7 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
         gpus: k.gpus,
         global_batch: k.global_batch,
     };
-    let run = RunRecord::new(
-        origin,
-        key,
-        EngineeringSettings {
-            micro_batch_size: a.micro_batch,
-            gradient_accumulation_steps: grad_accum,
-            dtype,
-            activation_checkpointing: a.checkpointing.as_bool(),
-            activation_offloading: a.offloading.as_bool(),
-            compile: a.compile.as_bool(),
-            ..EngineeringSettings::default()
-        },
-        RunResult {
-            success,
-            failure_reason,
-            peak_memory_bytes: peak_flag.or(log_result.as_ref().and_then(|r| r.peak_memory_bytes)),
-            samples_per_sec: samples
-                .or(log_result.as_ref().and_then(|r| r.samples_per_sec))
-                .or(samples_from_steps),
-            tokens_per_sec: tokens.or(log_result.as_ref().and_then(|r| r.tokens_per_sec)),
-            duration_sec: duration.or(log_result.as_ref().and_then(|r| r.duration_sec)),
-        },
-    )
-    .with_prediction(a.predicted_peak_bytes);
+    let run = RunRecord::new(origin, key, settings, result).with_prediction(a.predicted_peak_bytes);
     let store = open_history(a.history.as_deref())?;
     let id = store.record(&run)?;
     // The stored id, for the report below.
@@ -309,10 +226,125 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
         id: Some(id),
         ..run
     };
+    print_recorded(g, &store.url(), id, &run, notes)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The settings the run used; the accumulation, when not given, is what
+/// the global batch needs (1 when it does not divide).
+fn settings_of(a: &RunArgs, k: &Key) -> crate::Result<EngineeringSettings> {
+    if a.micro_batch == 0 {
+        return Err(usage("--micro-batch must be at least 1"));
+    }
+    let dtype: Dtype = a.dtype.parse().map_err(usage)?;
+    let grad_accum = match a.grad_accum {
+        Some(0) => return Err(usage("--grad-accum must be at least 1")),
+        Some(n) => n,
+        None => match k.global_batch {
+            Some(gb) if gb % (a.micro_batch * k.gpus) == 0 => gb / (a.micro_batch * k.gpus),
+            _ => 1,
+        },
+    };
+    Ok(EngineeringSettings {
+        micro_batch_size: a.micro_batch,
+        gradient_accumulation_steps: grad_accum,
+        dtype,
+        activation_checkpointing: a.checkpointing.as_bool(),
+        activation_offloading: a.offloading.as_bool(),
+        compile: a.compile.as_bool(),
+        ..EngineeringSettings::default()
+    })
+}
+
+/// How the run went: each flag given wins over what the log states.
+fn result_of(
+    a: &RunArgs,
+    parsed: Option<&ParsedLog>,
+    notes: &mut Vec<String>,
+) -> crate::Result<RunResult> {
+    let peak_flag = match (a.peak_gb, a.peak_gib, a.peak_bytes) {
+        (Some(x), _, _) => finite_non_negative("--peak-gb", Some(x))?.map(gb),
+        (_, Some(x), _) => finite_non_negative("--peak-gib", Some(x))?.map(gib),
+        (_, _, b) => b,
+    };
+    if let Some(b) = peak_flag.filter(|b| *b > MAX_PEAK_BYTES) {
+        return Err(usage(format!(
+            "the peak memory given ({b} bytes) is above 10000 GB: check the unit (--peak-gb, --peak-gib or --peak-bytes)"
+        )));
+    }
+    let samples = finite_non_negative("--samples-per-sec", a.samples_per_sec)?;
+    let tokens = finite_non_negative("--tokens-per-sec", a.tokens_per_sec)?;
+    let duration = finite_non_negative("--duration-sec", a.duration_sec)?;
+
+    let log_result = parsed.map(|p| p.to_run_result(true));
+    if let Some(p) = parsed {
+        if p.success().is_none() && a.success.is_none() && a.failure.is_none() {
+            notes.push("the log has no end-of-training line; recorded as a success because its steps ran (pass --success false to override)".into());
+        }
+    }
+    let (success, failure_reason) = success_of(a, log_result.as_ref())?;
+    // Lightning reports iterations (micro batches) per second, not samples.
+    let samples_from_steps = parsed
+        .and_then(|p| p.steps_per_sec)
+        .filter(|_| parsed.is_some_and(|p| p.samples_per_sec.is_none()))
+        .map(|s| s * a.micro_batch as f64);
+    if samples.is_none() && samples_from_steps.is_some() {
+        notes.push("samples/s = the log's iterations/s × micro batch".into());
+    }
+    Ok(RunResult {
+        success,
+        failure_reason,
+        peak_memory_bytes: peak_flag.or(log_result.as_ref().and_then(|r| r.peak_memory_bytes)),
+        samples_per_sec: samples
+            .or(log_result.as_ref().and_then(|r| r.samples_per_sec))
+            .or(samples_from_steps),
+        tokens_per_sec: tokens.or(log_result.as_ref().and_then(|r| r.tokens_per_sec)),
+        duration_sec: duration.or(log_result.as_ref().and_then(|r| r.duration_sec)),
+    })
+}
+
+/// Whether the run succeeded and, if not, why: `--success`/`--failure`,
+/// else the log, else a success.
+fn success_of(
+    a: &RunArgs,
+    log_result: Option<&RunResult>,
+) -> crate::Result<(bool, Option<FailureReason>)> {
+    let failure = match a.failure {
+        Some(FailureArg::Oom) => Some(FailureReason::Oom),
+        Some(FailureArg::Other) => Some(FailureReason::OtherError),
+        None => None,
+    };
+    let success = match (a.success, failure, log_result) {
+        (Some(true), Some(_), _) => {
+            return Err(usage("--success true contradicts --failure: leave one out"))
+        }
+        (Some(s), _, _) => s,
+        (None, Some(_), _) => false,
+        (None, None, Some(r)) => r.success,
+        (None, None, None) => true,
+    };
+    let failure_reason = if success {
+        None
+    } else {
+        failure
+            .or(log_result.and_then(|r| r.failure_reason))
+            .or(Some(FailureReason::OtherError))
+    };
+    Ok((success, failure_reason))
+}
+
+/// The recorded run, as JSON or a line (and the notes).
+fn print_recorded(
+    g: &Global,
+    store_url: &str,
+    id: i64,
+    run: &RunRecord,
+    notes: Vec<String>,
+) -> crate::Result<()> {
     match g.output {
         OutputFormat::Json => super::print_json(&Output {
-            store: store.url(),
-            run: &run,
+            store: store_url.to_string(),
+            run,
             notes,
         })?,
         OutputFormat::Table => {
@@ -325,8 +357,7 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
                 "failed".to_string()
             };
             println!(
-                "recorded run #{id} in {}: {} ({}) on {}, seq {}, micro batch {} × accum {}, {}, checkpointing {}, compile {} → {outcome}{}",
-                store.url(),
+                "recorded run #{id} in {store_url}: {} ({}) on {}, seq {}, micro batch {} × accum {}, {}, checkpointing {}, compile {} → {outcome}{}",
                 run.model,
                 run.method,
                 run.gpu_model,
@@ -340,10 +371,10 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
                     .map(|b| format!(", peak {}", fmt_gib(b)))
                     .unwrap_or_default(),
             );
-            for n in &notes {
+            for n in notes {
                 println!("  note: {n}");
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

@@ -301,102 +301,129 @@ where
                 status: "ok".into(),
             },
         )),
-        (&Method::POST, "/v1/suggest") => {
-            let body: SuggestRequest = read_json(&state, req).await?;
-            let st = state.clone();
-            let s = blocking(move || suggest_blocking(st.history.as_ref(), st.targets, &body))
-                .await??;
-            if let Some(m) = &state.metrics {
-                m.suggestions
-                    .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "slurm_api"])
-                    .inc();
-                m.suggestion_confidence.observe(s.confidence);
-            }
-            Ok(json_response(StatusCode::OK, &s))
+        (&Method::POST, "/v1/suggest") => post_suggest(state, req).await,
+        (&Method::POST, "/v1/runs") => post_run(state, req).await,
+        (&Method::GET, "/v1/runs") => list_runs(state, req.uri().query().unwrap_or("")).await,
+        (_, "/healthz" | "/v1/suggest" | "/v1/runs") => {
+            Err(method_not_allowed(req.method(), &path))
         }
-        (&Method::POST, "/v1/runs") => {
-            // The body is read before the token is checked: answering while
-            // the client still sends makes it see a reset, not the 401.
-            let auth = req.headers().get(AUTHORIZATION).cloned();
-            let body = read_body(&state, req).await?;
-            state.authorized(auth.as_ref())?;
-            let mut run: RunRecord = parse_json(&body)?;
-            validate_run(&run)?;
-            run.id = None;
-            run.model = canonical_model(&run.model);
-            if let Some(m) = &state.metrics {
-                // The GPU model as the history stores it (NVML name).
-                let gpu = run
-                    .clone()
-                    .validated(None)
-                    .map(|r| r.gpu_model)
-                    .unwrap_or_else(|_| run.gpu_model.clone());
-                let outcome = if run.result.success {
-                    "success"
-                } else if run.is_oom() {
-                    "oom"
-                } else {
-                    "other_error"
-                };
-                m.count_run("slurm_api", &gpu, outcome);
-                if run.is_oom() {
-                    m.ooms.inc();
-                }
-                if let Some(e) = run.prediction_error().filter(|e| e.is_finite()) {
-                    m.observe_prediction_error(&gpu, e);
-                }
-            }
-            let st = state.clone();
-            let id = blocking(move || {
-                let id = st.history.record(&run)?;
-                if let Some(m) = &st.metrics {
-                    let stored = run.clone().validated(None).unwrap_or(run);
-                    m.observe_throughput(st.history.as_ref(), &stored);
-                }
-                Ok::<_, crate::history::HistoryError>(id)
-            })
-                .await?
-                .map_err(|e| {
-                    ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("cannot record the run: {e}"),
-                    )
-                })?;
-            Ok(json_response(
-                StatusCode::CREATED,
-                &crate::wire::api::RunCreated { id },
-            ))
-        }
-        (&Method::GET, "/v1/runs") => {
-            let filter = list_filter(req.uri().query().unwrap_or(""), state.limits.max_list)?;
-            let st = state.clone();
-            let runs = blocking(move || st.history.list(&filter))
-                .await?
-                .map_err(|e| {
-                    ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("cannot read the history: {e}"),
-                    )
-                })?;
-            Ok(json_response(StatusCode::OK, &runs))
-        }
-        (_, "/healthz" | "/v1/suggest" | "/v1/runs") => Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!(
-                "{} is not allowed on {path}: use {}",
-                req.method(),
-                match path.as_str() {
-                    "/v1/suggest" => "POST",
-                    "/v1/runs" => "GET or POST",
-                    _ => "GET",
-                }
-            ),
-        )),
         _ => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no route {path}: the API has POST /v1/suggest, POST and GET /v1/runs, GET /healthz"),
         )),
     }
+}
+
+/// 405 for a known path, naming the methods it takes.
+fn method_not_allowed(method: &Method, path: &str) -> ApiError {
+    let allow = match path {
+        "/v1/suggest" => "POST",
+        "/v1/runs" => "GET or POST",
+        _ => "GET",
+    };
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {path}: use {allow}"),
+    )
+}
+
+/// `POST /v1/suggest`: the suggestion, counted in the metrics.
+async fn post_suggest<B>(state: Arc<ApiState>, req: Request<B>) -> Result<ApiResponse, ApiError>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let body: SuggestRequest = read_json(&state, req).await?;
+    let st = state.clone();
+    let s = blocking(move || suggest_blocking(st.history.as_ref(), st.targets, &body)).await??;
+    if let Some(m) = &state.metrics {
+        m.suggestions
+            .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "slurm_api"])
+            .inc();
+        m.suggestion_confidence.observe(s.confidence);
+    }
+    Ok(json_response(StatusCode::OK, &s))
+}
+
+/// `POST /v1/runs`: a token-holder records a finished run.
+async fn post_run<B>(state: Arc<ApiState>, req: Request<B>) -> Result<ApiResponse, ApiError>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    // The body is read before the token is checked: answering while
+    // the client still sends makes it see a reset, not the 401.
+    let auth = req.headers().get(AUTHORIZATION).cloned();
+    let body = read_body(&state, req).await?;
+    state.authorized(auth.as_ref())?;
+    let mut run: RunRecord = parse_json(&body)?;
+    validate_run(&run)?;
+    run.id = None;
+    run.model = canonical_model(&run.model);
+    if let Some(m) = &state.metrics {
+        count_posted_run(m, &run);
+    }
+    let st = state.clone();
+    let id = blocking(move || {
+        let id = st.history.record(&run)?;
+        if let Some(m) = &st.metrics {
+            let stored = run.clone().validated(None).unwrap_or(run);
+            m.observe_throughput(st.history.as_ref(), &stored);
+        }
+        Ok::<_, crate::history::HistoryError>(id)
+    })
+    .await?
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot record the run: {e}"),
+        )
+    })?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &crate::wire::api::RunCreated { id },
+    ))
+}
+
+/// Counts a posted run by outcome, OOM and prediction error.
+fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
+    // The GPU model as the history stores it (NVML name).
+    let gpu = run
+        .clone()
+        .validated(None)
+        .map(|r| r.gpu_model)
+        .unwrap_or_else(|_| run.gpu_model.clone());
+    let outcome = if run.result.success {
+        "success"
+    } else if run.is_oom() {
+        "oom"
+    } else {
+        "other_error"
+    };
+    m.count_run("slurm_api", &gpu, outcome);
+    if run.is_oom() {
+        m.ooms.inc();
+    }
+    if let Some(e) = run.prediction_error().filter(|e| e.is_finite()) {
+        m.observe_prediction_error(&gpu, e);
+    }
+}
+
+/// `GET /v1/runs?…`: the history, filtered.
+async fn list_runs(state: Arc<ApiState>, query: &str) -> Result<ApiResponse, ApiError> {
+    let filter = list_filter(query, state.limits.max_list)?;
+    let st = state.clone();
+    let runs = blocking(move || st.history.list(&filter))
+        .await?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot read the history: {e}"),
+            )
+        })?;
+    Ok(json_response(StatusCode::OK, &runs))
 }
 
 /// Runs blocking history work off the async threads.

@@ -419,7 +419,7 @@ pub struct Attempt {
     /// Settings the Job ran with.
     pub settings: SettingsStatus,
     /// `Running`, `Succeeded`, `OOM`, `Failed` or `Deleted`.
-    pub outcome: Outcome,
+    pub outcome: AttemptOutcome,
     /// Predicted peak GPU memory in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_peak_bytes: Option<u64>,
@@ -477,7 +477,7 @@ fn is_zero(n: &u32) -> bool {
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum Outcome {
+pub enum AttemptOutcome {
     // Still running.
     Running,
     // Completed.

@@ -61,24 +61,8 @@ pub async fn run(
     cfg: ControllerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ControllerError> {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-
-    let url = cfg.api.history_url.clone();
-    let history = tokio::task::spawn_blocking(move || crate::history::open(&url))
-        .await
-        .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
-    let history: Arc<dyn crate::history::HistoryStore> = Arc::from(history);
-
+    let stop = Stop::new(shutdown);
+    let history = open_history(cfg.api.history_url.clone()).await?;
     let client = Client::try_default().await.map_err(|e| {
         ControllerError::Other(format!(
             "cannot connect to Kubernetes ({e}): run in a cluster, set KUBECONFIG, or pass --no-kubernetes for the Slurm API alone"
@@ -86,60 +70,12 @@ pub async fn run(
     })?;
 
     // Reflectors: nodes (GPU Feature Discovery labels) and namespaces (mode label).
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let node_stream = reflector(
-        node_writer,
-        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|r| {
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "node watch failed; retrying");
-        }
-        futures::future::ready(())
-    });
-    tokio::spawn(node_stream);
-    let (namespaces, ns_writer) = reflector::store::<Namespace>();
-    let ns_stream = reflector(
-        ns_writer,
-        watcher(
-            Api::<Namespace>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|r| {
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "namespace watch failed; retrying");
-        }
-        futures::future::ready(())
-    });
-    tokio::spawn(ns_stream);
+    let nodes = reflect(Api::<Node>::all(client.clone()), "node");
+    let namespaces = reflect(Api::<Namespace>::all(client.clone()), "namespace");
 
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
-    {
-        // The Slurm HTTP API shares the history store and the port.
-        let token = match &cfg.api.token_file {
-            Some(p) => Some(api::read_token_file(p)?),
-            None => {
-                tracing::warn!("no --token-file: POST /v1/runs is refused");
-                None
-            }
-        };
-        let api_state =
-            Arc::new(ApiState::new(history.clone(), token).with_metrics(metrics.clone()));
-        let (m, h, s) = (metrics.clone(), health.clone(), stopped());
-        let listen = cfg.api.listen;
-        let listener = metrics::bind(listen).await?;
-        tokio::spawn(async move {
-            if let Err(e) = metrics::serve_on(listener, m, h, Some(api_state), s).await {
-                tracing::error!(error = %e, "HTTP server stopped");
-            }
-        });
-    }
+    serve_api(&cfg, &history, &metrics, &health, &stop).await?;
     if let Some(wcfg) = cfg.webhook.clone() {
         let state = Arc::new(WebhookState {
             history: history.clone(),
@@ -150,15 +86,7 @@ pub async fn run(
             default_mode: cfg.mode,
             cache: Default::default(),
         });
-        // Bind now so a bad certificate fails the start, not silently later.
-        let server = webhook::WebhookServer::bind(&wcfg).await?;
-        tracing::info!(listen = %wcfg.listen, path = webhook::PATH, "serving the admission webhook");
-        let s = stopped();
-        tokio::spawn(async move {
-            if let Err(e) = server.serve(state, s).await {
-                tracing::error!(error = %e, "webhook stopped");
-            }
-        });
+        serve_webhook(&wcfg, state, &stop).await?;
     }
 
     // The caches fill only once the API server answers (and RBAC allows
@@ -169,7 +97,7 @@ pub async fn run(
         let _ = namespaces.wait_until_ready().await;
     };
     tokio::select! {
-        _ = stopped() => {
+        _ = stop.stopped() => {
             tracing::info!("stopped while waiting for the Kubernetes caches");
             return Ok(());
         }
@@ -192,12 +120,126 @@ pub async fn run(
     ctx.targets = cfg.targets;
     ctx.default_mode = cfg.mode;
     ctx.cluster = cfg.cluster.clone();
-    let ctx = Arc::new(ctx);
+    reconcile_while_leading(&cfg, client, Arc::new(ctx), &stop).await;
+    Ok(())
+}
 
-    // Leadership: always leader without a Lease (one replica).
+/// Resolves, for any number of waiters, once `shutdown` has.
+#[derive(Clone)]
+struct Stop(watch::Receiver<bool>);
+
+impl Stop {
+    fn new(shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        Stop(stop_rx)
+    }
+
+    fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+}
+
+/// The history store, opened off the async threads.
+async fn open_history(
+    url: String,
+) -> Result<Arc<dyn crate::history::HistoryStore>, ControllerError> {
+    let history = tokio::task::spawn_blocking(move || crate::history::open(&url))
+        .await
+        .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
+    Ok(Arc::from(history))
+}
+
+/// A cache of every `K`, kept by a watch that retries (with backoff) on
+/// its own task; `what` names it in the warning.
+fn reflect<K>(api: Api<K>, what: &'static str) -> reflector::Store<K>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store::<K>();
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(move |r| {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "{what} watch failed; retrying");
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(stream);
+    store
+}
+
+/// `/metrics`, `/healthz`, `/readyz` and the Slurm HTTP API, which shares
+/// the history store and the port. Bound now, so that a taken port fails the start.
+async fn serve_api(
+    cfg: &ControllerConfig,
+    history: &Arc<dyn crate::history::HistoryStore>,
+    metrics: &Metrics,
+    health: &Arc<Health>,
+    stop: &Stop,
+) -> Result<(), ControllerError> {
+    let token = match &cfg.api.token_file {
+        Some(p) => Some(api::read_token_file(p)?),
+        None => {
+            tracing::warn!("no --token-file: POST /v1/runs is refused");
+            None
+        }
+    };
+    let api_state = Arc::new(ApiState::new(history.clone(), token).with_metrics(metrics.clone()));
+    let (m, h, s) = (metrics.clone(), health.clone(), stop.stopped());
+    let listen = cfg.api.listen;
+    let listener = metrics::bind(listen).await?;
+    tokio::spawn(async move {
+        if let Err(e) = metrics::serve_on(listener, m, h, Some(api_state), s).await {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    });
+    Ok(())
+}
+
+/// The admission webhook, on every replica.
+async fn serve_webhook(
+    wcfg: &WebhookConfig,
+    state: Arc<WebhookState>,
+    stop: &Stop,
+) -> Result<(), ControllerError> {
+    // Bind now so a bad certificate fails the start, not silently later.
+    let server = webhook::WebhookServer::bind(wcfg).await?;
+    tracing::info!(listen = %wcfg.listen, path = webhook::PATH, "serving the admission webhook");
+    let s = stop.stopped();
+    tokio::spawn(async move {
+        if let Err(e) = server.serve(state, s).await {
+            tracing::error!(error = %e, "webhook stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Reconciles TrainingJobs while this replica leads (always, without a
+/// Lease: one replica), until stopped.
+async fn reconcile_while_leading(
+    cfg: &ControllerConfig,
+    client: Client,
+    ctx: Arc<Context>,
+    stop: &Stop,
+) {
     let (lead_tx, mut lead_rx) = watch::channel(cfg.leader.is_none());
     if let Some(lcfg) = cfg.leader.clone() {
-        let (c, s) = (client.clone(), stopped());
+        let (c, s) = (client.clone(), stop.stopped());
         tokio::spawn(leader::run(c, lcfg, lead_tx, s));
     }
 
@@ -208,12 +250,12 @@ pub async fn run(
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
-    let mut stop = stopped().boxed().shared();
+    let mut stopping = stop.stopped().boxed().shared();
     loop {
         tokio::select! {
-            _ = stop.clone() => return Ok(()),
+            _ = stopping.clone() => return,
             r = lead_rx.wait_for(|l| *l) => {
-                if r.is_err() { return Ok(()); }
+                if r.is_err() { return; }
             }
         }
         tracing::info!("leading: reconciling TrainingJobs");
@@ -230,7 +272,7 @@ pub async fn run(
                 futures::future::ready(())
             });
         tokio::select! {
-            _ = &mut stop => return Ok(()),
+            _ = &mut stopping => return,
             _ = controller => {
                 tracing::warn!("controller stream ended; restarting");
                 tokio::time::sleep(Duration::from_secs(1)).await;

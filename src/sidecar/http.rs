@@ -117,65 +117,94 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let busy = Arc::new(AtomicUsize::new(0));
-                let close = Arc::new(tokio::sync::Notify::new());
-                let id = {
-                    let mut sl = lock(&slots);
-                    if sl.held.len() >= cfg.max_connections.max(1) {
-                        match sl.held.iter().position(|s| s.busy.load(Ordering::Acquire) == 0) {
-                            Some(i) => {
-                                if let Some(old) = sl.held.remove(i) {
-                                    old.close.notify_one();
-                                }
-                            }
-                            None => {
-                                tracing::debug!("{} connections all busy: refusing one", sl.held.len());
-                                continue; // drops the stream
-                            }
-                        }
-                    }
-                    sl.next_id += 1;
-                    let id = sl.next_id;
-                    sl.held.push_back(Slot { id, busy: Arc::clone(&busy), close: Arc::clone(&close) });
-                    id
+                let Some(slot) = take_slot(&slots, cfg.max_connections) else {
+                    continue; // drops the stream
                 };
-                let sc = Arc::clone(&sidecar);
-                let slots = Arc::clone(&slots);
-                let idle_timeout = cfg.idle_timeout;
-                tokio::spawn(async move {
-                    let in_flight = Arc::clone(&busy);
-                    let svc = service_fn(move |req| {
-                        let sc = Arc::clone(&sc);
-                        let in_flight = Arc::clone(&in_flight);
-                        async move {
-                            in_flight.fetch_add(1, Ordering::AcqRel);
-                            let resp = handle(&sc, req).await;
-                            in_flight.fetch_sub(1, Ordering::AcqRel);
-                            Ok::<_, Infallible>(resp)
-                        }
-                    });
-                    // hyper's header-read timeout runs from the connection's
-                    // start and again from each answer: the idle timeout.
-                    let conn = http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(idle_timeout)
-                        .serve_connection(TokioIo::new(stream), svc);
-                    tokio::pin!(conn);
-                    let result = tokio::select! {
-                        r = conn.as_mut() => r,
-                        _ = close.notified() => {
-                            conn.as_mut().graceful_shutdown();
-                            conn.await
-                        }
-                    };
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                    lock(&slots).held.retain(|s| s.id != id);
-                });
+                tokio::spawn(serve_connection(
+                    stream,
+                    Arc::clone(&sidecar),
+                    Arc::clone(&slots),
+                    slot,
+                    cfg.idle_timeout,
+                ));
             }
         }
     }
+}
+
+/// A slot for a new connection: past `max_connections` the oldest idle
+/// one is asked to close; None when all are busy (the newcomer is refused).
+fn take_slot(slots: &Mutex<Slots>, max_connections: usize) -> Option<Slot> {
+    let mut sl = lock(slots);
+    if sl.held.len() >= max_connections.max(1) {
+        match sl
+            .held
+            .iter()
+            .position(|s| s.busy.load(Ordering::Acquire) == 0)
+        {
+            Some(i) => {
+                if let Some(old) = sl.held.remove(i) {
+                    old.close.notify_one();
+                }
+            }
+            None => {
+                tracing::debug!("{} connections all busy: refusing one", sl.held.len());
+                return None;
+            }
+        }
+    }
+    sl.next_id += 1;
+    let slot = Slot {
+        id: sl.next_id,
+        busy: Arc::new(AtomicUsize::new(0)),
+        close: Arc::new(tokio::sync::Notify::new()),
+    };
+    sl.held.push_back(Slot {
+        id: slot.id,
+        busy: Arc::clone(&slot.busy),
+        close: Arc::clone(&slot.close),
+    });
+    Some(slot)
+}
+
+/// Serves one connection until it ends or its slot is asked to close,
+/// then gives the slot back.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    sc: Arc<Sidecar>,
+    slots: Arc<Mutex<Slots>>,
+    slot: Slot,
+    idle_timeout: Duration,
+) {
+    let in_flight = Arc::clone(&slot.busy);
+    let svc = service_fn(move |req| {
+        let sc = Arc::clone(&sc);
+        let in_flight = Arc::clone(&in_flight);
+        async move {
+            in_flight.fetch_add(1, Ordering::AcqRel);
+            let resp = handle(&sc, req).await;
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    // hyper's header-read timeout runs from the connection's
+    // start and again from each answer: the idle timeout.
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(idle_timeout)
+        .serve_connection(TokioIo::new(stream), svc);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = slot.close.notified() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+    lock(&slots).held.retain(|s| s.id != slot.id);
 }
 
 fn json<T: Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {
@@ -325,162 +354,32 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Routes one request.
-pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// What every handler answers.
+type Reply = Response<Full<Bytes>>;
+
+/// Routes one request: each route is a function below.
+pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-    // 405 names what the path takes (RFC 9110 requires `Allow`).
-    let not_allowed = |allow: &str| {
-        let mut resp = error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            &format!("{method} is not allowed on {path}: use {allow}"),
-        );
-        if let Ok(v) = http::HeaderValue::from_str(allow) {
-            resp.headers_mut().insert(http::header::ALLOW, v);
-        }
-        resp
-    };
+    let get = method == Method::GET;
     match segs.as_slice() {
-        ["healthz"] => match method {
-            Method::GET => {
-                let h = sc.health();
-                let status = if h.status == "ok" {
-                    StatusCode::OK
-                } else {
-                    StatusCode::SERVICE_UNAVAILABLE
-                };
-                json(status, &h)
-            }
-            _ => not_allowed("GET"),
-        },
-        ["metrics"] => match method {
-            Method::GET => match sc.render_metrics() {
-                Ok(text) => Response::builder()
-                    .header("content-type", prometheus::TEXT_FORMAT)
-                    .body(Full::new(Bytes::from(text)))
-                    .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
-                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-            },
-            _ => not_allowed("GET"),
-        },
-        ["v1", "gpus"] => match method {
-            Method::GET => json(StatusCode::OK, &sc.gpus()),
-            _ => not_allowed("GET"),
-        },
-        ["v1", "jobs"] => match method {
-            Method::GET => json(StatusCode::OK, &sc.jobs()),
-            _ => not_allowed("GET"),
-        },
+        ["healthz"] if get => healthz(sc),
+        ["metrics"] if get => metrics(sc),
+        ["v1", "gpus"] if get => json(StatusCode::OK, &sc.gpus()),
+        ["v1", "jobs"] if get => json(StatusCode::OK, &sc.jobs()),
+        ["healthz"] | ["metrics"] | ["v1", "gpus"] | ["v1", "jobs"] => {
+            method_not_allowed(&method, &path, "GET")
+        }
         // POST only, so that a pod named `log-peak` can still be read with GET.
         ["v1", "jobs", rest @ ..]
             if method == Method::POST && rest.last() == Some(&"log-peak") && rest.len() >= 2 =>
         {
-            let Some(id) = percent_decode(&rest[..rest.len() - 1].join("/")) else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "malformed percent-escape in job id",
-                );
-            };
-            let Some(key) = key_from_id(&id) else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!(
-                        "`{id}` is not a job id: give a Slurm job id, namespace/pod, or a pod UID"
-                    ),
-                );
-            };
-            if let Err(resp) = authorize(sc, &req) {
-                return resp;
-            }
-            let body = match read_json::<crate::wire::sidecar::LogPeakRequest>(req).await {
-                Ok(b) => b,
-                Err(resp) => return resp,
-            };
-            match check_log_peak(&body.peak_bytes, sc.max_gpu_memory()) {
-                Ok(peak) => json(StatusCode::OK, &sc.set_log_peak(key, peak)),
-                Err(why) => error(StatusCode::BAD_REQUEST, &why),
-            }
+            post_log_peak(sc, &rest[..rest.len() - 1], req).await
         }
-        ["v1", "jobs", rest @ ..] if !rest.is_empty() => {
-            if method != Method::GET {
-                // `…/log-peak` takes POST (and a pod so named, GET).
-                let allow = if rest.len() >= 2 && rest.last() == Some(&"log-peak") {
-                    "GET, POST"
-                } else {
-                    "GET"
-                };
-                return not_allowed(allow);
-            }
-            let Some(id) = percent_decode(&rest.join("/")) else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "malformed percent-escape in job id",
-                );
-            };
-            match sc.job(&id) {
-                Some(j) => json(StatusCode::OK, &j),
-                None => error(
-                    StatusCode::NOT_FOUND,
-                    &format!("no job `{id}` on node {}: it has not used a GPU here, or it ended and was evicted after being read (GET /v1/jobs lists what is held)", sc.node()),
-                ),
-            }
-        }
+        ["v1", "jobs", rest @ ..] if !rest.is_empty() => get_job(sc, &method, &path, rest),
         ["v1", "simulate", "processes", tail @ ..] if tail.len() <= 1 => {
-            let Some(sim) = sc.simulator().cloned() else {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    &format!("{path} exists only with `--backend simulate` (this sidecar runs --backend {})", sc.backend()),
-                );
-            };
-            match (method.clone(), tail) {
-                (Method::GET, []) => json(
-                    StatusCode::OK,
-                    &serde_json::json!({ "processes": sim.processes() }),
-                ),
-                (Method::POST, []) => {
-                    let p: SimProcess = match read_json(req).await {
-                        Ok(p) => p,
-                        Err(resp) => return resp,
-                    };
-                    let id = p.job.key().id();
-                    if let Err(e) = sim.upsert(p.clone()) {
-                        return error(StatusCode::BAD_REQUEST, &e.to_string());
-                    }
-                    sc.sample_now();
-                    json(
-                        StatusCode::OK,
-                        &serde_json::json!({ "process": p, "job": sc.job_peek(&id) }),
-                    )
-                }
-                (Method::DELETE, [pid]) => {
-                    let Ok(pid) = pid.parse::<u32>() else {
-                        return error(
-                            StatusCode::BAD_REQUEST,
-                            &format!("`{pid}` is not a process id"),
-                        );
-                    };
-                    let job = sim
-                        .processes()
-                        .into_iter()
-                        .find(|p| p.pid == pid)
-                        .map(|p| p.job.key().id());
-                    if !sim.remove(pid) {
-                        return error(
-                            StatusCode::NOT_FOUND,
-                            &format!("no simulated process {pid}"),
-                        );
-                    }
-                    sc.sample_now();
-                    let job = job.and_then(|id| sc.job_peek(&id));
-                    json(
-                        StatusCode::OK,
-                        &serde_json::json!({ "deleted": pid, "job": job }),
-                    )
-                }
-                (_, []) => not_allowed("GET, POST"),
-                _ => not_allowed("DELETE"),
-            }
+            simulate_processes(sc, req, &method, &path, tail).await
         }
         _ => error(
             StatusCode::NOT_FOUND,
@@ -490,6 +389,175 @@ pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Response<Full<
             ),
         ),
     }
+}
+
+/// 405 naming what the path takes (RFC 9110 requires `Allow`).
+fn method_not_allowed(method: &Method, path: &str, allow: &str) -> Reply {
+    let mut resp = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{method} is not allowed on {path}: use {allow}"),
+    );
+    if let Ok(v) = http::HeaderValue::from_str(allow) {
+        resp.headers_mut().insert(http::header::ALLOW, v);
+    }
+    resp
+}
+
+/// `GET /healthz`: 503 when sampling stopped, so a probe sees it.
+fn healthz(sc: &Sidecar) -> Reply {
+    let h = sc.health();
+    let status = if h.status == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(status, &h)
+}
+
+/// `GET /metrics`: Prometheus text, not JSON.
+fn metrics(sc: &Sidecar) -> Reply {
+    match sc.render_metrics() {
+        Ok(text) => Response::builder()
+            .header("content-type", prometheus::TEXT_FORMAT)
+            .body(Full::new(Bytes::from(text)))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// `POST /v1/jobs/{id}/log-peak`; `id_segs` is the path between `jobs/`
+/// and `/log-peak`. The id is checked before the token so that a typo is
+/// named even to a caller without one.
+async fn post_log_peak(sc: &Sidecar, id_segs: &[&str], req: Request<Incoming>) -> Reply {
+    let Some(id) = percent_decode(&id_segs.join("/")) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "malformed percent-escape in job id",
+        );
+    };
+    let Some(key) = key_from_id(&id) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("`{id}` is not a job id: give a Slurm job id, namespace/pod, or a pod UID"),
+        );
+    };
+    if let Err(resp) = authorize(sc, &req) {
+        return resp;
+    }
+    let body = match read_json::<crate::wire::sidecar::LogPeakRequest>(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    match check_log_peak(&body.peak_bytes, sc.max_gpu_memory()) {
+        Ok(peak) => json(StatusCode::OK, &sc.set_log_peak(key, peak)),
+        Err(why) => error(StatusCode::BAD_REQUEST, &why),
+    }
+}
+
+/// `GET /v1/jobs/{id}`; `rest` is the path after `jobs/` (a `namespace/pod`
+/// id may come with its `/` unescaped).
+fn get_job(sc: &Sidecar, method: &Method, path: &str, rest: &[&str]) -> Reply {
+    if method != Method::GET {
+        // `…/log-peak` takes POST (and a pod so named, GET).
+        let allow = if rest.len() >= 2 && rest.last() == Some(&"log-peak") {
+            "GET, POST"
+        } else {
+            "GET"
+        };
+        return method_not_allowed(method, path, allow);
+    }
+    let Some(id) = percent_decode(&rest.join("/")) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "malformed percent-escape in job id",
+        );
+    };
+    match sc.job(&id) {
+        Some(j) => json(StatusCode::OK, &j),
+        None => error(
+            StatusCode::NOT_FOUND,
+            &format!("no job `{id}` on node {}: it has not used a GPU here, or it ended and was evicted after being read (GET /v1/jobs lists what is held)", sc.node()),
+        ),
+    }
+}
+
+/// `/v1/simulate/processes[/{pid}]`: only with `--backend simulate`.
+async fn simulate_processes(
+    sc: &Sidecar,
+    req: Request<Incoming>,
+    method: &Method,
+    path: &str,
+    tail: &[&str],
+) -> Reply {
+    let Some(sim) = sc.simulator().cloned() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "{path} exists only with `--backend simulate` (this sidecar runs --backend {})",
+                sc.backend()
+            ),
+        );
+    };
+    match (method.clone(), tail) {
+        (Method::GET, []) => json(
+            StatusCode::OK,
+            &serde_json::json!({ "processes": sim.processes() }),
+        ),
+        (Method::POST, []) => post_sim_process(sc, &sim, req).await,
+        (Method::DELETE, [pid]) => delete_sim_process(sc, &sim, pid),
+        (_, []) => method_not_allowed(method, path, "GET, POST"),
+        _ => method_not_allowed(method, path, "DELETE"),
+    }
+}
+
+/// `POST /v1/simulate/processes`: registers the process (or sets its
+/// memory) and samples at once, so that each call is seen.
+async fn post_sim_process(
+    sc: &Sidecar,
+    sim: &super::simulate::SimulatedSource,
+    req: Request<Incoming>,
+) -> Reply {
+    let p: SimProcess = match read_json(req).await {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    let id = p.job.key().id();
+    if let Err(e) = sim.upsert(p.clone()) {
+        return error(StatusCode::BAD_REQUEST, &e.to_string());
+    }
+    sc.sample_now();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "process": p, "job": sc.job_peek(&id) }),
+    )
+}
+
+/// `DELETE /v1/simulate/processes/{pid}`: the process ends; answers the
+/// job it belonged to as now sampled.
+fn delete_sim_process(sc: &Sidecar, sim: &super::simulate::SimulatedSource, pid: &str) -> Reply {
+    let Ok(pid) = pid.parse::<u32>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("`{pid}` is not a process id"),
+        );
+    };
+    let job = sim
+        .processes()
+        .into_iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.job.key().id());
+    if !sim.remove(pid) {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("no simulated process {pid}"),
+        );
+    }
+    sc.sample_now();
+    let job = job.and_then(|id| sc.job_peek(&id));
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "deleted": pid, "job": job }),
+    )
 }
 
 #[cfg(test)]

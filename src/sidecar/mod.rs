@@ -207,7 +207,8 @@ pub fn gpu_spec_from_live(g: &GpuInfo) -> crate::core::catalog::GpuSpec {
 
 // === the running sidecar's state ===
 
-struct State {
+/// What the sampler last saw, and the jobs it tracks.
+struct Observations {
     gpus: Vec<GpuInfo>,
     tracker: Tracker,
     last_sample: Option<Instant>,
@@ -225,7 +226,7 @@ pub struct Sidecar {
     attributor: Attributor,
     // Held across read-source → fold-in so samples are applied in order.
     sampling: Mutex<()>,
-    state: Mutex<State>,
+    state: Mutex<Observations>,
     metrics: Mutex<metrics::Metrics>,
     http: HttpConfig,
 }
@@ -255,7 +256,7 @@ impl Sidecar {
             simulate,
             attributor: Attributor::from_proc_root(cfg.proc_root.clone(), cfg.mapping_dir.clone()),
             sampling: Mutex::new(()),
-            state: Mutex::new(State {
+            state: Mutex::new(Observations {
                 gpus: Vec::new(),
                 tracker: Tracker::new(cfg.tracker.clone()),
                 last_sample: None,

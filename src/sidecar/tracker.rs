@@ -54,7 +54,7 @@ struct GpuUsage {
 }
 
 #[derive(Debug, Clone)]
-struct JobState {
+struct TrackedJob {
     key: JobKey,
     gpus: BTreeMap<u32, GpuUsage>,
     processes: usize,
@@ -73,7 +73,7 @@ type Seen = (JobKey, BTreeMap<u32, (u64, u64, bool)>, usize);
 #[derive(Debug, Default)]
 pub struct Tracker {
     cfg: TrackerConfig,
-    jobs: HashMap<String, JobState>,
+    jobs: HashMap<String, TrackedJob>,
 }
 
 impl Tracker {
@@ -114,7 +114,7 @@ impl Tracker {
             g.2 &= p.max_bytes.is_some();
         }
         for (id, (key, gpus, nprocs)) in seen {
-            let job = self.jobs.entry(id).or_insert_with(|| JobState {
+            let job = self.jobs.entry(id).or_insert_with(|| TrackedJob {
                 key,
                 gpus: BTreeMap::new(),
                 processes: 0,
@@ -161,7 +161,7 @@ impl Tracker {
     /// Records the peak a job's own log states (bytes per GPU). Creates the
     /// job when it is not tracked (e.g. reported after eviction).
     pub fn set_log_peak(&mut self, key: JobKey, peak_bytes: u64, now: DateTime<Utc>) -> JobView {
-        let job = self.jobs.entry(key.id()).or_insert_with(|| JobState {
+        let job = self.jobs.entry(key.id()).or_insert_with(|| TrackedJob {
             key,
             gpus: BTreeMap::new(),
             processes: 0,
@@ -240,7 +240,7 @@ impl Tracker {
     }
 }
 
-fn view(j: &JobState, node: &str) -> JobView {
+fn view(j: &TrackedJob, node: &str) -> JobView {
     let gpus: Vec<JobGpuView> = j
         .gpus
         .iter()

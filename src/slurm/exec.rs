@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
-use super::plan::{self, Backend, Env, HookSettings, JobRequest, JobState, SiteConfig, TaskPlan};
+use super::plan::{
+    self, Backend, Env, HookSettings, JobRequest, SavedDecision, SiteConfig, TaskPlan,
+};
 use super::SlurmError;
 use crate::core::advisor::{StrategyTargets, Suggestion};
 use crate::core::catalog::{lookup_gpu, GpuSpec};
@@ -174,7 +176,7 @@ fn task_prolog_inner(
     let gpu = find_gpu(settings, &job, deadline)?;
     let request = job.suggest_request(gpu);
     let suggestion = ask_suggestion(settings, &request, deadline)?;
-    let state = JobState {
+    let state = SavedDecision {
         job_id: job.job_id.clone(),
         workload: job.workload.clone(),
         suggestion: suggestion.clone(),
@@ -378,7 +380,7 @@ fn ask_suggestion(
 
 /// Writes the job's state atomically (temp file + rename), readable by the
 /// Epilog. The state dir is world-writable and sticky, like /tmp.
-pub fn write_state(dir: &Path, state: &JobState) -> Result<(), SlurmError> {
+pub fn write_state(dir: &Path, state: &SavedDecision) -> Result<(), SlurmError> {
     let path = plan::state_path(dir, &state.job_id);
     let tmp = dir.join(format!(".job-{}.{}.tmp", state.job_id, std::process::id()));
     let io = |context: String| move |source| SlurmError::Io { context, source };
@@ -524,7 +526,7 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
             "gpufit epilog: job {job_id}: no output file could be read; a CUDA OOM would go unnoticed"
         );
     }
-    let outcome = plan::Outcome {
+    let outcome = plan::JobEnd {
         exit_status,
         derived_status,
         oom,
@@ -563,7 +565,7 @@ fn output_files(env: &Env, job_id: &str, job_name: Option<&str>) -> Vec<PathBuf>
 
 /// Reads the TaskProlog's state, trusting it only when the job's own user
 /// (or root) wrote it: the state dir is world-writable.
-fn read_state(path: &Path, env: &Env) -> Result<Option<JobState>, SlurmError> {
+fn read_state(path: &Path, env: &Env) -> Result<Option<SavedDecision>, SlurmError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

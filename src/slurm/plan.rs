@@ -297,6 +297,35 @@ pub fn plan_task_prolog(
     // not pins the user chose.
     let stale_exports = decided_for.is_some();
 
+    let fields = requested_fields(env, comment, stale_exports)?;
+    let Some(model) = fields.get("model").cloned() else {
+        return Ok(TaskPlan::Skip {
+            reason: format!(
+                "job {job_id} does not ask for gpufit (no GPUFIT_MODEL, no `gpufit:` comment)"
+            ),
+        });
+    };
+    let gpu_indices = gpu_indices(env)?;
+    let workload = workload_spec(env, &fields, model, gpu_indices.len())?;
+    let strategy =
+        parse_with(&fields, "strategy", |s| s.parse::<Strategy>())?.unwrap_or(site_strategy);
+    let pins = pinned_settings(&fields)?;
+    Ok(TaskPlan::Ask(Box::new(JobRequest {
+        job_id,
+        workload,
+        strategy,
+        pins,
+        gpu_indices,
+    })))
+}
+
+/// The job's `key → value` request: the comment's `gpufit:` section, then
+/// the `GPUFIT_*` environment over it (pins only when not `stale_exports`).
+fn requested_fields(
+    env: &Env,
+    comment: Option<&str>,
+    stale_exports: bool,
+) -> Result<BTreeMap<String, String>, SlurmError> {
     let mut fields: BTreeMap<String, String> = BTreeMap::new();
     if let Some(section) = comment.and_then(comment_section) {
         for (k, v) in comment_pairs(section)? {
@@ -322,18 +351,22 @@ pub fn plan_task_prolog(
             }
         }
     }
-    let Some(model) = fields.get("model").cloned() else {
-        return Ok(TaskPlan::Skip {
-            reason: format!(
-                "job {job_id} does not ask for gpufit (no GPUFIT_MODEL, no `gpufit:` comment)"
-            ),
-        });
-    };
-    let gpu_indices = gpu_indices(env)?;
-    let seq_len = parse_num::<u32>(&fields, "seq_len")?.ok_or_else(|| {
+    Ok(fields)
+}
+
+/// The workload asked for. Every value goes through its type's FromStr:
+/// the aliases the command line, the CRD and the webhook accept
+/// (docs/design.md, "Workload resolution").
+fn workload_spec(
+    env: &Env,
+    fields: &BTreeMap<String, String>,
+    model: String,
+    local_gpus: usize,
+) -> Result<WorkloadSpec, SlurmError> {
+    let seq_len = parse_num::<u32>(fields, "seq_len")?.ok_or_else(|| {
         SlurmError::Job("GPUFIT_SEQ_LEN (or seq_len= in the comment) is required: the training sequence length in tokens".into())
     })?;
-    let gpus = match parse_num::<u32>(&fields, "gpus")? {
+    let gpus = match parse_num::<u32>(fields, "gpus")? {
         Some(g) => Some(g),
         None => {
             // Data-parallel GPUs: those on this node times the job's nodes.
@@ -342,44 +375,37 @@ pub fn plan_task_prolog(
                 .and_then(|n| n.parse::<u32>().ok())
                 .unwrap_or(1)
                 .max(1);
-            Some((gpu_indices.len() as u32).max(1) * nodes)
+            Some((local_gpus as u32).max(1) * nodes)
         }
     };
-    // Every value through its type's FromStr: the aliases the command line,
-    // the CRD and the webhook accept (docs/design.md, "Workload resolution").
-    let sharding = parse_with(&fields, "zero", |s| s.parse::<Sharding>())?;
-    let workload = WorkloadSpec {
+    let sharding = parse_with(fields, "zero", |s| s.parse::<Sharding>())?;
+    Ok(WorkloadSpec {
         model,
-        method: parse_with(&fields, "method", |s| s.parse::<Method>())?,
-        lora_rank: parse_num(&fields, "lora_rank")?,
-        lora_targets: parse_with(&fields, "lora_targets", LoraTarget::parse_list)?,
+        method: parse_with(fields, "method", |s| s.parse::<Method>())?,
+        lora_rank: parse_num(fields, "lora_rank")?,
+        lora_targets: parse_with(fields, "lora_targets", LoraTarget::parse_list)?,
         seq_len,
-        global_batch: parse_num(&fields, "global_batch")?,
+        global_batch: parse_num(fields, "global_batch")?,
         gpus,
-        optimizer: parse_with(&fields, "optimizer", |s| s.parse::<Optimizer>())?,
+        optimizer: parse_with(fields, "optimizer", |s| s.parse::<Optimizer>())?,
         sharding,
-        framework: parse_with(&fields, "framework", |s| s.parse::<Framework>())?,
-        attention: parse_with(&fields, "attention", |s| s.parse::<Attention>())?,
-    };
-    let strategy =
-        parse_with(&fields, "strategy", |s| s.parse::<Strategy>())?.unwrap_or(site_strategy);
-    let pins = Pins {
-        micro_batch_size: parse_num(&fields, "micro_batch_size")?,
-        gradient_accumulation_steps: parse_num(&fields, "grad_accum_steps")?,
-        dtype: parse_with(&fields, "dtype", |s| s.parse::<Dtype>())?,
-        activation_checkpointing: parse_with(&fields, "activation_checkpointing", parse_bool)?,
-        activation_offloading: parse_with(&fields, "activation_offloading", parse_bool)?,
-        compile: parse_with(&fields, "compile", parse_bool)?,
-        num_workers: parse_num(&fields, "dataloader_num_workers")?,
+        framework: parse_with(fields, "framework", |s| s.parse::<Framework>())?,
+        attention: parse_with(fields, "attention", |s| s.parse::<Attention>())?,
+    })
+}
+
+/// The settings the job pins.
+fn pinned_settings(fields: &BTreeMap<String, String>) -> Result<Pins, SlurmError> {
+    Ok(Pins {
+        micro_batch_size: parse_num(fields, "micro_batch_size")?,
+        gradient_accumulation_steps: parse_num(fields, "grad_accum_steps")?,
+        dtype: parse_with(fields, "dtype", |s| s.parse::<Dtype>())?,
+        activation_checkpointing: parse_with(fields, "activation_checkpointing", parse_bool)?,
+        activation_offloading: parse_with(fields, "activation_offloading", parse_bool)?,
+        compile: parse_with(fields, "compile", parse_bool)?,
+        num_workers: parse_num(fields, "dataloader_num_workers")?,
         pure_bf16: None,
-    };
-    Ok(TaskPlan::Ask(Box::new(JobRequest {
-        job_id,
-        workload,
-        strategy,
-        pins,
-        gpu_indices,
-    })))
+    })
 }
 
 /// Slurm job ids are decimal numbers; anything else is refused before it
@@ -494,7 +520,7 @@ fn single_line(v: &str) -> String {
 /// What the TaskProlog decided, saved for the Epilog (which does not see
 /// the job's `--export` variables nor the TaskProlog's exports).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobState {
+pub struct SavedDecision {
     pub job_id: String,
     pub workload: WorkloadSpec,
     pub suggestion: Suggestion,
@@ -526,7 +552,7 @@ pub fn mapping_files(mapping_dir: &Path, job_id: &str, gpus: &[u32]) -> Vec<(Pat
 
 /// How the job ended, as the Epilog reads it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub struct JobEnd {
     /// `SLURM_JOB_EXIT_CODE` (a wait(2) status: 0 = success).
     pub exit_status: Option<i64>,
     /// `SLURM_JOB_DERIVED_EC`: highest exit status of the job's steps.
@@ -587,8 +613,8 @@ pub fn exit_state(env: &Env) -> (Option<i64>, Option<i64>) {
 
 /// The run record of a finished job.
 pub fn build_run(
-    state: &JobState,
-    outcome: &Outcome,
+    state: &SavedDecision,
+    outcome: &JobEnd,
     cluster: Option<String>,
     node: Option<String>,
 ) -> RunRecord {

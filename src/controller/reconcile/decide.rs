@@ -1,7 +1,7 @@
 //! Step 4, decide: what to do next, from the status and the spec alone.
 //! Pure — no I/O — so every rule is tested here.
 
-use crate::controller::crd::{Mode, Outcome, Phase, TrainingJobStatus};
+use crate::controller::crd::{AttemptOutcome, Mode, Phase, TrainingJobStatus};
 use crate::controller::validate::Validated;
 
 /// What the reconcile does after observing.
@@ -20,7 +20,7 @@ pub(super) fn decide(st: &TrainingJobStatus, v: &Validated, generation: Option<i
     let Some(last) = st.attempts.last() else {
         return Next::Start;
     };
-    if last.outcome == Outcome::Running {
+    if last.outcome == AttemptOutcome::Running {
         return Next::Wait;
     }
     // A spec change after the last attempt ended starts a new attempt.
@@ -31,12 +31,12 @@ pub(super) fn decide(st: &TrainingJobStatus, v: &Validated, generation: Option<i
         return Next::Start;
     }
     match last.outcome {
-        Outcome::Succeeded => Next::Settle(
+        AttemptOutcome::Succeeded => Next::Settle(
             Phase::Succeeded,
             "Succeeded",
             format!("Job {} completed", last.job_name),
         ),
-        Outcome::Oom if last.mode == Some(Mode::Recommend) => Next::Settle(
+        AttemptOutcome::Oom if last.mode == Some(Mode::Recommend) => Next::Settle(
             Phase::Failed,
             "OutOfMemory",
             format!(
@@ -44,11 +44,11 @@ pub(super) fn decide(st: &TrainingJobStatus, v: &Validated, generation: Option<i
                 last.job_name, last.settings.micro_batch_size
             ),
         ),
-        Outcome::Oom => {
+        AttemptOutcome::Oom => {
             let ooms = st
                 .attempts
                 .iter()
-                .filter(|a| a.generation == generation && a.outcome == Outcome::Oom)
+                .filter(|a| a.generation == generation && a.outcome == AttemptOutcome::Oom)
                 .count() as u32;
             if ooms <= v.oom_retry_limit {
                 Next::Start
@@ -63,14 +63,14 @@ pub(super) fn decide(st: &TrainingJobStatus, v: &Validated, generation: Option<i
                 )
             }
         }
-        Outcome::Failed => Next::Settle(
+        AttemptOutcome::Failed => Next::Settle(
             Phase::Failed,
             "JobFailed",
             last.message
                 .clone()
                 .unwrap_or_else(|| "the Job failed".into()),
         ),
-        Outcome::Deleted => Next::Settle(
+        AttemptOutcome::Deleted => Next::Settle(
             Phase::Failed,
             "JobDeleted",
             format!(
@@ -78,7 +78,7 @@ pub(super) fn decide(st: &TrainingJobStatus, v: &Validated, generation: Option<i
                 last.job_name
             ),
         ),
-        Outcome::Running => Next::Wait,
+        AttemptOutcome::Running => Next::Wait,
     }
 }
 
@@ -108,7 +108,7 @@ mod tests {
         }
     }
 
-    fn attempt(index: u32, outcome: Outcome, generation: i64, mode: Mode) -> Attempt {
+    fn attempt(index: u32, outcome: AttemptOutcome, generation: i64, mode: Mode) -> Attempt {
         Attempt {
             index,
             job_name: format!("tj-{index}"),
@@ -147,7 +147,10 @@ mod tests {
     fn no_attempt_starts_one_and_a_running_one_waits() {
         let v = validated(2);
         assert_eq!(decide(&status(vec![], None), &v, Some(1)), Next::Start);
-        let running = status(vec![attempt(1, Outcome::Running, 1, Mode::Inject)], None);
+        let running = status(
+            vec![attempt(1, AttemptOutcome::Running, 1, Mode::Inject)],
+            None,
+        );
         assert_eq!(decide(&running, &v, Some(1)), Next::Wait);
         // Even after a spec change: the running attempt finishes first.
         assert_eq!(decide(&running, &v, Some(2)), Next::Wait);
@@ -157,7 +160,7 @@ mod tests {
     fn success_settles_and_a_spec_change_starts_again() {
         let v = validated(2);
         let done = status(
-            vec![attempt(1, Outcome::Succeeded, 1, Mode::Inject)],
+            vec![attempt(1, AttemptOutcome::Succeeded, 1, Mode::Inject)],
             Some(Phase::Succeeded),
         );
         assert!(matches!(
@@ -172,7 +175,7 @@ mod tests {
         let v = validated(2);
         let ooms = |n: u32, generation: i64| {
             (1..=n)
-                .map(|i| attempt(i, Outcome::Oom, generation, Mode::Inject))
+                .map(|i| attempt(i, AttemptOutcome::Oom, generation, Mode::Inject))
                 .collect::<Vec<_>>()
         };
         assert_eq!(decide(&status(ooms(1, 1), None), &v, Some(1)), Next::Start);
@@ -191,7 +194,10 @@ mod tests {
     #[test]
     fn an_oom_in_recommend_mode_is_not_retried() {
         let v = validated(2);
-        let st = status(vec![attempt(1, Outcome::Oom, 1, Mode::Recommend)], None);
+        let st = status(
+            vec![attempt(1, AttemptOutcome::Oom, 1, Mode::Recommend)],
+            None,
+        );
         match decide(&st, &v, Some(1)) {
             Next::Settle(Phase::Failed, "OutOfMemory", msg) => {
                 assert!(msg.contains("recommended micro batch 4"), "{msg}")
@@ -203,20 +209,23 @@ mod tests {
     #[test]
     fn failures_and_deletions_settle_failed_and_invalid_starts_again() {
         let v = validated(2);
-        let mut failed = attempt(1, Outcome::Failed, 1, Mode::Inject);
+        let mut failed = attempt(1, AttemptOutcome::Failed, 1, Mode::Inject);
         failed.message = Some("exit code 1".into());
         assert_eq!(
             decide(&status(vec![failed], None), &v, Some(1)),
             Next::Settle(Phase::Failed, "JobFailed", "exit code 1".into())
         );
-        let deleted = status(vec![attempt(1, Outcome::Deleted, 1, Mode::Inject)], None);
+        let deleted = status(
+            vec![attempt(1, AttemptOutcome::Deleted, 1, Mode::Inject)],
+            None,
+        );
         assert!(matches!(
             decide(&deleted, &v, Some(1)),
             Next::Settle(Phase::Failed, "JobDeleted", _)
         ));
         // An Invalid phase (nothing fitted) is tried again on each pass.
         let invalid = status(
-            vec![attempt(1, Outcome::Succeeded, 1, Mode::Inject)],
+            vec![attempt(1, AttemptOutcome::Succeeded, 1, Mode::Inject)],
             Some(Phase::Invalid),
         );
         assert_eq!(decide(&invalid, &v, Some(1)), Next::Start);

@@ -13,7 +13,9 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 
-use crate::controller::crd::{Attempt, Mode, Outcome, Phase, TrainingJob, TrainingJobStatus};
+use crate::controller::crd::{
+    Attempt, AttemptOutcome, Mode, Phase, TrainingJob, TrainingJobStatus,
+};
 use crate::controller::validate::{self, Validated, ValidationError};
 use crate::controller::ControllerError;
 
@@ -70,13 +72,13 @@ pub(super) async fn in_flight(
     if let Some(i) = st
         .attempts
         .iter()
-        .rposition(|a| a.outcome == Outcome::Running)
+        .rposition(|a| a.outcome == AttemptOutcome::Running)
     {
         let job_name = st.attempts[i].job_name.clone();
         match jobs.get_opt(&job_name).await? {
             None => {
                 let a = &mut st.attempts[i];
-                a.outcome = Outcome::Deleted;
+                a.outcome = AttemptOutcome::Deleted;
                 a.message = Some("the Job was deleted before it finished".into());
                 ctx.event(
                     tj,
@@ -87,7 +89,7 @@ pub(super) async fn in_flight(
                 .await;
             }
             Some(job) => match job_state(&job) {
-                JobState::Active(running) => {
+                JobProgress::Active(running) => {
                     st.phase = Some(if running {
                         Phase::Running
                     } else {
@@ -95,7 +97,7 @@ pub(super) async fn in_flight(
                     });
                     requeue = Some(Duration::from_secs(300));
                 }
-                JobState::Finished(_)
+                JobProgress::Finished(_)
                     if jobs
                         .get_opt(&crate::controller::build::job_name(
                             &name,
@@ -111,7 +113,7 @@ pub(super) async fn in_flight(
                     tracing::debug!(tj = %name, "stale TrainingJob in the cache; requeued");
                     return Ok(Observed::Stale);
                 }
-                JobState::Finished(success) => {
+                JobProgress::Finished(success) => {
                     let pod_list = pods
                         .list(
                             &ListParams::default()
@@ -157,31 +159,31 @@ fn mode_default(
     }
 }
 
-enum JobState {
+enum JobProgress {
     /// Not finished; `true` when a pod is running.
     Active(bool),
     /// Finished; `true` when it succeeded.
     Finished(bool),
 }
 
-fn job_state(job: &Job) -> JobState {
+fn job_state(job: &Job) -> JobProgress {
     let status = job.status.clone().unwrap_or_default();
     for c in status.conditions.iter().flatten() {
         if c.status == "True" {
             match c.type_.as_str() {
-                "Complete" => return JobState::Finished(true),
-                "Failed" => return JobState::Finished(false),
+                "Complete" => return JobProgress::Finished(true),
+                "Failed" => return JobProgress::Finished(false),
                 _ => {}
             }
         }
     }
-    JobState::Active(status.active.unwrap_or(0) > 0)
+    JobProgress::Active(status.active.unwrap_or(0) > 0)
 }
 
 /// Tells a GPU out-of-memory failure from other failures by the containers'
 /// termination messages (with `terminationMessagePolicy:
 /// FallbackToLogsOnError` that is the log's tail) and exit codes.
-pub fn classify_failure(job: &Job, pods: &[Pod]) -> (Outcome, String) {
+pub fn classify_failure(job: &Job, pods: &[Pod]) -> (AttemptOutcome, String) {
     let mut other: Option<String> = None;
     for pod in pods {
         let statuses = pod
@@ -201,7 +203,7 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (Outcome, String) {
                 // The same markers as the log parser and the Slurm Epilog.
                 if let Some(line) = crate::core::logs::oom::first_oom_line(msg) {
                     return (
-                        Outcome::Oom,
+                        AttemptOutcome::Oom,
                         format!(
                             "container {} ran out of GPU memory (exit code {}): {}",
                             cs.name,
@@ -253,7 +255,7 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (Outcome, String) {
             cond.unwrap_or_else(|| "no reason given".into())
         )
     });
-    (Outcome::Failed, msg)
+    (AttemptOutcome::Failed, msg)
 }
 
 fn time_str(t: Option<&Time>) -> Option<String> {
@@ -300,13 +302,13 @@ pub(super) async fn finish_attempt(
     let seq = tj.spec.workload.seq_len;
     a.tokens_per_sec = reported_tokens_per_sec(pods, a.settings.micro_batch_size, seq);
     if success {
-        a.outcome = Outcome::Succeeded;
+        a.outcome = AttemptOutcome::Succeeded;
         a.message = None;
     } else {
         let (outcome, msg) = classify_failure(job, pods);
         a.outcome = outcome;
         a.message = Some(msg.clone());
-        if outcome == Outcome::Oom {
+        if outcome == AttemptOutcome::Oom {
             ctx.metrics.ooms.inc();
             ctx.event(tj, EventType::Warning, "OutOfMemory", msg).await;
         }

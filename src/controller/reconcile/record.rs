@@ -2,7 +2,7 @@
 //! becomes a run record (`RunRecord::new`). A store that is down keeps the
 //! run in status; it is recorded on a later pass.
 
-use crate::controller::crd::{Attempt, Mode, Outcome, TrainingJobStatus};
+use crate::controller::crd::{Attempt, AttemptOutcome, Mode, TrainingJobStatus};
 use crate::controller::validate::Validated;
 use crate::controller::ControllerError;
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
@@ -31,8 +31,11 @@ impl From<RecordError> for ControllerError {
 }
 
 /// An attempt that ended with a result worth recording.
-pub(super) fn finished(o: Outcome) -> bool {
-    matches!(o, Outcome::Succeeded | Outcome::Oom | Outcome::Failed)
+pub(super) fn finished(o: AttemptOutcome) -> bool {
+    matches!(
+        o,
+        AttemptOutcome::Succeeded | AttemptOutcome::Oom | AttemptOutcome::Failed
+    )
 }
 
 /// The run record of a finished attempt.
@@ -66,11 +69,11 @@ pub fn run_record(
         RunKey::of(w, gpu),
         settings,
         RunResult {
-            success: a.outcome == Outcome::Succeeded,
+            success: a.outcome == AttemptOutcome::Succeeded,
             // Only finished attempts are recorded: Succeeded, Oom or Failed.
             failure_reason: match a.outcome {
-                Outcome::Oom => Some(FailureReason::Oom),
-                Outcome::Failed => Some(FailureReason::OtherError),
+                AttemptOutcome::Oom => Some(FailureReason::Oom),
+                AttemptOutcome::Failed => Some(FailureReason::OtherError),
                 _ => None,
             },
             peak_memory_bytes: a.measured_peak_bytes,
@@ -109,8 +112,8 @@ pub(super) async fn record_runs(
         .map_err(|e| RecordError::Task(e.to_string()))??;
         a.run_id = Some(id);
         let outcome = match a.outcome {
-            Outcome::Succeeded => "success",
-            Outcome::Oom => "oom",
+            AttemptOutcome::Succeeded => "success",
+            AttemptOutcome::Oom => "oom",
             _ => "other_error",
         };
         ctx.metrics.count_run("kubernetes", &gpu, outcome);

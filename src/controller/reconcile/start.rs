@@ -8,7 +8,8 @@ use kube::ResourceExt;
 
 use crate::controller::build::{self, build_job};
 use crate::controller::crd::{
-    Attempt, Mode, Outcome, Phase, SettingsStatus, SuggestionStatus, TrainingJob, TrainingJobStatus,
+    Attempt, AttemptOutcome, Mode, Phase, SettingsStatus, SuggestionStatus, TrainingJob,
+    TrainingJobStatus,
 };
 use crate::controller::gpu;
 use crate::controller::validate::Validated;
@@ -40,7 +41,26 @@ pub(super) async fn start_attempt(
     st: &mut TrainingJobStatus,
     generation: Option<i64>,
 ) -> Result<(), StartError> {
-    let gpu: GpuSpec = match &v.gpu {
+    let gpu = target_gpu(ctx, tj, v)?;
+    let suggestion = advise(ctx, v, &gpu).await?;
+    let index = st.attempts.iter().map(|a| a.index).max().unwrap_or(0) + 1;
+    let job_name = create_job(ctx, tj, ns, v, index, &suggestion).await?;
+    record_attempt(st, v, index, &job_name, &gpu, &suggestion, generation);
+    let msg = created_message(v, index, &job_name, &gpu, &suggestion);
+    set_condition(st, "Ready", true, "JobCreated", &msg, generation);
+    let reason = if index > 1 {
+        "RetryCreated"
+    } else {
+        "JobCreated"
+    };
+    ctx.event(tj, EventType::Normal, reason, msg).await;
+    Ok(())
+}
+
+/// The GPU named in the spec, else the one of the nodes the pod may land
+/// on; unknown is transient (labels may come).
+fn target_gpu(ctx: &Context, tj: &TrainingJob, v: &Validated) -> Result<GpuSpec, StartError> {
+    match &v.gpu {
         Some(name) => gpu::resolve_named(name),
         None => {
             let nodes = ctx.nodes.state();
@@ -50,8 +70,12 @@ pub(super) async fn start_attempt(
             )
         }
     }
-    .map_err(|e| StartError::Retry("GpuUnknown", ControllerError::Gpu(e.to_string())))?;
+    .map_err(|e| StartError::Retry("GpuUnknown", ControllerError::Gpu(e.to_string())))
+}
 
+/// The advisor's suggestion with this job's history (read off the async
+/// threads), counted in the metrics.
+async fn advise(ctx: &Context, v: &Validated, gpu: &GpuSpec) -> Result<Suggestion, StartError> {
     let query = HistoryQuery::new(
         &v.workload.model.name,
         v.workload.method,
@@ -68,7 +92,7 @@ pub(super) async fn start_attempt(
 
     let suggestion: Suggestion = advisor::suggest(&AdviceRequest {
         workload: &v.workload,
-        gpu: &gpu,
+        gpu,
         strategy: v.strategy,
         targets: ctx.targets,
         pins: &v.pins,
@@ -90,9 +114,19 @@ pub(super) async fn start_attempt(
     ctx.metrics
         .suggestion_confidence
         .observe(suggestion.confidence);
+    Ok(suggestion)
+}
 
-    let index = st.attempts.iter().map(|a| a.index).max().unwrap_or(0) + 1;
-    let job = build_job(tj, index, &suggestion, v.mode)
+/// Builds and creates attempt `index`'s Job; answers its name.
+async fn create_job(
+    ctx: &Context,
+    tj: &TrainingJob,
+    ns: &str,
+    v: &Validated,
+    index: u32,
+    suggestion: &Suggestion,
+) -> Result<String, StartError> {
+    let job = build_job(tj, index, suggestion, v.mode)
         .map_err(|e| StartError::Retry("BuildFailed", ControllerError::Other(e.to_string())))?;
     let job_name = build::job_name(&tj.name_any(), index);
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
@@ -102,12 +136,24 @@ pub(super) async fn start_attempt(
         Err(kube::Error::Api(s)) if s.is_already_exists() => {}
         Err(e) => return Err(StartError::Retry("JobCreateFailed", e.into())),
     }
-    let retry = index > 1;
+    Ok(job_name)
+}
+
+/// The new attempt, running, and the status that points at it.
+fn record_attempt(
+    st: &mut TrainingJobStatus,
+    v: &Validated,
+    index: u32,
+    job_name: &str,
+    gpu: &GpuSpec,
+    suggestion: &Suggestion,
+    generation: Option<i64>,
+) {
     st.attempts.push(Attempt {
         index,
-        job_name: job_name.clone(),
+        job_name: job_name.to_string(),
         settings: SettingsStatus::from(&suggestion.settings),
-        outcome: Outcome::Running,
+        outcome: AttemptOutcome::Running,
         predicted_peak_bytes: Some(suggestion.predicted_peak_bytes),
         measured_peak_bytes: None,
         peak_source: None,
@@ -124,35 +170,37 @@ pub(super) async fn start_attempt(
         finished_at: None,
         peak_lookups: 0,
     });
-    st.job_name = Some(job_name.clone());
+    st.job_name = Some(job_name.to_string());
     st.gpu = Some(gpu.name.clone());
-    st.suggestion = Some(SuggestionStatus::from(&suggestion));
+    st.suggestion = Some(SuggestionStatus::from(suggestion));
     st.phase = Some(Phase::Pending);
+}
+
+/// What was created and why, for the Ready condition and the event.
+fn created_message(
+    v: &Validated,
+    index: u32,
+    job_name: &str,
+    gpu: &GpuSpec,
+    suggestion: &Suggestion,
+) -> String {
+    let retry = index > 1;
     let verb = if v.mode == Mode::Inject {
         "with"
     } else {
         "as written; recommended"
     };
-    let msg = format!(
+    format!(
         "{} Job {job_name} {verb} micro batch {} × accumulation {}, {} on {} ({}, confidence {:.2}): {}",
         if retry { "retry: created" } else { "created" },
         suggestion.settings.micro_batch_size,
         suggestion.settings.gradient_accumulation_steps,
         suggestion.settings.dtype,
         gpu.name,
-        source_label(&suggestion),
+        source_label(suggestion),
         suggestion.confidence,
         suggestion.reasoning
-    );
-    set_condition(st, "Ready", true, "JobCreated", &msg, generation);
-    ctx.event(
-        tj,
-        EventType::Normal,
-        if retry { "RetryCreated" } else { "JobCreated" },
-        msg,
     )
-    .await;
-    Ok(())
 }
 
 fn source_label(s: &Suggestion) -> &'static str {

@@ -11,8 +11,11 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::Value;
 
-use crate::core::advisor::{self, AdviceRequest};
+use crate::core::advisor::{self, AdviceRequest, Strategy, Suggestion};
+use crate::core::catalog::GpuSpec;
+use crate::core::settings::Pins;
 use crate::core::similarity::HistoryQuery;
+use crate::core::workload::Workload;
 
 use super::super::crd::Mode;
 use super::super::gpu;
@@ -79,14 +82,14 @@ fn admit(
         }
     };
     let anns: BTreeMap<String, String> = obj.metadata.annotations.clone().unwrap_or_default();
-    match plan(req, &original, &anns, state) {
-        Ok(Plan::Untouched) => (resp, "untouched"),
-        Ok(Plan::Warn(w)) => {
+    match decide(req, &original, &anns, state) {
+        Ok(Decision::Untouched) => (resp, "untouched"),
+        Ok(Decision::Warn(w)) => {
             let mut resp = resp;
             resp.warnings = Some(vec![w]);
             (resp, "untouched")
         }
-        Ok(Plan::Mutate(mutated, warnings)) => {
+        Ok(Decision::Mutate(mutated, warnings)) => {
             let patch = json_patch::diff(&original, &mutated);
             match resp.with_patch(patch) {
                 Ok(mut r) => {
@@ -106,7 +109,8 @@ fn admit(
     }
 }
 
-enum Plan {
+/// What the webhook does with one object.
+enum Decision {
     Untouched,
     /// Allowed untouched, with a warning for the submitter.
     Warn(String),
@@ -114,14 +118,18 @@ enum Plan {
     Mutate(Value, Vec<String>),
 }
 
-fn plan(
+/// Decides what to do with an object: untouched without gpufit.io
+/// annotations, denied for a bad one, else the suggestion injected into
+/// every pod template — or a warning when no suggestion can be made
+/// (an object is not refused for the cluster's state).
+fn decide(
     req: &AdmissionRequest<DynamicObject>,
     original: &Value,
     anns: &BTreeMap<String, String>,
     state: &WebhookState,
-) -> Result<Plan, Denied> {
+) -> Result<Decision, Denied> {
     let Some(inputs) = input_annotations(anns)? else {
-        return Ok(Plan::Untouched);
+        return Ok(Decision::Untouched);
     };
 
     let templates = template_pointers(&req.kind.kind, original);
@@ -148,20 +156,48 @@ fn plan(
             .unwrap_or(state.default_mode),
     };
 
-    let gpu = match &gpu_name {
-        Some(name) => gpu::resolve_named(name).map_err(|e| denied("gpufit.io/gpu", e))?,
-        None => {
-            let nodes = state.nodes.state();
-            match gpu::resolve_from_nodes(nodes.iter().map(|n| n.as_ref()), first_pod.as_ref()) {
-                Ok(g) => g,
-                Err(e) => {
-                    return Ok(Plan::Warn(format!(
-                        "gpufit did not change this object: {e} (or annotate gpufit.io/gpu)"
-                    )))
-                }
-            }
-        }
+    let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), state)? {
+        Ok(g) => g,
+        Err(warning) => return Ok(Decision::Warn(warning)),
     };
+    let suggestion = match advise(&workload, &gpu, strategy, &pins, state)? {
+        Ok(s) => s,
+        Err(warning) => return Ok(Decision::Warn(warning)),
+    };
+    let mutated = with_suggestion(original, &templates, &suggestion, mode);
+    Ok(Decision::Mutate(mutated, suggestion.warnings.clone()))
+}
+
+/// The GPU to plan for: the annotated one (denied when unknown), else the
+/// one of the nodes the pod may land on — `Ok(Err(warning))` when the
+/// nodes do not tell.
+fn target_gpu(
+    gpu_name: Option<&str>,
+    first_pod: Option<&PodSpec>,
+    state: &WebhookState,
+) -> Result<Result<GpuSpec, String>, Denied> {
+    if let Some(name) = gpu_name {
+        return gpu::resolve_named(name)
+            .map(Ok)
+            .map_err(|e| denied("gpufit.io/gpu", e));
+    }
+    let nodes = state.nodes.state();
+    Ok(
+        gpu::resolve_from_nodes(nodes.iter().map(|n| n.as_ref()), first_pod).map_err(|e| {
+            format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)")
+        }),
+    )
+}
+
+/// The advisor's suggestion for this workload on this GPU, counted in the
+/// metrics; `Ok(Err(warning))` when history or advisor cannot answer.
+fn advise(
+    workload: &Workload,
+    gpu: &GpuSpec,
+    strategy: Strategy,
+    pins: &Pins,
+    state: &WebhookState,
+) -> Result<Result<Suggestion, String>, Denied> {
     let query = HistoryQuery::new(
         &workload.model.name,
         workload.method,
@@ -171,17 +207,17 @@ fn plan(
     let history = match state.cache.similar(state.history.as_ref(), &query) {
         Ok(h) => h,
         Err(e) => {
-            return Ok(Plan::Warn(format!(
+            return Ok(Err(format!(
                 "gpufit did not change this object: history store unavailable: {e}"
             )))
         }
     };
-    let suggestion = match advisor::suggest(&AdviceRequest {
-        workload: &workload,
-        gpu: &gpu,
+    match advisor::suggest(&AdviceRequest {
+        workload,
+        gpu,
         strategy,
         targets: state.targets,
-        pins: &pins,
+        pins,
         history: &history,
     }) {
         Ok(s) => {
@@ -191,30 +227,33 @@ fn plan(
                 .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "webhook"])
                 .inc();
             state.metrics.suggestion_confidence.observe(s.confidence);
-            s
+            Ok(Ok(s))
         }
         // The global batch is scientific: settings that cannot keep it
         // exactly are refused with the reason, not silently let through.
-        Err(e @ advisor::AdvisorError::GlobalBatch { .. }) => {
-            return Err(Denied(format!("gpufit: {e}")));
-        }
-        Err(e) => {
-            return Ok(Plan::Warn(format!(
-                "gpufit did not change this object: {e}"
-            )))
-        }
-    };
+        Err(e @ advisor::AdvisorError::GlobalBatch { .. }) => Err(Denied(format!("gpufit: {e}"))),
+        Err(e) => Ok(Err(format!("gpufit did not change this object: {e}"))),
+    }
+}
 
+/// The object with the suggestion's annotations and every pod template
+/// injected (the same injection as a TrainingJob's Job).
+fn with_suggestion(
+    original: &Value,
+    templates: &[String],
+    suggestion: &Suggestion,
+    mode: Mode,
+) -> Value {
     let mut mutated = original.clone();
     if let Some(meta) = mutated.get_mut("metadata") {
-        inject::add_annotations(meta, &inject::annotations(&suggestion, mode));
+        inject::add_annotations(meta, &inject::annotations(suggestion, mode));
     }
-    for ptr in &templates {
+    for ptr in templates {
         if let Some(t) = mutated.pointer_mut(ptr) {
-            inject::inject_pod_template(t, &suggestion, mode, mode == Mode::Inject);
+            inject::inject_pod_template(t, suggestion, mode, mode == Mode::Inject);
         }
     }
-    Ok(Plan::Mutate(mutated, suggestion.warnings.clone()))
+    mutated
 }
 
 /// JSON pointers of every pod template in the object (every rank).

@@ -25,8 +25,9 @@ static KV: LazyLock<Regex> = LazyLock::new(|| {
 static METRIC_BLOCK: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^\s*(train_[a-z_]+)\s+=\s+(\S+)\s*$").expect("static regex"));
 
+/// The Hugging Face Trainer log parser: what it has read of a log so far.
 #[derive(Debug, Default)]
-pub struct State {
+pub struct HfParser {
     seen: bool,
     completed: bool,
     runtime: Option<f64>,
@@ -47,7 +48,7 @@ fn seconds(s: &str) -> Option<f64> {
     Some(total)
 }
 
-impl State {
+impl HfParser {
     /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         if let Some(start) = line.find("{'") {

@@ -31,8 +31,9 @@ static FIT_STOPPED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"`Trainer\.fit` stopped: `?(max_epochs|max_steps|max_time)").expect("static regex")
 });
 
+/// The PyTorch Lightning log parser: what it has read of a log so far.
 #[derive(Debug, Default)]
-pub struct State {
+pub struct LightningParser {
     seen: bool,
     completed: bool,
     /// Per epoch: (elapsed seconds, iterations per second) of its latest bar update.
@@ -51,7 +52,7 @@ fn clock(s: &str) -> Option<f64> {
 /// Upper bound on epochs tracked, so a pathological log cannot grow memory.
 const MAX_EPOCHS: usize = 100_000;
 
-impl State {
+impl LightningParser {
     /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         if line.contains("Trainer.fit") && FIT_STOPPED.is_match(line) {

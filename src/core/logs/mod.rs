@@ -271,11 +271,11 @@ fn cut(s: &str, n: usize) -> String {
 /// Streaming parser: feed it lines, then [`LogParser::finish`].
 #[derive(Debug, Default)]
 pub struct LogParser {
-    tt: torchtune::State,
-    hf: hf::State,
-    pl: lightning::State,
-    oom: oom::State,
-    plain: plain::State,
+    tt: torchtune::TorchtuneParser,
+    hf: hf::HfParser,
+    pl: lightning::LightningParser,
+    oom: oom::OomParser,
+    plain: plain::PlainParser,
     failure_seen: bool,
     error_message: Option<String>,
     lines: u64,

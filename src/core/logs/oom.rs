@@ -74,12 +74,13 @@ pub fn first_oom_line(text: &str) -> Option<&str> {
     text.lines().find(|l| is_oom_line(l))
 }
 
+/// The CUDA out-of-memory marker scanner: what it has seen of a log so far.
 #[derive(Debug, Default)]
-pub struct State {
+pub struct OomParser {
     info: Option<OomInfo>,
 }
 
-impl State {
+impl OomParser {
     /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         if !is_oom_line(line) && self.info.is_none() {

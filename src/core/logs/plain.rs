@@ -32,8 +32,9 @@ static COMPLETED: LazyLock<Regex> = LazyLock::new(|| {
         .expect("static regex")
 });
 
+/// The framework-neutral (plain text) log parser: what it has read of a log so far.
 #[derive(Debug, Default)]
-pub struct State {
+pub struct PlainParser {
     seen: bool,
     completed: bool,
     used: Option<u64>,
@@ -49,7 +50,7 @@ fn unit_bytes(v: &str, unit: &str) -> Option<u64> {
     to_bytes(num(v)?, unit)
 }
 
-impl State {
+impl PlainParser {
     /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         let lower_has = |needle: &str| {

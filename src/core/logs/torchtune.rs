@@ -51,8 +51,9 @@ enum BareUnit {
     Gb,
 }
 
+/// The torchtune log parser: what it has read of a log so far.
 #[derive(Debug, Default)]
-pub struct State {
+pub struct TorchtuneParser {
     seen: bool,
     alloc: Option<u64>,
     reserved: Option<u64>,
@@ -70,7 +71,7 @@ fn fmax(a: Option<f64>, b: f64) -> Option<f64> {
     Some(a.map_or(b, |x| x.max(b)))
 }
 
-impl State {
+impl TorchtuneParser {
     /// Feeds one line (terminator removed, trailing space trimmed).
     pub fn feed(&mut self, line: &str) {
         if line.contains("peak memory ") {

@@ -336,8 +336,8 @@ fn mapping_files_name_each_gpu_index_and_hold_the_job_id() {
     );
 }
 
-fn state() -> JobState {
-    JobState {
+fn state() -> SavedDecision {
+    SavedDecision {
         job_id: "42".into(),
         workload: WorkloadSpec {
             model: "my-custom-model".into(),
@@ -390,7 +390,7 @@ fn the_run_says_success_oom_or_other_error_from_the_exit_state() {
         (None, None, false, false, Some(FailureReason::OtherError)),
     ];
     for (exit, derived, oom, success, reason) in cases {
-        let out = Outcome {
+        let out = JobEnd {
             exit_status: *exit,
             derived_status: *derived,
             oom: *oom,
@@ -475,7 +475,7 @@ fn a_peak_the_log_states_wins_over_the_sidecars() {
     let end: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")
         .unwrap()
         .into();
-    let mut out = Outcome {
+    let mut out = JobEnd {
         exit_status: Some(0),
         derived_status: Some(0),
         oom: false,

@@ -735,6 +735,20 @@ mod tests {
         assert_eq!(back, r);
     }
 
+    #[test]
+    fn catalog_aliases_come_back_canonical() {
+        // What the round-trip property once met by chance: "l4" is the
+        // catalog's NVIDIA L4 and "gpt2" its openai-community/gpt2.
+        let mut r = parse(GOOD).unwrap();
+        r.model = "gpt2".into();
+        r.gpu_model = "l4".into();
+        let mut out = Vec::new();
+        write_record(&mut out, &r).unwrap();
+        let back = parse(String::from_utf8(out).unwrap().trim_end()).unwrap();
+        assert_eq!(back.gpu_model, "NVIDIA L4");
+        assert_eq!(back.model, "openai-community/gpt2");
+    }
+
     proptest! {
         #[test]
         fn arbitrary_lines_never_panic(s in ".{0,300}") {
@@ -763,10 +777,13 @@ mod tests {
         ) {
             let mut r = parse(GOOD).unwrap();
             r.timestamp = Utc.timestamp_micros(micros).single().unwrap();
-            r.model = model.clone();
-            r.method = method_from_name(&model);
-            r.gpu_model = gpu.trim().to_string();
-            prop_assume!(!r.gpu_model.is_empty());
+            // Names go through the catalog on import: a random name that is
+            // a catalog alias ("l4", "gpt2") comes back canonical, so the
+            // record written is the one the importer would make.
+            let mut names = Resolver::default();
+            (r.model, r.method) = names.model(&model);
+            prop_assume!(!gpu.trim().is_empty());
+            r.gpu_model = names.gpu(&gpu);
             r.seq_len = seq;
             r.settings.micro_batch_size = batch;
             r.settings.gradient_accumulation_steps = accum;

@@ -273,19 +273,12 @@ pub fn parse_line(
     resolver: &mut Resolver,
     now: DateTime<Utc>,
 ) -> Result<RunRecord, &'static str> {
-    let l: Line = serde_json::from_str(line).map_err(|_| {
-        // Only on the failure path: tell a wrong field type from non-JSON.
-        match serde_json::from_str::<serde_json::Value>(line) {
-            Ok(serde_json::Value::Object(_)) => {
-                "a field has the wrong JSON type (e.g. a number written as text)"
-            }
-            _ => "not a JSON object in the run_logs layout",
-        }
-    })?;
+    let l = decode(line)?;
     let cfg = l.config.ok_or("missing `config`")?;
     let res = l.result.ok_or("missing `result`")?;
     let model_raw = cfg
         .model
+        .as_deref()
         .filter(|m| !m.trim().is_empty())
         .ok_or("missing `config.model`")?;
     if model_raw.len() > 512 {
@@ -301,22 +294,105 @@ pub fn parse_line(
     let seq_len = whole(cfg.max_seq_length, 16_777_216.0)
         .map_err(|_| "absurd `config.max_seq_length` (must be a whole number ≥ 1)")?
         .ok_or("missing `config.max_seq_length`")?;
+    let timestamp = match &l.timestamp {
+        None | Some(serde_json::Value::Null) => now,
+        Some(v) => parse_timestamp(v).ok_or("unreadable `timestamp`")?,
+    };
+    let extra = l.gpufit.unwrap_or_default();
+    let settings = settings_of(&cfg, &extra)?;
+    let result = result_of(&res, &extra, opts)?;
+    let (model, name_method) = resolver.model(model_raw);
+    let gpu_model = resolver.gpu(&gpu_raw);
+    let origin = RunOrigin::new(extra.source.unwrap_or(RunSource::Import), timestamp)
+        .cluster(extra.cluster.or_else(|| opts.cluster.clone()))
+        .node(extra.node)
+        .job_id(extra.job_id);
+    let key = RunKey {
+        model,
+        method: extra.method.unwrap_or(name_method),
+        gpu_model,
+        seq_len,
+        lora_rank: extra.lora_rank,
+        gpus: extra.gpus.filter(|g| *g >= 1).unwrap_or(1),
+        global_batch: extra.global_batch,
+    };
+    Ok(RunRecord::new(origin, key, settings, result).with_prediction(extra.predicted_peak_bytes))
+}
+
+/// The line as JSON in the run_logs layout, or why not.
+fn decode(line: &str) -> Result<Line, &'static str> {
+    serde_json::from_str(line).map_err(|_| {
+        // Only on the failure path: tell a wrong field type from non-JSON.
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(serde_json::Value::Object(_)) => {
+                "a field has the wrong JSON type (e.g. a number written as text)"
+            }
+            _ => "not a JSON object in the run_logs layout",
+        }
+    })
+}
+
+/// The engineering settings the run used.
+fn settings_of(cfg: &Config, extra: &Extra) -> Result<EngineeringSettings, &'static str> {
     let batch = whole(cfg.batch_size, 1_000_000.0)
         .map_err(|_| "absurd `config.batch_size` (must be a whole number ≥ 1)")?
         .ok_or("missing `config.batch_size`")?;
     let accum = whole(cfg.gradient_accumulation_steps, 1_000_000.0)
         .map_err(|_| "absurd `config.gradient_accumulation_steps` (must be a whole number ≥ 1)")?
         .unwrap_or(1);
+    let dtype = match cfg.dtype.as_deref() {
+        None => Dtype::Bf16,
+        Some(d) => d.parse::<Dtype>().map_err(|_| "unknown `config.dtype`")?,
+    };
+    Ok(EngineeringSettings {
+        micro_batch_size: batch,
+        gradient_accumulation_steps: accum,
+        dtype,
+        activation_checkpointing: cfg.enable_activation_checkpointing.unwrap_or(false),
+        activation_offloading: cfg.enable_activation_offloading.unwrap_or(false),
+        compile: cfg.compile.unwrap_or(false),
+        dataloader: extra.dataloader.clone().unwrap_or_default(),
+    })
+}
+
+/// What happened: success or the failure's reason, peak, throughput.
+fn result_of(
+    res: &ResultIn,
+    extra: &Extra,
+    opts: &ImportOptions,
+) -> Result<RunResult, &'static str> {
     // Absurd-value bounds: 10 000 GB is above any GPU made; throughput and
     // duration bounds only catch garbage (a year of training, 10^9 samples/s).
     let peak_gb = sane(res.peak_memory_gb, 10_000.0)
         .map_err(|_| "absurd `result.peak_memory_gb` (negative, not a number, or above 10000)")?;
     let samples = sane(res.samples_per_sec, 1e9).map_err(|_| "absurd `result.samples_per_sec`")?;
     let duration = sane(res.duration_sec, 3.2e7).map_err(|_| "absurd `result.duration_sec`")?;
-    let dtype = match cfg.dtype.as_deref() {
-        None => Dtype::Bf16,
-        Some(d) => d.parse::<Dtype>().map_err(|_| "unknown `config.dtype`")?,
-    };
+    let (success, failure_reason) = outcome(res)?;
+    if extra.peak_memory_bytes.is_some_and(|b| b > MAX_PEAK_BYTES) {
+        return Err("absurd `gpufit.peak_memory_bytes` (above 10000 GB)");
+    }
+    let peak_memory_bytes = extra.peak_memory_bytes.or_else(|| {
+        peak_gb.map(|g| {
+            let unit = match opts.peak_unit {
+                PeakUnit::Gb => GB,
+                PeakUnit::Gib => GIB,
+            };
+            (g * unit as f64).round() as u64
+        })
+    });
+    Ok(RunResult {
+        success,
+        failure_reason,
+        peak_memory_bytes,
+        samples_per_sec: samples,
+        tokens_per_sec: extra.tokens_per_sec.filter(|t| t.is_finite() && *t >= 0.0),
+        duration_sec: duration,
+    })
+}
+
+/// Success, and the failure's reason when it failed (free text is read as
+/// OOM when it says so).
+fn outcome(res: &ResultIn) -> Result<(bool, Option<FailureReason>), &'static str> {
     let failure = match res.failure_reason.as_deref().map(str::trim) {
         None | Some("") => None,
         Some(f) => Some(schema::parse_failure(f).unwrap_or_else(|| {
@@ -333,61 +409,10 @@ pub fn parse_line(
         (None, Some(_)) => false,
         (None, None) => return Err("missing `result.success`"),
     };
-    let failure = if success {
-        None
-    } else {
-        Some(failure.unwrap_or(FailureReason::OtherError))
-    };
-    let timestamp = match &l.timestamp {
-        None | Some(serde_json::Value::Null) => now,
-        Some(v) => parse_timestamp(v).ok_or("unreadable `timestamp`")?,
-    };
-    let extra = l.gpufit.unwrap_or_default();
-    let (model, name_method) = resolver.model(&model_raw);
-    let gpu_model = resolver.gpu(&gpu_raw);
-    if extra.peak_memory_bytes.is_some_and(|b| b > MAX_PEAK_BYTES) {
-        return Err("absurd `gpufit.peak_memory_bytes` (above 10000 GB)");
-    }
-    let peak_memory_bytes = extra.peak_memory_bytes.or_else(|| {
-        peak_gb.map(|g| {
-            let unit = match opts.peak_unit {
-                PeakUnit::Gb => GB,
-                PeakUnit::Gib => GIB,
-            };
-            (g * unit as f64).round() as u64
-        })
-    });
-    let origin = RunOrigin::new(extra.source.unwrap_or(RunSource::Import), timestamp)
-        .cluster(extra.cluster.or_else(|| opts.cluster.clone()))
-        .node(extra.node)
-        .job_id(extra.job_id);
-    let key = RunKey {
-        model,
-        method: extra.method.unwrap_or(name_method),
-        gpu_model,
-        seq_len,
-        lora_rank: extra.lora_rank,
-        gpus: extra.gpus.filter(|g| *g >= 1).unwrap_or(1),
-        global_batch: extra.global_batch,
-    };
-    let settings = EngineeringSettings {
-        micro_batch_size: batch,
-        gradient_accumulation_steps: accum,
-        dtype,
-        activation_checkpointing: cfg.enable_activation_checkpointing.unwrap_or(false),
-        activation_offloading: cfg.enable_activation_offloading.unwrap_or(false),
-        compile: cfg.compile.unwrap_or(false),
-        dataloader: extra.dataloader.unwrap_or_default(),
-    };
-    let result = RunResult {
+    Ok((
         success,
-        failure_reason: failure,
-        peak_memory_bytes,
-        samples_per_sec: samples,
-        tokens_per_sec: extra.tokens_per_sec.filter(|t| t.is_finite() && *t >= 0.0),
-        duration_sec: duration,
-    };
-    Ok(RunRecord::new(origin, key, settings, result).with_prediction(extra.predicted_peak_bytes))
+        (!success).then(|| failure.unwrap_or(FailureReason::OtherError)),
+    ))
 }
 
 // === streaming reader ===

@@ -17,14 +17,17 @@
 //! (the dangerous direction), and whether the targets are met.
 //!
 //! Run: `cargo bench --bench accuracy` (or `cargo test --bench accuracy`
-//! for a debug build that prints the same table).
+//! for a debug build that prints the same table). With
+//! `GPUFIT_ACCURACY_DUMP=FILE` it also appends the model's phase terms for
+//! every H100 row to FILE: what the allocator shares in
+//! `src/core/memory/allocator.rs` were fitted from.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::process::ExitCode;
 
 use gpufit::cli::common::{parse_framework, parse_lora_targets, parse_optimizer};
-use gpufit::core::advisor::{HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN};
+use gpufit::core::advisor::{first_run_plan, HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN};
 use gpufit::core::catalog::{arch_from_hf_config, lookup_model};
 use gpufit::core::memory::{
     estimate_with, phase_terms, BaseQuant, Estimate, Head, ModelOptions, OptimizerImpl,
@@ -266,16 +269,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The advisor's figure for a first run without history
-/// (`advisor::predict`): the fixed part and the per-sample part each with
-/// its stated margin.
-fn first_plan(e: &Estimate) -> f64 {
-    let m = e.micro_batch_size as f64;
-    let line = e.fixed_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN)
-        + e.per_sample_bytes as f64 * (1.0 + HEURISTIC_SLOPE_MARGIN) * m;
-    line.max(e.peak_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN))
-}
-
 fn median_worst(errors: &[f64]) -> (f64, f64) {
     let mut a: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
     if a.is_empty() {
@@ -511,7 +504,7 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             framework: field(&r, "framework")?.to_string(),
             predicted: quantity_of(&est, &q)?,
             predicted_device: est.device_bytes as f64,
-            first_plan: first_plan(&est),
+            first_plan: first_run_plan(&est),
             measured_device: None,
             measured: Some(num::<f64>(&r, "peak")? * unit_bytes(field(&r, "unit")?)?),
             quantity: q,
@@ -612,7 +605,7 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             },
             predicted: est.peak_reserved_bytes as f64,
             predicted_device: est.device_bytes as f64,
-            first_plan: first_plan(&est),
+            first_plan: first_run_plan(&est),
             // reserved + the context the row measured (or the model's)
             measured_device: if status == "ok" {
                 Some(

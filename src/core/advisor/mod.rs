@@ -41,6 +41,7 @@ use crate::core::similarity::HistoryQuery;
 use crate::core::workload::Workload;
 
 pub use candidates::Cand;
+pub use predict::first_run_plan;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum AdvisorError {

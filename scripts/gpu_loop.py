@@ -26,9 +26,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_measure import MODELS, LORA_TARGETS, context_bytes  # noqa: E402
-
 GPU = "NVIDIA H100 80GB HBM3"
 
 WORKLOADS = [

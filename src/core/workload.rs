@@ -107,6 +107,11 @@ pub struct ArchQuirks {
     /// dropout (transformers' Falcon: `F.softmax(..., dtype=hidden_states.dtype)`),
     /// not in fp32.
     pub attn_softmax_16bit: bool,
+    /// Eager attention calls a plain `softmax(scores)` (then dropout) in
+    /// the scores' dtype, without the fp32 upcast of the Llama family's
+    /// code: BERT, DistilBERT, RoBERTa and GPT-2 in transformers. Only pure
+    /// 16-bit training sees it: autocast runs softmax in fp32 anyway.
+    pub attn_softmax_no_upcast: bool,
 }
 
 /// How the model is trained.

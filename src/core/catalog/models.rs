@@ -636,6 +636,12 @@ fn family_quirks(id: &str) -> ArchQuirks {
     if id.starts_with("openai-community/gpt2") {
         ArchQuirks {
             composite_gelu: true,
+            attn_softmax_no_upcast: true,
+            ..ArchQuirks::default()
+        }
+    } else if id.starts_with("google-bert/") {
+        ArchQuirks {
+            attn_softmax_no_upcast: true,
             ..ArchQuirks::default()
         }
     } else if id.starts_with("google/gemma-2") {
@@ -1016,6 +1022,10 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
         final_softcapping: cap("final_logit_softcapping"),
         sdpa_math_fallback: model_type == "falcon" && kv_heads < heads && kv_heads == 1,
         attn_softmax_16bit: model_type == "falcon",
+        attn_softmax_no_upcast: matches!(
+            model_type.as_str(),
+            "bert" | "distilbert" | "roberta" | "gpt2"
+        ),
     };
     let mut arch = ModelArch {
         name: display,

@@ -50,6 +50,8 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     // upcasts 16-bit inputs to fp32 (`allow_fp16_bf16_reduction_math_sdp`
     // is off by default since torch 2.5), like the fp32 softmax below.
     let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa;
+    // A plain softmax (BERT, GPT-2) stays 16-bit only outside autocast.
+    let no_upcast = a.quirks.attn_softmax_no_upcast && hf_code && !is_mixed(s.dtype) && e < 4.0;
 
     let mut saved = 0.0;
     let mut per_seq = 0.0;
@@ -94,6 +96,10 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
         } else if math_sdpa {
             // fp32 probabilities saved for PV (no dropout, no 16-bit cast).
             per_seq += 4.0 * heads;
+        } else if no_upcast {
+            // BERT/GPT-2 eager code in pure 16-bit: the softmax output in
+            // the scores' dtype …
+            per_seq += e * heads;
         } else {
             // The softmax output is fp32 (HF eager attention upcasts; autocast
             // runs softmax in fp32; fp32 training is fp32 anyway) …
@@ -189,6 +195,8 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
         // the score gradient in the activations' dtype, twice while softmax's
         // backward runs
         (true, true) => 2.0 * e * heads,
+        // a plain 16-bit softmax: its backward and the dropout's, in 16 bits
+        (true, false) if no_upcast => 2.0 * e * heads,
         (true, false) => (4.0 + 2.0 * e) * heads,
     };
 

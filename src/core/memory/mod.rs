@@ -636,6 +636,57 @@ mod tests {
     }
 
     #[test]
+    fn litgpt_carries_a_tied_embedding_twice() {
+        // Gemma 2 2B ties its head to the 256,000 × 2,304 embedding;
+        // litgpt builds `lm_head` and `wte` separately, so a bf16 LoRA run
+        // stores 589.8 M more frozen weights (1.18 GB) than under HF.
+        let mut w = workload("google/gemma-2-2b", Method::Lora);
+        assert!(w.model.tied_embeddings);
+        let s = settings(1, Dtype::Bf16, true);
+        w.framework = Framework::Generic;
+        let tied = estimate(&w, &s).unwrap().breakdown.weights as f64;
+        w.framework = Framework::Litgpt;
+        let untied = estimate(&w, &s).unwrap().breakdown.weights as f64;
+        let extra = untied - tied;
+        let head = 2.0 * (w.model.vocab_size as f64 * w.model.hidden_size as f64);
+        assert!((extra - head).abs() < 1e6, "{extra} vs {head}");
+        // an untied model is the same either way
+        let mut l = workload("llama-3.1-8b", Method::Lora);
+        let a = estimate(&l, &s).unwrap().breakdown.weights;
+        l.framework = Framework::Litgpt;
+        assert_eq!(a, estimate(&l, &s).unwrap().breakdown.weights);
+    }
+
+    #[test]
+    fn bert_softmax_stays_16_bit_without_autocast_only() {
+        // BERT's eager attention calls a plain softmax: in pure bf16 the
+        // probabilities are 2 bytes, under autocast (bf16-mixed) fp32.
+        let mut w = workload("google-bert/bert-base-uncased", Method::Full);
+        w.seq_len = 512;
+        w.framework = Framework::Hf;
+        w.attention = Attention::Eager;
+        let acts = |w: &Workload, d: Dtype| {
+            estimate(w, &settings(8, d, false))
+                .unwrap()
+                .breakdown
+                .activations as f64
+        };
+        let pure = acts(&w, Dtype::Bf16);
+        let mixed = acts(&w, Dtype::Bf16Mixed);
+        // the same model with the Llama family's fp32 upcast
+        let mut upcast = w.clone();
+        upcast.model.quirks.attn_softmax_no_upcast = false;
+        let pure_upcast = acts(&upcast, Dtype::Bf16);
+        assert!(pure < pure_upcast, "{pure} vs {pure_upcast}");
+        // 2 bytes less per score saved + the backward's 4 bytes, per head
+        let heads = w.model.num_attention_heads as f64;
+        let saved = 2.0 * heads * 512.0 * 512.0 * 8.0 * w.model.num_layers as f64;
+        let diff = pure_upcast - pure;
+        assert!(diff >= saved && diff < 1.5 * saved, "{diff} vs {saved}");
+        assert_eq!(mixed, acts(&upcast, Dtype::Bf16Mixed));
+    }
+
+    #[test]
     fn hf_qlora_keeps_unquantized_parameters_in_fp32() {
         let mut w = workload("llama-3.1-8b", Method::Qlora);
         let s = settings(1, Dtype::Bf16, true);

@@ -58,8 +58,16 @@ pub(super) struct Layout {
 
 fn layout(w: &Workload, s: &EngineeringSettings) -> Layout {
     let a = &w.model;
-    let p = params_of(a);
-    let total = a.params as f64;
+    let mut p = params_of(a);
+    let mut total = a.params as f64;
+    // litgpt never ties the output head to the embedding: its `GPT` builds
+    // `lm_head` and `transformer.wte` as separate modules and the checkpoint
+    // converter copies a tied embedding into both (litgpt/model.py,
+    // `GPT.__init__`), so tied models (Gemma, Llama 3.2) carry it twice.
+    if w.framework == Framework::Litgpt && a.tied_embeddings {
+        p.rest += p.head;
+        total += p.head;
+    }
     let pb = param_bytes(s.dtype);
     let e = compute_bytes(s.dtype);
     let mixed = is_mixed(s.dtype);

@@ -54,11 +54,11 @@ pub(super) fn is_mixed(d: Dtype) -> bool {
 /// Parameter groups of an architecture.
 pub(super) struct Params {
     /// Linear weights inside the transformer blocks (all experts).
-    body_linear: f64,
+    pub(super) body_linear: f64,
     /// Everything else: embeddings, untied head, norms, positions.
-    rest: f64,
+    pub(super) rest: f64,
     /// The output head (its own matrix, or the tied embedding).
-    head: f64,
+    pub(super) head: f64,
     /// Largest single linear weight (for one-at-a-time dequantization).
     largest_linear: f64,
 }

@@ -27,7 +27,10 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use gpufit::cli::common::{parse_framework, parse_lora_targets, parse_optimizer};
-use gpufit::core::advisor::{first_run_plan, HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN};
+use gpufit::core::advisor::{
+    first_run_plan, under_prediction_margin, HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN,
+    UNDER_PREDICTION_P95_ALL,
+};
 use gpufit::core::catalog::{arch_from_hf_config, lookup_model};
 use gpufit::core::memory::{
     estimate_with, phase_terms, BaseQuant, Estimate, Head, ModelOptions, OptimizerImpl,
@@ -225,7 +228,7 @@ fn main() -> ExitCode {
         .collect();
     let short: Vec<&(&str, f64)> = covered.iter().filter(|(_, d)| *d < 0.0).collect();
     println!(
-        "first-run plan (estimate + {:.0} % fixed / {:.0} % per-sample margins) covers the measured device peak: {}/{} H100 rows{}",
+        "first-run plan (estimate + {:.0} % fixed / {:.0} % per-sample margins, at least the stated margin below) covers the measured device peak: {}/{} H100 rows{}",
         100.0 * HEURISTIC_FIXED_MARGIN,
         100.0 * HEURISTIC_SLOPE_MARGIN,
         covered.len() - short.len(),
@@ -235,15 +238,49 @@ fn main() -> ExitCode {
             .map(|(id, d)| format!("; {id} short by {:.1}%", -100.0 * d))
             .collect::<String>()
     );
-    let mut unders: Vec<f64> = all.iter().filter(|e| **e < 0.0).map(|e| -e).collect();
-    unders.sort_by(|a, b| a.total_cmp(b));
-    if !unders.is_empty() {
-        let p95 = unders[((unders.len() as f64 * 0.95).ceil() as usize).min(unders.len()) - 1];
+    let all_p95 = p95_under(&all);
+    println!(
+        "95th percentile of under-prediction (over the {} under-predicted rows): {:.1}%",
+        all.iter().filter(|e| **e < 0.0).count(),
+        100.0 * all_p95
+    );
+
+    // The stated margins the advisor plans first runs with
+    // (src/core/advisor/margin.rs) must still cover what the data say.
+    println!("stated margins (advisor::under_prediction_margin) against the data:");
+    let mut stale = Vec::new();
+    for (k, v) in &by_framework {
+        let p = p95_under(v);
+        let stated = match parse_framework(k) {
+            Ok(f) => under_prediction_margin(f),
+            Err(e) => {
+                eprintln!("accuracy: framework `{k}`: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let n_under = v.iter().filter(|e| **e < 0.0).count();
+        // the same rule as the advisor's, on today's figures
+        let needed = if n_under >= gpufit::core::advisor::MARGIN_MIN_ROWS {
+            p
+        } else {
+            p.max(all_p95)
+        };
+        let ok = stated + 0.0005 >= needed;
         println!(
-            "95th percentile of under-prediction (over the {} under-predicted rows): {:.1}%",
-            unders.len(),
-            100.0 * p95
+            "  {:<10} n={:>3}  under-predicted {:>3}  p95 {:>5.1}%  stated {:>5.1}%  {}",
+            k,
+            v.len(),
+            n_under,
+            100.0 * p,
+            100.0 * stated,
+            if ok { "covers" } else { "STALE" }
         );
+        if !ok {
+            stale.push(k.to_string());
+        }
+    }
+    if UNDER_PREDICTION_P95_ALL + 0.0005 < all_p95 {
+        stale.push("all rows".into());
     }
 
     let (am, aw) = median_worst(&all);
@@ -256,17 +293,33 @@ fn main() -> ExitCode {
         ("H100 fit/no-fit", fit_wrong.is_empty()),
         ("no under-prediction beyond 10%", -worst_under <= MAX_UNDER),
     ];
-    let mut ok = true;
     println!("\ntargets (issue 11):");
     for (name, pass) in checks {
         println!("  {:<32} {}", name, if pass { "met" } else { "NOT met" });
-        ok &= pass;
     }
-    if ok {
+    // The targets are reported; what fails the run is a stated margin the
+    // data no longer support (the advisor would plan first runs too tight).
+    if stale.is_empty() {
         ExitCode::SUCCESS
     } else {
+        eprintln!(
+            "accuracy: the stated margins in src/core/advisor/margin.rs are below the measured \
+             95th percentile for: {}",
+            stale.join(", ")
+        );
         ExitCode::FAILURE
     }
+}
+
+/// The 95th percentile of under-prediction over the rows a model
+/// under-predicts (0 when it under-predicts none).
+fn p95_under(errors: &[f64]) -> f64 {
+    let mut unders: Vec<f64> = errors.iter().filter(|e| **e < 0.0).map(|e| -e).collect();
+    if unders.is_empty() {
+        return 0.0;
+    }
+    unders.sort_by(|a, b| a.total_cmp(b));
+    unders[((unders.len() as f64 * 0.95).ceil() as usize).min(unders.len()) - 1]
 }
 
 fn median_worst(errors: &[f64]) -> (f64, f64) {
@@ -504,7 +557,7 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             framework: field(&r, "framework")?.to_string(),
             predicted: quantity_of(&est, &q)?,
             predicted_device: est.device_bytes as f64,
-            first_plan: first_run_plan(&est),
+            first_plan: first_run_plan(&est, w.framework),
             measured_device: None,
             measured: Some(num::<f64>(&r, "peak")? * unit_bytes(field(&r, "unit")?)?),
             quantity: q,
@@ -605,7 +658,7 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             },
             predicted: est.peak_reserved_bytes as f64,
             predicted_device: est.device_bytes as f64,
-            first_plan: first_run_plan(&est),
+            first_plan: first_run_plan(&est, w.framework),
             // reserved + the context the row measured (or the model's)
             measured_device: if status == "ok" {
                 Some(

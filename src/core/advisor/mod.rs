@@ -25,6 +25,7 @@ mod candidates;
 mod does_not_fit;
 mod evaluate;
 mod explain;
+mod margin;
 mod pick;
 mod predict;
 mod speed;
@@ -41,6 +42,10 @@ use crate::core::similarity::HistoryQuery;
 use crate::core::workload::Workload;
 
 pub use candidates::Cand;
+pub use margin::{
+    margin_from, under_prediction_margin, MARGIN_MIN_ROWS, UNDER_PREDICTION_P95,
+    UNDER_PREDICTION_P95_ALL,
+};
 pub use predict::first_run_plan;
 
 #[derive(Debug, Error, Clone, PartialEq)]

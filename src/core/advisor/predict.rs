@@ -5,6 +5,7 @@
 //! OOMs. The search for a micro batch, the hard rules and the printed
 //! `predicted_peak_bytes` all use this one prediction.
 
+use super::margin::under_prediction_margin;
 use super::{
     AdvisorError, Cand, Ctx, HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN, LEAST_SQUARES_Z,
     ONE_POINT_SPLIT_UNCERTAINTY,
@@ -13,7 +14,7 @@ use super::{CACHE_FILLED_RATIO, CACHE_FILLED_SHARE};
 use crate::core::learner::{self, Correction, CorrectionKind, Measured};
 use crate::core::memory::Estimate;
 use crate::core::run::RunRecord;
-use crate::core::workload::Workload;
+use crate::core::workload::{Framework, Workload};
 
 /// The corrected memory prediction of one candidate.
 #[derive(Clone)]
@@ -80,7 +81,7 @@ impl<'c, 'a> Predictor<'c, 'a> {
         let best = self.best_of(e, m);
         let Some(c) = self.correction else {
             let tilt = best - e.peak_bytes as f64;
-            return first_run_plan(e) + tilt;
+            return first_run_plan(e, self.w.framework) + tilt;
         };
         let beyond = m.saturating_sub(c.max_measured_batch) as f64;
         let extra_slope = match c.kind {
@@ -212,14 +213,18 @@ fn cache_filled_the_card(peak: f64, model: f64, capacity: f64) -> bool {
     peak >= CACHE_FILLED_SHARE * capacity && peak >= CACHE_FILLED_RATIO * model
 }
 
-/// What a suggestion without measurements plans with for the estimate `e`:
-/// the fixed part and the per-sample part each with its stated margin
-/// ([`HEURISTIC_FIXED_MARGIN`], [`HEURISTIC_SLOPE_MARGIN`]), never below the
-/// estimate itself plus the fixed margin. The accuracy benchmark checks this
-/// figure against measured peaks.
-pub fn first_run_plan(e: &Estimate) -> f64 {
+/// What a suggestion without measurements plans with for the estimate `e`
+/// of a `framework` workload: the fixed part and the per-sample part each
+/// with its stated margin ([`HEURISTIC_FIXED_MARGIN`],
+/// [`HEURISTIC_SLOPE_MARGIN`]), and never below the estimate raised by the
+/// model's measured under-prediction for that framework
+/// ([`under_prediction_margin`]: its 95th percentile). The accuracy
+/// benchmark checks this figure against measured peaks.
+pub fn first_run_plan(e: &Estimate, framework: Framework) -> f64 {
     let m = e.micro_batch_size as f64;
     let line = e.fixed_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN)
         + e.per_sample_bytes as f64 * (1.0 + HEURISTIC_SLOPE_MARGIN) * m;
-    line.max(e.peak_bytes as f64 * (1.0 + HEURISTIC_FIXED_MARGIN))
+    let peak = e.peak_bytes as f64;
+    line.max(peak * (1.0 + HEURISTIC_FIXED_MARGIN))
+        .max(peak * (1.0 + under_prediction_margin(framework)))
 }

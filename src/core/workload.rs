@@ -244,6 +244,19 @@ impl FromStr for Method {
     }
 }
 
+impl Framework {
+    /// The name the CLI and the history use (`hf`, `torchtune`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Framework::Generic => "generic",
+            Framework::Hf => "hf",
+            Framework::Torchtune => "torchtune",
+            Framework::Litgpt => "litgpt",
+            Framework::Lightning => "lightning",
+        }
+    }
+}
+
 impl FromStr for Framework {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

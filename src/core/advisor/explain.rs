@@ -3,7 +3,11 @@
 //! `learned_from_failures` path, where every similar run failed.
 
 use super::evaluate::{Eval, Evidence};
-use super::{AdvisorError, Cand, Ctx, Strategy, Suggestion, SuggestionSource, MAX_CONFIDENCE};
+use super::margin::under_prediction_margin;
+use super::{
+    AdvisorError, Cand, Ctx, Strategy, Suggestion, SuggestionSource, HEURISTIC_FIXED_MARGIN,
+    HEURISTIC_SLOPE_MARGIN, MAX_CONFIDENCE,
+};
 use crate::core::learner::{self, CorrectionKind};
 use crate::core::run::RunRecord;
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
@@ -84,14 +88,22 @@ impl<'a> Ctx<'a> {
                 (SuggestionSource::HistoricalData, c, r)
             }
             (Evidence::None, _) => {
+                // The figure the micro batch was chosen with: the estimate
+                // plus the stated margins (predict::first_run_plan).
+                let planned = e.pred.plan(e.m).unwrap_or(e.predicted);
                 let r = format!(
-                    "No similar runs of {} on {} with {} yet, so the memory model alone predicts {:.1} GiB at micro batch {} ({:.0} % of {cap_gib:.1} GiB, target {target_pct:.0} % less a margin for the model's uncertainty){boundary}",
+                    "No similar runs of {} on {} with {} yet, so the memory model alone predicts {:.1} GiB at micro batch {} ({:.0} % of {cap_gib:.1} GiB, target {target_pct:.0} %); it was chosen with {:.1} GiB, the prediction plus the stated margins for the model's error (+{:.0} % fixed part, +{:.0} % per sample, at least +{:.1} %: the model's 95th-percentile under-prediction for {} jobs){boundary}",
                     self.w.model.name,
                     self.gpu_name(),
                     describe(e.cand),
                     to_gib(e.predicted as u64),
                     e.m,
                     pct(e.predicted),
+                    to_gib(planned as u64),
+                    100.0 * HEURISTIC_FIXED_MARGIN,
+                    100.0 * HEURISTIC_SLOPE_MARGIN,
+                    100.0 * under_prediction_margin(self.w.framework),
+                    self.w.framework.as_str(),
                 );
                 let c = 0.3 + 0.02 * (e.similar.min(5) as f64);
                 (SuggestionSource::Heuristic, c, r)

@@ -1497,3 +1497,39 @@ fn a_peak_that_is_the_allocator_cache_filling_the_card_is_not_learned_as_need() 
         cache_filled.settings.micro_batch_size
     );
 }
+
+#[test]
+fn a_first_run_plans_with_the_measured_margin_and_says_so_in_numbers() {
+    // No history: the micro batch is the largest whose plan (estimate +
+    // stated margins, at least the framework's measured 95th percentile of
+    // under-prediction) meets the target, and the reasoning prints that plan.
+    for fw in [Framework::Hf, Framework::Litgpt, Framework::Torchtune] {
+        let w = catalog_workload("meta-llama/Llama-3.1-8B", Method::Lora, fw, 2048);
+        let gpu = h100();
+        let s = builtin(&w, &gpu, Strategy::Balanced, &Pins::default()).unwrap();
+        let m = s.settings.micro_batch_size;
+        let at = |m: u32| {
+            let mut t = s.settings.clone();
+            t.micro_batch_size = m;
+            crate::core::memory::estimate(&w, &t).unwrap()
+        };
+        let plan = first_run_plan(&at(m), fw);
+        let margin = under_prediction_margin(fw);
+        assert!(plan >= at(m).peak_bytes as f64 * (1.0 + margin) - 1.0);
+        let budget = 0.85 * gpu.memory_bytes as f64;
+        assert!(plan <= budget, "{fw:?}: plan {plan} over {budget}");
+        assert!(
+            first_run_plan(&at(m + 1), fw) > budget,
+            "{fw:?}: micro batch {} would also have met the target",
+            m + 1
+        );
+        let said = format!("it was chosen with {:.1} GiB", plan / GIB as f64);
+        assert!(s.reasoning.contains(&said), "{fw:?}: {}", s.reasoning);
+        assert!(
+            s.reasoning
+                .contains(&format!("at least +{:.1} %", 100.0 * margin)),
+            "{}",
+            s.reasoning
+        );
+    }
+}

@@ -70,6 +70,9 @@ struct Row {
     expandable: bool,
     include: bool,
     note: String,
+    /// H100 rows: the configuration's every field, to find the same
+    /// configuration measured in more than one run.
+    key: String,
 }
 
 impl Row {
@@ -81,7 +84,7 @@ impl Row {
 fn main() -> ExitCode {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/data");
     let mut rows = Vec::new();
-    let files: [(&str, &str, Reader); 8] = [
+    let files: [(&str, &str, Reader); 10] = [
         ("published_peaks.csv", "", read_published),
         ("h100/peaks.csv", "h100 peaks grid", read_h100),
         ("h100/throughput.csv", "h100 throughput series", read_h100),
@@ -94,6 +97,16 @@ fn main() -> ExitCode {
         (
             "h100/holdout.csv",
             "h100 holdout (measured after the fit)",
+            read_h100,
+        ),
+        (
+            "h100/steps.csv",
+            "h100 30-step runs (fixed-length rows scored)",
+            read_h100,
+        ),
+        (
+            "h100/expandable/steps.csv",
+            "h100 expandable_segments 30-step runs",
             read_h100,
         ),
         (
@@ -281,6 +294,42 @@ fn main() -> ExitCode {
     }
     if UNDER_PREDICTION_P95_ALL + 0.0005 < all_p95 {
         stale.push("all rows".into());
+    }
+
+    // The same configuration measured in separate runs: how far apart the
+    // measurements themselves are (the floor under any model's error).
+    let mut repeats: BTreeMap<&str, Vec<(&str, f64)>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.h100 && r.include) {
+        if let Some(m) = r.measured {
+            repeats.entry(&r.key).or_default().push((&r.id, m));
+        }
+    }
+    let mut spreads: Vec<(f64, String)> = repeats
+        .values()
+        .filter(|v| v.len() > 1)
+        .map(|v| {
+            let lo = v.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
+            let hi = v.iter().map(|x| x.1).fold(0.0, f64::max);
+            let ids: Vec<String> = v
+                .iter()
+                .map(|(id, m)| format!("{id} {:.2} GiB", m / GIB as f64))
+                .collect();
+            (hi / lo - 1.0, ids.join(" / "))
+        })
+        .collect();
+    spreads.sort_by(|a, b| b.0.total_cmp(&a.0));
+    if let Some((worst, ids)) = spreads.first() {
+        let mut s: Vec<f64> = spreads.iter().map(|x| x.0).collect();
+        s.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "repeat measurements (same configuration, separate runs): {} configurations, median spread {:.1}%, largest {:.1}% ({ids})",
+            spreads.len(),
+            100.0 * s[s.len() / 2],
+            100.0 * worst
+        );
+        for (spread, ids) in spreads.iter().skip(1).filter(|x| x.0 > 0.05) {
+            println!("  also {:.1}%: {ids}", 100.0 * spread);
+        }
     }
 
     let (am, aw) = median_worst(&all);
@@ -565,6 +614,7 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             expandable: false,
             include: field(&r, "include")? == "yes",
             note: field(&r, "note")?.to_string(),
+            key: String::new(),
             id,
         });
     }
@@ -590,6 +640,34 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
         if status != "ok" && status != "oom" {
             continue;
         }
+        let varlen = matches!(opt(&r, "varlen", "False"), "True" | "true");
+        // every field that changes memory, with the files' defaults for
+        // the columns older files lack
+        let key = [
+            ("model", ""),
+            ("framework", "hf"),
+            ("method", ""),
+            ("lora_rank", "16"),
+            ("lora_targets", "q;v"),
+            ("dtype", ""),
+            ("optimizer", "adamw"),
+            ("micro_batch", ""),
+            ("seq_len", ""),
+            ("checkpointing", "off"),
+            ("attention", "sdpa"),
+            ("head", "lm"),
+            ("compile", "False"),
+            ("loop", "manual"),
+            ("grad_accum", "1"),
+        ]
+        .iter()
+        .map(|(k, d)| match opt(&r, k, d) {
+            "" => d.to_string(),
+            v => v.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+            + if expandable { "|es" } else { "" };
         let id = format!(
             "{stem}:{}:{}:{}:m{}:s{}{}{}{}",
             field(&r, "model")?.rsplit('/').next().unwrap_or(""),
@@ -670,17 +748,27 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             },
             h100: true,
             expandable,
-            include: true,
+            // Variable-length batches (steps.csv): the reserved peak is the
+            // cache climbing toward the card over 30 steps, not one step's
+            // need; the advisor treats such peaks as "fits" (see
+            // advisor::cache_filled_the_card), so they are not scored.
+            include: !varlen,
             // the allocated peak beside it shows which part of an error is
             // the allocator's
             note: match status {
                 "ok" => format!(
-                    "allocated {:.2} → {:.2} GiB",
+                    "allocated {:.2} → {:.2} GiB{}",
                     num::<f64>(&r, "allocated_bytes")? / GIB as f64,
-                    est.peak_allocated_bytes as f64 / GIB as f64
+                    est.peak_allocated_bytes as f64 / GIB as f64,
+                    if varlen {
+                        "; excluded: variable-length batches (cache growth, not a step's peak)"
+                    } else {
+                        ""
+                    }
                 ),
                 _ => String::new(),
             },
+            key,
             id,
         });
     }

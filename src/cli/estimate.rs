@@ -214,7 +214,7 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
         .map(|l| format!(" (rank {}, {} targets)", l.rank, l.targets.len()))
         .unwrap_or_default();
     println!(
-        "{} · {}{} · {} · seq {} · micro batch {} · checkpointing {} · {:?} · {:?} optimizer",
+        "{} · {}{} · {} · seq {} · micro batch {} · checkpointing {} · {} · {} optimizer",
         w.model.name,
         w.method,
         lora,
@@ -227,7 +227,7 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
             "off"
         },
         w.framework,
-        w.optimizer,
+        w.optimizer.as_str(),
     );
     let b = &est.breakdown;
     let total = est.device_bytes.max(1) as f64;

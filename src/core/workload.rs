@@ -170,6 +170,18 @@ pub enum Optimizer {
     Adafactor,
 }
 
+impl Optimizer {
+    /// The name the CLI and the history use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Optimizer::Adamw => "adamw",
+            Optimizer::Adamw8bit => "adamw8bit",
+            Optimizer::Sgd => "sgd",
+            Optimizer::Adafactor => "adafactor",
+        }
+    }
+}
+
 /// Sharding of model state over data-parallel GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -254,6 +266,12 @@ impl Framework {
             Framework::Litgpt => "litgpt",
             Framework::Lightning => "lightning",
         }
+    }
+}
+
+impl std::fmt::Display for Framework {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -48,6 +48,11 @@ pub struct Counts {
     pub over_target: usize,
     /// `estimate` of the suggestion above the card.
     pub over_card: usize,
+    /// Without history: the first-run plan at the suggested micro batch
+    /// (estimate + the stated margins, at least the framework's measured
+    /// under-prediction) above the target, other than micro batch 1 with
+    /// its over-target warning.
+    pub plan_over_target: usize,
     /// m × a × W ≠ G.
     pub global_batch_broken: usize,
     /// conservative ≤ balanced ≤ aggressive broken.
@@ -71,6 +76,7 @@ impl Counts {
         self.prediction_not_estimate
             + self.over_target
             + self.over_card
+            + self.plan_over_target
             + self.global_batch_broken
             + self.not_monotone
             + self.unjustified_cap
@@ -211,6 +217,16 @@ fn check(c: &mut Counts, w: &Workload, gpu: &GpuSpec, targets: &StrategyTargets,
                 if est > cap {
                     c.over_card += 1;
                     c.note("over card", &format!("{ctx} {s}"));
+                }
+                if let Ok(e) = estimate(w, st) {
+                    let plan = advisor::first_run_plan(&e, w.framework);
+                    if plan > budget * (1.0 + 1e-9) && !(st.micro_batch_size == 1 && warned) {
+                        c.plan_over_target += 1;
+                        c.note(
+                            "plan over target",
+                            &format!("{ctx} {s}: m {} plan {plan:.3e}", st.micro_batch_size),
+                        );
+                    }
                 }
                 if let Some(g) = w.global_batch {
                     if st.micro_batch_size * st.gradient_accumulation_steps * w.gpus != g {

@@ -130,6 +130,36 @@ fn json_estimate_has_the_three_measured_quantities_and_the_gpu_fit() {
 }
 
 #[test]
+fn the_stated_margin_and_the_first_run_plan_are_printed_beside_the_estimate() {
+    // The margin is the framework's (litgpt and hf differ), the plan is at
+    // least the peak raised by it, and the estimate itself carries none.
+    let margin_and_plan = |framework: &str| {
+        let mut args = DONE_WHEN.to_vec();
+        args.extend_from_slice(&["--framework", framework, "--output", "json"]);
+        let o = gpufit(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v = json(&o);
+        let margin = v["under_prediction_margin"].as_f64().expect("margin");
+        let plan = v["first_run_plan_bytes"].as_u64().expect("plan") as f64;
+        let peak = v["peak_bytes"].as_u64().expect("peak") as f64;
+        assert!(margin > 0.05 && margin < 0.5, "{v}");
+        assert!(plan >= peak * (1.0 + margin) - 1.0, "{v}");
+        (margin, plan, peak)
+    };
+    let (hf, _, _) = margin_and_plan("hf");
+    let (litgpt, plan, peak) = margin_and_plan("litgpt");
+    assert!(litgpt > hf, "litgpt {litgpt} vs hf {hf}");
+    assert!(plan > peak);
+    let mut args = DONE_WHEN.to_vec();
+    args.extend_from_slice(&["--framework", "litgpt"]);
+    let out = stdout(&gpufit(&args));
+    assert!(
+        out.contains(&format!("short by more than {:.1} %", 100.0 * litgpt)),
+        "{out}"
+    );
+}
+
+#[test]
 fn larger_micro_batch_predicts_more_memory() {
     let run = |m: &str| {
         let o = gpufit(&[

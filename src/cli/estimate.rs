@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::common::{OnOff, WorkloadArgs};
 use super::{Global, OutputFormat};
+use crate::core::advisor::{first_run_plan, under_prediction_margin};
 use crate::core::catalog::{lookup_gpu, GpuSpec};
 use crate::core::memory::{self, BaseQuant, Estimate, ModelOptions};
 use crate::core::settings::{Dtype, EngineeringSettings};
@@ -62,6 +63,12 @@ struct Output<'a> {
     activation_checkpointing: bool,
     #[serde(flatten)]
     estimate: &'a Estimate,
+    /// The model's measured under-prediction for this framework (95th
+    /// percentile, advisor::under_prediction_margin) and what `suggest`
+    /// plans these exact settings with when there is no history: stated
+    /// beside the estimate, never inside it.
+    under_prediction_margin: f64,
+    first_run_plan_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu: Option<GpuFit>,
 }
@@ -150,6 +157,8 @@ pub fn run(g: &Global, args: EstimateArgs) -> crate::Result<ExitCode> {
             seq_len: w.seq_len,
             activation_checkpointing: s.activation_checkpointing,
             estimate: &est,
+            under_prediction_margin: under_prediction_margin(w.framework),
+            first_run_plan_bytes: first_run_plan(&est, w.framework).round() as u64,
             gpu: fit,
         })?,
         OutputFormat::Table => print_table(&w, &s, &est, fit.as_ref()),
@@ -268,6 +277,12 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
         "peak ≈ {} + {} × micro batch",
         fmt_gib(est.fixed_bytes),
         fmt_gib(est.per_sample_bytes)
+    );
+    println!(
+        "measured error: of the {} measurements the model under-predicts, 1 in 20 is short by more than {:.1} % (accuracy bench); without history `gpufit suggest` plans these settings with {}",
+        w.framework,
+        100.0 * under_prediction_margin(w.framework),
+        fmt_gib(first_run_plan(est, w.framework).round() as u64)
     );
     if let Some(f) = fit {
         println!(

@@ -79,6 +79,9 @@ struct Row {
     /// H100 rows: the configuration's every field, to find the same
     /// configuration measured in more than one run.
     key: String,
+    /// H100 rows that ran: measured and predicted allocated bytes (the
+    /// tensors alone, without the allocator's cache).
+    allocated: Option<(f64, f64)>,
 }
 
 impl Row {
@@ -205,6 +208,23 @@ fn main() -> ExitCode {
     println!("  {}", summary("published rows", &published));
     println!("  {}", summary("H100 rows (default allocator)", &h100));
     println!("  {}", summary("H100 rows, expandable segments", &h100_es));
+    let alloc: Vec<f64> = scored
+        .iter()
+        .filter(|r| r.h100 && !r.expandable)
+        .filter_map(|r| r.allocated.map(|(m, p)| (p - m) / m))
+        .collect();
+    let mut abs: Vec<f64> = alloc.iter().map(|e| e.abs()).collect();
+    abs.sort_by(|a, b| a.total_cmp(b));
+    if !abs.is_empty() {
+        println!(
+            "  {:<34} n={:>3}  median {:>5.1}%  p90 {:>5.1}%  worst {:>5.1}%",
+            "H100 allocated bytes (tensors only)",
+            abs.len(),
+            100.0 * abs[abs.len() / 2],
+            100.0 * abs[(abs.len() * 9 / 10).min(abs.len() - 1)],
+            100.0 * abs[abs.len() - 1]
+        );
+    }
 
     // Fit / no-fit on the 80 GB card, for every H100 row (OOMs included).
     let mut fit_wrong = Vec::new();
@@ -650,6 +670,7 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             include: field(&r, "include")? == "yes",
             note: field(&r, "note")?.to_string(),
             key: String::new(),
+            allocated: None,
             id,
         });
     }
@@ -804,6 +825,14 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
                 _ => String::new(),
             },
             key,
+            allocated: if status == "ok" {
+                Some((
+                    num::<f64>(&r, "allocated_bytes")?,
+                    est.peak_allocated_bytes as f64,
+                ))
+            } else {
+                None
+            },
             id,
         });
     }

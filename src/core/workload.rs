@@ -112,6 +112,23 @@ pub struct ArchQuirks {
     /// code: BERT, DistilBERT, RoBERTa and GPT-2 in transformers. Only pure
     /// 16-bit training sees it: autocast runs softmax in fp32 anyway.
     pub attn_softmax_no_upcast: bool,
+    /// q, k and v come from one fused projection (GPT-NeoX
+    /// `query_key_value`, Phi-3 `qkv_proj`, GPT-2 `c_attn`, Falcon): a LoRA
+    /// on "q and v" is one adapter there.
+    pub fused_qkv: bool,
+    /// Attention and MLP both read the block input (`x + attn(ln1(x)) +
+    /// mlp(ln2(x))`: GPT-NeoX's `use_parallel_residual`, Phi, Falcon's
+    /// `parallel_attn`), so the norms' saved input is one tensor, not two.
+    pub parallel_residual: bool,
+    /// One norm feeds both branches (Phi's single `input_layernorm`,
+    /// Falcon-7B without `new_decoder_architecture`).
+    pub single_norm: bool,
+    /// The block's residual dropout probability is 0 (`hidden_dropout`,
+    /// `resid_pdrop`): no masks are kept.
+    pub no_resid_dropout: bool,
+    /// The attention-probability dropout is 0 (`attention_dropout`,
+    /// `attn_pdrop`): eager attention keeps no mask.
+    pub no_attn_dropout: bool,
 }
 
 /// How the model is trained.

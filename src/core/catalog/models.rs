@@ -637,6 +637,12 @@ fn family_quirks(id: &str) -> ArchQuirks {
         ArchQuirks {
             composite_gelu: true,
             attn_softmax_no_upcast: true,
+            fused_qkv: true,
+            ..ArchQuirks::default()
+        }
+    } else if id.starts_with("microsoft/Phi-3") {
+        ArchQuirks {
+            fused_qkv: true,
             ..ArchQuirks::default()
         }
     } else if id.starts_with("google-bert/") {
@@ -1015,6 +1021,20 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
         .find_map(|k| v.get(*k).and_then(Value::as_str))
         .unwrap_or("");
     let cap = |k: &str| v.get(k).and_then(Value::as_f64).is_some_and(|c| c > 0.0);
+    let flag = |k: &str| v.get(k).and_then(Value::as_bool);
+    // A dropout probability of 0 (`F.dropout` then returns its input and
+    // keeps no mask). A key the file leaves out takes the config class's
+    // default: 0.0 for GPT-NeoX, Phi and Falcon, 0.1 for GPT-2, BERT and
+    // DistilBERT (their `*Config.__init__` defaults). Gated (Llama-family)
+    // blocks have no dropout at all; the flags describe classic blocks.
+    let class_default_off = matches!(model_type.as_str(), "gpt_neox" | "phi" | "falcon");
+    let dropout_off = |keys: &[&str]| {
+        !gated
+            && match keys.iter().find_map(|k| v.get(*k).and_then(Value::as_f64)) {
+                Some(p) => p <= 0.0,
+                None => class_default_off,
+            }
+    };
     let quirks = ArchQuirks {
         composite_gelu: matches!(act, "gelu_new" | "gelu_fast"),
         sandwich_norms: matches!(model_type.as_str(), "gemma2" | "gemma3" | "gemma3_text"),
@@ -1026,6 +1046,30 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
             model_type.as_str(),
             "bert" | "distilbert" | "roberta" | "gpt2"
         ),
+        fused_qkv: matches!(
+            model_type.as_str(),
+            "gpt_neox" | "phi3" | "gpt2" | "falcon" | "gpt_bigcode" | "bloom"
+        ),
+        parallel_residual: match model_type.as_str() {
+            // transformers' GPTNeoXConfig / FalconConfig defaults are True
+            "gpt_neox" => flag("use_parallel_residual").unwrap_or(true),
+            "falcon" => flag("parallel_attn").unwrap_or(true),
+            "phi" => true,
+            _ => false,
+        },
+        single_norm: model_type == "phi"
+            || (model_type == "falcon" && !flag("new_decoder_architecture").unwrap_or(false)),
+        no_resid_dropout: dropout_off(&[
+            "hidden_dropout",
+            "resid_pdrop",
+            "hidden_dropout_prob",
+            "dropout",
+        ]),
+        no_attn_dropout: dropout_off(&[
+            "attention_dropout",
+            "attn_pdrop",
+            "attention_probs_dropout_prob",
+        ]),
     };
     let mut arch = ModelArch {
         name: display,

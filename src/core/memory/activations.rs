@@ -16,15 +16,15 @@ const TORCHTUNE_CE_CHUNKS: f64 = 8.0;
 
 /// Per-token, per-layer bytes saved for backward, and the per-token
 /// transient of one layer's backward.
-struct LayerActs {
-    saved: f64,
+pub(super) struct LayerActs {
+    pub(super) saved: f64,
     /// Bytes per token scaling with sequence length (eager scores): × seq.
-    saved_per_seq: f64,
+    pub(super) saved_per_seq: f64,
     backward_transient: f64,
     backward_transient_per_seq: f64,
 }
 
-fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
+pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     let a = &w.model;
     let e = compute_bytes(s.dtype);
     // Residual stream dtype: fp32 params make fp32 embeddings and residual
@@ -52,6 +52,21 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa;
     // A plain softmax (BERT, GPT-2) stays 16-bit only outside autocast.
     let no_upcast = a.quirks.attn_softmax_no_upcast && hf_code && !is_mixed(s.dtype) && e < 4.0;
+    // transformers' SDPA path (flash/efficient kernel, no mask in training)
+    // passes `enable_gqa=True` instead of repeating K/V (`use_gqa_in_sdpa`,
+    // torch ≥ 2.5), so k and v are saved at their own head count, and
+    // o_proj's input is a view of the kernel's output, whose layout is
+    // already (batch, seq, heads, dim): one tensor, not two. Counted with
+    // autograd's saved-tensor hooks (bench/data/saved_tensors.jsonl).
+    let hf_sdpa = hf_code && w.attention == Attention::Sdpa && !math_sdpa;
+    let kvd = a.num_kv_heads as f64 * a.head_dim as f64;
+    // PEFT keeps adapters in fp32 on a 16-bit base (`autocast_adapter_dtype`)
+    // and casts each adapter's input to the adapter's dtype
+    // (`_cast_input_dtype`): every adapter saves its own copy of its input,
+    // 4 bytes wide without autocast, the 16-bit autocast cast with it; only
+    // fp32 training shares the input. A fused qkv projection is one adapter.
+    let peft_cast = hf_code && !full && e < 4.0;
+    let peft_input = if is_mixed(s.dtype) { e } else { 4.0 };
 
     let mut saved = 0.0;
     let mut per_seq = 0.0;
@@ -62,14 +77,29 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
     // value is saved by `weight * x` only when the weight trains. LayerNorm
     // (GPT-2/BERT/T5) saves only its input plus per-token mean/rstd and
     // runs in fp32 under autocast (4h either way).
-    let norm =
-        |trainable: bool| 4.0f64.max(r) * h + if trainable && !classic { r * h } else { 0.0 };
+    //
+    // In transformers' classic blocks (counted with autograd's saved-tensor
+    // hooks, bench/data/saved_tensors.jsonl) LayerNorm saves its input in
+    // the input's dtype — 16 bits in pure 16-bit training, fp32 under
+    // autocast or in fp32 — and a parallel residual (GPT-NeoX, Phi, Falcon)
+    // normalises one block input for both branches: one saved tensor.
+    // litgpt's own blocks are left as first modelled: its published
+    // resource tables fit them (bench/data/published_peaks.csv).
+    let hf_classic = classic && hf_code && a.kind != ArchKind::EncoderDecoder;
+    let norm_input = if hf_classic && !is_mixed(s.dtype) {
+        e
+    } else {
+        4.0f64.max(r)
+    };
+    let norm = |trainable: bool| norm_input * h + if trainable && !classic { r * h } else { 0.0 };
     // Gemma 2 normalises before and after attention and the MLP (its
     // `pre/post_attention_layernorm`, `pre/post_feedforward_layernorm`).
     let norm_count = if a.kind == ArchKind::EncoderDecoder {
         2.5
     } else if a.quirks.sandwich_norms {
         4.0
+    } else if hf_classic && a.quirks.parallel_residual {
+        1.0
     } else {
         2.0
     };
@@ -77,7 +107,17 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
 
     // --- attention ---
     let qkv_trains = trains(LoraTarget::Q) || trains(LoraTarget::K) || trains(LoraTarget::V);
-    if qkv_trains {
+    if peft_cast && qkv_trains {
+        let adapters = if a.quirks.fused_qkv {
+            1.0
+        } else {
+            [LoraTarget::Q, LoraTarget::K, LoraTarget::V]
+                .iter()
+                .filter(|t| targets.contains(t))
+                .count() as f64
+        };
+        saved += adapters * peft_input * h;
+    } else if qkv_trains {
         // the projections' shared input (norm output or its autocast cast)
         saved += e * h;
     }
@@ -86,6 +126,10 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
         // qkv adapter saves the bool mask and the dropped input.
         saved += h + e * h;
     }
+    // transformers' classic blocks keep dropout masks only where the
+    // config's probability is above 0; litgpt's are left as modelled.
+    let resid_dropout = classic && !(hf_classic && a.quirks.no_resid_dropout);
+    let attn_dropout = classic && !(hf_classic && a.quirks.no_attn_dropout);
     if eager {
         // q, k (expanded to all heads) saved by QKᵀ, v by PV.
         saved += 3.0 * e * qd;
@@ -106,11 +150,11 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
             per_seq += 4.0 * heads;
         }
         if softmax_16bit || math_sdpa {
-        } else if classic {
+        } else if attn_dropout {
             // … attention dropout (p = 0.1) keeps a bool mask, and PV saves
             // the dropped probabilities (in fp32, or their 16-bit cast) …
             per_seq += (1.0 + e) * heads;
-        } else if e < 4.0 {
+        } else if e < 4.0 && !no_upcast {
             // … or the 16-bit cast of the probabilities fed to PV.
             per_seq += e * heads;
         }
@@ -120,16 +164,22 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
             per_seq += e * heads;
         }
     } else {
-        // SDPA saves q, k, v (k, v expanded from the KV heads: HF repeat_kv,
-        // torchtune's expand before SDPA), the output and an fp32
-        // log-sum-exp per head.
-        saved += 3.0 * e * qd + e * qd + 4.0 * heads;
+        // SDPA saves q, k, v, the output and an fp32 log-sum-exp per head;
+        // litgpt and torchtune expand k, v to every head before SDPA.
+        let kv = if hf_sdpa { kvd } else { qd };
+        saved += e * qd + 2.0 * e * kv + e * qd + 4.0 * heads;
     }
     if trains(LoraTarget::O) {
-        // o_proj input: the transposed, contiguous attention output.
-        saved += e * qd;
+        if peft_cast {
+            // the adapter's own cast of o_proj's input
+            saved += peft_input * qd;
+        } else if !hf_sdpa {
+            // o_proj input: the transposed, contiguous attention output
+            // (eager attention, litgpt/torchtune blocks).
+            saved += e * qd;
+        }
     }
-    if classic {
+    if resid_dropout {
         // residual dropout masks after attention and MLP (p = 0.1, 1 byte)
         saved += 2.0 * h;
     }
@@ -140,6 +190,15 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
         // MoE: the router saves its input when trained; every routed copy of
         // the token is gathered (hidden[top_x]) and saved by the experts.
         saved += e * h * k + if full { e * h } else { 0.0 };
+    } else if up_trains && hf_classic && a.quirks.single_norm && qkv_trains && !peft_cast {
+        // Phi/Falcon: the MLP reads the attention's normalised input, saved
+        // once (counted with the attention's).
+    } else if peft_cast && up_trains {
+        let adapters = [LoraTarget::Gate, LoraTarget::Up]
+            .iter()
+            .filter(|t| targets.contains(t) && (a.gated_mlp || **t == LoraTarget::Up))
+            .count() as f64;
+        saved += adapters * peft_input * h;
     } else if up_trains {
         saved += e * h;
     }
@@ -156,7 +215,7 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
             saved += (1.0 + e) * i * k;
         }
         if trains(LoraTarget::Down) {
-            saved += e * i * k;
+            saved += if peft_cast { peft_input } else { e } * i * k;
         }
     } else {
         // SwiGLU: gate output (silu input), up output and silu output (the
@@ -164,7 +223,7 @@ fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
         // when down trains.
         saved += 3.0 * e * i * k;
         if trains(LoraTarget::Down) {
-            saved += e * i * k;
+            saved += if peft_cast { peft_input } else { e } * i * k;
         }
     }
 

@@ -300,6 +300,16 @@ pub struct PhaseTerms {
     pub recompute_overlap: f64,
 }
 
+/// Bytes one transformer block saves for backward per token (its
+/// activations without checkpointing, the backward's transients left out):
+/// what `scripts/count_saved.py` counts with autograd's saved-tensor hooks
+/// (bench/data/saved_tensors.jsonl, `cargo bench --bench saved_tensors`).
+#[doc(hidden)]
+pub fn block_saved_bytes_per_token(workload: &Workload, settings: &EngineeringSettings) -> f64 {
+    let la = activations::layer_activations(workload, settings);
+    la.saved + la.saved_per_seq * workload.seq_len as f64
+}
+
 #[doc(hidden)]
 pub fn phase_terms(
     workload: &Workload,
@@ -687,6 +697,31 @@ mod tests {
     }
 
     #[test]
+    fn hf_block_terms_are_what_autograd_saves() {
+        // Counted on the CPU with autograd's saved-tensor hooks
+        // (bench/data/saved_tensors.jsonl, scripts/count_saved.py), bf16,
+        // SDPA, 256 tokens: bytes one block saves per token.
+        let cases = [
+            // Llama-3.2-1B full: k, v at 8 of 32 heads, o_proj reads the
+            // kernel's output
+            ("meta-llama/Llama-3.2-1B", Method::Full, 108_680.0),
+            // LoRA q, v: each PEFT adapter saves its own fp32 input
+            ("meta-llama/Llama-3.2-1B", Method::Lora, 92_360.0),
+        ];
+        for (model, method, counted) in cases {
+            let mut w = workload(model, method);
+            w.framework = Framework::Hf;
+            w.seq_len = 256;
+            if let Some(l) = w.lora.as_mut() {
+                l.rank = 8;
+            }
+            let got = block_saved_bytes_per_token(&w, &settings(1, Dtype::Bf16, false));
+            let err = (got - counted).abs() / counted;
+            assert!(err < 0.002, "{model} {method}: {got} vs {counted}");
+        }
+    }
+
+    #[test]
     fn hf_qlora_keeps_unquantized_parameters_in_fp32() {
         let mut w = workload("llama-3.1-8b", Method::Qlora);
         let s = settings(1, Dtype::Bf16, true);
@@ -707,8 +742,8 @@ mod compile_tests {
     use crate::core::workload::{Attention, Framework, LoraConfig, Method, Optimizer, Sharding};
 
     /// The H100 rows of bench/data/h100/compile_accum.csv (reserved bytes):
-    /// compiled runs predicted on the safe side and within 15 %, and
-    /// compile saves memory as measured.
+    /// compiled runs predicted on the safe side and within 15 %, eager ones
+    /// within 6 %, and compile saves memory as measured.
     #[test]
     fn compile_shrinks_the_per_sample_part_as_measured_on_the_h100() {
         let rows = [
@@ -765,10 +800,13 @@ mod compile_tests {
             };
             let e = estimate(&w, &s).unwrap();
             let err = (e.peak_reserved_bytes as f64 - measured) / measured;
-            assert!(
-                (-0.02..0.15).contains(&err),
-                "{model} m {m} compile {compile}: {err:+.3}"
-            );
+            // compiled: on the safe side; eager: the allocator gap's spread
+            let ok = if compile {
+                (-0.02..0.15).contains(&err)
+            } else {
+                (-0.06..0.06).contains(&err)
+            };
+            assert!(ok, "{model} m {m} compile {compile}: {err:+.3}");
         }
     }
 }

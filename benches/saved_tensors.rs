@@ -1,0 +1,151 @@
+//! The memory model's per-block activation terms against what autograd
+//! really saves.
+//!
+//! `bench/data/saved_tensors.jsonl` holds, per framework (Hugging Face
+//! transformers + PEFT, litgpt), family, method, dtype and attention kernel,
+//! the bytes one transformer block saves for backward per token, counted on
+//! the CPU with `torch.autograd.graph.saved_tensors_hooks` by
+//! `scripts/count_saved.py` (see bench/data/README.md). This bench prints
+//! `memory::block_saved_bytes_per_token` beside each count, the error, and
+//! the median and worst per framework.
+//!
+//! Run: `cargo bench --bench saved_tensors` (or `cargo test --bench
+//! saved_tensors` for a debug build).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+
+use gpufit::core::catalog::{arch_from_hf_config, lookup_model};
+use gpufit::core::memory::block_saved_bytes_per_token;
+use gpufit::core::settings::{Dtype, EngineeringSettings};
+use gpufit::core::workload::{
+    Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding, Workload,
+};
+use serde_json::Value;
+
+fn arch(row: &Value, root: &Path) -> Result<ModelArch, String> {
+    if let Some(cfg) = row.get("config") {
+        let name = row["model"].as_str().unwrap_or("model");
+        return arch_from_hf_config(name, &cfg.to_string()).map_err(|e| e.to_string());
+    }
+    let id = row["hf_model"]
+        .as_str()
+        .ok_or("a row needs `config` or `hf_model`")?;
+    if let Ok(m) = lookup_model(id) {
+        return Ok(m.arch);
+    }
+    let path = root
+        .join("configs")
+        .join(format!("{}.json", id.replace('/', "__")));
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    arch_from_hf_config(id, &text).map_err(|e| e.to_string())
+}
+
+fn scenario(row: &Value, root: &Path) -> Result<(Workload, EngineeringSettings), String> {
+    let s = |k: &str| {
+        row[k]
+            .as_str()
+            .ok_or_else(|| format!("`{k}` missing in {row}"))
+    };
+    let framework: Framework = s("framework")?.parse()?;
+    let method: Method = s("method")?.parse()?;
+    let dtype: Dtype = s("dtype")?.parse()?;
+    let w = Workload {
+        model: arch(row, root)?,
+        method,
+        // the script adapts q and v (the fused qkv projection where the
+        // family has one), rank 8
+        lora: (method != Method::Full).then(|| LoraConfig {
+            rank: 8,
+            targets: vec![LoraTarget::Q, LoraTarget::V],
+        }),
+        seq_len: row["seq_len"].as_u64().ok_or("`seq_len` missing")? as u32,
+        optimizer: Optimizer::Adamw,
+        global_batch: None,
+        gpus: 1,
+        sharding: Sharding::None,
+        framework,
+        attention: if s("attention")? == "eager" {
+            Attention::Eager
+        } else {
+            Attention::Sdpa
+        },
+    };
+    let settings = EngineeringSettings {
+        micro_batch_size: 1,
+        dtype,
+        ..EngineeringSettings::default()
+    };
+    Ok((w, settings))
+}
+
+fn main() -> ExitCode {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/data");
+    let path = root.join("saved_tensors.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("saved_tensors: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "{:<8} {:<24} {:<5} {:<5} {:<6} {:>12} {:>12} {:>8}",
+        "fw", "model", "meth", "dtype", "attn", "counted B", "model B", "error"
+    );
+    let mut by_fw: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let row: Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("saved_tensors: line {}: {e}", n + 1);
+                return ExitCode::FAILURE;
+            }
+        };
+        let (w, s) = match scenario(&row, &root) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("saved_tensors: line {}: {e}", n + 1);
+                return ExitCode::FAILURE;
+            }
+        };
+        let counted = row["bytes_per_token_layer"].as_f64().unwrap_or(f64::NAN);
+        let model = block_saved_bytes_per_token(&w, &s);
+        let err = (model - counted) / counted;
+        println!(
+            "{:<8} {:<24} {:<5} {:<5} {:<6} {:>12.0} {:>12.0} {:>+7.1}%",
+            w.framework,
+            row["model"].as_str().unwrap_or(""),
+            w.method,
+            s.dtype,
+            if w.attention == Attention::Eager {
+                "eager"
+            } else {
+                "sdpa"
+            },
+            counted,
+            model,
+            100.0 * err
+        );
+        by_fw.entry(w.framework.to_string()).or_default().push(err);
+    }
+    println!();
+    for (fw, errs) in &by_fw {
+        let mut a: Vec<f64> = errs.iter().map(|e| e.abs()).collect();
+        a.sort_by(|x, y| x.total_cmp(y));
+        let under = errs.iter().copied().fold(0.0f64, f64::min);
+        println!(
+            "{fw:<8} n={:>3}  median {:>5.1}%  worst {:>5.1}%  deepest under {:>+6.1}%",
+            a.len(),
+            100.0 * a[a.len() / 2],
+            100.0 * a[a.len() - 1],
+            100.0 * under
+        );
+    }
+    ExitCode::SUCCESS
+}

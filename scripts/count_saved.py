@@ -1,0 +1,189 @@
+"""Counts the bytes autograd saves for backward per token and per
+transformer block, on the CPU, for the model code of Hugging Face
+transformers (+ PEFT) and litgpt.
+
+Why: the activation part of gpufit's memory model is a list of the tensors
+each block saves (src/core/memory/activations.rs). Which tensors a block
+saves is decided by the framework's Python code and PyTorch's autograd
+formulas, not by the GPU, so it can be counted without a GPU:
+`torch.autograd.graph.saved_tensors_hooks` sees every tensor saved during
+the forward pass. Each distinct storage that is not a parameter or buffer
+is counted once (views of one storage are one allocation). A model is
+built with one and with two blocks; the difference, divided by the tokens,
+is one block's bytes per token.
+
+What differs on a GPU: the attention kernel's own saved tensors (CUDA
+flash/efficient attention keep q, k, v, the output and a log-sum-exp, like
+the CPU flash kernel; the math fallback keeps the scores) and autocast's
+op lists (CPU and CUDA autocast differ), so only plain-dtype rows are
+written. Random weights, built from config numbers; nothing is downloaded.
+
+Usage (a Python with torch, transformers, peft and litgpt):
+
+    python scripts/count_saved.py --out bench/data/saved_tensors.jsonl
+"""
+
+import argparse
+import gc
+import json
+import os
+import sys
+
+import torch
+
+SEQ = 256
+
+# Config numbers as the models' published config.json give them (the same
+# as scripts/gpu_measure.py), with the vocabulary cut: it does not change a
+# block.
+HF = {
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64),
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
+                         num_attention_heads=14, num_key_value_heads=2),
+    "mistral-7b": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                       num_attention_heads=32, num_key_value_heads=8),
+    "phi-3-mini": dict(model_type="phi3", hidden_size=3072, intermediate_size=8192,
+                       num_attention_heads=32, num_key_value_heads=32),
+    "pythia-1.4b": dict(model_type="gpt_neox", hidden_size=2048, intermediate_size=8192,
+                        num_attention_heads=16, rotary_pct=0.25, use_parallel_residual=True,
+                        hidden_act="gelu"),
+    "phi-2": dict(model_type="phi", hidden_size=2560, intermediate_size=10240,
+                  num_attention_heads=32, partial_rotary_factor=0.4, hidden_act="gelu_new"),
+    "gpt2-medium": dict(model_type="gpt2", n_embd=1024, n_layer=1, n_head=16,
+                        activation_function="gelu_new"),
+    "gemma-2-2b": dict(model_type="gemma2", hidden_size=2304, intermediate_size=9216,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                       query_pre_attn_scalar=256, sliding_window=4096),
+}
+PEFT_QV = {"llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"],
+           "mistral": ["q_proj", "v_proj"], "phi3": ["qkv_proj"],
+           "gpt_neox": ["query_key_value"], "phi": ["q_proj", "v_proj"],
+           "gpt2": ["c_attn"], "gemma2": ["q_proj", "v_proj"]}
+# (litgpt's falcon-7b is left out: its fp32 rows need more than the 24 GB
+# of RAM this was run with.)
+LITGPT = {"phi-1_5": "microsoft/phi-1_5", "stablelm-base-alpha-3b": "stabilityai/stablelm-base-alpha-3b",
+          "Llama-3.2-1B": "meta-llama/Llama-3.2-1B"}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def saved_bytes(run, params):
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        p = st.data_ptr()
+        if p not in params and p not in seen:
+            seen[p] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
+
+
+def hf_block(name, method, dtype, attention):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(HF[name])
+    mt = kw.pop("model_type")
+    out = []
+    for layers in (1, 2):
+        key = "n_layer" if mt == "gpt2" else "num_hidden_layers"
+        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, pad_token_id=0, **{key: layers}))
+        torch.manual_seed(0)
+        m = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype], attn_implementation=attention)
+        if method == "lora":
+            from peft import LoraConfig, get_peft_model
+            m = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                             target_modules=PEFT_QV[mt]))
+        m.train()
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        params |= {b.untyped_storage().data_ptr() for b in m.buffers()}
+        x = torch.randint(0, 1024, (1, SEQ))
+        out.append(saved_bytes(lambda: m(input_ids=x), params))
+        del m
+        gc.collect()
+    config = dict(HF[name], num_hidden_layers=2, vocab_size=1024)
+    return (out[1] - out[0]) / SEQ, config
+
+
+def litgpt_block(name, method, dtype):
+    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+    out = []
+    for layers in (1, 2):
+        kw = dict(n_layer=layers)
+        if method == "lora":
+            # litgpt/finetune/lora.py defaults: r 8, alpha 16, dropout 0.05, q and v
+            kw.update(lora_r=8, lora_alpha=16, lora_dropout=0.05, lora_query=True, lora_value=True)
+        cfg = Config.from_name(name, **kw)
+        torch.set_default_dtype(DTYPES[dtype])
+        torch.manual_seed(0)
+        m = GPT(cfg)
+        torch.set_default_dtype(torch.float32)
+        if method == "lora":
+            mark_only_lora_as_trainable(m)
+        m.train()
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        params |= {b.untyped_storage().data_ptr() for b in m.buffers()}
+        x = torch.randint(0, cfg.padded_vocab_size, (1, SEQ))
+        out.append(saved_bytes(lambda: m(x, lm_head_chunk_size=128), params))
+        del m
+        gc.collect()
+    # The block's numbers are the published model's: bench/data/configs/
+    # or gpufit's catalog has them under this id.
+    return (out[1] - out[0]) / SEQ, LITGPT[name]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import transformers
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import peft
+        versions["peft"] = peft.__version__
+    except ImportError:
+        pass
+    try:
+        from importlib.metadata import version
+        versions["litgpt"] = version("litgpt")
+    except Exception:
+        pass
+    # Appends row by row and skips what the file already holds, so a run
+    # that stops (memory, time) resumes where it stopped.
+    done = set()
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    done.add((r["framework"], r["model"], r["method"], r["dtype"], r["attention"]))
+    grid = [("hf", n, m, d, a) for n in HF for m in ("full", "lora") for d in ("bf16", "fp32")
+            for a in ("sdpa", "eager")]
+    grid += [("litgpt", n, m, d, "sdpa") for n in LITGPT for m in ("full", "lora")
+             for d in ("bf16", "fp32")]
+    for fw, name, method, dtype, attention in grid:
+        if (fw, name, method, dtype, attention) in done:
+            continue
+        if fw == "hf":
+            try:
+                b, cfg = hf_block(name, method, dtype, attention)
+            except ValueError as e:
+                # e.g. Gemma 2 has no SDPA path in recent transformers
+                print(f"skipped {name} {attention}: {str(e)[:100]}", flush=True)
+                continue
+            where = dict(config=cfg)
+        else:
+            b, cfg = litgpt_block(name, method, dtype)
+            where = dict(hf_model=cfg)
+        row = dict(framework=fw, model=name, method=method, dtype=dtype, attention=attention,
+                   seq_len=SEQ, **where, bytes_per_token_layer=round(b, 1), **versions)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

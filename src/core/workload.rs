@@ -129,6 +129,10 @@ pub struct ArchQuirks {
     /// The attention-probability dropout is 0 (`attention_dropout`,
     /// `attn_pdrop`): eager attention keeps no mask.
     pub no_attn_dropout: bool,
+    /// The norm scales in fp32 (Gemma's `output * (1.0 + weight.float())`):
+    /// a trained norm weight keeps the fp32 normalised value for its
+    /// gradient, not a 16-bit one.
+    pub norm_scale_fp32: bool,
 }
 
 /// How the model is trained.

@@ -655,6 +655,7 @@ fn family_quirks(id: &str) -> ArchQuirks {
             sandwich_norms: true,
             attn_softcapping: true,
             final_softcapping: true,
+            norm_scale_fp32: true,
             ..ArchQuirks::default()
         }
     } else {
@@ -1038,6 +1039,10 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
     let quirks = ArchQuirks {
         composite_gelu: matches!(act, "gelu_new" | "gelu_fast"),
         sandwich_norms: matches!(model_type.as_str(), "gemma2" | "gemma3" | "gemma3_text"),
+        norm_scale_fp32: matches!(
+            model_type.as_str(),
+            "gemma" | "gemma2" | "gemma3" | "gemma3_text"
+        ),
         attn_softcapping: cap("attn_logit_softcapping"),
         final_softcapping: cap("final_logit_softcapping"),
         sdpa_math_fallback: model_type == "falcon" && kv_heads < heads && kv_heads == 1,

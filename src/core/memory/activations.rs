@@ -91,7 +91,21 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
     } else {
         4.0f64.max(r)
     };
-    let norm = |trainable: bool| norm_input * h + if trainable && !classic { r * h } else { 0.0 };
+    // Gemma scales in fp32: a trained weight keeps the fp32 normalised value
+    // (counted: bench/data/saved_tensors.jsonl, gemma-2-2b full bf16).
+    let scaled = if a.quirks.norm_scale_fp32 && hf_code {
+        4.0
+    } else {
+        r
+    };
+    let norm = |trainable: bool| {
+        norm_input * h
+            + if trainable && !classic {
+                scaled * h
+            } else {
+                0.0
+            }
+    };
     // Gemma 2 normalises before and after attention and the MLP (its
     // `pre/post_attention_layernorm`, `pre/post_feedforward_layernorm`).
     let norm_count = if a.kind == ArchKind::EncoderDecoder {

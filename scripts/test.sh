@@ -36,4 +36,6 @@ cargo clippy --all-targets --quiet -- -D warnings
 # Except the accuracy table: it fails when the advisor's stated margins
 # (src/core/advisor/margin.rs) no longer cover the measured under-prediction.
 cargo test --bench accuracy --quiet > /dev/null
+# And the per-block terms against autograd's counted saved tensors.
+cargo test --bench saved_tensors --quiet > /dev/null
 cargo test --lib --bins --tests -- --test-threads 2

@@ -76,7 +76,7 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
     // and saves the fp32 input for the rsqrt product (4h); the normalised
     // value is saved by `weight * x` only when the weight trains. LayerNorm
     // (GPT-2/BERT/T5) saves only its input plus per-token mean/rstd and
-    // runs in fp32 under autocast (4h either way).
+    // runs in fp32 under autocast (4h there and in fp32 training).
     //
     // In transformers' classic blocks (counted with autograd's saved-tensor
     // hooks, bench/data/saved_tensors.jsonl) LayerNorm saves its input in

@@ -17,9 +17,11 @@ use super::plan::Plan;
 /// * phase B's allocation plus the part of phase A's cached transients that
 ///   the gradients and the optimizer's temporaries could not reuse.
 ///
-/// The shares below are fitted to the 165 reserved-byte measurements
-/// on an H100 in bench/data/h100/ (`cargo bench --bench accuracy` prints
-/// the residuals); the phase terms they multiply are the model's own.
+/// The shares below are fitted to the reserved-byte measurements on an
+/// H100 in bench/data/h100/ (`cargo bench --bench accuracy` prints the
+/// residuals; `GPUFIT_ACCURACY_DUMP` writes the phase terms they were
+/// fitted from); the phase terms they multiply are the model's own. The
+/// last refit used every default-allocator row, the holdout grid included.
 ///
 /// How much of each transient the allocator keeps reserved beside the
 /// allocation (see above); one set per allocator mode.
@@ -51,7 +53,8 @@ pub(super) struct AllocatorShares {
 }
 
 /// The default caching allocator, fitted to the reserved-byte measurements
-/// of the default-allocator H100 rows in bench/data/h100/ after the
+/// of all 195 default-allocator H100 rows in bench/data/h100/ (holdout
+/// grid included, so it is no longer held out) after the
 /// per-block terms were counted with autograd's saved-tensor hooks
 /// (bench/data/saved_tensors.jsonl): median 2.6 %, against 2.5 % for the
 /// previous terms and shares, while allocated bytes improved (90th

@@ -34,8 +34,8 @@ use std::process::ExitCode;
 
 use gpufit::cli::common::{parse_framework, parse_lora_targets, parse_optimizer};
 use gpufit::core::advisor::{
-    first_run_plan, under_prediction_margin, HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN,
-    UNDER_PREDICTION_P95_ALL,
+    first_run_plan, margin_from, under_prediction_margin, HEURISTIC_FIXED_MARGIN,
+    HEURISTIC_SLOPE_MARGIN, UNDER_PREDICTION_P95_ALL,
 };
 use gpufit::core::catalog::{arch_from_hf_config, lookup_model};
 use gpufit::core::memory::{
@@ -298,12 +298,8 @@ fn main() -> ExitCode {
             }
         };
         let n_under = v.iter().filter(|e| **e < 0.0).count();
-        // the same rule as the advisor's, on today's figures
-        let needed = if n_under >= gpufit::core::advisor::MARGIN_MIN_ROWS {
-            p
-        } else {
-            p.max(all_p95)
-        };
+        // the advisor's rule, on today's figures
+        let needed = margin_from(p, n_under, all_p95);
         let ok = stated + 0.0005 >= needed;
         println!(
             "  {:<10} n={:>3}  under-predicted {:>3}  p95 {:>5.1}%  stated {:>5.1}%  {}",

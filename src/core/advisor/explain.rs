@@ -103,7 +103,7 @@ impl<'a> Ctx<'a> {
                     100.0 * HEURISTIC_FIXED_MARGIN,
                     100.0 * HEURISTIC_SLOPE_MARGIN,
                     100.0 * under_prediction_margin(self.w.framework),
-                    self.w.framework.as_str(),
+                    self.w.framework,
                 );
                 let c = 0.3 + 0.02 * (e.similar.min(5) as f64);
                 (SuggestionSource::Heuristic, c, r)

@@ -28,6 +28,9 @@
 //! every H100 row to FILE: what the allocator shares in
 //! `src/core/memory/allocator.rs` were fitted from.
 
+#[path = "common/model_config.rs"]
+mod model_config;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::process::ExitCode;
@@ -37,13 +40,12 @@ use gpufit::core::advisor::{
     first_run_plan, margin_from, under_prediction_margin, HEURISTIC_FIXED_MARGIN,
     HEURISTIC_SLOPE_MARGIN, UNDER_PREDICTION_P95_ALL,
 };
-use gpufit::core::catalog::{arch_from_hf_config, lookup_model};
 use gpufit::core::memory::{
     estimate_with, phase_terms, BaseQuant, Estimate, Head, ModelOptions, OptimizerImpl,
 };
 use gpufit::core::settings::{Dtype, EngineeringSettings};
 use gpufit::core::units::{GB, GIB, MIB};
-use gpufit::core::workload::{Attention, LoraConfig, Method, ModelArch, Sharding, Workload};
+use gpufit::core::workload::{Attention, LoraConfig, Method, Sharding, Workload};
 
 /// Targets from issue 11.
 const ALL_MEDIAN: f64 = 0.06;
@@ -505,29 +507,13 @@ fn num<T: std::str::FromStr>(r: &HashMap<String, String>, k: &str) -> Result<T, 
 }
 
 /// A catalog model, or the config.json under bench/data/configs/.
-fn model(name: &str) -> Result<ModelArch, String> {
-    if let Ok(m) = lookup_model(name) {
-        return Ok(m.arch);
-    }
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("bench/data/configs")
-        .join(format!("{}.json", name.replace('/', "__")));
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        format!(
-            "model `{name}` is not in the catalog and {} cannot be read: {e}",
-            path.display()
-        )
-    })?;
-    arch_from_hf_config(name, &text).map_err(|e| e.to_string())
-}
-
 /// Builds the workload, settings and options a row describes. Columns a
 /// file lacks take the H100 README's defaults (HF loop, LoRA r=16 on q,v,
 /// AdamW foreach, one GPU).
 fn scenario(
     r: &HashMap<String, String>,
 ) -> Result<(Workload, EngineeringSettings, ModelOptions), String> {
-    let arch = model(field(r, "model")?)?;
+    let arch = model_config::model(field(r, "model")?)?;
     let method: Method = field(r, "method")?.parse()?;
     let framework = parse_framework(opt(r, "framework", "hf")).map_err(|e| e.to_string())?;
     let lora = if method == Method::Full {

@@ -15,11 +15,14 @@
 //! Run: `cargo bench --bench saved_tensors` (or `cargo test --bench
 //! saved_tensors` for a debug build).
 
+#[path = "common/model_config.rs"]
+mod model_config;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
-use gpufit::core::catalog::{arch_from_hf_config, lookup_model};
+use gpufit::core::catalog::arch_from_hf_config;
 use gpufit::core::memory::block_saved_bytes_per_token;
 use gpufit::core::settings::{Dtype, EngineeringSettings};
 use gpufit::core::workload::{
@@ -27,7 +30,7 @@ use gpufit::core::workload::{
 };
 use serde_json::Value;
 
-fn arch(row: &Value, root: &Path) -> Result<ModelArch, String> {
+fn arch(row: &Value) -> Result<ModelArch, String> {
     if let Some(cfg) = row.get("config") {
         let name = row["model"].as_str().unwrap_or("model");
         return arch_from_hf_config(name, &cfg.to_string()).map_err(|e| e.to_string());
@@ -35,17 +38,10 @@ fn arch(row: &Value, root: &Path) -> Result<ModelArch, String> {
     let id = row["hf_model"]
         .as_str()
         .ok_or("a row needs `config` or `hf_model`")?;
-    if let Ok(m) = lookup_model(id) {
-        return Ok(m.arch);
-    }
-    let path = root
-        .join("configs")
-        .join(format!("{}.json", id.replace('/', "__")));
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    arch_from_hf_config(id, &text).map_err(|e| e.to_string())
+    model_config::model(id)
 }
 
-fn scenario(row: &Value, root: &Path) -> Result<(Workload, EngineeringSettings), String> {
+fn scenario(row: &Value) -> Result<(Workload, EngineeringSettings), String> {
     let s = |k: &str| {
         row[k]
             .as_str()
@@ -55,7 +51,7 @@ fn scenario(row: &Value, root: &Path) -> Result<(Workload, EngineeringSettings),
     let method: Method = s("method")?.parse()?;
     let dtype: Dtype = s("dtype")?.parse()?;
     let w = Workload {
-        model: arch(row, root)?,
+        model: arch(row)?,
         method,
         // the script adapts q and v (the fused qkv projection where the
         // family has one), rank 8
@@ -111,7 +107,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let (w, s) = match scenario(&row, &root) {
+        let (w, s) = match scenario(&row) {
             Ok(x) => x,
             Err(e) => {
                 eprintln!("saved_tensors: line {}: {e}", n + 1);

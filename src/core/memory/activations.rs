@@ -241,6 +241,30 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
         }
     }
 
+    if !full && w.framework == Framework::Litgpt && k == 1.0 {
+        // Every litgpt `LoRALinear` runs its own `lora_dropout` on its input
+        // (`self.lora_dropout(x) @ self.lora_A.T`, litgpt/lora.py; 0.05 in
+        // its configs): a bool mask plus the dropped copy that lora_A's
+        // matmul saves. The fused qkv adapter is counted above; here the
+        // output projection (its 16-bit input is counted above: add the
+        // mask), each MLP input adapter (fc_1 and fc_2 drop the same input
+        // separately, replacing the one shared input counted above) and
+        // the MLP output projection (add the mask).
+        if trains(LoraTarget::O) {
+            saved += qd;
+        }
+        let ups = [LoraTarget::Gate, LoraTarget::Up]
+            .iter()
+            .filter(|t| targets.contains(t) && (a.gated_mlp || **t == LoraTarget::Up))
+            .count() as f64;
+        if ups > 0.0 {
+            saved += ups * (1.0 + e) * h - e * h;
+        }
+        if trains(LoraTarget::Down) {
+            saved += i;
+        }
+    }
+
     // --- LoRA adapters: the A output (rank wide) is saved by B. ---
     if !full {
         let n = targets

@@ -668,6 +668,37 @@ mod tests {
     }
 
     #[test]
+    fn litgpt_drops_each_adapters_input_separately() {
+        // Llama 3.2 1B (h 2048, I 8192) under litgpt: adding o, gate, up and
+        // down adapters to q, v adds per token and layer the rank-wide A
+        // outputs plus, from each adapter's own `lora_dropout`: o's mask
+        // (qd = h), fc_1's and fc_2's masks and dropped copies (3h each, not
+        // one shared 2h input) and proj's mask (I) and dropped copy (2I).
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Lora);
+        w.framework = Framework::Litgpt;
+        let s = settings(1, Dtype::Bf16, false);
+        let qv = block_saved_bytes_per_token(&w, &s);
+        w.lora = Some(LoraConfig {
+            rank: 16,
+            targets: vec![
+                LoraTarget::Q,
+                LoraTarget::V,
+                LoraTarget::O,
+                LoraTarget::Gate,
+                LoraTarget::Up,
+                LoraTarget::Down,
+            ],
+        });
+        let all = block_saved_bytes_per_token(&w, &s);
+        let (h, i, r) = (2048.0, 8192.0, 16.0);
+        let expect = 4.0 * 2.0 * r // four more A outputs
+            + 2.0 * h + h // o: its 16-bit input and mask
+            + 6.0 * h // fc_1, fc_2: each its own mask and dropped copy
+            + 3.0 * i; // proj: mask and dropped copy
+        assert!((all - qv - expect).abs() < 1.0, "{} vs {expect}", all - qv);
+    }
+
+    #[test]
     fn bert_softmax_stays_16_bit_without_autocast_only() {
         // BERT's eager attention calls a plain softmax: in pure bf16 the
         // probabilities are 2 bytes, under autocast (bf16-mixed) fp32.

@@ -45,7 +45,12 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
     // before SDPA), so they do not apply there.
     let hf_code = !matches!(w.framework, Framework::Litgpt | Framework::Torchtune);
     let math_sdpa = w.attention == Attention::Sdpa && a.quirks.sdpa_math_fallback && hf_code;
-    let eager = w.attention == Attention::Eager || math_sdpa;
+    // litgpt cannot use SDPA with attention soft-capping (Gemma 2): its
+    // `scaled_dot_product_attention` computes `q @ k.mT`, tanh, an fp32
+    // softmax and its 16-bit cast in Python (litgpt/model.py), whatever
+    // attention the job asked for.
+    let litgpt_softcap = w.framework == Framework::Litgpt && a.quirks.attn_softcapping;
+    let eager = w.attention == Attention::Eager || math_sdpa || litgpt_softcap;
     // Softmax in 16 bits: Falcon's eager code. PyTorch's math SDPA instead
     // upcasts 16-bit inputs to fp32 (`allow_fp16_bf16_reduction_math_sdp`
     // is off by default since torch 2.5), like the fp32 softmax below.

@@ -699,6 +699,26 @@ mod tests {
     }
 
     #[test]
+    fn litgpt_runs_soft_capped_attention_eagerly() {
+        // litgpt cannot hand Gemma 2's soft-capped scores to SDPA: asking
+        // for SDPA still materialises the scores (tanh output, fp32
+        // softmax and its bf16 cast: 8 bytes per head and key per token).
+        let mut w = workload("google/gemma-2-2b", Method::Lora);
+        w.framework = Framework::Litgpt;
+        w.seq_len = 512;
+        let s = settings(2, Dtype::Bf16, false);
+        let sdpa = block_saved_bytes_per_token(&w, &s);
+        w.attention = Attention::Eager;
+        assert_eq!(sdpa, block_saved_bytes_per_token(&w, &s));
+        // transformers honours the choice (its SDPA path drops the cap)
+        w.framework = Framework::Hf;
+        let hf_eager = block_saved_bytes_per_token(&w, &s);
+        w.attention = Attention::Sdpa;
+        let heads = w.model.num_attention_heads as f64;
+        assert!(hf_eager - block_saved_bytes_per_token(&w, &s) > 7.0 * heads * 512.0);
+    }
+
+    #[test]
     fn bert_softmax_stays_16_bit_without_autocast_only() {
         // BERT's eager attention calls a plain softmax: in pure bf16 the
         // probabilities are 2 bytes, under autocast (bf16-mixed) fp32.

@@ -72,6 +72,13 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
     // fp32 training shares the input. A fused qkv projection is one adapter.
     let peft_cast = hf_code && !full && e < 4.0;
     let peft_input = if is_mixed(s.dtype) { e } else { 4.0 };
+    // Under autocast the residual stream and the norms' outputs are fp32
+    // (fp32 parameters), and every linear casts its input to 16 bits
+    // itself: autocast caches casts only of leaf tensors that require grad
+    // (the weights; `cached_cast` in aten/src/ATen/autocast_mode.cpp), so
+    // q, k and v (and gate and up) each keep their own 16-bit copy of the
+    // same input for their weight's gradient.
+    let autocast_casts = full && is_mixed(s.dtype) && e < 4.0 && k == 1.0;
 
     let mut saved = 0.0;
     let mut per_seq = 0.0;
@@ -136,6 +143,8 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
                 .count() as f64
         };
         saved += adapters * peft_input * h;
+    } else if qkv_trains && autocast_casts && !a.quirks.fused_qkv {
+        saved += 3.0 * e * h;
     } else if qkv_trains {
         // the projections' shared input (norm output or its autocast cast)
         saved += e * h;
@@ -218,6 +227,9 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
             .filter(|t| targets.contains(t) && (a.gated_mlp || **t == LoraTarget::Up))
             .count() as f64;
         saved += adapters * peft_input * h;
+    } else if up_trains && autocast_casts && a.gated_mlp {
+        // gate and up each cast the norm's fp32 output (see above)
+        saved += 2.0 * e * h;
     } else if up_trains {
         saved += e * h;
     }

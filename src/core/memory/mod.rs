@@ -719,6 +719,25 @@ mod tests {
     }
 
     #[test]
+    fn autocast_casts_each_projections_input_separately() {
+        // Full bf16-mixed Llama 3.2 1B: the norms' outputs are fp32 and
+        // q, k, v and gate, up each keep their own bf16 cast (autocast
+        // caches only the weights' casts): 2·2h + 1·2h more than one
+        // shared 16-bit input per projection group.
+        let w = workload("meta-llama/Llama-3.2-1B", Method::Full);
+        let h = w.model.hidden_size as f64;
+        let mixed = block_saved_bytes_per_token(&w, &settings(1, Dtype::Bf16Mixed, false));
+        let mut shared = w.clone();
+        shared.model.quirks.fused_qkv = true; // one q/k/v input: one cast
+        let fused = block_saved_bytes_per_token(&shared, &settings(1, Dtype::Bf16Mixed, false));
+        assert!((mixed - fused - 4.0 * h).abs() < 1.0, "{mixed} vs {fused}");
+        // pure bf16 has no casts: the 16-bit norm output is shared
+        let pure = block_saved_bytes_per_token(&w, &settings(1, Dtype::Bf16, false));
+        let pure_fused = block_saved_bytes_per_token(&shared, &settings(1, Dtype::Bf16, false));
+        assert_eq!(pure, pure_fused);
+    }
+
+    #[test]
     fn bert_softmax_stays_16_bit_without_autocast_only() {
         // BERT's eager attention calls a plain softmax: in pure bf16 the
         // probabilities are 2 bytes, under autocast (bf16-mixed) fp32.

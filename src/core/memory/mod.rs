@@ -738,6 +738,32 @@ mod tests {
     }
 
     #[test]
+    fn litgpt_casts_a_frozen_head_once_per_chunk() {
+        // litgpt's LoRA loop runs the head in 128-token chunks; under
+        // autocast a frozen head's bf16 cast is made, and saved, per chunk:
+        // 1,024 tokens are 8 chunks, 7 casts more than one call.
+        let mut w = workload("meta-llama/Llama-3.1-8B", Method::Lora);
+        w.seq_len = 1024;
+        let s = settings(1, Dtype::Bf16Mixed, false);
+        let o = ModelOptions::default();
+        let casts = |w: &Workload| phase_terms(w, &s, &o).weights_transient_a;
+        let generic = casts(&w);
+        w.framework = Framework::Litgpt;
+        let litgpt = casts(&w);
+        let head = w.model.vocab_size as f64 * w.model.hidden_size as f64;
+        assert!(
+            (litgpt - generic - 7.0 * 2.0 * head).abs() < 1e6,
+            "{litgpt} vs {generic}"
+        );
+        // a trained head's cast is cached: one, however many chunks
+        w.method = Method::Full;
+        w.lora = None;
+        let full_litgpt = casts(&w);
+        w.framework = Framework::Generic;
+        assert_eq!(full_litgpt, casts(&w));
+    }
+
+    #[test]
     fn bert_softmax_stays_16_bit_without_autocast_only() {
         // BERT's eager attention calls a plain softmax: in pure bf16 the
         // probabilities are 2 bytes, under autocast (bf16-mixed) fp32.

@@ -47,6 +47,10 @@ pub(super) fn compute_bytes(d: Dtype) -> f64 {
     }
 }
 
+/// Tokens per head chunk in litgpt's fine-tuning loops
+/// (`lm_head_chunk_size=128`, litgpt/finetune/lora.py and adapter.py).
+pub(super) const LITGPT_LM_HEAD_CHUNK: f64 = 128.0;
+
 pub(super) fn is_mixed(d: Dtype) -> bool {
     matches!(d, Dtype::Bf16Mixed | Dtype::Fp16Mixed)
 }
@@ -301,7 +305,16 @@ pub(super) fn weights(
         } else {
             p.body_linear
         };
-        pl.weights_transient_a = 2.0 * (body_casts + p.head) / shard_param;
+        // litgpt's LoRA loop runs the head in 128-token chunks
+        // (`model(input_ids, lm_head_chunk_size=128)`, litgpt/finetune/
+        // lora.py): a frozen head is cast once per chunk, and each chunk's
+        // matmul saves its own cast.
+        let head_casts = if w.framework == Framework::Litgpt && w.method != Method::Full {
+            (w.seq_len as f64 / LITGPT_LM_HEAD_CHUNK).ceil().max(1.0)
+        } else {
+            1.0
+        };
+        pl.weights_transient_a = 2.0 * (body_casts + head_casts * p.head) / shard_param;
     } else {
         pl.weights_stored = frozen + trained_store;
         pl.master = trainable * master_bytes / shard_opt;

@@ -323,12 +323,12 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
 }
 
 /// Loss-path bytes per (token × vocabulary entry), per framework. Each is
-/// the larger of the forward peak (logits + loss intermediates) and the
-/// backward peak of the loss (saved log-probs + their gradient + the
+/// the forward peak (logits + loss intermediates) and the larger of it and
+/// the backward peak of the loss (saved log-probs + their gradient + the
 /// gradient of the logits).
-fn logits_bytes_per_token_vocab(f: Framework, d: Dtype) -> f64 {
+fn logits_bytes_per_token_vocab(f: Framework, d: Dtype) -> (f64, f64) {
     let pd = compute_bytes(d);
-    match f {
+    let (fwd, bwd) = match f {
         // transformers ≥ 4.46 `ForCausalLMLoss`: `logits.float()` then
         // cross_entropy; log_softmax saves its fp32 output. Forward: 16-bit
         // logits + fp32 copy + fp32 log-probs; backward: saved log-probs +
@@ -336,7 +336,7 @@ fn logits_bytes_per_token_vocab(f: Framework, d: Dtype) -> f64 {
         // are released with the model output before backward).
         Framework::Hf => {
             let upcast = if pd < 4.0 { 4.0 } else { 0.0 };
-            (pd + upcast + 4.0).max(12.0)
+            (pd + upcast + 4.0, 12.0)
         }
         // torchtune `CEWithChunkedOutputLoss`: 16-bit logit chunks, each
         // upcast to fp32 only inside its own cross_entropy; all chunks'
@@ -344,24 +344,28 @@ fn logits_bytes_per_token_vocab(f: Framework, d: Dtype) -> f64 {
         Framework::Torchtune => {
             let fwd = pd + 4.0 + 4.0 / TORCHTUNE_CE_CHUNKS;
             let bwd = 4.0 + (8.0 + pd) / TORCHTUNE_CE_CHUNKS;
-            fwd.max(bwd)
+            (fwd, bwd)
         }
         // litgpt `chunked_cross_entropy` (128-token chunks) on the 16-bit
         // logits without upcast: logits + 16-bit log-probs; the training
         // loop still holds the logits during backward.
-        Framework::Litgpt => 2.0 * pd + 3.0 * pd / 16.0,
+        Framework::Litgpt => {
+            let both = 2.0 * pd + 3.0 * pd / 16.0;
+            (both, both)
+        }
         // A plain `F.cross_entropy(logits, y)`: under autocast (the -mixed
         // dtypes, Lightning's `bf16-mixed`) cross_entropy is an fp32 op, so
         // it behaves like the HF path; with plain 16-bit or fp32 weights it
         // runs in the logits' dtype: saved log-probs + two gradients.
         Framework::Lightning | Framework::Generic => {
             if is_mixed(d) {
-                (pd + 4.0 + 4.0).max(12.0)
+                (pd + 4.0 + 4.0, 12.0)
             } else {
-                (2.0 * pd).max(3.0 * pd)
+                (2.0 * pd, 3.0 * pd)
             }
         }
-    }
+    };
+    (fwd, fwd.max(bwd))
 }
 
 /// Activations and loss buffers per sample, and checkpointing's overlap.
@@ -416,16 +420,17 @@ pub(super) fn per_sample(
     pl.act_per_sample = seq * (acts_tokens + enc_dec);
 
     // --- logits / loss buffers per sample ---
-    pl.logits_per_sample = match opts.head {
+    (pl.logits_fwd_per_sample, pl.logits_per_sample) = match opts.head {
         Head::LanguageModel => {
             // Gemma 2's `final_logit_softcapping`: `tanh(logits / cap) * cap`
             // in the logits' dtype; tanh keeps its output for backward.
             let softcap = if a.quirks.final_softcapping { e } else { 0.0 };
-            seq * a.vocab_size as f64
-                * (logits_bytes_per_token_vocab(w.framework, s.dtype) + softcap)
+            let tv = seq * a.vocab_size as f64;
+            let (fwd, peak) = logits_bytes_per_token_vocab(w.framework, s.dtype);
+            (tv * (fwd + softcap), tv * (peak + softcap))
         }
         // classification: the pooled token and a few logits per sequence
-        Head::Classifier => 4.0 * h * 4.0,
+        Head::Classifier => (4.0 * h * 4.0, 4.0 * h * 4.0),
     };
     if s.activation_checkpointing {
         // The recomputed block counts where it outgrows the loss buffers;
@@ -447,6 +452,7 @@ pub(super) fn per_sample(
     if s.compile {
         pl.act_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
         pl.logits_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
+        pl.logits_fwd_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
         pl.recompute_overlap_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
     }
 }

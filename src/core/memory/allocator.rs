@@ -103,7 +103,17 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     let a = persistent + pl.grads_in_a + pl.weights_transient_a + dyn_a;
     let b = persistent + pl.grads + pl.step_transient;
     let phase_a = a >= b;
-    let allocated = a.max(b);
+    // Allocated bytes: the forward's end (every cast, the forward's loss
+    // buffers) or the loss's backward (without the casts freed in between).
+    // The freed casts' blocks stay cached and the loss buffers cannot use
+    // them, so the reserved bytes below keep `a`.
+    let a_allocated = (persistent
+        + pl.grads_in_a
+        + pl.weights_transient_a
+        + pl.act_per_sample * m
+        + pl.logits_fwd_per_sample * m)
+        .max(a - pl.casts_freed_before_backward);
+    let allocated = a_allocated.max(b);
     let reserved_a = a
         + pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a)
         + pl.shares.transient_loss * pl.logits_per_sample * m

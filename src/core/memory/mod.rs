@@ -764,6 +764,40 @@ mod tests {
     }
 
     #[test]
+    fn checkpointed_mixed_full_frees_its_casts_before_the_loss_backward() {
+        // Full bf16-mixed with checkpointing: every weight's bf16 cast is
+        // cached through the forward, but the checkpointed blocks saved
+        // nothing, so the casts are gone before the loss's backward
+        // (12 bytes per logit there, 10 at the forward's end). Allocated
+        // bytes fall by the smaller of the two differences; reserved bytes
+        // keep the casts' cached blocks.
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Full);
+        w.framework = Framework::Hf;
+        let o = ModelOptions::default();
+        let drop = |ckpt: bool| {
+            let s = settings(4, Dtype::Bf16Mixed, ckpt);
+            let t = phase_terms(&w, &s, &o);
+            let whole =
+                t.persistent + t.grads_in_a + t.weights_transient_a + t.activations + t.logits;
+            let e = estimate_with(&w, &s, &o).unwrap();
+            assert!(e.peak_reserved_bytes as f64 >= whole);
+            (whole - e.peak_allocated_bytes as f64, t.weights_transient_a)
+        };
+        let (d, casts) = drop(true);
+        let logit_gap = 2.0 * 4.0 * w.seq_len as f64 * w.model.vocab_size as f64;
+        assert!(
+            d > 0.0 && d <= casts.min(logit_gap) + 1.0,
+            "{d} vs {casts} / {logit_gap}"
+        );
+        assert!(
+            (d - casts.min(logit_gap)).abs() / d < 0.35,
+            "{d} vs {casts} / {logit_gap}"
+        );
+        // without checkpointing the blocks save their casts: nothing freed
+        assert!(drop(false).0.abs() < 1.0);
+    }
+
+    #[test]
     fn bert_softmax_stays_16_bit_without_autocast_only() {
         // BERT's eager attention calls a plain softmax: in pure bf16 the
         // probabilities are 2 bytes, under autocast (bf16-mixed) fp32.

@@ -37,6 +37,13 @@ pub(super) struct Plan {
     // per sample (one sequence of the micro batch)
     pub(super) act_per_sample: f64,
     pub(super) logits_per_sample: f64,
+    /// The loss buffers at the forward's end (≤ `logits_per_sample`, which
+    /// is the larger of the forward and backward peaks).
+    pub(super) logits_fwd_per_sample: f64,
+    /// Autocast weight casts freed before the loss's backward: the cached
+    /// casts of checkpointed blocks, which saved nothing (allocated bytes
+    /// only: their blocks stay cached, see `allocator::eval`).
+    pub(super) casts_freed_before_backward: f64,
     pub(super) cuda_context: f64,
 }
 

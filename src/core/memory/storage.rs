@@ -315,6 +315,13 @@ pub(super) fn weights(
             1.0
         };
         pl.weights_transient_a = 2.0 * (body_casts + head_casts * p.head) / shard_param;
+        // A full fine-tune caches every weight's cast until the autocast
+        // region exits after the forward; checkpointed blocks saved nothing,
+        // so their casts are freed before the loss's backward (recomputation
+        // casts one block at a time again).
+        if w.method == Method::Full && s.activation_checkpointing {
+            pl.casts_freed_before_backward = 2.0 * p.body_linear / shard_param;
+        }
     } else {
         pl.weights_stored = frozen + trained_store;
         pl.master = trainable * master_bytes / shard_opt;

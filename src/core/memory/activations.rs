@@ -220,7 +220,11 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
         saved += e * h * k + if full { e * h } else { 0.0 };
     } else if up_trains && hf_classic && a.quirks.single_norm && qkv_trains && !peft_cast {
         // Phi/Falcon: the MLP reads the attention's normalised input, saved
-        // once (counted with the attention's).
+        // once (counted with the attention's) — unless autocast makes fc1
+        // cast it to 16 bits again for itself (see `autocast_casts`).
+        if autocast_casts {
+            saved += e * h;
+        }
     } else if peft_cast && up_trains {
         let adapters = [LoraTarget::Gate, LoraTarget::Up]
             .iter()

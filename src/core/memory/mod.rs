@@ -735,6 +735,30 @@ mod tests {
         let pure = block_saved_bytes_per_token(&w, &settings(1, Dtype::Bf16, false));
         let pure_fused = block_saved_bytes_per_token(&shared, &settings(1, Dtype::Bf16, false));
         assert_eq!(pure, pure_fused);
+        // Phi-2 (one norm for attention and MLP, separate q, k, v): four
+        // casts of one input under autocast, one shared input in pure bf16
+        let mut phi = workload("meta-llama/Llama-3.2-1B", Method::Full);
+        phi.model = crate::core::catalog::arch_from_hf_config(
+            "microsoft/phi-2",
+            include_str!("../../../bench/data/configs/microsoft__phi-2.json"),
+        )
+        .unwrap();
+        phi.framework = Framework::Hf;
+        let h = phi.model.hidden_size as f64;
+        let casts = |w: &Workload| {
+            block_saved_bytes_per_token(w, &settings(1, Dtype::Bf16Mixed, false))
+                - block_saved_bytes_per_token(w, &settings(1, Dtype::Bf16, false))
+        };
+        let mut phi_fused = phi.clone();
+        phi_fused.model.quirks.fused_qkv = true;
+        // q, k, v and fc1 against one fused qkv cast and fc1's
+        assert!((casts(&phi) - casts(&phi_fused) - 4.0 * h).abs() < 1.0);
+        // fc1's own cast: with the shared norm output counted once in pure
+        // bf16, autocast adds fc1's 2h as a second norm would
+        let mut phi_two_norms = phi.clone();
+        phi_two_norms.model.quirks.single_norm = false;
+        let d = casts(&phi) - casts(&phi_two_norms);
+        assert!((d - 2.0 * h).abs() < 1.0, "{d}");
     }
 
     #[test]

@@ -79,6 +79,17 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
     // q, k and v (and gate and up) each keep their own 16-bit copy of the
     // same input for their weight's gradient.
     let autocast_casts = full && is_mixed(s.dtype) && e < 4.0 && k == 1.0;
+    // Every litgpt `LoRALinear` runs its own `lora_dropout` on its input
+    // (`self.lora_dropout(x) @ self.lora_A.T`, litgpt/lora.py; 0.05 in its
+    // configs): each adapter keeps a bool mask plus the dropped copy that
+    // lora_A's matmul saves (counted per adapter below).
+    let litgpt_lora = !full && w.framework == Framework::Litgpt;
+    let litgpt_dropout = litgpt_lora && k == 1.0;
+    // MLP input adapters: gate and up, or the one fc1 of a classic MLP.
+    let mlp_in_adapters = [LoraTarget::Gate, LoraTarget::Up]
+        .iter()
+        .filter(|t| targets.contains(t) && (a.gated_mlp || **t == LoraTarget::Up))
+        .count() as f64;
 
     let mut saved = 0.0;
     let mut per_seq = 0.0;
@@ -149,9 +160,8 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
         // the projections' shared input (norm output or its autocast cast)
         saved += e * h;
     }
-    if !full && w.framework == Framework::Litgpt && qkv_trains {
-        // litgpt's LoRA layers default to `lora_dropout: 0.05`: the fused
-        // qkv adapter saves the bool mask and the dropped input.
+    if litgpt_lora && qkv_trains {
+        // litgpt's fused qkv adapter: the bool mask and the dropped input.
         saved += h + e * h;
     }
     // transformers' classic blocks keep dropout masks only where the
@@ -203,8 +213,9 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
             saved += peft_input * qd;
         } else if !hf_sdpa {
             // o_proj input: the transposed, contiguous attention output
-            // (eager attention, litgpt/torchtune blocks).
-            saved += e * qd;
+            // (eager attention, litgpt/torchtune blocks), which litgpt's
+            // adapter drops with its own mask.
+            saved += e * qd + if litgpt_dropout { qd } else { 0.0 };
         }
     }
     if resid_dropout {
@@ -226,17 +237,20 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
             saved += e * h;
         }
     } else if peft_cast && up_trains {
-        let adapters = [LoraTarget::Gate, LoraTarget::Up]
-            .iter()
-            .filter(|t| targets.contains(t) && (a.gated_mlp || **t == LoraTarget::Up))
-            .count() as f64;
-        saved += adapters * peft_input * h;
+        saved += mlp_in_adapters * peft_input * h;
+    } else if up_trains && litgpt_dropout && mlp_in_adapters > 0.0 {
+        // fc_1 and fc_2 each drop the same input: a mask and a copy each
+        saved += mlp_in_adapters * (1.0 + e) * h;
     } else if up_trains && autocast_casts && a.gated_mlp {
         // gate and up each cast the norm's fp32 output (see above)
         saved += 2.0 * e * h;
     } else if up_trains {
         saved += e * h;
     }
+    // down_proj's input when it trains: the adapter's own cast (PEFT), or
+    // the 16-bit product (with litgpt's dropout mask beside it).
+    let down_input =
+        if peft_cast { peft_input } else { e } * i * k + if litgpt_dropout { i } else { 0.0 };
     if classic {
         // fc1 output saved by the activation; GPT-2's (and Phi-2's) `gelu_new` is a
         // composite in Python (0.5·x·(1 + tanh(…))) whose mul/tanh save
@@ -250,7 +264,7 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
             saved += (1.0 + e) * i * k;
         }
         if trains(LoraTarget::Down) {
-            saved += if peft_cast { peft_input } else { e } * i * k;
+            saved += down_input;
         }
     } else {
         // SwiGLU: gate output (silu input), up output and silu output (the
@@ -258,31 +272,7 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
         // when down trains.
         saved += 3.0 * e * i * k;
         if trains(LoraTarget::Down) {
-            saved += if peft_cast { peft_input } else { e } * i * k;
-        }
-    }
-
-    if !full && w.framework == Framework::Litgpt && k == 1.0 {
-        // Every litgpt `LoRALinear` runs its own `lora_dropout` on its input
-        // (`self.lora_dropout(x) @ self.lora_A.T`, litgpt/lora.py; 0.05 in
-        // its configs): a bool mask plus the dropped copy that lora_A's
-        // matmul saves. The fused qkv adapter is counted above; here the
-        // output projection (its 16-bit input is counted above: add the
-        // mask), each MLP input adapter (fc_1 and fc_2 drop the same input
-        // separately, replacing the one shared input counted above) and
-        // the MLP output projection (add the mask).
-        if trains(LoraTarget::O) {
-            saved += qd;
-        }
-        let ups = [LoraTarget::Gate, LoraTarget::Up]
-            .iter()
-            .filter(|t| targets.contains(t) && (a.gated_mlp || **t == LoraTarget::Up))
-            .count() as f64;
-        if ups > 0.0 {
-            saved += ups * (1.0 + e) * h - e * h;
-        }
-        if trains(LoraTarget::Down) {
-            saved += i;
+            saved += down_input;
         }
     }
 
@@ -434,7 +424,10 @@ pub(super) fn per_sample(
             (tv * (fwd + softcap), tv * (peak + softcap))
         }
         // classification: the pooled token and a few logits per sequence
-        Head::Classifier => (4.0 * h * 4.0, 4.0 * h * 4.0),
+        Head::Classifier => {
+            let c = 4.0 * h * 4.0;
+            (c, c)
+        }
     };
     if s.activation_checkpointing {
         // The recomputed block counts where it outgrows the loss buffers;

@@ -107,12 +107,9 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     // buffers) or the loss's backward (without the casts freed in between).
     // The freed casts' blocks stay cached and the loss buffers cannot use
     // them, so the reserved bytes below keep `a`.
-    let a_allocated = (persistent
-        + pl.grads_in_a
-        + pl.weights_transient_a
-        + pl.act_per_sample * m
-        + pl.logits_fwd_per_sample * m)
-        .max(a - pl.casts_freed_before_backward);
+    let a_allocated = a - pl
+        .casts_freed_before_backward
+        .min((pl.logits_per_sample - pl.logits_fwd_per_sample) * m);
     let allocated = a_allocated.max(b);
     let reserved_a = a
         + pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a)

@@ -15,21 +15,21 @@ use crate::core::workload::Framework;
 /// | framework | scored rows | under-predicted | 95th percentile |
 /// |---|---|---|---|
 /// | hf | 288 | 140 | 11.1 % |
-/// | litgpt | 41 | 26 | 10.6 % |
+/// | litgpt | 51 | 34 | 11.5 % |
 /// | torchtune | 4 | 4 | 8.1 % |
 /// | lightning | 11 | 0 | — |
-/// | all rows | 344 | 170 | 11.1 % |
+/// | all rows | 354 | 178 | 11.5 % |
 ///
 /// Entries: (framework, 95th percentile, under-predicted rows it rests on).
 pub const UNDER_PREDICTION_P95: &[(Framework, f64, usize)] = &[
     (Framework::Hf, 0.111, 140),
-    (Framework::Litgpt, 0.106, 26),
+    (Framework::Litgpt, 0.115, 34),
     (Framework::Torchtune, 0.081, 4),
 ];
 
 /// See [`UNDER_PREDICTION_P95`]: the all-rows figure, the margin of the
 /// frameworks without enough rows of their own (generic, lightning).
-pub const UNDER_PREDICTION_P95_ALL: f64 = 0.111;
+pub const UNDER_PREDICTION_P95_ALL: f64 = 0.115;
 
 /// A framework's own figure counts alone from this many under-predicted
 /// rows; below it the all-rows figure is the floor (a small sample proves

@@ -6,8 +6,8 @@ use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{ArchKind, Attention, Framework, LoraTarget, Method, Workload};
 
 use super::plan::Plan;
-use super::storage::{compute_bytes, is_mixed, param_bytes};
-use super::{Head, ModelOptions};
+use super::storage::{base_quant, compute_bytes, is_mixed, param_bytes};
+use super::{BaseQuant, Head, ModelOptions};
 
 /// torchtune's `CEWithChunkedOutputLoss` splits the output projection and
 /// the loss into 8 chunks (`num_output_chunks = 8` in
@@ -24,7 +24,11 @@ pub(super) struct LayerActs {
     backward_transient_per_seq: f64,
 }
 
-pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerActs {
+pub(super) fn layer_activations(
+    w: &Workload,
+    s: &EngineeringSettings,
+    quant: BaseQuant,
+) -> LayerActs {
     let a = &w.model;
     let e = compute_bytes(s.dtype);
     // Residual stream dtype: fp32 params make fp32 embeddings and residual
@@ -276,6 +280,43 @@ pub(super) fn layer_activations(w: &Workload, s: &EngineeringSettings) -> LayerA
         }
     }
 
+    // --- bitsandbytes 4-bit bases ---
+    // `MatMul4Bit.forward` (bitsandbytes/autograd/_functions.py) keeps its
+    // input on `ctx.tensors` whenever that input requires grad, although a
+    // frozen 4-bit weight never needs it; a plain frozen linear saves
+    // nothing (autograd saves an operand only for the other's gradient).
+    // So every quantized linear's input stays alive until its block's
+    // backward, unless the same tensor is already counted above. torchtune's
+    // NF4 linears (torchao `linear_nf4`) keep only the weight.
+    if matches!(quant, BaseQuant::Nf4 | BaseQuant::Nf4NoDoubleQuant)
+        && !full
+        && w.framework != Framework::Torchtune
+    {
+        // q/k/v's input (the norm output), unless the shared-input term
+        // above holds it (PEFT's adapters save their own casts instead).
+        if !qkv_trains || peft_cast {
+            saved += e * h;
+        }
+        // o_proj's input: a view of SDPA's saved output in transformers'
+        // SDPA path; otherwise the contiguous attention output, counted
+        // above only when o_proj trains without PEFT's cast.
+        if !hf_sdpa && (!trains(LoraTarget::O) || peft_cast) {
+            saved += e * qd;
+        }
+        // The MLP's input (the second norm's output; Phi/Falcon share the
+        // attention's), unless saved as the plain shared input above.
+        let mlp_input_counted =
+            up_trains && !peft_cast && !(litgpt_dropout && mlp_in_adapters > 0.0);
+        if !a.quirks.single_norm && !mlp_input_counted {
+            saved += e * h * k;
+        }
+        // down/fc2's input (the SwiGLU product or the activation's output),
+        // counted above only when down trains without PEFT's cast.
+        if !trains(LoraTarget::Down) || peft_cast {
+            saved += e * i * k;
+        }
+    }
+
     // --- LoRA adapters: the A output (rank wide) is saved by B. ---
     if !full {
         let n = targets
@@ -373,7 +414,7 @@ pub(super) fn per_sample(
     let e = compute_bytes(s.dtype);
     let seq = w.seq_len as f64;
     let layers = a.num_layers as f64;
-    let la = layer_activations(w, s);
+    let la = layer_activations(w, s, base_quant(w, opts));
     let per_token_layer = la.saved + la.saved_per_seq * seq;
     let r = param_bytes(s.dtype);
     let h = a.hidden_size as f64;

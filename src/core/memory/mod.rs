@@ -306,7 +306,8 @@ pub struct PhaseTerms {
 /// (bench/data/saved_tensors.jsonl, `cargo bench --bench saved_tensors`).
 #[doc(hidden)]
 pub fn block_saved_bytes_per_token(workload: &Workload, settings: &EngineeringSettings) -> f64 {
-    let la = activations::layer_activations(workload, settings);
+    let quant = storage::base_quant(workload, &ModelOptions::default());
+    let la = activations::layer_activations(workload, settings, quant);
     la.saved + la.saved_per_seq * workload.seq_len as f64
 }
 
@@ -696,6 +697,60 @@ mod tests {
             + 6.0 * h // fc_1, fc_2: each its own mask and dropped copy
             + 3.0 * i; // proj: mask and dropped copy
         assert!((all - qv - expect).abs() < 1.0, "{} vs {expect}", all - qv);
+    }
+
+    #[test]
+    fn bitsandbytes_4bit_keeps_each_quantized_linears_input() {
+        // bitsandbytes' `MatMul4Bit` keeps its input on `ctx.tensors` when
+        // it requires grad; a plain frozen linear saves nothing. Llama 3.2
+        // 1B (h 2048, qd 2048, I 8192), q and v adapters under litgpt: the
+        // q/k/v input is already held (the shared-input term), so QLoRA adds
+        // o_proj's, the MLP's and down_proj's inputs, 2 bytes each.
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Lora);
+        w.framework = Framework::Litgpt;
+        let s = settings(1, Dtype::Bf16, false);
+        let lora = block_saved_bytes_per_token(&w, &s);
+        w.method = Method::Qlora;
+        let qlora = block_saved_bytes_per_token(&w, &s);
+        let (h, qd, i) = (2048.0, 2048.0, 8192.0);
+        let expect = 2.0 * (qd + h + i);
+        assert!(
+            (qlora - lora - expect).abs() < 1.0,
+            "{} vs {expect}",
+            qlora - lora
+        );
+        // transformers + PEFT: the adapters save their own fp32 casts, so
+        // the norm output is one more input; o_proj reads SDPA's saved output.
+        w.framework = Framework::Hf;
+        let hf_qlora = block_saved_bytes_per_token(&w, &s);
+        w.method = Method::Lora;
+        let hf_lora = block_saved_bytes_per_token(&w, &s);
+        let expect = 2.0 * (h + h + i);
+        assert!(
+            (hf_qlora - hf_lora - expect).abs() < 1.0,
+            "{}",
+            hf_qlora - hf_lora
+        );
+        // torchtune's NF4 linears (torchao) keep only the weight.
+        w.framework = Framework::Torchtune;
+        let tt_lora = block_saved_bytes_per_token(&w, &s);
+        w.method = Method::Qlora;
+        assert_eq!(tt_lora, block_saved_bytes_per_token(&w, &s));
+        // Every block keeps them without checkpointing (16 blocks × 2,048
+        // tokens); reentrant checkpointing runs the forward without grad,
+        // where `MatMul4Bit` keeps nothing, so only the recomputed block
+        // holds them.
+        w.framework = Framework::Litgpt;
+        let mut wl = w.clone();
+        wl.method = Method::Lora;
+        let per_block = 2.0 * (qd + h + i) * 2048.0;
+        let acts = |w: &Workload, ckpt: bool| {
+            phase_terms(w, &settings(1, Dtype::Bf16, ckpt), &ModelOptions::default()).activations
+        };
+        let plain = acts(&w, false) - acts(&wl, false);
+        assert!((plain - 16.0 * per_block).abs() < 16.0, "{plain}");
+        let ckpt = acts(&w, true) - acts(&wl, true);
+        assert!(ckpt >= 0.0 && ckpt <= per_block + 1.0, "{ckpt}");
     }
 
     #[test]

@@ -40,6 +40,16 @@ pub(super) fn param_bytes(d: Dtype) -> f64 {
 }
 
 /// Bytes of one activation element (matmul outputs): 16-bit except fp32.
+/// The frozen base's storage: the option, or what the method implies (NF4
+/// for QLoRA, the training dtype otherwise).
+pub(super) fn base_quant(w: &Workload, opts: &ModelOptions) -> BaseQuant {
+    opts.base_quant.unwrap_or(if w.method == Method::Qlora {
+        BaseQuant::Nf4
+    } else {
+        BaseQuant::None
+    })
+}
+
 pub(super) fn compute_bytes(d: Dtype) -> f64 {
     match d {
         Dtype::Fp32 => 4.0,
@@ -241,11 +251,7 @@ pub(super) fn weights(
         Method::Full => (0.0, 0.0),
         Method::Lora | Method::Qlora => (p.body_linear, p.rest),
     };
-    let quant = opts.base_quant.unwrap_or(if w.method == Method::Qlora {
-        BaseQuant::Nf4
-    } else {
-        BaseQuant::None
-    });
+    let quant = base_quant(w, opts);
     // Frozen bases: quantized linear weights; embeddings, head and norms
     // stay in the compute dtype (bitsandbytes and torchtune quantize only
     // the block linears).

@@ -594,6 +594,7 @@ fn scenario(
         },
         optimizer_impl,
         grads_kept_between_steps: opt(r, "grads_kept", "false") == "true",
+        bnb_keeps_matmul_inputs: bnb_before_0_43_2(opt(r, "bitsandbytes", ""))?,
         expandable_segments: opt(r, "expandable_segments", "false") == "true",
         cuda_context_bytes: if ctx.is_empty() {
             None
@@ -606,6 +607,21 @@ fn scenario(
         },
     };
     Ok((w, s, o))
+}
+
+/// Whether a row's bitsandbytes release predates #1270 (0.43.2), which
+/// stopped `MatMul4Bit` from keeping its input; empty: none or current.
+fn bnb_before_0_43_2(v: &str) -> Result<bool, String> {
+    if v.is_empty() {
+        return Ok(false);
+    }
+    let mut parts = v.split('.').map(|p| {
+        p.parse::<u32>()
+            .map_err(|_| format!("bad bitsandbytes version `{v}`"))
+    });
+    let mut next = || parts.next().unwrap_or(Ok(0));
+    let version = (next()?, next()?, next()?);
+    Ok(version < (0, 43, 2))
 }
 
 fn quantity_of(e: &Estimate, q: &str) -> Result<f64, String> {

@@ -18,7 +18,7 @@ the CPU flash kernel; the math fallback keeps the scores) and autocast's
 op lists (CPU and CUDA autocast differ), so only plain-dtype rows are
 written. Random weights, built from config numbers; nothing is downloaded.
 
-Usage (a Python with torch, transformers, peft and litgpt):
+Usage (a Python with torch, transformers, peft, bitsandbytes and litgpt):
 
     python scripts/count_saved.py --out bench/data/saved_tensors.jsonl
 """
@@ -66,6 +66,7 @@ PEFT_QV = {"llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"],
 LITGPT = {"phi-1_5": "microsoft/phi-1_5", "stablelm-base-alpha-3b": "stabilityai/stablelm-base-alpha-3b",
           "Llama-3.2-1B": "meta-llama/Llama-3.2-1B"}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+QLORA = ["llama-3.2-1b", "qwen2.5-0.5b", "phi-3-mini", "pythia-1.4b", "phi-2"]
 
 
 def saved_bytes(run, params):
@@ -79,7 +80,28 @@ def saved_bytes(run, params):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run()
+        out = run()
+    # Custom autograd Functions may keep tensors on their ctx instead of
+    # `save_for_backward` (bitsandbytes' MatMul4Bit before 0.43.2 kept its
+    # input in `ctx.tensors`): the hooks do not see those, so walk the graph.
+
+    def keep(v):
+        if isinstance(v, torch.Tensor):
+            pack(v)
+        elif isinstance(v, (tuple, list)):
+            for x in v:
+                keep(x)
+
+    roots = [o.grad_fn for o in (out if isinstance(out, list) else [out.logits])]
+    stack, nodes = roots, set()
+    while stack:
+        n = stack.pop()
+        if n is None or n in nodes:
+            continue
+        nodes.add(n)
+        for v in getattr(n, "__dict__", {}).values():
+            keep(v)
+        stack.extend(f for f, _ in n.next_functions)
     return sum(seen.values())
 
 
@@ -93,7 +115,23 @@ def hf_block(name, method, dtype, attention):
         cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, pad_token_id=0, **{key: layers}))
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype], attn_implementation=attention)
-        if method == "lora":
+        if method == "qlora":
+            # The HF QLoRA recipe: load the base in 4 bits (bitsandbytes NF4,
+            # bf16 compute), then `prepare_model_for_kbit_training`.
+            import tempfile
+            from peft import prepare_model_for_kbit_training
+            from transformers import BitsAndBytesConfig
+            with tempfile.TemporaryDirectory() as d:
+                m.save_pretrained(d)
+                del m
+                q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                       bnb_4bit_compute_dtype=torch.bfloat16,
+                                       bnb_4bit_use_double_quant=True)
+                m = AutoModelForCausalLM.from_pretrained(d, quantization_config=q, device_map="cpu",
+                                                         dtype=DTYPES[dtype],
+                                                         attn_implementation=attention)
+            m = prepare_model_for_kbit_training(m, use_gradient_checkpointing=False)
+        if method in ("lora", "qlora"):
             from peft import LoraConfig, get_peft_model
             m = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
                                              target_modules=PEFT_QV[mt]))
@@ -146,11 +184,12 @@ def main():
         versions["peft"] = peft.__version__
     except ImportError:
         pass
-    try:
-        from importlib.metadata import version
-        versions["litgpt"] = version("litgpt")
-    except Exception:
-        pass
+    from importlib.metadata import version
+    for pkg in ("litgpt", "bitsandbytes"):
+        try:
+            versions[pkg] = version(pkg)
+        except Exception:
+            pass
     # Appends row by row and skips what the file already holds, so a run
     # that stops (memory, time) resumes where it stopped.
     done = set()
@@ -164,6 +203,9 @@ def main():
             for a in ("sdpa", "eager")]
     grid += [("litgpt", n, m, d, "sdpa") for n in LITGPT for m in ("full", "lora")
              for d in ("bf16", "fp32")]
+    # QLoRA through transformers + PEFT + bitsandbytes (the 4-bit base runs
+    # on the CPU since bitsandbytes 0.48); bf16 compute, no autocast.
+    grid += [("hf", n, "qlora", "bf16", a) for n in QLORA for a in ("sdpa", "eager")]
     for fw, name, method, dtype, attention in grid:
         if (fw, name, method, dtype, attention) in done:
             continue

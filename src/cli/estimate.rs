@@ -43,6 +43,10 @@ pub struct EstimateArgs {
     /// nf4 (default: nf4 for qlora, none otherwise).
     #[arg(long)]
     pub base_quant: Option<String>,
+    /// The job's bitsandbytes is older than 0.43.2 (July 2024), whose 4-bit
+    /// matmul keeps every quantized linear's input until the backward.
+    #[arg(long)]
+    pub old_bitsandbytes: bool,
     /// The job runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
     /// (less allocator cache beside the tensors; see docs/design.md).
     #[arg(long)]
@@ -135,6 +139,7 @@ fn options_from(args: &EstimateArgs) -> crate::Result<ModelOptions> {
     Ok(ModelOptions {
         base_quant,
         expandable_segments: args.expandable_segments,
+        bnb_keeps_matmul_inputs: args.old_bitsandbytes,
         ..Default::default()
     })
 }

@@ -24,16 +24,52 @@ pub(super) struct LayerActs {
     backward_transient_per_seq: f64,
 }
 
+/// PEFT's QLoRA recipe (`prepare_model_for_kbit_training`,
+/// peft/utils/other.py) casts every parameter that is not quantized —
+/// embeddings, norms, output head — to fp32, and a bitsandbytes linear
+/// returns its output in its input's dtype (`Linear4bit.forward`:
+/// `x.to(compute_dtype)` … `out.to(inp_dtype)`). So the residual stream and
+/// every projection's output are fp32: outside autocast the block's
+/// activations are those of fp32 training, and under autocast its MLP
+/// still runs on fp32 projections. Counted on the CPU
+/// (bench/data/saved_tensors.jsonl): Llama-3.2-1B with q/v adapters keeps
+/// 143,560 bytes per token and block this way against 92,360 for LoRA on a
+/// bf16 base. The storage side is `storage::frozen_storage` (fp32 rest).
+pub(super) fn kbit_recipe(w: &Workload, opts: &ModelOptions) -> bool {
+    w.framework == Framework::Hf
+        && w.method != Method::Full
+        && base_quant(w, opts) != BaseQuant::None
+}
+
+/// The dtype a block's activations follow (see [`kbit_recipe`]).
+pub(super) fn activation_dtype(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+) -> Dtype {
+    if kbit_recipe(w, opts) && !is_mixed(s.dtype) {
+        Dtype::Fp32
+    } else {
+        s.dtype
+    }
+}
+
 pub(super) fn layer_activations(
     w: &Workload,
     s: &EngineeringSettings,
-    quant: BaseQuant,
+    opts: &ModelOptions,
 ) -> LayerActs {
     let a = &w.model;
-    let e = compute_bytes(s.dtype);
+    let quant = base_quant(w, opts);
+    let kbit = kbit_recipe(w, opts);
+    let dtype = activation_dtype(w, s, opts);
+    let e = compute_bytes(dtype);
     // Residual stream dtype: fp32 params make fp32 embeddings and residual
     // adds under autocast.
-    let r = param_bytes(s.dtype);
+    let r = param_bytes(dtype);
+    // The MLP's intermediates: fp32 behind bitsandbytes projections fed
+    // from an fp32 residual (see `kbit_recipe`), even under autocast.
+    let mlp_e = if kbit { 4.0 } else { e };
     let h = a.hidden_size as f64;
     let heads = a.num_attention_heads as f64;
     let qd = heads * a.head_dim as f64;
@@ -60,7 +96,7 @@ pub(super) fn layer_activations(
     // is off by default since torch 2.5), like the fp32 softmax below.
     let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa;
     // A plain softmax (BERT, GPT-2) stays 16-bit only outside autocast.
-    let no_upcast = a.quirks.attn_softmax_no_upcast && hf_code && !is_mixed(s.dtype) && e < 4.0;
+    let no_upcast = a.quirks.attn_softmax_no_upcast && hf_code && !is_mixed(dtype) && e < 4.0;
     // transformers' SDPA path (flash/efficient kernel, no mask in training)
     // passes `enable_gqa=True` instead of repeating K/V (`use_gqa_in_sdpa`,
     // torch ≥ 2.5), so k and v are saved at their own head count, and
@@ -75,14 +111,14 @@ pub(super) fn layer_activations(
     // 4 bytes wide without autocast, the 16-bit autocast cast with it; only
     // fp32 training shares the input. A fused qkv projection is one adapter.
     let peft_cast = hf_code && !full && e < 4.0;
-    let peft_input = if is_mixed(s.dtype) { e } else { 4.0 };
+    let peft_input = if is_mixed(dtype) { e } else { 4.0 };
     // Under autocast the residual stream and the norms' outputs are fp32
     // (fp32 parameters), and every linear casts its input to 16 bits
     // itself: autocast caches casts only of leaf tensors that require grad
     // (the weights; `cached_cast` in aten/src/ATen/autocast_mode.cpp), so
     // q, k and v (and gate and up) each keep their own 16-bit copy of the
     // same input for their weight's gradient.
-    let autocast_casts = full && is_mixed(s.dtype) && e < 4.0 && k == 1.0;
+    let autocast_casts = full && is_mixed(dtype) && e < 4.0 && k == 1.0;
     // Every litgpt `LoRALinear` runs its own `lora_dropout` on its input
     // (`self.lora_dropout(x) @ self.lora_A.T`, litgpt/lora.py; 0.05 in its
     // configs): each adapter keeps a bool mask plus the dropped copy that
@@ -113,7 +149,7 @@ pub(super) fn layer_activations(
     // litgpt's own blocks are left as first modelled: its published
     // resource tables fit them (bench/data/published_peaks.csv).
     let hf_classic = classic && hf_code && a.kind != ArchKind::EncoderDecoder;
-    let norm_input = if hf_classic && !is_mixed(s.dtype) {
+    let norm_input = if hf_classic && !is_mixed(dtype) {
         e
     } else {
         4.0f64.max(r)
@@ -259,9 +295,9 @@ pub(super) fn layer_activations(
         // fc1 output saved by the activation; GPT-2's (and Phi-2's) `gelu_new` is a
         // composite in Python (0.5·x·(1 + tanh(…))) whose mul/tanh save
         // three more I-sized tensors; BERT's exact GELU and T5's ReLU do not.
-        saved += e * i * k;
+        saved += mlp_e * i * k;
         if a.quirks.composite_gelu && hf_code {
-            saved += 3.0 * e * i * k;
+            saved += 3.0 * mlp_e * i * k;
         }
         if a.kind == ArchKind::EncoderDecoder {
             // T5: dropout (p = 0.1) after the ReLU: bool mask + output.
@@ -274,46 +310,60 @@ pub(super) fn layer_activations(
         // SwiGLU: gate output (silu input), up output and silu output (the
         // mul's operands) always; the product is saved by down_proj only
         // when down trains.
-        saved += 3.0 * e * i * k;
+        saved += 3.0 * mlp_e * i * k;
         if trains(LoraTarget::Down) {
             saved += down_input;
         }
     }
 
-    // --- bitsandbytes 4-bit bases ---
-    // `MatMul4Bit.forward` (bitsandbytes/autograd/_functions.py) keeps its
-    // input on `ctx.tensors` whenever that input requires grad, although a
-    // frozen 4-bit weight never needs it; a plain frozen linear saves
-    // nothing (autograd saves an operand only for the other's gradient).
-    // So every quantized linear's input stays alive until its block's
-    // backward, unless the same tensor is already counted above. torchtune's
-    // NF4 linears (torchao `linear_nf4`) keep only the weight.
-    if matches!(quant, BaseQuant::Nf4 | BaseQuant::Nf4NoDoubleQuant)
+    // --- bitsandbytes 4-bit bases before 0.43.2 ---
+    // `MatMul4Bit.forward` (bitsandbytes/autograd/_functions.py) kept its
+    // input on `ctx.tensors` whenever that input required grad, although a
+    // frozen 4-bit weight never needs it, until bitsandbytes #1270 (0.43.2,
+    // July 2024); a plain frozen linear saves nothing (autograd saves an
+    // operand only for the other's gradient). So every quantized linear's
+    // input stays alive until its block's backward, unless the same tensor
+    // is already counted above. torchtune's NF4 linears (torchao
+    // `linear_nf4`) keep only the weight.
+    if opts.bnb_keeps_matmul_inputs
+        && matches!(quant, BaseQuant::Nf4 | BaseQuant::Nf4NoDoubleQuant)
         && !full
         && w.framework != Framework::Torchtune
     {
-        // q/k/v's input (the norm output), unless the shared-input term
-        // above holds it (PEFT's adapters save their own casts instead).
-        if !qkv_trains || peft_cast {
-            saved += e * h;
-        }
-        // o_proj's input: a view of SDPA's saved output in transformers'
-        // SDPA path; otherwise the contiguous attention output, counted
-        // above only when o_proj trains without PEFT's cast.
-        if !hf_sdpa && (!trains(LoraTarget::O) || peft_cast) {
-            saved += e * qd;
-        }
-        // The MLP's input (the second norm's output; Phi/Falcon share the
-        // attention's), unless saved as the plain shared input above.
-        let mlp_input_counted =
-            up_trains && !peft_cast && !(litgpt_dropout && mlp_in_adapters > 0.0);
-        if !a.quirks.single_norm && !mlp_input_counted {
-            saved += e * h * k;
-        }
-        // down/fc2's input (the SwiGLU product or the activation's output),
-        // counted above only when down trains without PEFT's cast.
-        if !trains(LoraTarget::Down) || peft_cast {
-            saved += e * i * k;
+        if kbit {
+            // fp32 inputs (see `kbit_recipe`): every linear keeps its own
+            // cast to the compute dtype — q, k, v (one fused qkv), o_proj
+            // (unless autocast already handed SDPA's 16-bit output on),
+            // gate and up (one fc1), down.
+            let c = compute_bytes(s.dtype);
+            let qkv_n = if a.quirks.fused_qkv { 1.0 } else { 3.0 };
+            let mlp_n = if a.gated_mlp { 2.0 } else { 1.0 };
+            let o = if is_mixed(dtype) && hf_sdpa { 0.0 } else { qd };
+            saved += c * (qkv_n * h + o + (mlp_n * h + i) * k);
+        } else {
+            // q/k/v's input (the norm output), unless the shared-input term
+            // above holds it (PEFT's adapters save their own casts instead).
+            if !qkv_trains || peft_cast {
+                saved += e * h;
+            }
+            // o_proj's input: a view of SDPA's saved output in transformers'
+            // SDPA path; otherwise the contiguous attention output, counted
+            // above only when o_proj trains without PEFT's cast.
+            if !hf_sdpa && (!trains(LoraTarget::O) || peft_cast) {
+                saved += e * qd;
+            }
+            // The MLP's input (the second norm's output; Phi/Falcon share the
+            // attention's), unless saved as the plain shared input above.
+            let mlp_input_counted =
+                up_trains && !peft_cast && !(litgpt_dropout && mlp_in_adapters > 0.0);
+            if !a.quirks.single_norm && !mlp_input_counted {
+                saved += e * h * k;
+            }
+            // down/fc2's input (the SwiGLU product or the activation's output),
+            // counted above only when down trains without PEFT's cast.
+            if !trains(LoraTarget::Down) || peft_cast {
+                saved += e * i * k;
+            }
         }
     }
 
@@ -337,7 +387,7 @@ pub(super) fn layer_activations(
     // two branches add) and, in the MLP, the gradients of the product and
     // of the two branches (3·e·I); in eager attention the score gradient
     // (fp32 softmax backward + 16-bit copy).
-    let mlp_bt = if classic { 2.0 } else { 3.0 } * e * i * k;
+    let mlp_bt = if classic { 2.0 } else { 3.0 } * mlp_e * i * k;
     let bt = 2.0 * r * h + mlp_bt;
     let bt_seq = match (eager, softmax_16bit) {
         (false, _) => 0.0,
@@ -411,12 +461,13 @@ pub(super) fn per_sample(
     pl: &mut Plan,
 ) {
     let a = &w.model;
-    let e = compute_bytes(s.dtype);
+    let dtype = activation_dtype(w, s, opts);
+    let e = compute_bytes(dtype);
     let seq = w.seq_len as f64;
     let layers = a.num_layers as f64;
-    let la = layer_activations(w, s, base_quant(w, opts));
+    let la = layer_activations(w, s, opts);
     let per_token_layer = la.saved + la.saved_per_seq * seq;
-    let r = param_bytes(s.dtype);
+    let r = param_bytes(dtype);
     let h = a.hidden_size as f64;
     // Final norm + head input (saved only when the head trains).
     let head_trains = w.method == Method::Full
@@ -461,7 +512,7 @@ pub(super) fn per_sample(
             // in the logits' dtype; tanh keeps its output for backward.
             let softcap = if a.quirks.final_softcapping { e } else { 0.0 };
             let tv = seq * a.vocab_size as f64;
-            let (fwd, peak) = logits_bytes_per_token_vocab(w.framework, s.dtype);
+            let (fwd, peak) = logits_bytes_per_token_vocab(w.framework, dtype);
             (tv * (fwd + softcap), tv * (peak + softcap))
         }
         // classification: the pooled token and a few logits per sequence

@@ -187,6 +187,11 @@ pub struct ModelOptions {
     /// Gradients stay allocated between steps: PyTorch < 2.0
     /// `zero_grad(set_to_none=False)`, which HF Trainer used until 2023.
     pub grads_kept_between_steps: bool,
+    /// bitsandbytes before 0.43.2 (#1270, July 2024): its 4-bit matmul
+    /// keeps every quantized linear's input for a backward that never reads
+    /// it (litgpt pinned 0.41–0.42 through 2024; see `activations.rs`).
+    #[serde(default)]
+    pub bnb_keeps_matmul_inputs: bool,
     /// CUDA context + kernel images of the machine, when measured; `None`
     /// uses [`CUDA_CONTEXT_BYTES`]. CUDA < 11.7 loads every kernel eagerly
     /// and takes 1–1.4 GiB (the HF "model memory anatomy" page measures
@@ -306,8 +311,7 @@ pub struct PhaseTerms {
 /// (bench/data/saved_tensors.jsonl, `cargo bench --bench saved_tensors`).
 #[doc(hidden)]
 pub fn block_saved_bytes_per_token(workload: &Workload, settings: &EngineeringSettings) -> f64 {
-    let quant = storage::base_quant(workload, &ModelOptions::default());
-    let la = activations::layer_activations(workload, settings, quant);
+    let la = activations::layer_activations(workload, settings, &ModelOptions::default());
     la.saved + la.saved_per_seq * workload.seq_len as f64
 }
 
@@ -700,57 +704,69 @@ mod tests {
     }
 
     #[test]
-    fn bitsandbytes_4bit_keeps_each_quantized_linears_input() {
-        // bitsandbytes' `MatMul4Bit` keeps its input on `ctx.tensors` when
-        // it requires grad; a plain frozen linear saves nothing. Llama 3.2
-        // 1B (h 2048, qd 2048, I 8192), q and v adapters under litgpt: the
-        // q/k/v input is already held (the shared-input term), so QLoRA adds
-        // o_proj's, the MLP's and down_proj's inputs, 2 bytes each.
-        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Lora);
-        w.framework = Framework::Litgpt;
-        let s = settings(1, Dtype::Bf16, false);
-        let lora = block_saved_bytes_per_token(&w, &s);
-        w.method = Method::Qlora;
-        let qlora = block_saved_bytes_per_token(&w, &s);
-        let (h, qd, i) = (2048.0, 2048.0, 8192.0);
-        let expect = 2.0 * (qd + h + i);
-        assert!(
-            (qlora - lora - expect).abs() < 1.0,
-            "{} vs {expect}",
-            qlora - lora
-        );
-        // transformers + PEFT: the adapters save their own fp32 casts, so
-        // the norm output is one more input; o_proj reads SDPA's saved output.
-        w.framework = Framework::Hf;
-        let hf_qlora = block_saved_bytes_per_token(&w, &s);
-        w.method = Method::Lora;
-        let hf_lora = block_saved_bytes_per_token(&w, &s);
-        let expect = 2.0 * (h + h + i);
-        assert!(
-            (hf_qlora - hf_lora - expect).abs() < 1.0,
-            "{}",
-            hf_qlora - hf_lora
-        );
-        // torchtune's NF4 linears (torchao) keep only the weight.
-        w.framework = Framework::Torchtune;
-        let tt_lora = block_saved_bytes_per_token(&w, &s);
-        w.method = Method::Qlora;
-        assert_eq!(tt_lora, block_saved_bytes_per_token(&w, &s));
-        // Every block keeps them without checkpointing (16 blocks × 2,048
-        // tokens); reentrant checkpointing runs the forward without grad,
-        // where `MatMul4Bit` keeps nothing, so only the recomputed block
-        // holds them.
+    fn old_bitsandbytes_keeps_each_quantized_linears_input() {
+        // bitsandbytes before 0.43.2 kept `MatMul4Bit`'s input on
+        // `ctx.tensors`; a plain frozen linear saves nothing. Llama 3.2 1B
+        // (16 blocks, h 2048, qd 2048, I 8192), q and v adapters under
+        // litgpt: the q/k/v input is already held (the shared-input term),
+        // so QLoRA adds o_proj's, the MLP's and down_proj's inputs, 2 bytes
+        // each, in every block without checkpointing.
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Qlora);
         w.framework = Framework::Litgpt;
         let mut wl = w.clone();
         wl.method = Method::Lora;
-        let per_block = 2.0 * (qd + h + i) * 2048.0;
-        let acts = |w: &Workload, ckpt: bool| {
-            phase_terms(w, &settings(1, Dtype::Bf16, ckpt), &ModelOptions::default()).activations
+        let old = ModelOptions {
+            bnb_keeps_matmul_inputs: true,
+            ..ModelOptions::default()
         };
-        let plain = acts(&w, false) - acts(&wl, false);
+        let current = ModelOptions::default();
+        let acts = |w: &Workload, ckpt: bool, o: &ModelOptions| {
+            phase_terms(w, &settings(1, Dtype::Bf16, ckpt), o).activations
+        };
+        let (h, qd, i) = (2048.0, 2048.0, 8192.0);
+        let per_block = 2.0 * (qd + h + i) * 2048.0;
+        let plain = acts(&w, false, &old) - acts(&wl, false, &old);
         assert!((plain - 16.0 * per_block).abs() < 16.0, "{plain}");
-        let ckpt = acts(&w, true) - acts(&wl, true);
-        assert!(ckpt >= 0.0 && ckpt <= per_block + 1.0, "{ckpt}");
+        // reentrant checkpointing runs the forward without grad, where
+        // `MatMul4Bit` keeps nothing: only the recomputed block holds them
+        let ckpt = acts(&w, true, &old) - acts(&wl, true, &old);
+        assert!((0.0..=per_block + 1.0).contains(&ckpt), "{ckpt}");
+        // current bitsandbytes keeps only the weight: QLoRA = LoRA here
+        assert_eq!(acts(&w, false, &current), acts(&wl, false, &current));
+        // torchtune's NF4 linears (torchao) never kept the input
+        w.framework = Framework::Torchtune;
+        wl.framework = Framework::Torchtune;
+        assert_eq!(acts(&w, false, &old), acts(&wl, false, &old));
+    }
+
+    #[test]
+    fn peft_qlora_recipe_runs_the_block_in_fp32() {
+        // `prepare_model_for_kbit_training` makes the residual fp32 and
+        // bitsandbytes returns fp32 projections: without autocast the block
+        // keeps what fp32 training keeps (counted on the CPU: Llama-3.2-1B,
+        // q/v adapters of rank 8, 143,560 bytes per token and block;
+        // bench/data/saved_tensors.jsonl).
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Qlora);
+        w.framework = Framework::Hf;
+        w.seq_len = 256;
+        w.lora = Some(LoraConfig {
+            rank: 8,
+            targets: vec![LoraTarget::Q, LoraTarget::V],
+        });
+        let qlora = block_saved_bytes_per_token(&w, &settings(1, Dtype::Bf16, false));
+        assert!((qlora - 143_560.0).abs() / 143_560.0 < 0.001, "{qlora}");
+        let mut fp32_lora = w.clone();
+        fp32_lora.method = Method::Lora;
+        assert_eq!(
+            qlora,
+            block_saved_bytes_per_token(&fp32_lora, &settings(1, Dtype::Fp32, false))
+        );
+        // Under autocast the MLP still runs on fp32 projections: 3 fp32
+        // I-wide tensors where a bf16 base keeps 3 bf16 ones.
+        let mixed = settings(1, Dtype::Bf16Mixed, false);
+        let q = block_saved_bytes_per_token(&w, &mixed);
+        let l = block_saved_bytes_per_token(&fp32_lora, &mixed);
+        assert!((q - l - 3.0 * 2.0 * 8192.0).abs() < 1.0, "{}", q - l);
     }
 
     #[test]

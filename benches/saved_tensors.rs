@@ -2,9 +2,11 @@
 //! really saves.
 //!
 //! `bench/data/saved_tensors.jsonl` holds, per framework (Hugging Face
-//! transformers + PEFT, litgpt), family, method, dtype and attention kernel,
-//! the bytes one transformer block saves for backward per token, counted on
-//! the CPU with `torch.autograd.graph.saved_tensors_hooks` by
+//! transformers + PEFT, with bitsandbytes for QLoRA; litgpt; torchtune),
+//! family, method, dtype and attention kernel, the bytes one transformer
+//! block saves for backward per token, counted on the CPU with
+//! `torch.autograd.graph.saved_tensors_hooks` (and the tensors custom
+//! Functions keep on their ctx) by
 //! `scripts/count_saved.py` (see bench/data/README.md). This bench prints
 //! `memory::block_saved_bytes_per_token` beside each count, the error, and
 //! the median and worst per framework. Rows marked `"scored": false` say

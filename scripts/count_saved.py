@@ -1,6 +1,6 @@
 """Counts the bytes autograd saves for backward per token and per
 transformer block, on the CPU, for the model code of Hugging Face
-transformers (+ PEFT) and litgpt.
+transformers (+ PEFT, + bitsandbytes for QLoRA), litgpt and torchtune.
 
 Why: the activation part of gpufit's memory model is a list of the tensors
 each block saves (src/core/memory/activations.rs). Which tensors a block
@@ -18,7 +18,8 @@ the CPU flash kernel; the math fallback keeps the scores) and autocast's
 op lists (CPU and CUDA autocast differ), so only plain-dtype rows are
 written. Random weights, built from config numbers; nothing is downloaded.
 
-Usage (a Python with torch, transformers, peft, bitsandbytes and litgpt):
+Usage (a Python with torch, transformers, peft, bitsandbytes, litgpt,
+torchtune and torchao):
 
     python scripts/count_saved.py --out bench/data/saved_tensors.jsonl
 """
@@ -67,14 +68,21 @@ LITGPT = {"phi-1_5": "microsoft/phi-1_5", "stablelm-base-alpha-3b": "stabilityai
           "Llama-3.2-1B": "meta-llama/Llama-3.2-1B"}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 QLORA = ["llama-3.2-1b", "qwen2.5-0.5b", "phi-3-mini", "pythia-1.4b", "phi-2"]
+TORCHTUNE = {"llama3_2-1b": ("meta-llama/Llama-3.2-1B",
+                             dict(num_heads=32, num_kv_heads=8, embed_dim=2048, intermediate_dim=8192))}
 
 
 def saved_bytes(run, params):
     seen = {}
 
     def pack(t):
-        st = t.untyped_storage()
-        p = st.data_ptr()
+        try:
+            st = t.untyped_storage()
+            p = st.data_ptr()
+        except RuntimeError:
+            # a tensor subclass without one storage (torchao's NF4Tensor
+            # weight): a frozen parameter, not an activation
+            return t
         if p not in params and p not in seen:
             seen[p] = st.nbytes()
         return t
@@ -173,6 +181,42 @@ def litgpt_block(name, method, dtype):
     return (out[1] - out[0]) / SEQ, LITGPT[name]
 
 
+def torchtune_block(name, method, dtype):
+    # torchtune's own builders (its recipes' model components), q and v
+    # adapters of rank 8; QLoRA keeps the adapted linears in torchao NF4.
+    from torchtune.models.llama3_2._component_builders import llama3_2, lora_llama3_2
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+
+    class Out:  # saved_bytes walks `out.logits`
+        def __init__(self, t):
+            self.logits = t
+
+    out = []
+    for layers in (1, 2):
+        kw = dict(TORCHTUNE[name][1], vocab_size=1024, num_layers=layers, max_seq_len=4096)
+        torch.set_default_dtype(DTYPES[dtype])
+        torch.manual_seed(0)
+        if method == "full":
+            m = llama3_2(**kw)
+        else:
+            m = lora_llama3_2(["q_proj", "v_proj"], lora_rank=8, lora_alpha=16,
+                              quantize_base=method == "qlora", **kw)
+            set_trainable_params(m, get_adapter_params(m))
+        torch.set_default_dtype(torch.float32)
+        m.train()
+        params = set()
+        for p in list(m.parameters()) + list(m.buffers()):
+            try:
+                params.add(p.untyped_storage().data_ptr())
+            except RuntimeError:
+                pass  # NF4Tensor weights
+        x = torch.randint(0, 1024, (1, SEQ))
+        out.append(saved_bytes(lambda: Out(m(x)), params))
+        del m
+        gc.collect()
+    return (out[1] - out[0]) / SEQ, TORCHTUNE[name][0]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -185,7 +229,7 @@ def main():
     except ImportError:
         pass
     from importlib.metadata import version
-    for pkg in ("litgpt", "bitsandbytes"):
+    for pkg in ("litgpt", "bitsandbytes", "torchtune", "torchao"):
         try:
             versions[pkg] = version(pkg)
         except Exception:
@@ -206,6 +250,7 @@ def main():
     # QLoRA through transformers + PEFT + bitsandbytes (the 4-bit base runs
     # on the CPU since bitsandbytes 0.48); bf16 compute, no autocast.
     grid += [("hf", n, "qlora", "bf16", a) for n in QLORA for a in ("sdpa", "eager")]
+    grid += [("torchtune", n, m, "bf16", "sdpa") for n in TORCHTUNE for m in ("full", "lora", "qlora")]
     for fw, name, method, dtype, attention in grid:
         if (fw, name, method, dtype, attention) in done:
             continue
@@ -217,6 +262,9 @@ def main():
                 print(f"skipped {name} {attention}: {str(e)[:100]}", flush=True)
                 continue
             where = dict(config=cfg)
+        elif fw == "torchtune":
+            b, cfg = torchtune_block(name, method, dtype)
+            where = dict(hf_model=cfg)
         else:
             b, cfg = litgpt_block(name, method, dtype)
             where = dict(hf_model=cfg)

@@ -10,7 +10,9 @@
 //! `scripts/count_saved.py` (see bench/data/README.md). This bench prints
 //! `memory::block_saved_bytes_per_token` beside each count, the error, and
 //! the median and worst per framework. Rows marked `"scored": false` say
-//! why (a CPU kernel that saves differently from CUDA's; litgpt's blocks);
+//! why (a CPU kernel that saves differently from CUDA's); a row's
+//! `cpu_mask_elems_per_token_layer` turns the CPU's dropout masks (kept in
+//! the input's dtype) into CUDA's 1-byte ones before comparing;
 //! every other row must agree within 1 %, or the bench fails — the test
 //! suite runs it (`scripts/test.sh`).
 //!
@@ -116,7 +118,18 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let counted = row["bytes_per_token_layer"].as_f64().unwrap_or(f64::NAN);
+        // The CPU's dropout keeps its mask in the input's dtype, CUDA's in
+        // one byte: rows that say how many mask elements a block keeps per
+        // token are compared as CUDA would keep them.
+        let mask = row["cpu_mask_elems_per_token_layer"]
+            .as_f64()
+            .unwrap_or(0.0);
+        let mask_bytes = match row["dtype"].as_str() {
+            Some("fp32") => 4.0,
+            _ => 2.0,
+        };
+        let counted =
+            row["bytes_per_token_layer"].as_f64().unwrap_or(f64::NAN) - mask * (mask_bytes - 1.0);
         let model = block_saved_bytes_per_token(&w, &s);
         let err = (model - counted) / counted;
         let scored = row["scored"].as_bool().unwrap_or(true);

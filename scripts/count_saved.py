@@ -65,7 +65,7 @@ PEFT_QV = {"llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"],
 # (litgpt's falcon-7b is left out: its fp32 rows need more than the 24 GB
 # of RAM this was run with.)
 LITGPT = {"phi-1_5": "microsoft/phi-1_5", "stablelm-base-alpha-3b": "stabilityai/stablelm-base-alpha-3b",
-          "Llama-3.2-1B": "meta-llama/Llama-3.2-1B"}
+          "Llama-3.2-1B": "meta-llama/Llama-3.2-1B", "Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf"}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 QLORA = ["llama-3.2-1b", "qwen2.5-0.5b", "phi-3-mini", "pythia-1.4b", "phi-2"]
 TORCHTUNE = {"llama3_2-1b": ("meta-llama/Llama-3.2-1B",
@@ -177,8 +177,11 @@ def litgpt_block(name, method, dtype):
         del m
         gc.collect()
     # The block's numbers are the published model's: bench/data/configs/
-    # or gpufit's catalog has them under this id.
-    return (out[1] - out[0]) / SEQ, LITGPT[name]
+    # or gpufit's catalog has them under this id. The LoRA rows' one dropout
+    # (the fused qkv adapter's input) keeps an n_embd-wide mask, which the
+    # CPU stores in the input's dtype and CUDA in one byte.
+    mask = cfg.n_embd if method == "lora" else 0
+    return (out[1] - out[0]) / SEQ, LITGPT[name], mask
 
 
 def torchtune_block(name, method, dtype):
@@ -266,8 +269,10 @@ def main():
             b, cfg = torchtune_block(name, method, dtype)
             where = dict(hf_model=cfg)
         else:
-            b, cfg = litgpt_block(name, method, dtype)
+            b, cfg, mask = litgpt_block(name, method, dtype)
             where = dict(hf_model=cfg)
+            if mask:
+                where["cpu_mask_elems_per_token_layer"] = mask
         row = dict(framework=fw, model=name, method=method, dtype=dtype, attention=attention,
                    seq_len=SEQ, **where, bytes_per_token_layer=round(b, 1), **versions)
         with open(args.out, "a") as f:

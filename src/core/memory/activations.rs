@@ -146,17 +146,21 @@ pub(super) fn layer_activations(
     // the input's dtype — 16 bits in pure 16-bit training, fp32 under
     // autocast or in fp32 — and a parallel residual (GPT-NeoX, Phi, Falcon)
     // normalises one block input for both branches: one saved tensor.
-    // litgpt's own blocks are left as first modelled: its published
-    // resource tables fit them (bench/data/published_peaks.csv).
     let hf_classic = classic && hf_code && a.kind != ArchKind::EncoderDecoder;
-    let norm_input = if hf_classic && !is_mixed(dtype) {
+    // litgpt's own LayerNorm blocks save the same (counted:
+    // bench/data/saved_tensors.jsonl, StableLM and phi-1.5).
+    let litgpt_classic = classic && w.framework == Framework::Litgpt;
+    let norm_input = if (hf_classic || litgpt_classic) && !is_mixed(dtype) {
         e
     } else {
         4.0f64.max(r)
     };
-    // Gemma scales in fp32: a trained weight keeps the fp32 normalised value
-    // (counted: bench/data/saved_tensors.jsonl, gemma-2-2b full bf16).
-    let scaled = if a.quirks.norm_scale_fp32 && hf_code {
+    // Gemma scales in fp32, and so does litgpt's RMSNorm
+    // (`x_normed * weight.float()`): a trained weight keeps the fp32
+    // normalised value (counted: bench/data/saved_tensors.jsonl, gemma-2-2b
+    // and litgpt's Llama full bf16).
+    let litgpt_rms = w.framework == Framework::Litgpt && !classic;
+    let scaled = if (a.quirks.norm_scale_fp32 && hf_code) || litgpt_rms {
         4.0
     } else {
         r
@@ -175,7 +179,7 @@ pub(super) fn layer_activations(
         2.5
     } else if a.quirks.sandwich_norms {
         4.0
-    } else if hf_classic && a.quirks.parallel_residual {
+    } else if (hf_classic || litgpt_classic) && a.quirks.parallel_residual {
         1.0
     } else {
         2.0
@@ -196,18 +200,35 @@ pub(super) fn layer_activations(
         saved += adapters * peft_input * h;
     } else if qkv_trains && autocast_casts && !a.quirks.fused_qkv {
         saved += 3.0 * e * h;
-    } else if qkv_trains {
-        // the projections' shared input (norm output or its autocast cast)
+    } else if qkv_trains && !litgpt_lora {
+        // the projections' shared input (norm output or its autocast cast);
+        // litgpt's frozen qkv saves nothing, its adapter the dropped copy
         saved += e * h;
     }
     if litgpt_lora && qkv_trains {
-        // litgpt's fused qkv adapter: the bool mask and the dropped input.
+        // litgpt's fused qkv adapter: the bool mask and the dropped input …
         saved += h + e * h;
+        // … and, when only some of q, k, v are adapted, `zero_pad`'s
+        // `index_copy` saves its source, the adapted parts' outputs
+        // (counted with saved-tensor hooks: bench/data/saved_tensors.jsonl).
+        let enabled = [
+            (LoraTarget::Q, qd),
+            (LoraTarget::K, kvd),
+            (LoraTarget::V, kvd),
+        ];
+        if enabled.iter().any(|(t, _)| !targets.contains(t)) {
+            saved += e * enabled
+                .iter()
+                .filter(|(t, _)| targets.contains(t))
+                .map(|(_, w)| w)
+                .sum::<f64>();
+        }
     }
     // transformers' classic blocks keep dropout masks only where the
     // config's probability is above 0; litgpt's are left as modelled.
-    let resid_dropout = classic && !(hf_classic && a.quirks.no_resid_dropout);
-    let attn_dropout = classic && !(hf_classic && a.quirks.no_attn_dropout);
+    // litgpt's blocks have no dropout at all.
+    let resid_dropout = classic && !(hf_classic && a.quirks.no_resid_dropout) && !litgpt_classic;
+    let attn_dropout = classic && !(hf_classic && a.quirks.no_attn_dropout) && !litgpt_classic;
     if eager {
         // q, k (expanded to all heads) saved by QKᵀ, v by PV.
         saved += 3.0 * e * qd;
@@ -246,6 +267,13 @@ pub(super) fn layer_activations(
         // litgpt and torchtune expand k, v to every head before SDPA.
         let kv = if hf_sdpa { kvd } else { qd };
         saved += e * qd + 2.0 * e * kv + e * qd + 4.0 * heads;
+        // litgpt splits its fused qkv output into views; without grouped
+        // queries v goes to SDPA as such a view, so the whole qkv output
+        // stays alive where v alone is counted above (counted with
+        // saved-tensor hooks: bench/data/saved_tensors.jsonl).
+        if w.framework == Framework::Litgpt && a.num_kv_heads == a.num_attention_heads {
+            saved += e * (qd + kvd);
+        }
     }
     if trains(LoraTarget::O) {
         if peft_cast {
@@ -342,14 +370,15 @@ pub(super) fn layer_activations(
             saved += c * (qkv_n * h + o + (mlp_n * h + i) * k);
         } else {
             // q/k/v's input (the norm output), unless the shared-input term
-            // above holds it (PEFT's adapters save their own casts instead).
-            if !qkv_trains || peft_cast {
+            // above holds it (PEFT's adapters save their own casts, litgpt's
+            // their dropped copies, instead).
+            if !qkv_trains || peft_cast || litgpt_lora {
                 saved += e * h;
             }
             // o_proj's input: a view of SDPA's saved output in transformers'
             // SDPA path; otherwise the contiguous attention output, counted
-            // above only when o_proj trains without PEFT's cast.
-            if !hf_sdpa && (!trains(LoraTarget::O) || peft_cast) {
+            // above only when o_proj trains without an adapter's own copy.
+            if !hf_sdpa && (!trains(LoraTarget::O) || peft_cast || litgpt_lora) {
                 saved += e * qd;
             }
             // The MLP's input (the second norm's output; Phi/Falcon share the
@@ -360,8 +389,9 @@ pub(super) fn layer_activations(
                 saved += e * h * k;
             }
             // down/fc2's input (the SwiGLU product or the activation's output),
-            // counted above only when down trains without PEFT's cast.
-            if !trains(LoraTarget::Down) || peft_cast {
+            // counted above only when down trains without an adapter's own
+            // copy.
+            if !trains(LoraTarget::Down) || peft_cast || litgpt_lora {
                 saved += e * i * k;
             }
         }

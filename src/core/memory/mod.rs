@@ -708,9 +708,9 @@ mod tests {
         // bitsandbytes before 0.43.2 kept `MatMul4Bit`'s input on
         // `ctx.tensors`; a plain frozen linear saves nothing. Llama 3.2 1B
         // (16 blocks, h 2048, qd 2048, I 8192), q and v adapters under
-        // litgpt: the q/k/v input is already held (the shared-input term),
-        // so QLoRA adds o_proj's, the MLP's and down_proj's inputs, 2 bytes
-        // each, in every block without checkpointing.
+        // litgpt (whose adapters keep only their dropped copies): QLoRA adds
+        // the q/k/v, o_proj, MLP and down_proj inputs, 2 bytes each, in
+        // every block without checkpointing.
         let mut w = workload("meta-llama/Llama-3.2-1B", Method::Qlora);
         w.framework = Framework::Litgpt;
         let mut wl = w.clone();
@@ -724,7 +724,7 @@ mod tests {
             phase_terms(w, &settings(1, Dtype::Bf16, ckpt), o).activations
         };
         let (h, qd, i) = (2048.0, 2048.0, 8192.0);
-        let per_block = 2.0 * (qd + h + i) * 2048.0;
+        let per_block = 2.0 * (h + qd + h + i) * 2048.0;
         let plain = acts(&w, false, &old) - acts(&wl, false, &old);
         assert!((plain - 16.0 * per_block).abs() < 16.0, "{plain}");
         // reentrant checkpointing runs the forward without grad, where

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
+use gpufit::cli::common::parse_lora_targets;
 use gpufit::core::catalog::arch_from_hf_config;
 use gpufit::core::memory::block_saved_bytes_per_token;
 use gpufit::core::settings::{Dtype, EngineeringSettings};
@@ -58,11 +59,18 @@ fn scenario(row: &Value) -> Result<(Workload, EngineeringSettings), String> {
         model: arch(row)?,
         method,
         // the script adapts q and v (the fused qkv projection where the
-        // family has one), rank 8
-        lora: (method != Method::Full).then(|| LoraConfig {
-            rank: 8,
-            targets: vec![LoraTarget::Q, LoraTarget::V],
-        }),
+        // family has one), rank 8, unless the row names its targets
+        lora: if method == Method::Full {
+            None
+        } else {
+            Some(LoraConfig {
+                rank: 8,
+                targets: match row["lora_targets"].as_str() {
+                    Some(t) => parse_lora_targets(t).map_err(|e| e.to_string())?,
+                    None => vec![LoraTarget::Q, LoraTarget::V],
+                },
+            })
+        },
         seq_len: row["seq_len"].as_u64().ok_or("`seq_len` missing")? as u32,
         optimizer: Optimizer::Adamw,
         global_batch: None,
@@ -133,10 +141,15 @@ fn main() -> ExitCode {
         let model = block_saved_bytes_per_token(&w, &s);
         let err = (model - counted) / counted;
         let scored = row["scored"].as_bool().unwrap_or(true);
+        // rows that adapt more than q and v say so after the model
+        let name = match row["lora_targets"].as_str() {
+            Some(t) => format!("{} [{t}]", row["model"].as_str().unwrap_or("")),
+            None => row["model"].as_str().unwrap_or("").to_string(),
+        };
         println!(
             "{:<8} {:<24} {:<5} {:<5} {:<6} {:>12.0} {:>12.0} {:>+7.1}%{}",
             w.framework,
-            row["model"].as_str().unwrap_or(""),
+            name,
             w.method,
             s.dtype,
             if w.attention == Attention::Eager {
@@ -163,7 +176,7 @@ fn main() -> ExitCode {
             off.push(format!(
                 "{} {} {} {} {}: {:+.1}%",
                 w.framework,
-                row["model"].as_str().unwrap_or(""),
+                name,
                 w.method,
                 s.dtype,
                 row["attention"].as_str().unwrap_or(""),

@@ -65,7 +65,8 @@ PEFT_QV = {"llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"],
 # (litgpt's falcon-7b is left out: its fp32 rows need more than the 24 GB
 # of RAM this was run with.)
 LITGPT = {"phi-1_5": "microsoft/phi-1_5", "stablelm-base-alpha-3b": "stabilityai/stablelm-base-alpha-3b",
-          "Llama-3.2-1B": "meta-llama/Llama-3.2-1B", "Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf"}
+          "Llama-3.2-1B": "meta-llama/Llama-3.2-1B", "Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf",
+          "gemma-2b": "google/gemma-2b"}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 QLORA = ["llama-3.2-1b", "qwen2.5-0.5b", "phi-3-mini", "pythia-1.4b", "phi-2"]
 TORCHTUNE = {"llama3_2-1b": ("meta-llama/Llama-3.2-1B",
@@ -113,7 +114,11 @@ def saved_bytes(run, params):
     return sum(seen.values())
 
 
-def hf_block(name, method, dtype, attention):
+ALL_LINEAR = "q,k,v,o,gate,up,down"
+PEFT_ALL = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def hf_block(name, method, dtype, attention, targets=None):
     from transformers import AutoConfig, AutoModelForCausalLM
     kw = dict(HF[name])
     mt = kw.pop("model_type")
@@ -142,7 +147,7 @@ def hf_block(name, method, dtype, attention):
         if method in ("lora", "qlora"):
             from peft import LoraConfig, get_peft_model
             m = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                             target_modules=PEFT_QV[mt]))
+                                             target_modules=PEFT_ALL[mt] if targets else PEFT_QV[mt]))
         m.train()
         params = {p.untyped_storage().data_ptr() for p in m.parameters()}
         params |= {b.untyped_storage().data_ptr() for b in m.buffers()}
@@ -154,7 +159,7 @@ def hf_block(name, method, dtype, attention):
     return (out[1] - out[0]) / SEQ, config
 
 
-def litgpt_block(name, method, dtype):
+def litgpt_block(name, method, dtype, targets=None):
     from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
     out = []
     for layers in (1, 2):
@@ -162,6 +167,8 @@ def litgpt_block(name, method, dtype):
         if method == "lora":
             # litgpt/finetune/lora.py defaults: r 8, alpha 16, dropout 0.05, q and v
             kw.update(lora_r=8, lora_alpha=16, lora_dropout=0.05, lora_query=True, lora_value=True)
+            if targets:
+                kw.update(lora_key=True, lora_projection=True, lora_mlp=True)
         cfg = Config.from_name(name, **kw)
         torch.set_default_dtype(DTYPES[dtype])
         torch.manual_seed(0)
@@ -180,7 +187,16 @@ def litgpt_block(name, method, dtype):
     # or gpufit's catalog has them under this id. The LoRA rows' one dropout
     # (the fused qkv adapter's input) keeps an n_embd-wide mask, which the
     # CPU stores in the input's dtype and CUDA in one byte.
-    mask = cfg.n_embd if method == "lora" else 0
+    # With every linear adapted each adapter drops its own input: the qkv
+    # and MLP inputs (n_embd), the projection's (n_head * head_size) and
+    # the MLP projection's (intermediate_size, once per MLP input).
+    if method != "lora":
+        mask = 0
+    elif targets:
+        mlp_in = 2 if cfg.mlp_class_name in ("LLaMAMLP", "GemmaMLP") else 1
+        mask = cfg.n_embd + cfg.n_head * cfg.head_size + mlp_in * cfg.n_embd + cfg.intermediate_size
+    else:
+        mask = cfg.n_embd
     return (out[1] - out[0]) / SEQ, LITGPT[name], mask
 
 
@@ -245,21 +261,26 @@ def main():
             for line in f:
                 if line.strip():
                     r = json.loads(line)
-                    done.add((r["framework"], r["model"], r["method"], r["dtype"], r["attention"]))
-    grid = [("hf", n, m, d, a) for n in HF for m in ("full", "lora") for d in ("bf16", "fp32")
+                    done.add((r["framework"], r["model"], r["method"], r["dtype"], r["attention"],
+                              r.get("lora_targets")))
+    grid = [("hf", n, m, d, a, None) for n in HF for m in ("full", "lora") for d in ("bf16", "fp32")
             for a in ("sdpa", "eager")]
-    grid += [("litgpt", n, m, d, "sdpa") for n in LITGPT for m in ("full", "lora")
+    grid += [("litgpt", n, m, d, "sdpa", None) for n in LITGPT for m in ("full", "lora")
              for d in ("bf16", "fp32")]
+    # every linear adapted (litgpt's config hub; PEFT's "all-linear")
+    grid += [("litgpt", n, "lora", "bf16", "sdpa", ALL_LINEAR) for n in ("Llama-3.2-1B", "gemma-2b")]
+    grid += [("hf", "llama-3.2-1b", "lora", "bf16", "sdpa", ALL_LINEAR)]
     # QLoRA through transformers + PEFT + bitsandbytes (the 4-bit base runs
     # on the CPU since bitsandbytes 0.48); bf16 compute, no autocast.
-    grid += [("hf", n, "qlora", "bf16", a) for n in QLORA for a in ("sdpa", "eager")]
-    grid += [("torchtune", n, m, "bf16", "sdpa") for n in TORCHTUNE for m in ("full", "lora", "qlora")]
-    for fw, name, method, dtype, attention in grid:
-        if (fw, name, method, dtype, attention) in done:
+    grid += [("hf", n, "qlora", "bf16", a, None) for n in QLORA for a in ("sdpa", "eager")]
+    grid += [("torchtune", n, m, "bf16", "sdpa", None) for n in TORCHTUNE
+             for m in ("full", "lora", "qlora")]
+    for fw, name, method, dtype, attention, targets in grid:
+        if (fw, name, method, dtype, attention, targets) in done:
             continue
         if fw == "hf":
             try:
-                b, cfg = hf_block(name, method, dtype, attention)
+                b, cfg = hf_block(name, method, dtype, attention, targets)
             except ValueError as e:
                 # e.g. Gemma 2 has no SDPA path in recent transformers
                 print(f"skipped {name} {attention}: {str(e)[:100]}", flush=True)
@@ -269,10 +290,12 @@ def main():
             b, cfg = torchtune_block(name, method, dtype)
             where = dict(hf_model=cfg)
         else:
-            b, cfg, mask = litgpt_block(name, method, dtype)
+            b, cfg, mask = litgpt_block(name, method, dtype, targets)
             where = dict(hf_model=cfg)
             if mask:
                 where["cpu_mask_elems_per_token_layer"] = mask
+        if targets:
+            where["lora_targets"] = targets
         row = dict(framework=fw, model=name, method=method, dtype=dtype, attention=attention,
                    seq_len=SEQ, **where, bytes_per_token_layer=round(b, 1), **versions)
         with open(args.out, "a") as f:

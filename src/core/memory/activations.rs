@@ -297,7 +297,13 @@ pub(super) fn layer_activations(
         // MoE: the router saves its input when trained; every routed copy of
         // the token is gathered (hidden[top_x]) and saved by the experts.
         saved += e * h * k + if full { e * h } else { 0.0 };
-    } else if up_trains && hf_classic && a.quirks.single_norm && qkv_trains && !peft_cast {
+    } else if up_trains
+        && (hf_classic || litgpt_classic)
+        && a.quirks.single_norm
+        && qkv_trains
+        && !peft_cast
+        && !litgpt_lora
+    {
         // Phi/Falcon: the MLP reads the attention's normalised input, saved
         // once (counted with the attention's) — unless autocast makes fc1
         // cast it to 16 bits again for itself (see `autocast_casts`).

@@ -185,6 +185,49 @@ fn larger_micro_batch_predicts_more_memory() {
 }
 
 #[test]
+fn old_bitsandbytes_flag_counts_the_kept_matmul_inputs_for_qlora_only() {
+    // bitsandbytes < 0.43.2 keeps each 4-bit linear's input: litgpt QLoRA
+    // (its published figures ran 0.41/0.42) needs more; LoRA, with no 4-bit
+    // linear, is untouched.
+    let allocated = |method: &str, old: bool| {
+        let mut args = vec![
+            "estimate",
+            "--model",
+            "llama-3.2-1b",
+            "--method",
+            method,
+            "--framework",
+            "litgpt",
+            "--seq-len",
+            "512",
+            "--micro-batch",
+            "2",
+            "-o",
+            "json",
+        ];
+        if old {
+            args.push("--old-bitsandbytes");
+        }
+        let o = gpufit(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)["peak_allocated_bytes"]
+            .as_u64()
+            .expect("peak_allocated_bytes")
+    };
+    // 16 blocks × 1,024 tokens × 2 bytes × (q/k/v, o, MLP and down inputs:
+    // 2,048 + 2,048 + 2,048 + 8,192)
+    let kept = 16 * 1024 * 2 * (2048 + 2048 + 2048 + 8192);
+    let (new, old) = (allocated("qlora", false), allocated("qlora", true));
+    assert!(old > new, "{old} vs {new}");
+    assert!(
+        (old - new).abs_diff(kept) < kept / 100,
+        "{} more, {kept} expected",
+        old - new
+    );
+    assert_eq!(allocated("lora", false), allocated("lora", true));
+}
+
+#[test]
 fn hf_config_json_path_is_accepted_as_model() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.json");

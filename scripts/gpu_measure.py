@@ -38,6 +38,7 @@ Usage (on a GPU machine with torch, transformers, peft):
     python scripts/gpu_measure.py --grid quick
     python scripts/gpu_measure.py --grid families --budget-s 480   # stop starting points after 480 s
     python scripts/gpu_measure.py --grid allocator --trace /tmp/traces --out allocator.csv
+    python scripts/gpu_measure.py --grid qlora --out qlora.csv   # needs bitsandbytes
 
 Beside the peaks, each manual-loop row records the allocator's own
 statistics (torch.cuda.memory_stats): alloc_retries (cudaMalloc failures
@@ -140,7 +141,7 @@ FIELDS = [
     "allocated_bytes", "reserved_bytes", "device_bytes", "loop", "compile",
     "fwd_peak", "bwd_peak", "step_peak", "after_fwd", "after_bwd", "tokens_per_sec",
     "varlen", "reserved_by_step", "alloc_retries", "inactive_split_peak", "segments_peak",
-    "gpu", "torch", "transformers", "seconds", "error",
+    "gpu", "torch", "transformers", "bitsandbytes", "seconds", "error",
 ]
 
 
@@ -212,6 +213,23 @@ def grid(name):
             P(q7, "lora", mb=8, seq=4096, ckpt="on"), P(l8, "lora", mb=16, seq=2048, ckpt="on"),
             P(g2, "lora", dtype="bf16-mixed", mb=8, seq=2048, ckpt="on", attention="eager"),
             P(l1, dtype="bf16-mixed", mb=16, seq=2048, ckpt="on"),
+        ]
+    if name == "qlora":
+        # PEFT's QLoRA recipe (bitsandbytes NF4 base, prepare_model_for_kbit_training),
+        # which the memory model runs as an fp32 block: counted on the CPU
+        # (bench/data/saved_tensors.jsonl) but never measured on a GPU. bf16
+        # keeps the adapters' fp32 and no autocast; bf16-mixed is the
+        # Trainer's bf16=True. LoRA twins at the same settings beside them.
+        l8, q7 = "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B"
+        return [
+            P(l1, "qlora", mb=4, seq=2048), P(l1, "lora", mb=4, seq=2048),
+            P(l1, "qlora", dtype="bf16-mixed", mb=4, seq=2048),
+            P(l1, "qlora", mb=8, seq=2048, ckpt="on"),
+            P(l8, "qlora", mb=2, seq=2048), P(l8, "lora", mb=2, seq=2048),
+            P(l8, "qlora", mb=4, seq=4096, ckpt="on"),
+            P(l8, "qlora", dtype="bf16-mixed", mb=4, seq=2048, ckpt="on"),
+            P(q7, "qlora", mb=2, seq=2048, lora_targets="all-linear"),
+            P(phi3, "qlora", mb=4, seq=2048), P(py, "qlora", mb=4, seq=1024),
         ]
     if name != "families":
         raise SystemExit(f"unknown grid {name}")
@@ -300,9 +318,31 @@ def run_point(p, steps, ctx_bytes, trace_dir=None):
     try:
         with torch.device("cuda"):
             model = cls.from_config(config, torch_dtype=pdtype, attn_implementation=p["attention"])
-        if p["checkpointing"] == "on":
+        if p["method"] == "qlora":
+            # PEFT's QLoRA recipe: the base reloaded in 4 bits (bitsandbytes
+            # NF4 with double quantization, bf16 compute), then
+            # prepare_model_for_kbit_training (fp32 non-quantized parameters;
+            # reentrant checkpointing when asked, as the recipe enables it)
+            import bitsandbytes  # noqa: F401  (fails here, recorded as the row's error, when absent)
+            from importlib.metadata import version
+            from peft import prepare_model_for_kbit_training
+            from transformers import BitsAndBytesConfig
+            with tempfile.TemporaryDirectory() as d:
+                model.save_pretrained(d)
+                del model
+                gc.collect()
+                torch.cuda.empty_cache()
+                q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                       bnb_4bit_compute_dtype=adt, bnb_4bit_use_double_quant=True)
+                model = cls.from_pretrained(d, quantization_config=q, device_map={"": 0},
+                                            torch_dtype=pdtype, attn_implementation=p["attention"])
+            model = prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=p["checkpointing"] == "on",
+                gradient_checkpointing_kwargs={"use_reentrant": True})
+            row.update(base_quant="nf4", bitsandbytes=version("bitsandbytes"))
+        elif p["checkpointing"] == "on":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if p["method"] == "lora":
+        if p["method"] in ("lora", "qlora"):
             from peft import LoraConfig, get_peft_model
             tm = "all-linear" if p["lora_targets"] == "all-linear" else LORA_TARGETS[mt]
             model = get_peft_model(model, LoraConfig(
@@ -473,7 +513,7 @@ def main():
                                                       "data", "configs"),
                     help="where the config.json of each model used is written")
     ap.add_argument("--grid", default="families",
-                    help="families | holdout | steps | allocator | quick")
+                    help="families | holdout | steps | allocator | qlora | quick")
     ap.add_argument("--steps", type=int, default=4, help="training steps per point (>= 3)")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new point after this many seconds")

@@ -733,6 +733,15 @@ mod tests {
         assert!((0.0..=per_block + 1.0).contains(&ckpt), "{ckpt}");
         // current bitsandbytes keeps only the weight: QLoRA = LoRA here
         assert_eq!(acts(&w, false, &current), acts(&wl, false, &current));
+        // PEFT's recipe feeds bitsandbytes fp32 inputs, so each linear kept
+        // its own bf16 cast: q, k, v, o, gate, up (2,048 wide) and down
+        // (8,192) — 40,960 bytes per token and block, as counted on the CPU
+        // with `MatMul4Bit` patched back to keeping its input.
+        let mut hf = w.clone();
+        hf.framework = Framework::Hf;
+        let kept = acts(&hf, false, &old) - acts(&hf, false, &current);
+        let expect = 16.0 * 2048.0 * 40_960.0;
+        assert!((kept - expect).abs() < 16.0, "{kept} vs {expect}");
         // torchtune's NF4 linears (torchao) never kept the input
         w.framework = Framework::Torchtune;
         wl.framework = Framework::Torchtune;

@@ -6,7 +6,7 @@ use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{ArchKind, Attention, Framework, LoraTarget, Method, Workload};
 
 use super::plan::Plan;
-use super::storage::{base_quant, compute_bytes, is_mixed, param_bytes};
+use super::storage::{base_quant, compute_bytes, is_mixed, kbit_recipe, param_bytes};
 use super::{BaseQuant, Head, ModelOptions};
 
 /// torchtune's `CEWithChunkedOutputLoss` splits the output projection and
@@ -24,24 +24,9 @@ pub(super) struct LayerActs {
     backward_transient_per_seq: f64,
 }
 
-/// PEFT's QLoRA recipe (`prepare_model_for_kbit_training`,
-/// peft/utils/other.py) casts every parameter that is not quantized —
-/// embeddings, norms, output head — to fp32, and a bitsandbytes linear
-/// returns its output in its input's dtype (`Linear4bit.forward`:
-/// `x.to(compute_dtype)` … `out.to(inp_dtype)`). So the residual stream and
-/// every projection's output are fp32: outside autocast the block's
-/// activations are those of fp32 training, and under autocast its MLP
-/// still runs on fp32 projections. Counted on the CPU
-/// (bench/data/saved_tensors.jsonl): Llama-3.2-1B with q/v adapters keeps
-/// 143,560 bytes per token and block this way against 92,360 for LoRA on a
-/// bf16 base. The storage side is `storage::frozen_storage` (fp32 rest).
-pub(super) fn kbit_recipe(w: &Workload, opts: &ModelOptions) -> bool {
-    w.framework == Framework::Hf
-        && w.method != Method::Full
-        && base_quant(w, opts) != BaseQuant::None
-}
-
-/// The dtype a block's activations follow (see [`kbit_recipe`]).
+/// The dtype a block's activations follow: under PEFT's QLoRA recipe
+/// ([`kbit_recipe`]) without autocast, those of fp32 training; under
+/// autocast only its MLP differs (see `mlp_e` below).
 pub(super) fn activation_dtype(
     w: &Workload,
     s: &EngineeringSettings,
@@ -83,13 +68,14 @@ pub(super) fn layer_activations(
     // Quirks of transformers' modelling code; litgpt and torchtune write
     // their own blocks (fused `gelu(approximate="tanh")`, K/V expanded
     // before SDPA), so they do not apply there.
-    let hf_code = !matches!(w.framework, Framework::Litgpt | Framework::Torchtune);
+    let litgpt = w.framework == Framework::Litgpt;
+    let hf_code = !litgpt && w.framework != Framework::Torchtune;
     let math_sdpa = w.attention == Attention::Sdpa && a.quirks.sdpa_math_fallback && hf_code;
     // litgpt cannot use SDPA with attention soft-capping (Gemma 2): its
     // `scaled_dot_product_attention` computes `q @ k.mT`, tanh, an fp32
     // softmax and its 16-bit cast in Python (litgpt/model.py), whatever
     // attention the job asked for.
-    let litgpt_softcap = w.framework == Framework::Litgpt && a.quirks.attn_softcapping;
+    let litgpt_softcap = litgpt && a.quirks.attn_softcapping;
     let eager = w.attention == Attention::Eager || math_sdpa || litgpt_softcap;
     // Softmax in 16 bits: Falcon's eager code. PyTorch's math SDPA instead
     // upcasts 16-bit inputs to fp32 (`allow_fp16_bf16_reduction_math_sdp`
@@ -123,7 +109,7 @@ pub(super) fn layer_activations(
     // (`self.lora_dropout(x) @ self.lora_A.T`, litgpt/lora.py; 0.05 in its
     // configs): each adapter keeps a bool mask plus the dropped copy that
     // lora_A's matmul saves (counted per adapter below).
-    let litgpt_lora = !full && w.framework == Framework::Litgpt;
+    let litgpt_lora = !full && litgpt;
     let litgpt_dropout = litgpt_lora && k == 1.0;
     // MLP input adapters: gate and up, or the one fc1 of a classic MLP.
     let mlp_in_adapters = [LoraTarget::Gate, LoraTarget::Up]
@@ -149,7 +135,7 @@ pub(super) fn layer_activations(
     let hf_classic = classic && hf_code && a.kind != ArchKind::EncoderDecoder;
     // litgpt's own LayerNorm blocks save the same (counted:
     // bench/data/saved_tensors.jsonl, StableLM and phi-1.5).
-    let litgpt_classic = classic && w.framework == Framework::Litgpt;
+    let litgpt_classic = classic && litgpt;
     let norm_input = if (hf_classic || litgpt_classic) && !is_mixed(dtype) {
         e
     } else {
@@ -159,7 +145,7 @@ pub(super) fn layer_activations(
     // (`x_normed * weight.float()`): a trained weight keeps the fp32
     // normalised value (counted: bench/data/saved_tensors.jsonl, gemma-2-2b
     // and litgpt's Llama full bf16).
-    let litgpt_rms = w.framework == Framework::Litgpt && !classic;
+    let litgpt_rms = litgpt && !classic;
     let scaled = if (a.quirks.norm_scale_fp32 && hf_code) || litgpt_rms {
         4.0
     } else {
@@ -225,8 +211,7 @@ pub(super) fn layer_activations(
         }
     }
     // transformers' classic blocks keep dropout masks only where the
-    // config's probability is above 0; litgpt's are left as modelled.
-    // litgpt's blocks have no dropout at all.
+    // config's probability is above 0; litgpt's blocks have no dropout.
     let resid_dropout = classic && !(hf_classic && a.quirks.no_resid_dropout) && !litgpt_classic;
     let attn_dropout = classic && !(hf_classic && a.quirks.no_attn_dropout) && !litgpt_classic;
     if eager {
@@ -271,7 +256,7 @@ pub(super) fn layer_activations(
         // queries v goes to SDPA as such a view, so the whole qkv output
         // stays alive where v alone is counted above (counted with
         // saved-tensor hooks: bench/data/saved_tensors.jsonl).
-        if w.framework == Framework::Litgpt && a.num_kv_heads == a.num_attention_heads {
+        if litgpt && a.num_kv_heads == a.num_attention_heads {
             saved += e * (qd + kvd);
         }
     }

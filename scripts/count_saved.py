@@ -188,8 +188,9 @@ def litgpt_block(name, method, dtype, targets=None):
     # (the fused qkv adapter's input) keeps an n_embd-wide mask, which the
     # CPU stores in the input's dtype and CUDA in one byte.
     # With every linear adapted each adapter drops its own input: the qkv
-    # and MLP inputs (n_embd), the projection's (n_head * head_size) and
-    # the MLP projection's (intermediate_size, once per MLP input).
+    # input (n_embd), the attention projection's (n_head * head_size), the
+    # MLP input once per MLP input linear (n_embd each: fc_1 and fc_2, or
+    # fc) and the MLP projection's (intermediate_size).
     if method != "lora":
         mask = 0
     elif targets:

@@ -33,6 +33,8 @@ import sys
 import torch
 
 SEQ = 256
+# BERT's position embeddings stop at 512; its published runs use 512.
+ENCODER_SEQ = 512
 
 # Config numbers as the models' published config.json give them (the same
 # as scripts/gpu_measure.py), with the vocabulary cut: it does not change a
@@ -69,6 +71,11 @@ LITGPT = {"phi-1_5": "microsoft/phi-1_5", "stablelm-base-alpha-3b": "stabilityai
           "gemma-2b": "google/gemma-2b"}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 QLORA = ["llama-3.2-1b", "qwen2.5-0.5b", "phi-3-mini", "pythia-1.4b", "phi-2"]
+# Encoders (AutoModelForSequenceClassification), by their hub id: the
+# config numbers are bench/data/configs/<owner>__<name>.json's.
+ENCODERS = {"bert-large": ("google-bert/bert-large-uncased",
+                           dict(model_type="bert", hidden_size=1024, intermediate_size=4096,
+                                num_attention_heads=16))}
 TORCHTUNE = {"llama3_2-1b": ("meta-llama/Llama-3.2-1B",
                              dict(num_heads=32, num_kv_heads=8, embed_dim=2048, intermediate_dim=8192))}
 
@@ -157,6 +164,37 @@ def hf_block(name, method, dtype, attention, targets=None):
         gc.collect()
     config = dict(HF[name], num_hidden_layers=2, vocab_size=1024)
     return (out[1] - out[0]) / SEQ, config
+
+
+def encoder_block(name, dtype, attention):
+    """A BERT block in training mode, its dropouts (0.1) on. The CPU's SDPA
+    with dropout falls back to the math kernel, which keeps the scores;
+    CUDA's memory-efficient kernel keeps only its RNG state, so SDPA rows are
+    counted without the attention dropout (the CUDA block does not depend on
+    it). The dropout masks the row reports are kept in the input's dtype on
+    the CPU and in one byte on CUDA: per token and block, the attention
+    probabilities' (heads x seq, eager only) and the two hidden ones."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    hub, kw = ENCODERS[name]
+    kw = dict(kw)
+    mt = kw.pop("model_type")
+    if attention == "sdpa":
+        kw["attention_probs_dropout_prob"] = 0.0
+    out = []
+    for layers in (1, 2):
+        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, num_hidden_layers=layers))
+        torch.manual_seed(0)
+        m = AutoModelForSequenceClassification.from_config(cfg, dtype=DTYPES[dtype],
+                                                           attn_implementation=attention)
+        m.train()
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        params |= {b.untyped_storage().data_ptr() for b in m.buffers()}
+        x = torch.randint(0, 1024, (1, ENCODER_SEQ))
+        out.append(saved_bytes(lambda: m(input_ids=x), params))
+        del m
+        gc.collect()
+    mask = 2 * kw["hidden_size"] + (kw["num_attention_heads"] * ENCODER_SEQ if attention == "eager" else 0)
+    return (out[1] - out[0]) / ENCODER_SEQ, hub, mask
 
 
 def litgpt_block(name, method, dtype, targets=None):
@@ -276,10 +314,18 @@ def main():
     grid += [("hf", n, "qlora", "bf16", a, None) for n in QLORA for a in ("sdpa", "eager")]
     grid += [("torchtune", n, m, "bf16", "sdpa", None) for n in TORCHTUNE
              for m in ("full", "lora", "qlora")]
+    # encoders: HF's BERT, eager (the scores) and SDPA
+    grid += [("hf", n, "full", d, a, None) for n in ENCODERS for d in ("bf16", "fp32")
+             for a in ("sdpa", "eager")]
     for fw, name, method, dtype, attention, targets in grid:
         if (fw, name, method, dtype, attention, targets) in done:
             continue
-        if fw == "hf":
+        seq = SEQ
+        if fw == "hf" and name in ENCODERS:
+            b, cfg, mask = encoder_block(name, dtype, attention)
+            where = dict(hf_model=cfg, cpu_mask_elems_per_token_layer=mask)
+            seq = ENCODER_SEQ
+        elif fw == "hf":
             try:
                 b, cfg = hf_block(name, method, dtype, attention, targets)
             except ValueError as e:
@@ -298,7 +344,7 @@ def main():
         if targets:
             where["lora_targets"] = targets
         row = dict(framework=fw, model=name, method=method, dtype=dtype, attention=attention,
-                   seq_len=SEQ, **where, bytes_per_token_layer=round(b, 1), **versions)
+                   seq_len=seq, **where, bytes_per_token_layer=round(b, 1), **versions)
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)

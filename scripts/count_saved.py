@@ -59,11 +59,17 @@ HF = {
                        num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                        attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                        query_pre_attn_scalar=256, sliding_window=4096),
+    # a mixture of experts: 8 experts, top-2 routing (transformers 5 keeps
+    # the experts as 3D tensors and runs them grouped by expert)
+    "mixtral-8x7b": dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336,
+                         num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+                         num_experts_per_tok=2),
 }
 PEFT_QV = {"llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"],
            "mistral": ["q_proj", "v_proj"], "phi3": ["qkv_proj"],
            "gpt_neox": ["query_key_value"], "phi": ["q_proj", "v_proj"],
-           "gpt2": ["c_attn"], "gemma2": ["q_proj", "v_proj"]}
+           "gpt2": ["c_attn"], "gemma2": ["q_proj", "v_proj"], "mixtral": ["q_proj", "v_proj"],
+           "t5": ["q", "v"]}
 # (litgpt's falcon-7b is left out: its fp32 rows need more than the 24 GB
 # of RAM this was run with.)
 LITGPT = {"phi-1_5": "microsoft/phi-1_5", "stablelm-base-alpha-3b": "stabilityai/stablelm-base-alpha-3b",
@@ -73,6 +79,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 QLORA = ["llama-3.2-1b", "qwen2.5-0.5b", "phi-3-mini", "pythia-1.4b", "phi-2"]
 # Encoders (AutoModelForSequenceClassification), by their hub id: the
 # config numbers are bench/data/configs/<owner>__<name>.json's.
+# Encoder-decoders (T5ForConditionalGeneration): one more layer adds an
+# encoder and a decoder block; the row is their mean, as gpufit counts T5's
+# layers (encoder + decoder blocks).
+SEQ2SEQ = {"t5-base": ("google-t5/t5-base", dict(model_type="t5", d_model=768, d_ff=3072,
+                                                  num_heads=12, d_kv=64))}
 ENCODERS = {"bert-large": ("google-bert/bert-large-uncased",
                            dict(model_type="bert", hidden_size=1024, intermediate_size=4096,
                                 num_attention_heads=16))}
@@ -197,6 +208,39 @@ def encoder_block(name, dtype, attention):
     return (out[1] - out[0]) / ENCODER_SEQ, hub, mask
 
 
+def seq2seq_block(name, method, dtype):
+    """A T5 encoder block and a decoder block (dropout 0.1 on), eager
+    attention: the CPU's SDPA with T5's relative-position bias as a float
+    mask runs the math kernel. Labels are the inputs, so the decoder runs
+    as many tokens as the encoder. The dropout masks, in the input's dtype
+    on the CPU and one byte on CUDA, per token and pair of blocks: the
+    three attentions' probabilities (heads x seq each), five residual
+    branches (d_model each) and the two feed-forward activations (d_ff)."""
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+    hub, kw = SEQ2SEQ[name]
+    kw = dict(kw)
+    mt = kw.pop("model_type")
+    out = []
+    for layers in (1, 2):
+        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, num_layers=layers,
+                                              decoder_start_token_id=0, pad_token_id=0))
+        torch.manual_seed(0)
+        m = AutoModelForSeq2SeqLM.from_config(cfg, dtype=DTYPES[dtype], attn_implementation="eager")
+        if method == "lora":
+            from peft import LoraConfig, get_peft_model
+            m = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                             target_modules=PEFT_QV[mt]))
+        m.train()
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        params |= {b.untyped_storage().data_ptr() for b in m.buffers()}
+        x = torch.randint(0, 1024, (1, SEQ))
+        out.append(saved_bytes(lambda: m(input_ids=x, labels=x), params))
+        del m
+        gc.collect()
+    mask = 3 * kw["num_heads"] * SEQ + 5 * kw["d_model"] + 2 * kw["d_ff"]
+    return (out[1] - out[0]) / SEQ / 2, hub, mask / 2
+
+
 def litgpt_block(name, method, dtype, targets=None):
     from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
     out = []
@@ -302,8 +346,10 @@ def main():
                     r = json.loads(line)
                     done.add((r["framework"], r["model"], r["method"], r["dtype"], r["attention"],
                               r.get("lora_targets")))
+    # (Mixtral's fp32 blocks need more than the 24 GB of RAM this was run
+    # with: bf16 only.)
     grid = [("hf", n, m, d, a, None) for n in HF for m in ("full", "lora") for d in ("bf16", "fp32")
-            for a in ("sdpa", "eager")]
+            for a in ("sdpa", "eager") if not (n == "mixtral-8x7b" and d == "fp32")]
     grid += [("litgpt", n, m, d, "sdpa", None) for n in LITGPT for m in ("full", "lora")
              for d in ("bf16", "fp32")]
     # every linear adapted (litgpt's config hub; PEFT's "all-linear")
@@ -314,6 +360,8 @@ def main():
     grid += [("hf", n, "qlora", "bf16", a, None) for n in QLORA for a in ("sdpa", "eager")]
     grid += [("torchtune", n, m, "bf16", "sdpa", None) for n in TORCHTUNE
              for m in ("full", "lora", "qlora")]
+    grid += [("hf", n, m, d, "eager", None) for n in SEQ2SEQ for m in ("full", "lora")
+             for d in ("bf16", "fp32")]
     # encoders: HF's BERT, eager (the scores) and SDPA
     grid += [("hf", n, "full", d, a, None) for n in ENCODERS for d in ("bf16", "fp32")
              for a in ("sdpa", "eager")]
@@ -321,7 +369,10 @@ def main():
         if (fw, name, method, dtype, attention, targets) in done:
             continue
         seq = SEQ
-        if fw == "hf" and name in ENCODERS:
+        if fw == "hf" and name in SEQ2SEQ:
+            b, cfg, mask = seq2seq_block(name, method, dtype)
+            where = dict(hf_model=cfg, cpu_mask_elems_per_token_layer=mask)
+        elif fw == "hf" and name in ENCODERS:
             b, cfg, mask = encoder_block(name, dtype, attention)
             where = dict(hf_model=cfg, cpu_mask_elems_per_token_layer=mask)
             seq = ENCODER_SEQ

@@ -7,6 +7,7 @@ use crate::core::workload::{ArchKind, Attention, Framework, LoraTarget, Method, 
 
 use super::plan::Plan;
 use super::storage::{base_quant, compute_bytes, is_mixed, kbit_recipe, param_bytes};
+use super::t5::t5_layer;
 use super::{BaseQuant, Head, ModelOptions};
 
 /// torchtune's `CEWithChunkedOutputLoss` splits the output projection and
@@ -20,8 +21,8 @@ pub(super) struct LayerActs {
     pub(super) saved: f64,
     /// Bytes per token scaling with sequence length (eager scores): × seq.
     pub(super) saved_per_seq: f64,
-    backward_transient: f64,
-    backward_transient_per_seq: f64,
+    pub(super) backward_transient: f64,
+    pub(super) backward_transient_per_seq: f64,
 }
 
 /// The dtype a block's activations follow: under PEFT's QLoRA recipe
@@ -45,6 +46,10 @@ pub(super) fn layer_activations(
     opts: &ModelOptions,
 ) -> LayerActs {
     let a = &w.model;
+    // T5, the catalog's encoder–decoder, has blocks of its own (t5.rs).
+    if a.kind == ArchKind::EncoderDecoder {
+        return t5_layer(w, s, opts);
+    }
     let quant = base_quant(w, opts);
     let kbit = kbit_recipe(w, opts);
     let dtype = activation_dtype(w, s, opts);
@@ -124,7 +129,7 @@ pub(super) fn layer_activations(
     // RMSNorm (HF LlamaRMSNorm, torchtune/litgpt RMSNorm) upcasts to fp32
     // and saves the fp32 input for the rsqrt product (4h); the normalised
     // value is saved by `weight * x` only when the weight trains. LayerNorm
-    // (GPT-2/BERT/T5) saves only its input plus per-token mean/rstd and
+    // (GPT-2/BERT) saves only its input plus per-token mean/rstd and
     // runs in fp32 under autocast (4h there and in fp32 training).
     //
     // In transformers' classic blocks (counted with autograd's saved-tensor
@@ -132,7 +137,7 @@ pub(super) fn layer_activations(
     // the input's dtype — 16 bits in pure 16-bit training, fp32 under
     // autocast or in fp32 — and a parallel residual (GPT-NeoX, Phi, Falcon)
     // normalises one block input for both branches: one saved tensor.
-    let hf_classic = classic && hf_code && a.kind != ArchKind::EncoderDecoder;
+    let hf_classic = classic && hf_code;
     // litgpt's own LayerNorm blocks save the same (counted:
     // bench/data/saved_tensors.jsonl, StableLM and phi-1.5).
     let litgpt_classic = classic && litgpt;
@@ -161,9 +166,7 @@ pub(super) fn layer_activations(
     };
     // Gemma 2 normalises before and after attention and the MLP (its
     // `pre/post_attention_layernorm`, `pre/post_feedforward_layernorm`).
-    let norm_count = if a.kind == ArchKind::EncoderDecoder {
-        2.5
-    } else if a.quirks.sandwich_norms {
+    let norm_count = if a.quirks.sandwich_norms {
         4.0
     } else if (hf_classic || litgpt_classic) && a.quirks.parallel_residual {
         1.0
@@ -280,8 +283,18 @@ pub(super) fn layer_activations(
     let up_trains = trains(LoraTarget::Gate) || trains(LoraTarget::Up);
     if k > 1.0 {
         // MoE: the router saves its input when trained; every routed copy of
-        // the token is gathered (hidden[top_x]) and saved by the experts.
-        saved += e * h * k + if full { e * h } else { 0.0 };
+        // the token is gathered (hidden[top_x]) and saved by the experts
+        // when they train, and each copy's expert output is saved by its product with the routing
+        // weight, which needs a gradient (`current_hidden_states *
+        // top_k_weights[...]`, transformers' Mixtral). The router keeps its
+        // fp32 probabilities (softmax and top-k), the top-k indices and
+        // weights and the grouping's index tensors: 8·E + 40·k + 4 bytes.
+        // Counted with saved-tensor hooks (bench/data/saved_tensors.jsonl,
+        // Mixtral 8x7B).
+        let experts = a.num_experts.max(1) as f64;
+        let gathered = if up_trains { e * h * k } else { 0.0 };
+        saved +=
+            gathered + e * h * k + if full { e * h } else { 0.0 } + 8.0 * experts + 40.0 * k + 4.0;
     } else if up_trains
         && (hf_classic || litgpt_classic)
         && a.quirks.single_norm
@@ -313,14 +326,10 @@ pub(super) fn layer_activations(
     if classic {
         // fc1 output saved by the activation; GPT-2's (and Phi-2's) `gelu_new` is a
         // composite in Python (0.5·x·(1 + tanh(…))) whose mul/tanh save
-        // three more I-sized tensors; BERT's exact GELU and T5's ReLU do not.
+        // three more I-sized tensors; BERT's exact GELU does not.
         saved += mlp_e * i * k;
         if a.quirks.composite_gelu && hf_code {
             saved += 3.0 * mlp_e * i * k;
-        }
-        if a.kind == ArchKind::EncoderDecoder {
-            // T5: dropout (p = 0.1) after the ReLU: bool mask + output.
-            saved += (1.0 + e) * i * k;
         }
         if trains(LoraTarget::Down) {
             saved += down_input;

@@ -70,6 +70,7 @@ mod activations;
 mod allocator;
 mod plan;
 mod storage;
+mod t5;
 
 pub use activations::COMPILE_PER_SAMPLE_FACTOR;
 pub use storage::{default_lora_targets, lora_params};

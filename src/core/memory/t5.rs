@@ -1,0 +1,214 @@
+//! T5's blocks (transformers' `modeling_t5.py`), the one encoder–decoder
+//! family in the catalog. gpufit counts an encoder–decoder's layers as
+//! encoder plus decoder blocks, so a "layer" here is the mean of one
+//! encoder block and one decoder block: two self-attentions and one
+//! cross-attention over the pair, five norms, five residual dropouts and
+//! two feed-forward blocks. Counted with autograd's saved-tensor hooks on
+//! T5-base (bench/data/saved_tensors.jsonl, `cargo bench --bench
+//! saved_tensors`; full and LoRA, bf16 and fp32, eager attention).
+
+use crate::core::settings::EngineeringSettings;
+use crate::core::workload::{Attention, LoraTarget, Method, Workload};
+
+use super::activations::{activation_dtype, LayerActs};
+use super::storage::{compute_bytes, is_mixed, param_bytes};
+use super::ModelOptions;
+
+/// One encoder block and one decoder block make the pair the terms below
+/// add up; a layer is half of it. Every released T5 config has
+/// `dropout_rate` 0.1, on the attention probabilities, after the ReLU and
+/// on each residual branch: its masks are counted throughout.
+const BLOCKS_PER_PAIR: f64 = 2.0;
+
+pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> LayerActs {
+    let a = &w.model;
+    let dtype = activation_dtype(w, s, opts);
+    let e = compute_bytes(dtype);
+    let mixed = is_mixed(dtype);
+    // the residual stream: fp32 under autocast (fp32 parameters)
+    let r = param_bytes(dtype);
+    let h = a.hidden_size as f64;
+    let qd = a.num_attention_heads as f64 * a.head_dim as f64;
+    let heads = a.num_attention_heads as f64;
+    let i = a.intermediate_size as f64;
+    let full = w.method == Method::Full;
+    let targets: &[LoraTarget] = w.lora.as_ref().map(|l| l.targets.as_slice()).unwrap_or(&[]);
+    let trains = |t: LoraTarget| full || targets.contains(&t);
+    let rank = w.lora.as_ref().map(|l| l.rank as f64).unwrap_or(0.0);
+    // PEFT keeps adapters in fp32 and each casts its own input on a 16-bit
+    // base; in fp32 they save the input they share.
+    let peft_cast = !full && e < 4.0;
+    let adapter_input = if mixed { e } else { 4.0 };
+
+    let mut pair = 0.0;
+    let mut pair_per_seq = 0.0;
+
+    // --- five T5LayerNorms (RMS, no mean): `x.to(float32).pow(2)` saves
+    // the fp32 input (a copy when x is 16-bit, which `x * rsqrt` also
+    // saves), rsqrt one fp32 per token; `weight * x_normed` saves the
+    // normalised value (cast to 16 bits in pure 16-bit training) only when
+    // the weight trains.
+    let upcast = if r < 4.0 { 4.0 + r } else { 4.0 };
+    let scaled = if full {
+        if r < 4.0 {
+            e
+        } else {
+            4.0
+        }
+    } else {
+        0.0
+    };
+    pair += 5.0 * ((upcast + scaled) * h + 4.0);
+    // Each norm's output feeds linears (self-attention: q, k, v; cross:
+    // q; feed-forward: wi, or wi_0 and wi_1): saved once when they train in
+    // a pure dtype, once per linear under autocast (each casts it).
+    let ff_in = if a.gated_mlp { 2.0 } else { 1.0 };
+    if full {
+        let consumers = if mixed {
+            2.0 * 3.0 + 1.0 + 2.0 * ff_in
+        } else {
+            5.0
+        };
+        pair += consumers * e * h;
+        if mixed {
+            // the cross-attention's k and v cast the (fp32) encoder output
+            pair += 2.0 * e * h;
+        }
+    }
+
+    // --- three attentions (two self, one cross), each over `seq` keys ---
+    let attn = 3.0;
+    if w.attention == Attention::Eager {
+        // q·kᵀ saves q and k, PV saves v …
+        pair += attn * 3.0 * e * qd;
+        // … softmax keeps its output (in the scores' dtype: T5's eager
+        // code does not upcast; fp32 under autocast), dropout its mask, and
+        // PV the dropped probabilities (autocast's 16-bit cast of them).
+        let probs = if mixed { 4.0 + 1.0 + e } else { 2.0 * e + 1.0 };
+        pair_per_seq += attn * probs * heads;
+    } else {
+        // the memory-efficient kernel (T5's position bias as a float mask):
+        // q, k, v, the output and an fp32 log-sum-exp per head
+        pair += attn * (4.0 * e * qd + 4.0 * heads);
+    }
+    if trains(LoraTarget::O) && !peft_cast {
+        // o's input: the transposed, contiguous attention output
+        pair += attn * e * qd;
+    }
+    // --- five residual dropouts: a 1-byte mask each ---
+    pair += 5.0 * h;
+
+    // --- two feed-forward blocks: ReLU keeps its output (gated-GELU: the
+    // gelu input, its output and the linear branch), dropout its mask, and
+    // wo the dropped activations when it trains.
+    let act = if a.gated_mlp { 3.0 } else { 1.0 };
+    pair += BLOCKS_PER_PAIR
+        * ((act * e + 1.0) * i + if trains(LoraTarget::Down) { e * i } else { 0.0 });
+
+    // --- LoRA adapters (PEFT matches q and v in all three attentions) ---
+    if !full {
+        let per_attn = [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O]
+            .iter()
+            .filter(|t| targets.contains(t))
+            .count() as f64;
+        let adapters = attn * per_attn;
+        if peft_cast {
+            // every adapter's own fp32 cast of its input
+            pair += adapters * adapter_input * h;
+        } else {
+            // the norm outputs the q adapters share (the cross-attention's
+            // k and v read the encoder output, kept once for all layers)
+            let self_inputs = if targets
+                .iter()
+                .any(|t| matches!(t, LoraTarget::Q | LoraTarget::K | LoraTarget::V))
+            {
+                2.0
+            } else {
+                0.0
+            };
+            let cross_q = if targets.contains(&LoraTarget::Q) {
+                1.0
+            } else {
+                0.0
+            };
+            pair += (self_inputs + cross_q) * adapter_input * h;
+        }
+        // each adapter's A output (rank wide, fp32) is saved by B
+        pair += adapters * 4.0 * rank;
+    }
+
+    // Backward of one block: the residual gradient (twice while the
+    // branches add), the feed-forward gradients, and in eager attention the
+    // probabilities' gradients (softmax's and dropout's backward).
+    let bt = 2.0 * r * h + 2.0 * e * i;
+    let bt_seq = if w.attention == Attention::Eager {
+        if mixed {
+            (4.0 + 2.0 * e) * heads
+        } else {
+            2.0 * e * heads
+        }
+    } else {
+        0.0
+    };
+    LayerActs {
+        saved: pair / BLOCKS_PER_PAIR,
+        saved_per_seq: pair_per_seq / BLOCKS_PER_PAIR,
+        backward_transient: bt,
+        backward_transient_per_seq: bt_seq,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::catalog::lookup_model;
+    use crate::core::settings::Dtype;
+    use crate::core::workload::{Framework, LoraConfig, Optimizer, Sharding};
+
+    fn t5(method: Method, dtype: Dtype) -> (Workload, EngineeringSettings) {
+        let w = Workload {
+            model: lookup_model("google-t5/t5-base").unwrap().arch,
+            method,
+            lora: (method != Method::Full).then(|| LoraConfig {
+                rank: 8,
+                targets: vec![LoraTarget::Q, LoraTarget::V],
+            }),
+            seq_len: 256,
+            optimizer: Optimizer::Adamw,
+            global_batch: None,
+            gpus: 1,
+            sharding: Sharding::None,
+            framework: Framework::Hf,
+            attention: Attention::Eager,
+        };
+        let s = EngineeringSettings {
+            micro_batch_size: 1,
+            dtype,
+            ..Default::default()
+        };
+        (w, s)
+    }
+
+    /// Bytes per token and layer counted with saved-tensor hooks on the
+    /// CPU (transformers 5.23 + PEFT 0.21.2 with q and v adapters of rank
+    /// 8, T5-base, 256 tokens, eager; the CPU's
+    /// dropout masks turned into CUDA's 1-byte ones): an encoder block
+    /// plus a decoder block, halved.
+    #[test]
+    fn t5_base_layer_saves_what_autograd_was_counted_saving() {
+        for (method, dtype, counted) in [
+            (Method::Full, Dtype::Bf16, 68_746.0),
+            (Method::Full, Dtype::Fp32, 112_522.0),
+            (Method::Lora, Dtype::Bf16, 61_930.0),
+            (Method::Lora, Dtype::Fp32, 84_970.0),
+        ] {
+            let (w, s) = t5(method, dtype);
+            let la = t5_layer(&w, &s, &ModelOptions::default());
+            let model = la.saved + la.saved_per_seq * w.seq_len as f64;
+            assert!(
+                (model - counted).abs() / counted < 0.001,
+                "{method:?} {dtype:?}: model {model} counted {counted}"
+            );
+        }
+    }
+}

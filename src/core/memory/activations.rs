@@ -218,8 +218,18 @@ pub(super) fn layer_activations(
     let resid_dropout = classic && !(hf_classic && a.quirks.no_resid_dropout) && !litgpt_classic;
     let attn_dropout = classic && !(hf_classic && a.quirks.no_attn_dropout) && !litgpt_classic;
     if eager {
-        // q, k (expanded to all heads) saved by QKᵀ, v by PV.
-        saved += 3.0 * e * qd;
+        // q, k (expanded to all heads) saved by QKᵀ, v by PV. With a single
+        // K/V head (Gemma-2B, Falcon-7B) transformers' `repeat_kv`
+        // (`expand` + `reshape`) is a view, so the matmuls keep the one
+        // head's k and v (counted: bench/data/saved_tensors.jsonl); grouped
+        // heads need a copy. PyTorch's math SDPA (Falcon) is left as it was
+        // measured on the H100.
+        let kv_saved = if hf_code && a.num_kv_heads == 1 && !math_sdpa {
+            kvd
+        } else {
+            qd
+        };
+        saved += e * qd + 2.0 * e * kv_saved;
         if softmax_16bit {
             // Falcon's eager code runs softmax in the activations' dtype,
             // without dropout: PV saves that output.

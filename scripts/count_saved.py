@@ -95,9 +95,19 @@ QLORA = ["llama-3.2-1b", "qwen2.5-0.5b", "phi-3-mini", "pythia-1.4b", "phi-2"]
 # layers (encoder + decoder blocks).
 SEQ2SEQ = {"t5-base": ("google-t5/t5-base", dict(model_type="t5", d_model=768, d_ff=3072,
                                                   num_heads=12, d_kv=64))}
-ENCODERS = {"bert-large": ("google-bert/bert-large-uncased",
-                           dict(model_type="bert", hidden_size=1024, intermediate_size=4096,
-                                num_attention_heads=16))}
+ENCODERS = {
+    "bert-large": ("google-bert/bert-large-uncased",
+                   dict(model_type="bert", hidden_size=1024, intermediate_size=4096,
+                        num_attention_heads=16)),
+    "distilbert-base": ("distilbert/distilbert-base-uncased",
+                        dict(model_type="distilbert", dim=768, hidden_dim=3072, n_heads=12)),
+}
+# Per family: its config's names for the width, the heads, the layers and
+# the attention dropout, and how many hidden-wide dropouts a block runs
+# (BERT: attention output and output; DistilBERT: the FFN's).
+ENCODER_KEYS = {"bert": ("hidden_size", "num_attention_heads", "num_hidden_layers",
+                         "attention_probs_dropout_prob", 2),
+                "distilbert": ("dim", "n_heads", "n_layers", "attention_dropout", 1)}
 TORCHTUNE = {"llama3_2-1b": ("meta-llama/Llama-3.2-1B",
                              dict(num_heads=32, num_kv_heads=8, embed_dim=2048, intermediate_dim=8192))}
 
@@ -149,7 +159,12 @@ NOT_SCORED = {("falcon-7b", "sdpa"): "transformers' Falcon hands SDPA an explici
               "single K/V head: the CPU's flash kernel takes it, while on CUDA PyTorch ran the math "
               "kernel, which keeps the score matrix (measured on the H100: Falcon-7B LoRA at 2,048 "
               "tokens holds the size of eager scores, bench/data/h100/holdout.csv), so the model "
-              "follows the H100"}
+              "follows the H100",
+              ("gpt2-medium", "sdpa"): "on the CPU, SDPA keeps copies of k and v, the views of GPT-2's "
+              "fused c_attn output (q's view keeps the whole output); whether CUDA's memory-efficient "
+              "kernel copies them too is not known without a GPU, so the model keeps the no-copy term "
+              "of the other families' SDPA path (the eager rows, where matmul's reshape copies k and v "
+              "on any device, are scored)"}
 
 ALL_LINEAR = "q,k,v,o,gate,up,down"
 PEFT_ALL = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
@@ -159,10 +174,22 @@ def hf_block(name, method, dtype, attention, targets=None):
     from transformers import AutoConfig, AutoModelForCausalLM
     kw = dict(HF[name])
     mt = kw.pop("model_type")
+    # GPT-2 keeps dropout (0.1) on the attention probabilities and both
+    # residual branches. The CPU's SDPA with dropout runs the math kernel,
+    # which keeps the scores, while CUDA's memory-efficient kernel keeps
+    # only its RNG state: SDPA rows are counted without attention dropout.
+    # The masks (the input's dtype on the CPU, one byte on CUDA) per token
+    # and block are returned for the bench to convert.
+    extra, mask = {}, 0
+    if mt == "gpt2":
+        if attention == "sdpa":
+            extra["attn_pdrop"] = 0.0
+        mask = 2 * kw["n_embd"] + (kw["n_head"] * SEQ if attention == "eager" else 0)
     out = []
     for layers in (1, 2):
         key = "n_layer" if mt == "gpt2" else "num_hidden_layers"
-        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, pad_token_id=0, **{key: layers}))
+        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, pad_token_id=0, **extra,
+                                              **{key: layers}))
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype], attn_implementation=attention)
         if method == "qlora":
@@ -193,26 +220,29 @@ def hf_block(name, method, dtype, attention, targets=None):
         del m
         gc.collect()
     config = dict(HF[name], num_hidden_layers=2, vocab_size=1024)
-    return (out[1] - out[0]) / SEQ, config
+    return (out[1] - out[0]) / SEQ, config, mask
 
 
 def encoder_block(name, dtype, attention):
-    """A BERT block in training mode, its dropouts (0.1) on. The CPU's SDPA
-    with dropout falls back to the math kernel, which keeps the scores;
+    """A BERT (or DistilBERT) block in training mode, its dropouts (0.1)
+    on. The CPU's SDPA with dropout falls back to the math kernel, which
+    keeps the scores;
     CUDA's memory-efficient kernel keeps only its RNG state, so SDPA rows are
     counted without the attention dropout (the CUDA block does not depend on
     it). The dropout masks the row reports are kept in the input's dtype on
     the CPU and in one byte on CUDA: per token and block, the attention
-    probabilities' (heads x seq, eager only) and the two hidden ones."""
+    probabilities' (heads x seq, eager only) and the hidden-wide ones
+    (`ENCODER_KEYS`)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
     hub, kw = ENCODERS[name]
     kw = dict(kw)
     mt = kw.pop("model_type")
+    width, heads, layers_key, attn_drop, hidden_masks = ENCODER_KEYS[mt]
     if attention == "sdpa":
-        kw["attention_probs_dropout_prob"] = 0.0
+        kw[attn_drop] = 0.0
     out = []
     for layers in (1, 2):
-        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, num_hidden_layers=layers))
+        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, **{layers_key: layers}))
         torch.manual_seed(0)
         m = AutoModelForSequenceClassification.from_config(cfg, dtype=DTYPES[dtype],
                                                            attn_implementation=attention)
@@ -223,7 +253,7 @@ def encoder_block(name, dtype, attention):
         out.append(saved_bytes(lambda: m(input_ids=x), params))
         del m
         gc.collect()
-    mask = 2 * kw["hidden_size"] + (kw["num_attention_heads"] * ENCODER_SEQ if attention == "eager" else 0)
+    mask = hidden_masks * kw[width] + (kw[heads] * ENCODER_SEQ if attention == "eager" else 0)
     return (out[1] - out[0]) / ENCODER_SEQ, hub, mask
 
 
@@ -397,12 +427,14 @@ def main():
             seq = ENCODER_SEQ
         elif fw == "hf":
             try:
-                b, cfg = hf_block(name, method, dtype, attention, targets)
+                b, cfg, mask = hf_block(name, method, dtype, attention, targets)
             except ValueError as e:
                 # e.g. Gemma 2 has no SDPA path in recent transformers
                 print(f"skipped {name} {attention}: {str(e)[:100]}", flush=True)
                 continue
             where = dict(config=cfg)
+            if mask:
+                where["cpu_mask_elems_per_token_layer"] = mask
         elif fw == "torchtune":
             b, cfg = torchtune_block(name, method, dtype)
             where = dict(hf_model=cfg)

@@ -129,6 +129,14 @@ pub struct ArchQuirks {
     /// The attention-probability dropout is 0 (`attention_dropout`,
     /// `attn_pdrop`): eager attention keeps no mask.
     pub no_attn_dropout: bool,
+    /// One residual-branch dropout per block, not two (DistilBERT: its
+    /// attention output goes to the norm undropped; the FFN's is dropped).
+    pub one_resid_dropout: bool,
+    /// q, k and v are views of one fused projection's output with no
+    /// rotary step between (GPT-2's `c_attn(...).split(...)`): eager
+    /// attention's matmul keeps q as a view of the whole output and
+    /// reshapes k and v into copies for its batched matmuls.
+    pub unrotated_qkv_views: bool,
     /// The norm scales in fp32 (Gemma's `output * (1.0 + weight.float())`):
     /// a trained norm weight keeps the fp32 normalised value for its
     /// gradient, not a 16-bit one.

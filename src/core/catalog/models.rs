@@ -638,6 +638,7 @@ fn family_quirks(id: &str) -> ArchQuirks {
             composite_gelu: true,
             attn_softmax_no_upcast: true,
             fused_qkv: true,
+            unrotated_qkv_views: true,
             ..ArchQuirks::default()
         }
     } else if id.starts_with("microsoft/Phi-3") {
@@ -1062,6 +1063,8 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
             "phi" => true,
             _ => false,
         },
+        one_resid_dropout: model_type == "distilbert",
+        unrotated_qkv_views: model_type == "gpt2",
         single_norm: model_type == "phi"
             || (model_type == "falcon" && !flag("new_decoder_architecture").unwrap_or(false)),
         no_resid_dropout: dropout_off(&[

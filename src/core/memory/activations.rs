@@ -230,6 +230,11 @@ pub(super) fn layer_activations(
             qd
         };
         saved += e * qd + 2.0 * e * kv_saved;
+        if hf_code && a.quirks.unrotated_qkv_views {
+            // GPT-2: q's view keeps the whole fused output (counted above as
+            // q, k, v); k and v are copied for the batched matmuls.
+            saved += 2.0 * e * kv_saved;
+        }
         if softmax_16bit {
             // Falcon's eager code runs softmax in the activations' dtype,
             // without dropout: PV saves that output.
@@ -285,8 +290,9 @@ pub(super) fn layer_activations(
         }
     }
     if resid_dropout {
-        // residual dropout masks after attention and MLP (p = 0.1, 1 byte)
-        saved += 2.0 * h;
+        // residual dropout masks after attention and MLP (p = 0.1, 1 byte);
+        // DistilBERT drops only the FFN's output
+        saved += if a.quirks.one_resid_dropout { 1.0 } else { 2.0 } * h;
     }
 
     // --- MLP ---

@@ -155,16 +155,18 @@ def saved_bytes(run, params):
 
 # Rows whose CPU kernel saves what CUDA's does not (the bench lists them
 # unscored, with the reason).
-NOT_SCORED = {("falcon-7b", "sdpa"): "transformers' Falcon hands SDPA an explicit mask with its "
-              "single K/V head: the CPU's flash kernel takes it, while on CUDA PyTorch ran the math "
-              "kernel, which keeps the score matrix (measured on the H100: Falcon-7B LoRA at 2,048 "
-              "tokens holds the size of eager scores, bench/data/h100/holdout.csv), so the model "
-              "follows the H100",
-              ("gpt2-medium", "sdpa"): "on the CPU, SDPA keeps copies of k and v, the views of GPT-2's "
+NOT_SCORED = {("gpt2-medium", "sdpa"): "on the CPU, SDPA keeps copies of k and v, the views of GPT-2's "
               "fused c_attn output (q's view keeps the whole output); whether CUDA's memory-efficient "
               "kernel copies them too is not known without a GPU, so the model keeps the no-copy term "
               "of the other families' SDPA path (the eager rows, where matmul's reshape copies k and v "
               "on any device, are scored)"}
+
+# transformers' Falcon hands SDPA an explicit mask with its single K/V head:
+# CUDA runs PyTorch's math kernel there (measured on the H100: Falcon-7B LoRA
+# at 2,048 tokens holds the size of eager scores, bench/data/h100/
+# holdout.csv), while the CPU's flash kernel would take the mask; its SDPA
+# rows are counted with the math backend forced, the composite CUDA runs.
+MATH_SDPA = {"falcon-7b"}
 
 ALL_LINEAR = "q,k,v,o,gate,up,down"
 PEFT_ALL = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
@@ -216,7 +218,12 @@ def hf_block(name, method, dtype, attention, targets=None):
         params = {p.untyped_storage().data_ptr() for p in m.parameters()}
         params |= {b.untyped_storage().data_ptr() for b in m.buffers()}
         x = torch.randint(0, 1024, (1, SEQ))
-        out.append(saved_bytes(lambda: m(input_ids=x), params))
+        if name in MATH_SDPA and attention == "sdpa":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel(SDPBackend.MATH):
+                out.append(saved_bytes(lambda: m(input_ids=x), params))
+        else:
+            out.append(saved_bytes(lambda: m(input_ids=x), params))
         del m
         gc.collect()
     config = dict(HF[name], num_hidden_layers=2, vocab_size=1024)

@@ -222,14 +222,20 @@ pub(super) fn layer_activations(
         // K/V head (Gemma-2B, Falcon-7B) transformers' `repeat_kv`
         // (`expand` + `reshape`) is a view, so the matmuls keep the one
         // head's k and v (counted: bench/data/saved_tensors.jsonl); grouped
-        // heads need a copy. PyTorch's math SDPA (Falcon) is left as it was
-        // measured on the H100.
-        let kv_saved = if hf_code && a.num_kv_heads == 1 && !math_sdpa {
+        // heads need a copy.
+        let kv_saved = if hf_code && a.num_kv_heads == 1 {
             kvd
         } else {
             qd
         };
-        saved += e * qd + 2.0 * e * kv_saved;
+        if math_sdpa {
+            // PyTorch's math SDPA upcasts 16-bit q, k and v to fp32 and its
+            // matmuls keep those copies (counted with the math backend
+            // forced on the CPU, the same composite CUDA runs for Falcon).
+            saved += 4.0 * qd + 2.0 * 4.0 * kv_saved;
+        } else {
+            saved += e * qd + 2.0 * e * kv_saved;
+        }
         if hf_code && a.quirks.unrotated_qkv_views {
             // GPT-2: q's view keeps the whole fused output (counted above as
             // q, k, v); k and v are copied for the batched matmuls.

@@ -15,8 +15,10 @@ is one block's bytes per token.
 What differs on a GPU: the attention kernel's own saved tensors (CUDA
 flash/efficient attention keep q, k, v, the output and a log-sum-exp, like
 the CPU flash kernel; the math fallback keeps the scores) and autocast's
-op lists (CPU and CUDA autocast differ), so only plain-dtype rows are
-written. Random weights, built from config numbers; nothing is downloaded.
+op lists (CPU and CUDA autocast differ). Plain-dtype rows run on the CPU;
+autocast (bf16-mixed) rows run on fake CUDA tensors under CUDA's autocast
+state (see `autocast_block`), with eager attention. Random weights, built
+from config numbers; nothing is downloaded.
 
 Usage (a Python with torch, transformers, peft, bitsandbytes, litgpt,
 torchtune and torchao):
@@ -230,6 +232,73 @@ def hf_block(name, method, dtype, attention, targets=None):
     return (out[1] - out[0]) / SEQ, config, mask
 
 
+# Autocast rows: CUDA's autocast op lists (which ops run in 16 bits, which
+# in fp32) differ from the CPU's, so they are counted on fake CUDA tensors
+# (`FakeTensorMode`: shapes and dtypes, no memory, no GPU) with CUDA's
+# autocast state switched on by hand (`torch.autocast` refuses without a
+# GPU). Eager attention only: without a GPU PyTorch cannot pick a fused SDPA
+# kernel. Autocast's 16-bit weight casts are what gpufit counts as weights
+# (`weights_transient_a`), so a 16-bit tensor shaped like a weight (or its
+# transpose) is left out; 192 tokens keep activations off weight shapes.
+AUTOCAST_SEQ = 192
+AUTOCAST = ["llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b", "phi-3-mini", "pythia-1.4b", "phi-2",
+            "gpt2-medium", "gemma-2-2b", "falcon-7b", "gemma-2b"]
+
+
+def autocast_block(name, method):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kw = dict(HF[name])
+    mt = kw.pop("model_type")
+    key = "n_layer" if mt == "gpt2" else "num_hidden_layers"
+    out = []
+    for layers in (1, 2):
+        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, pad_token_id=0, **{key: layers}))
+        with FakeTensorMode(), torch.device("cuda"):
+            m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+            if method == "lora":
+                from peft import LoraConfig, get_peft_model
+                # everything is already on the (fake) GPU; PEFT's moves
+                # would swap fake parameters, which torch refuses
+                to = torch.nn.Module.to
+                torch.nn.Module.to = lambda self, *a, **k: self
+                try:
+                    m = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                     target_modules=PEFT_QV[mt]))
+                finally:
+                    torch.nn.Module.to = to
+            m.train()
+            params = {p.untyped_storage()._cdata for p in m.parameters()}
+            params |= {b.untyped_storage()._cdata for b in m.buffers()}
+            weights = {tuple(p.shape) for p in m.parameters() if p.dim() == 2}
+            weights |= {s[::-1] for s in weights}
+            seen = {}
+
+            def pack(t):
+                c = t.untyped_storage()._cdata
+                if c not in params and c not in seen:
+                    cast = t.dim() == 2 and tuple(t.shape) in weights and t.dtype == torch.bfloat16
+                    seen[c] = 0 if cast else t.untyped_storage().nbytes()
+                return t
+
+            x = torch.randint(0, 1024, (1, AUTOCAST_SEQ))
+            torch.set_autocast_enabled("cuda", True)
+            torch.set_autocast_dtype("cuda", torch.bfloat16)
+            torch.autocast_increment_nesting()
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    m(input_ids=x)
+            finally:
+                torch.autocast_decrement_nesting()
+                torch.set_autocast_enabled("cuda", False)
+                torch.clear_autocast_cache()
+            out.append(sum(seen.values()))
+        del m
+        gc.collect()
+    config = dict(HF[name], num_hidden_layers=2, vocab_size=1024)
+    return (out[1] - out[0]) / AUTOCAST_SEQ, config
+
+
 def encoder_block(name, dtype, attention):
     """A BERT (or DistilBERT) block in training mode, its dropouts (0.1)
     on. The CPU's SDPA with dropout falls back to the math kernel, which
@@ -416,6 +485,7 @@ def main():
     grid += [("hf", n, "qlora", "bf16", a, None) for n in QLORA for a in ("sdpa", "eager")]
     grid += [("torchtune", n, m, "bf16", "sdpa", None) for n in TORCHTUNE
              for m in ("full", "lora", "qlora")]
+    grid += [("hf", n, m, "bf16-mixed", "eager", None) for n in AUTOCAST for m in ("full", "lora")]
     grid += [("hf", n, m, d, "eager", None) for n in SEQ2SEQ for m in ("full", "lora")
              for d in ("bf16", "fp32")]
     # encoders: HF's BERT, eager (the scores) and SDPA
@@ -425,7 +495,11 @@ def main():
         if (fw, name, method, dtype, attention, targets) in done:
             continue
         seq = SEQ
-        if fw == "hf" and name in SEQ2SEQ:
+        if fw == "hf" and dtype == "bf16-mixed":
+            b, cfg = autocast_block(name, method)
+            where = dict(config=cfg)
+            seq = AUTOCAST_SEQ
+        elif fw == "hf" and name in SEQ2SEQ:
             b, cfg, mask = seq2seq_block(name, method, dtype)
             where = dict(hf_model=cfg, cpu_mask_elems_per_token_layer=mask)
         elif fw == "hf" and name in ENCODERS:

@@ -129,6 +129,9 @@ pub struct ArchQuirks {
     /// The attention-probability dropout is 0 (`attention_dropout`,
     /// `attn_pdrop`): eager attention keeps no mask.
     pub no_attn_dropout: bool,
+    /// The MLP's gate and up projections are one fused linear (Phi-3's
+    /// `gate_up_proj`): under autocast it casts its input once, not twice.
+    pub fused_gate_up: bool,
     /// One residual-branch dropout per block, not two (DistilBERT: its
     /// attention output goes to the norm undropped; the FFN's is dropped).
     pub one_resid_dropout: bool,

@@ -644,6 +644,7 @@ fn family_quirks(id: &str) -> ArchQuirks {
     } else if id.starts_with("microsoft/Phi-3") {
         ArchQuirks {
             fused_qkv: true,
+            fused_gate_up: true,
             ..ArchQuirks::default()
         }
     } else if id.starts_with("google-bert/") {
@@ -1063,6 +1064,7 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
             "phi" => true,
             _ => false,
         },
+        fused_gate_up: model_type == "phi3",
         one_resid_dropout: model_type == "distilbert",
         unrotated_qkv_views: model_type == "gpt2",
         single_norm: model_type == "phi"

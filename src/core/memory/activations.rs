@@ -82,10 +82,12 @@ pub(super) fn layer_activations(
     // attention the job asked for.
     let litgpt_softcap = litgpt && a.quirks.attn_softcapping;
     let eager = w.attention == Attention::Eager || math_sdpa || litgpt_softcap;
-    // Softmax in 16 bits: Falcon's eager code. PyTorch's math SDPA instead
+    // Softmax in 16 bits: Falcon's eager code (`softmax(..., dtype=
+    // hidden_states.dtype)`), which under autocast is the fp32 residual's
+    // dtype, like the fp32 softmax below. PyTorch's math SDPA instead
     // upcasts 16-bit inputs to fp32 (`allow_fp16_bf16_reduction_math_sdp`
-    // is off by default since torch 2.5), like the fp32 softmax below.
-    let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa;
+    // is off by default since torch 2.5), also like the fp32 softmax.
+    let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa && !is_mixed(dtype);
     // A plain softmax (BERT, GPT-2) stays 16-bit only outside autocast.
     let no_upcast = a.quirks.attn_softmax_no_upcast && hf_code && !is_mixed(dtype) && e < 4.0;
     // transformers' SDPA path (flash/efficient kernel, no mask in training)
@@ -222,12 +224,14 @@ pub(super) fn layer_activations(
         // K/V head (Gemma-2B, Falcon-7B) transformers' `repeat_kv`
         // (`expand` + `reshape`) is a view, so the matmuls keep the one
         // head's k and v (counted: bench/data/saved_tensors.jsonl); grouped
-        // heads need a copy.
-        let kv_saved = if hf_code && a.num_kv_heads == 1 {
-            kvd
-        } else {
-            qd
-        };
+        // heads need a copy. Under autocast the Llama family's RoPE makes k
+        // fp32 (cos/sin take the fp32 hidden states' dtype), and the
+        // matmul's 16-bit cast of the expanded view materialises every
+        // head; Falcon's rotary takes the value's (16-bit) dtype and keeps
+        // the view (counted on fake CUDA tensors under CUDA's autocast).
+        let rope_keeps_16bit = a.quirks.attn_softmax_16bit;
+        let kv_view = a.num_kv_heads == 1 && (!is_mixed(dtype) || rope_keeps_16bit);
+        let kv_saved = if hf_code && kv_view { kvd } else { qd };
         if math_sdpa {
             // PyTorch's math SDPA upcasts 16-bit q, k and v to fp32 and its
             // matmuls keep those copies (counted with the math backend
@@ -336,8 +340,9 @@ pub(super) fn layer_activations(
         // fc_1 and fc_2 each drop the same input: a mask and a copy each
         saved += mlp_in_adapters * (1.0 + e) * h;
     } else if up_trains && autocast_casts && a.gated_mlp {
-        // gate and up each cast the norm's fp32 output (see above)
-        saved += 2.0 * e * h;
+        // gate and up each cast the norm's fp32 output (see above); Phi-3's
+        // fused gate_up_proj casts it once
+        saved += if a.quirks.fused_gate_up { 1.0 } else { 2.0 } * e * h;
     } else if up_trains {
         saved += e * h;
     }
@@ -348,10 +353,13 @@ pub(super) fn layer_activations(
     if classic {
         // fc1 output saved by the activation; GPT-2's (and Phi-2's) `gelu_new` is a
         // composite in Python (0.5·x·(1 + tanh(…))) whose mul/tanh save
-        // three more I-sized tensors; BERT's exact GELU does not.
+        // three more I-sized tensors — in fp32 under autocast, whose list
+        // runs `pow` in fp32 and type promotion carries it through (counted
+        // on fake CUDA tensors); BERT's exact GELU does not.
         saved += mlp_e * i * k;
         if a.quirks.composite_gelu && hf_code {
-            saved += 3.0 * mlp_e * i * k;
+            let composite = if is_mixed(dtype) { 4.0 } else { mlp_e };
+            saved += 3.0 * composite * i * k;
         }
         if trains(LoraTarget::Down) {
             saved += down_input;

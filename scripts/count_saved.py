@@ -245,17 +245,34 @@ AUTOCAST = ["llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b", "phi-3-mini", "pythia-
             "gpt2-medium", "gemma-2-2b", "falcon-7b", "gemma-2b"]
 
 
-def autocast_block(name, method):
+def autocast_block(name, method, dtype):
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers import AutoConfig, AutoModelForCausalLM
-    kw = dict(HF[name])
-    mt = kw.pop("model_type")
-    key = "n_layer" if mt == "gpt2" else "num_hidden_layers"
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM,
+                              AutoModelForSequenceClassification)
+    adtype = torch.float16 if dtype == "fp16-mixed" else torch.bfloat16
+    pairs = 1
+    if name in HF:
+        kw = dict(HF[name])
+        mt = kw.pop("model_type")
+        key = "n_layer" if mt == "gpt2" else "num_hidden_layers"
+        build, extra, where = AutoModelForCausalLM, dict(pad_token_id=0), None
+    elif name in ENCODERS:
+        hub, kw = ENCODERS[name]
+        kw = dict(kw)
+        mt = kw.pop("model_type")
+        key = ENCODER_KEYS[mt][2]
+        build, extra, where = AutoModelForSequenceClassification, {}, hub
+    else:
+        hub, kw = SEQ2SEQ[name]
+        kw = dict(kw)
+        mt = kw.pop("model_type")
+        key, pairs = "num_layers", 2
+        build, extra, where = AutoModelForSeq2SeqLM, dict(decoder_start_token_id=0, pad_token_id=0), hub
     out = []
     for layers in (1, 2):
-        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, pad_token_id=0, **{key: layers}))
+        cfg = AutoConfig.for_model(mt, **dict(kw, vocab_size=1024, **extra, **{key: layers}))
         with FakeTensorMode(), torch.device("cuda"):
-            m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+            m = build.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
             if method == "lora":
                 from peft import LoraConfig, get_peft_model
                 # everything is already on the (fake) GPU; PEFT's moves
@@ -277,17 +294,18 @@ def autocast_block(name, method):
             def pack(t):
                 c = t.untyped_storage()._cdata
                 if c not in params and c not in seen:
-                    cast = t.dim() == 2 and tuple(t.shape) in weights and t.dtype == torch.bfloat16
+                    cast = t.dim() == 2 and tuple(t.shape) in weights and t.dtype == adtype
                     seen[c] = 0 if cast else t.untyped_storage().nbytes()
                 return t
 
             x = torch.randint(0, 1024, (1, AUTOCAST_SEQ))
+            args = dict(input_ids=x, labels=x) if pairs == 2 else dict(input_ids=x)
             torch.set_autocast_enabled("cuda", True)
-            torch.set_autocast_dtype("cuda", torch.bfloat16)
+            torch.set_autocast_dtype("cuda", adtype)
             torch.autocast_increment_nesting()
             try:
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    m(input_ids=x)
+                    m(**args)
             finally:
                 torch.autocast_decrement_nesting()
                 torch.set_autocast_enabled("cuda", False)
@@ -295,8 +313,10 @@ def autocast_block(name, method):
             out.append(sum(seen.values()))
         del m
         gc.collect()
-    config = dict(HF[name], num_hidden_layers=2, vocab_size=1024)
-    return (out[1] - out[0]) / AUTOCAST_SEQ, config
+    if where is None:
+        where = dict(HF[name], num_hidden_layers=2, vocab_size=1024)
+    # a T5 layer is half of an encoder block plus a decoder block
+    return (out[1] - out[0]) / AUTOCAST_SEQ / pairs, where
 
 
 def encoder_block(name, dtype, attention):
@@ -486,6 +506,8 @@ def main():
     grid += [("torchtune", n, m, "bf16", "sdpa", None) for n in TORCHTUNE
              for m in ("full", "lora", "qlora")]
     grid += [("hf", n, m, "bf16-mixed", "eager", None) for n in AUTOCAST for m in ("full", "lora")]
+    grid += [("hf", n, "full", "fp16-mixed", "eager", None) for n in ENCODERS]
+    grid += [("hf", n, m, "bf16-mixed", "eager", None) for n in SEQ2SEQ for m in ("full", "lora")]
     grid += [("hf", n, m, d, "eager", None) for n in SEQ2SEQ for m in ("full", "lora")
              for d in ("bf16", "fp32")]
     # encoders: HF's BERT, eager (the scores) and SDPA
@@ -495,9 +517,9 @@ def main():
         if (fw, name, method, dtype, attention, targets) in done:
             continue
         seq = SEQ
-        if fw == "hf" and dtype == "bf16-mixed":
-            b, cfg = autocast_block(name, method)
-            where = dict(config=cfg)
+        if fw == "hf" and dtype.endswith("-mixed"):
+            b, cfg = autocast_block(name, method, dtype)
+            where = dict(config=cfg) if isinstance(cfg, dict) else dict(hf_model=cfg)
             seq = AUTOCAST_SEQ
         elif fw == "hf" and name in SEQ2SEQ:
             b, cfg, mask = seq2seq_block(name, method, dtype)

@@ -5,7 +5,8 @@
 //! cross-attention over the pair, five norms, five residual dropouts and
 //! two feed-forward blocks. Counted with autograd's saved-tensor hooks on
 //! T5-base (bench/data/saved_tensors.jsonl, `cargo bench --bench
-//! saved_tensors`; full and LoRA, bf16 and fp32, eager attention).
+//! saved_tensors`; full and LoRA, bf16 and fp32 on the CPU and bf16-mixed
+//! on fake CUDA tensors under CUDA's autocast, eager attention).
 
 use crate::core::settings::EngineeringSettings;
 use crate::core::workload::{Attention, LoraTarget, Method, Workload};

@@ -129,6 +129,10 @@ pub struct ArchQuirks {
     /// The attention-probability dropout is 0 (`attention_dropout`,
     /// `attn_pdrop`): eager attention keeps no mask.
     pub no_attn_dropout: bool,
+    /// The rotary embedding's cos/sin take the value's dtype (transformers'
+    /// Falcon), not the hidden states' (the Llama family): under autocast
+    /// q and k stay 16-bit instead of turning fp32.
+    pub rotary_in_value_dtype: bool,
     /// The MLP's gate and up projections are one fused linear (Phi-3's
     /// `gate_up_proj`): under autocast it casts its input once, not twice.
     pub fused_gate_up: bool,

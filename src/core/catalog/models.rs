@@ -1064,6 +1064,7 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
             "phi" => true,
             _ => false,
         },
+        rotary_in_value_dtype: model_type == "falcon",
         fused_gate_up: model_type == "phi3",
         one_resid_dropout: model_type == "distilbert",
         unrotated_qkv_views: model_type == "gpt2",
@@ -1243,6 +1244,22 @@ mod tests {
         assert!(gemma.quirks.attn_softcapping && gemma.quirks.final_softcapping);
         let llama = lookup_model("meta-llama/Llama-3.1-8B").unwrap().arch;
         assert_eq!(llama.quirks, ArchQuirks::default());
+        // Counted block details (bench/data/saved_tensors.jsonl): Falcon's
+        // rotary keeps the value's dtype; GPT-2's q, k, v are unrotated
+        // views of c_attn's output; Phi-3 fuses gate and up; DistilBERT
+        // drops one residual branch — from config.json and the catalog alike.
+        assert!(falcon.quirks.rotary_in_value_dtype && !phi.quirks.rotary_in_value_dtype);
+        let gpt2 = lookup_model("openai-community/gpt2").unwrap().arch;
+        assert!(gpt2.quirks.unrotated_qkv_views && gpt2.quirks.fused_qkv);
+        let phi3 = lookup_model("microsoft/Phi-3-mini-4k-instruct").unwrap().arch;
+        assert!(phi3.quirks.fused_gate_up && !phi3.quirks.unrotated_qkv_views);
+        let distil = arch_from_hf_config(
+            "distilbert.json",
+            r#"{"model_type": "distilbert", "dim": 768, "n_layers": 6, "n_heads": 12,
+                "hidden_dim": 3072, "vocab_size": 30522}"#,
+        )
+        .unwrap();
+        assert!(distil.quirks.one_resid_dropout && !gpt2.quirks.one_resid_dropout);
     }
 
     #[test]

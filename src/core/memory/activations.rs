@@ -229,8 +229,7 @@ pub(super) fn layer_activations(
         // matmul's 16-bit cast of the expanded view materialises every
         // head; Falcon's rotary takes the value's (16-bit) dtype and keeps
         // the view (counted on fake CUDA tensors under CUDA's autocast).
-        let rope_keeps_16bit = a.quirks.attn_softmax_16bit;
-        let kv_view = a.num_kv_heads == 1 && (!is_mixed(dtype) || rope_keeps_16bit);
+        let kv_view = a.num_kv_heads == 1 && (!is_mixed(dtype) || a.quirks.rotary_in_value_dtype);
         let kv_saved = if hf_code && kv_view { kvd } else { qd };
         if math_sdpa {
             // PyTorch's math SDPA upcasts 16-bit q, k and v to fp32 and its
@@ -310,9 +309,10 @@ pub(super) fn layer_activations(
     if k > 1.0 {
         // MoE: the router saves its input when trained; every routed copy of
         // the token is gathered (hidden[top_x]) and saved by the experts
-        // when they train, and each copy's expert output is saved by its product with the routing
-        // weight, which needs a gradient (`current_hidden_states *
-        // top_k_weights[...]`, transformers' Mixtral). The router keeps its
+        // when they train, and each copy's expert output is saved by its
+        // product with the routing weight, which needs a gradient
+        // (`current_hidden_states * top_k_weights[...]`, transformers'
+        // Mixtral). The router keeps its
         // fp32 probabilities (softmax and top-k), the top-k indices and
         // weights and the grouping's index tensors: 8·E + 40·k + 4 bytes.
         // Counted with saved-tensor hooks (bench/data/saved_tensors.jsonl,

@@ -1251,7 +1251,9 @@ mod tests {
         assert!(falcon.quirks.rotary_in_value_dtype && !phi.quirks.rotary_in_value_dtype);
         let gpt2 = lookup_model("openai-community/gpt2").unwrap().arch;
         assert!(gpt2.quirks.unrotated_qkv_views && gpt2.quirks.fused_qkv);
-        let phi3 = lookup_model("microsoft/Phi-3-mini-4k-instruct").unwrap().arch;
+        let phi3 = lookup_model("microsoft/Phi-3-mini-4k-instruct")
+            .unwrap()
+            .arch;
         assert!(phi3.quirks.fused_gate_up && !phi3.quirks.unrotated_qkv_views);
         let distil = arch_from_hf_config(
             "distilbert.json",

@@ -170,6 +170,17 @@ NOT_SCORED = {("gpt2-medium", "sdpa"): "on the CPU, SDPA keeps copies of k and v
 # rows are counted with the math backend forced, the composite CUDA runs.
 MATH_SDPA = {"falcon-7b"}
 
+# CUDA's fp32 SDPA is the memory-efficient kernel, whose output does not
+# follow q's layout as the CPU's flash kernel's does.
+for _n in ("phi-3-mini", "pythia-1.4b", "phi-2"):
+    NOT_SCORED[(_n, "sdpa", "full", "fp32")] = (
+        "on the CPU the flash kernel allocates its output like q, which these families lay out "
+        "head-major (partial rotary's torch.cat, or RoPE on a slice of the fused qkv), so the output "
+        "projection keeps a contiguous copy; in fp32 CUDA runs the memory-efficient kernel instead, "
+        "whose output is (batch, seq, heads, dim) whatever q's layout (the copy is a view there), so "
+        "the model leaves it out for fp32 (the bf16 rows, where CUDA's flash kernel also follows q, "
+        "are scored)")
+
 ALL_LINEAR = "q,k,v,o,gate,up,down"
 PEFT_ALL = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
@@ -550,8 +561,9 @@ def main():
             where["lora_targets"] = targets
         row = dict(framework=fw, model=name, method=method, dtype=dtype, attention=attention,
                    seq_len=seq, **where, bytes_per_token_layer=round(b, 1), **versions)
-        if (name, attention) in NOT_SCORED:
-            row.update(scored=False, why=NOT_SCORED[(name, attention)])
+        for key in ((name, attention), (name, attention, method, dtype)):
+            if key in NOT_SCORED:
+                row.update(scored=False, why=NOT_SCORED[key])
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)

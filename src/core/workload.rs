@@ -129,6 +129,10 @@ pub struct ArchQuirks {
     /// The attention-probability dropout is 0 (`attention_dropout`,
     /// `attn_pdrop`): eager attention keeps no mask.
     pub no_attn_dropout: bool,
+    /// Rotary embedding on part of each head only (GPT-NeoX `rotary_pct`,
+    /// Phi/StableLM `partial_rotary_factor` below 1): `torch.cat` of the
+    /// rotated and the passed-through parts lays q out head-major.
+    pub partial_rotary: bool,
     /// The rotary embedding's cos/sin take the value's dtype (transformers'
     /// Falcon), not the hidden states' (the Llama family): under autocast
     /// q and k stay 16-bit instead of turning fp32.

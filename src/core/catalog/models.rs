@@ -1064,6 +1064,18 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
             "phi" => true,
             _ => false,
         },
+        // transformers' config defaults: GPT-NeoX rotary_pct 0.25, Phi 0.5,
+        // StableLM 0.25
+        partial_rotary: match model_type.as_str() {
+            "gpt_neox" => v.get("rotary_pct").and_then(Value::as_f64).unwrap_or(0.25) < 1.0,
+            "phi" | "stablelm" => {
+                v.get("partial_rotary_factor")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(if model_type == "phi" { 0.5 } else { 0.25 })
+                    < 1.0
+            }
+            _ => false,
+        },
         rotary_in_value_dtype: model_type == "falcon",
         fused_gate_up: model_type == "phi3",
         one_resid_dropout: model_type == "distilbert",
@@ -1249,6 +1261,7 @@ mod tests {
         // views of c_attn's output; Phi-3 fuses gate and up; DistilBERT
         // drops one residual branch — from config.json and the catalog alike.
         assert!(falcon.quirks.rotary_in_value_dtype && !phi.quirks.rotary_in_value_dtype);
+        assert!(phi.quirks.partial_rotary && !falcon.quirks.partial_rotary);
         let gpt2 = lookup_model("openai-community/gpt2").unwrap().arch;
         assert!(gpt2.quirks.unrotated_qkv_views && gpt2.quirks.fused_qkv);
         let phi3 = lookup_model("microsoft/Phi-3-mini-4k-instruct")

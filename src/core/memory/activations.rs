@@ -97,6 +97,14 @@ pub(super) fn layer_activations(
     // already (batch, seq, heads, dim): one tensor, not two. Counted with
     // autograd's saved-tensor hooks (bench/data/saved_tensors.jsonl).
     let hf_sdpa = hf_code && w.attention == Attention::Sdpa && !math_sdpa;
+    // q ends up laid out head-major (batch, heads, seq, dim) when partial
+    // rotary concatenates its parts, or when RoPE's element-wise ops read
+    // a slice of a fused qkv output (not dense, so their output is
+    // allocated in q's logical order); GPT-2's unrotated views and the
+    // Llama family's own projections stay sequence-major. Counted on the
+    // CPU, whose flash kernel also allocates its output like q.
+    let q_head_major =
+        a.quirks.partial_rotary || (a.quirks.fused_qkv && !a.quirks.unrotated_qkv_views);
     let kvd = a.num_kv_heads as f64 * a.head_dim as f64;
     // PEFT keeps adapters in fp32 on a 16-bit base (`autocast_adapter_dtype`)
     // and casts each adapter's input to the adapter's dtype
@@ -296,6 +304,14 @@ pub(super) fn layer_activations(
             // (eager attention, litgpt/torchtune blocks), which litgpt's
             // adapter drops with its own mask.
             saved += e * qd + if litgpt_dropout { qd } else { 0.0 };
+        } else if e < 4.0 && q_head_major {
+            // 16-bit SDPA runs the flash kernel, whose output follows q's
+            // layout (`out = at::empty_like(q_padded)`, ATen flash_api.cpp):
+            // a head-major q makes transformers' `transpose(1, 2)
+            // .contiguous()` a copy, which o_proj keeps. fp32 runs the
+            // memory-efficient kernel, whose output is (batch, seq, heads,
+            // dim) whatever q's layout.
+            saved += e * qd;
         }
     }
     if resid_dropout {

@@ -805,7 +805,10 @@ mod tests {
         // q, k, v and gate, up each keep their own bf16 cast (autocast
         // caches only the weights' casts): 2·2h + 1·2h more than one
         // shared 16-bit input per projection group.
-        let w = workload("meta-llama/Llama-3.2-1B", Method::Full);
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Full);
+        // eager: a fused qkv also changes SDPA's output layout (tested in
+        // `flash_output_follows_a_head_major_q`)
+        w.attention = Attention::Eager;
         let h = w.model.hidden_size as f64;
         let mixed = block_saved_bytes_per_token(&w, &settings(1, Dtype::Bf16Mixed, false));
         let mut shared = w.clone();
@@ -840,6 +843,40 @@ mod tests {
         phi_two_norms.model.quirks.single_norm = false;
         let d = casts(&phi) - casts(&phi_two_norms);
         assert!((d - 2.0 * h).abs() < 1.0, "{d}");
+    }
+
+    #[test]
+    fn flash_output_follows_a_head_major_q() {
+        // Partial rotary (Pythia, Phi-2) or RoPE on a fused-qkv slice
+        // (Phi-3) lays q out head-major; 16-bit SDPA's flash kernel makes its
+        // output like q, so o_proj keeps transformers' contiguous copy:
+        // 2·qd bytes per token when o_proj trains. fp32 runs the
+        // memory-efficient kernel (no copy); LoRA on q/v leaves o frozen.
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Full);
+        w.framework = Framework::Hf;
+        let qd = (w.model.num_attention_heads * w.model.head_dim) as f64;
+        let mut partial = w.clone();
+        partial.model.quirks.partial_rotary = true;
+        let block = |w: &Workload, d: Dtype| block_saved_bytes_per_token(w, &settings(1, d, false));
+        assert_eq!(
+            block(&partial, Dtype::Bf16) - block(&w, Dtype::Bf16),
+            2.0 * qd
+        );
+        assert_eq!(
+            block(&partial, Dtype::Bf16Mixed) - block(&w, Dtype::Bf16Mixed),
+            2.0 * qd
+        );
+        assert_eq!(block(&partial, Dtype::Fp32), block(&w, Dtype::Fp32));
+        let lora = workload("meta-llama/Llama-3.2-1B", Method::Lora);
+        let mut lora_partial = lora.clone();
+        lora_partial.model.quirks.partial_rotary = true;
+        assert_eq!(block(&lora_partial, Dtype::Bf16), block(&lora, Dtype::Bf16));
+        // GPT-2's unrotated views of its fused c_attn stay sequence-major
+        let gpt2 = workload("openai-community/gpt2", Method::Full);
+        let mut gpt2_unfused = gpt2.clone();
+        gpt2_unfused.model.quirks.fused_qkv = false;
+        gpt2_unfused.model.quirks.unrotated_qkv_views = false;
+        assert_eq!(block(&gpt2, Dtype::Bf16), block(&gpt2_unfused, Dtype::Bf16));
     }
 
     #[test]

@@ -401,7 +401,8 @@ mod tests {
         Attention, Framework, LoraConfig, LoraTarget, Method, Optimizer, Sharding,
     };
 
-    fn workload(model: &str, method: Method) -> Workload {
+    /// Shared with the block modules' tests (`t5.rs`).
+    pub(super) fn workload(model: &str, method: Method) -> Workload {
         let arch = lookup_model(model).unwrap().arch;
         Workload {
             model: arch,
@@ -420,7 +421,7 @@ mod tests {
         }
     }
 
-    fn settings(m: u32, dtype: Dtype, ckpt: bool) -> EngineeringSettings {
+    pub(super) fn settings(m: u32, dtype: Dtype, ckpt: bool) -> EngineeringSettings {
         EngineeringSettings {
             micro_batch_size: m,
             dtype,

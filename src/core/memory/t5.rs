@@ -50,14 +50,12 @@ pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOption
     // normalised value (cast to 16 bits in pure 16-bit training) only when
     // the weight trains.
     let upcast = if r < 4.0 { 4.0 + r } else { 4.0 };
-    let scaled = if full {
-        if r < 4.0 {
-            e
-        } else {
-            4.0
-        }
-    } else {
+    let scaled = if !full {
         0.0
+    } else if r < 4.0 {
+        e
+    } else {
+        4.0
     };
     pair += 5.0 * ((upcast + scaled) * h + 4.0);
     // Each norm's output feeds linears (self-attention: q, k, v; cross:
@@ -162,33 +160,8 @@ pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOption
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::catalog::lookup_model;
     use crate::core::settings::Dtype;
-    use crate::core::workload::{Framework, LoraConfig, Optimizer, Sharding};
-
-    fn t5(method: Method, dtype: Dtype) -> (Workload, EngineeringSettings) {
-        let w = Workload {
-            model: lookup_model("google-t5/t5-base").unwrap().arch,
-            method,
-            lora: (method != Method::Full).then(|| LoraConfig {
-                rank: 8,
-                targets: vec![LoraTarget::Q, LoraTarget::V],
-            }),
-            seq_len: 256,
-            optimizer: Optimizer::Adamw,
-            global_batch: None,
-            gpus: 1,
-            sharding: Sharding::None,
-            framework: Framework::Hf,
-            attention: Attention::Eager,
-        };
-        let s = EngineeringSettings {
-            micro_batch_size: 1,
-            dtype,
-            ..Default::default()
-        };
-        (w, s)
-    }
+    use crate::core::workload::Framework;
 
     /// Bytes per token and layer counted with saved-tensor hooks on the
     /// CPU (transformers 5.23 + PEFT 0.21.2 with q and v adapters of rank
@@ -203,7 +176,14 @@ mod tests {
             (Method::Lora, Dtype::Bf16, 61_930.0),
             (Method::Lora, Dtype::Fp32, 84_970.0),
         ] {
-            let (w, s) = t5(method, dtype);
+            let mut w = super::super::tests::workload("google-t5/t5-base", method);
+            if let Some(l) = w.lora.as_mut() {
+                l.rank = 8;
+            }
+            w.seq_len = 256;
+            w.framework = Framework::Hf;
+            w.attention = Attention::Eager;
+            let s = super::super::tests::settings(1, dtype, false);
             let la = t5_layer(&w, &s, &ModelOptions::default());
             let model = la.saved + la.saved_per_seq * w.seq_len as f64;
             assert!(

@@ -77,6 +77,14 @@ struct Row {
     /// Measured with `expandable_segments:True` (reported on its own).
     expandable: bool,
     include: bool,
+    /// H100 rows measured by `scripts/gpu_measure.py` before it recorded
+    /// `reserved_at_start`: the previous point's weights were still cached
+    /// when this point began, and they were another model's (or another
+    /// parameter dtype's) — see `carried_cache`.
+    carried: Option<String>,
+    /// The row's file says what the allocator held when each point began
+    /// (`reserved_at_start`, or gpu_measure.py's known point order).
+    carry_known: bool,
     note: String,
     /// H100 rows: the configuration's every field, to find the same
     /// configuration measured in more than one run.
@@ -89,6 +97,16 @@ struct Row {
 impl Row {
     fn error(&self) -> Option<f64> {
         self.measured.map(|m| (self.predicted - m) / m)
+    }
+
+    /// Whether the reserved bytes are one job's: not when the default
+    /// allocator began the point with another model's segments cached
+    /// (they are reused only by tensors that fit them, and the rest stays
+    /// reserved beside the new model's own segments). Expandable segments
+    /// coalesce the freed range, so there the carried cache is reused by
+    /// any size and the row is scored (the bench prints both splits).
+    fn reserved_scored(&self) -> bool {
+        self.include && (self.carried.is_none() || self.expandable)
     }
 }
 
@@ -168,7 +186,7 @@ fn main() -> ExitCode {
 
     let scored: Vec<&Row> = rows
         .iter()
-        .filter(|r| r.include && r.measured.is_some())
+        .filter(|r| r.reserved_scored() && r.measured.is_some())
         .collect();
     if scored.is_empty() {
         eprintln!("accuracy: no rows to score");
@@ -210,9 +228,11 @@ fn main() -> ExitCode {
     println!("  {}", summary("published rows", &published));
     println!("  {}", summary("H100 rows (default allocator)", &h100));
     println!("  {}", summary("H100 rows, expandable segments", &h100_es));
-    let alloc: Vec<f64> = scored
+    // allocated bytes are the tensors' alone: a carried cache does not
+    // change them, so every row that ran counts
+    let alloc: Vec<f64> = rows
         .iter()
-        .filter(|r| r.h100 && !r.expandable)
+        .filter(|r| r.h100 && !r.expandable && r.include)
         .filter_map(|r| r.allocated.map(|(m, p)| (p - m) / m))
         .collect();
     let mut abs: Vec<f64> = alloc.iter().map(|e| e.abs()).collect();
@@ -226,6 +246,28 @@ fn main() -> ExitCode {
             100.0 * abs[(abs.len() * 9 / 10).min(abs.len() - 1)],
             100.0 * abs[abs.len() - 1]
         );
+    }
+
+    // The rows that began with another model's weights cached, beside the
+    // rest of the same files: the default allocator's reserved bytes carry
+    // them, expandable segments reuse them (the evidence for not scoring the
+    // former; allocated bytes and fit/no-fit are kept).
+    let signed = |es: bool, carried: bool| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| r.include && r.expandable == es && r.carry_known)
+            .filter(|r| r.carried.is_some() == carried)
+            .filter_map(|r| r.error())
+            .collect()
+    };
+    println!("rows measured by scripts/gpu_measure.py, by what the allocator held when the point began (signed error):");
+    for (es, label) in [(false, "default allocator"), (true, "expandable segments")] {
+        for (carried, what) in [
+            (false, "empty or the same weights"),
+            (true, "another model's weights"),
+        ] {
+            let v = signed(es, carried);
+            println!("  {}", signed_summary(&format!("{label}, {what}"), &v));
+        }
     }
 
     // Fit / no-fit on the 80 GB card, for every H100 row (OOMs included).
@@ -261,7 +303,7 @@ fn main() -> ExitCode {
     // cover what the GPU really held?
     let covered: Vec<(&str, f64)> = rows
         .iter()
-        .filter(|r| r.h100 && r.include)
+        .filter(|r| r.h100 && r.reserved_scored())
         .filter_map(|r| {
             r.measured_device
                 .map(|m| (r.id.as_str(), (r.first_plan - m) / m))
@@ -422,6 +464,31 @@ fn p95_under(errors: &[f64]) -> f64 {
     }
     unders.sort_by(|a, b| a.total_cmp(b));
     unders[((unders.len() as f64 * 0.95).ceil() as usize).min(unders.len()) - 1]
+}
+
+/// Count, median signed error and its extremes (which way a group leans).
+fn signed_summary(name: &str, errors: &[f64]) -> String {
+    if errors.is_empty() {
+        return format!("{name:<55} n=  0");
+    }
+    let mut v = errors.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let abs = median_worst(errors).0;
+    let n = v.len();
+    let median_signed = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    format!(
+        "{name:<55} n={:>3}  median {:>+5.1}%  median |error| {:>4.1}%  range {:>+6.1}% .. {:>+5.1}%  under >10%: {}",
+        v.len(),
+        100.0 * median_signed,
+        100.0 * abs,
+        100.0 * v[0],
+        100.0 * v[v.len() - 1],
+        v.iter().filter(|e| **e < -MAX_UNDER).count()
+    )
 }
 
 fn median_worst(errors: &[f64]) -> (f64, f64) {
@@ -665,6 +732,8 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             quantity: q,
             h100: false,
             expandable: false,
+            carried: None,
+            carry_known: false,
             include: field(&r, "include")? == "yes",
             note: field(&r, "note")?.to_string(),
             key: String::new(),
@@ -673,6 +742,62 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
         });
     }
     Ok(out)
+}
+
+/// What the allocator held when an H100 point began, when that was not an
+/// empty cache or this model's own weights: `None` otherwise.
+///
+/// Files with a `reserved_at_start` column say it. Older files written by
+/// `scripts/gpu_measure.py` (those with its per-phase `fwd_peak` column)
+/// called `empty_cache()` while the point's model was still referenced, so
+/// the previous point's weights (their parameter dtype, as stored) stayed
+/// cached into the next point: harmless when the next point builds the same
+/// model in the same dtype (its tensors take the same blocks back), not
+/// otherwise. The shared harness's files (peaks, throughput,
+/// compile_accum) do not say how their points were separated and are
+/// scored as they are.
+fn carried_cache(
+    r: &HashMap<String, String>,
+    prev: Option<&HashMap<String, String>>,
+) -> Result<Option<String>, String> {
+    if let Some(v) = r.get("reserved_at_start").filter(|v| !v.is_empty()) {
+        let b: f64 = v
+            .parse()
+            .map_err(|_| format!("bad reserved_at_start `{v}`"))?;
+        // a few pages (the batch, the RNG state) are no carried model
+        return Ok((b > 64.0 * MIB as f64).then(|| format!("{:.2} GiB", b / GIB as f64)));
+    }
+    let Some(p) = prev.filter(|_| r.contains_key("fwd_peak")) else {
+        return Ok(None);
+    };
+    // the parameters as the point stored them: bf16 for `bf16`, fp32 for
+    // autocast, fp32 and the Trainer (fp32-loaded)
+    let stored = |x: &HashMap<String, String>| {
+        let bf16 = opt(x, "dtype", "") == "bf16" && opt(x, "loop", "manual") != "trainer";
+        (
+            opt(x, "model", "").to_string(),
+            if bf16 { "bf16" } else { "fp32" },
+            opt(x, "head", "lm").to_string(),
+        )
+    };
+    let (model, dtype, _) = stored(p);
+    if stored(p) == stored(r) || model.is_empty() {
+        return Ok(None);
+    }
+    // the previous point's weights as gpufit counts them (a point that
+    // failed before building its model left less: a bound)
+    let mut pr = p.clone();
+    if !matches!(opt(&pr, "status", ""), "ok" | "oom") {
+        pr.insert("status".into(), "ok".into());
+    }
+    let weights = scenario(&pr)
+        .and_then(|(w, s, o)| estimate_with(&w, &s, &o).map_err(|e| e.to_string()))
+        .map(|e| e.breakdown.weights as f64 / GIB as f64)
+        .map_err(|e| format!("previous point {model}: {e}"))?;
+    let name = model.rsplit('/').next().unwrap_or(&model);
+    Ok(Some(format!(
+        "{name}'s {dtype} weights (~{weights:.1} GiB)"
+    )))
 }
 
 /// The H100 files (bench/data/h100/README.md): reserved bytes are scored,
@@ -686,7 +811,8 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
         .unwrap_or("h100")
         .to_string();
     let expandable = path.components().any(|c| c.as_os_str() == "expandable");
-    for (n, mut r) in read_csv(path)?.into_iter().enumerate() {
+    let records = read_csv(path)?;
+    for (n, mut r) in records.iter().cloned().enumerate() {
         if expandable {
             r.insert("expandable_segments".into(), "true".into());
         }
@@ -694,6 +820,7 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
         if status != "ok" && status != "oom" {
             continue;
         }
+        let carried = carried_cache(&r, n.checked_sub(1).and_then(|p| records.get(p)))?;
         let varlen = matches!(opt(&r, "varlen", "False"), "True" | "true");
         // every field that changes memory, with the files' defaults for
         // the columns older files lack
@@ -802,6 +929,8 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             },
             h100: true,
             expandable,
+            carried: carried.clone(),
+            carry_known: r.contains_key("reserved_at_start") || r.contains_key("fwd_peak"),
             // Variable-length batches (steps.csv): the reserved peak is the
             // cache climbing toward the card over 30 steps, not one step's
             // need; the advisor treats such peaks as "fits" (see
@@ -811,13 +940,20 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             // the allocator's
             note: match status {
                 "ok" => format!(
-                    "allocated {:.2} → {:.2} GiB{}",
+                    "allocated {:.2} → {:.2} GiB{}{}",
                     num::<f64>(&r, "allocated_bytes")? / GIB as f64,
                     est.peak_allocated_bytes as f64 / GIB as f64,
                     if varlen {
                         "; excluded: variable-length batches (cache growth, not a step's peak)"
                     } else {
                         ""
+                    },
+                    match (&carried, expandable) {
+                        (Some(c), false) => format!(
+                            "; reserved not scored: began with {c} cached (allocated scored)"
+                        ),
+                        (Some(c), true) => format!("; began with {c} cached"),
+                        _ => String::new(),
                     }
                 ),
                 _ => String::new(),

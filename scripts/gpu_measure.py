@@ -26,9 +26,14 @@ Two loops:
   loop=trainer  transformers' `Trainer` itself on an fp32-loaded model with
                 `bf16=True` (its default optimizer, recorded in optimizer_impl).
 
-Points run one after another in one process; between points everything is
-deleted and `torch.cuda.empty_cache()` returns the cached segments, so each
-point starts from an empty allocator. A point that runs out of memory is
+Points run one after another in one process. After each point returns (its
+frame, and with it every tensor it made, is gone), `gc.collect()` and
+`torch.cuda.empty_cache()` return the cached segments, so each point starts
+from an empty allocator; `reserved_at_start` records what the allocator held
+when the point began (0 when that worked). Files measured before this
+column existed released the cache while the point's model was still
+referenced (`fwd_model`, `params`), so their points began with the previous
+point's weights cached: see bench/data/h100/README.md. A point that runs out of memory is
 recorded with status "oom". The config.json of every model used is written
 to bench/data/configs/<owner>__<name>.json so the benchmark can read
 models that are not in gpufit's catalog.
@@ -141,6 +146,7 @@ FIELDS = [
     "allocated_bytes", "reserved_bytes", "device_bytes", "loop", "compile",
     "fwd_peak", "bwd_peak", "step_peak", "after_fwd", "after_bwd", "tokens_per_sec",
     "varlen", "reserved_by_step", "alloc_retries", "inactive_split_peak", "segments_peak",
+    "reserved_at_start",
     "gpu", "torch", "transformers", "bitsandbytes", "seconds", "error",
 ]
 
@@ -301,7 +307,8 @@ def run_point(p, steps, ctx_bytes, trace_dir=None):
     row.update(framework="hf", base_quant="none", optimizer_impl="foreach", grad_accum=1,
                gpus=1, grads_kept="false", torch=torch.__version__,
                transformers=transformers.__version__, gpu=torch.cuda.get_device_name(0),
-               cuda_context_mib=ctx_bytes // (1024 * 1024), error="")
+               cuda_context_mib=ctx_bytes // (1024 * 1024), error="",
+               reserved_at_start=torch.cuda.memory_reserved())
     mt, config = config_for(p["model"])
     if p["method"] == "full":
         row["lora_rank"], row["lora_targets"] = "", ""
@@ -448,9 +455,18 @@ def run_point(p, steps, ctx_bytes, trace_dir=None):
     finally:
         if trace_dir:
             torch.cuda.memory._record_memory_history(enabled=None)
-        del model, opt, scaler
-        gc.collect()
-        torch.cuda.empty_cache()
+        # The cache is released by release_point() once this frame is gone:
+        # here `fwd_model`, `params` and the batch still hold the weights.
+
+
+def release_point():
+    """Return every cached segment after a point, so the next one starts
+    from an empty allocator (its weights' segments would otherwise be
+    reused, or stranded, by a model of other shapes)."""
+    import torch
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved()
 
 
 def run_trainer(p, row, model, vocab, steps, ctx_bytes):
@@ -555,6 +571,10 @@ def main():
             row = run_point(p, 30 if args.grid == "steps" else max(args.steps, 3), ctx,
                             trace_dir=args.trace)
             row["seconds"] = round(time.time() - t, 1)
+            left = release_point()
+            if left:
+                print(f"warning: {left} bytes still reserved after point {i}: the next "
+                      "point's reserved bytes include them", file=sys.stderr, flush=True)
             row = {k: ("" if v is None else str(v).replace(",", ";")) for k, v in row.items()}
             w.writerow(row)
             f.flush()

@@ -11,6 +11,11 @@
 //!   scored on reserved bytes (what the allocator holds), and every row, the
 //!   OOMs included, is checked for fit/no-fit on the card.
 //!
+//! - `h100/replayed.csv`: rows of those files replayed without a GPU through
+//!   the caching-allocator model of `scripts/alloc_sim.py`, printed beside
+//!   the measurement and the memory model (not scored: a check of how far
+//!   the allocator's rules explain the reserved bytes).
+//!
 //! Models that are not in the catalog are read from
 //! `bench/data/configs/<owner>__<name>.json` (their published config.json).
 //!
@@ -67,8 +72,10 @@ struct Row {
     /// `None` for a point that ran out of memory.
     measured: Option<f64>,
     predicted: f64,
-    /// Predicted device bytes (for fit/no-fit on the H100).
-    predicted_device: f64,
+    /// The least device memory the step runs in when the card is full and
+    /// the allocator releases its cache (fit/no-fit on the H100: what runs
+    /// out of memory).
+    predicted_min_device: f64,
     /// What the advisor plans with for a first run (the estimate plus its
     /// stated margins), in device bytes, and the measured device bytes.
     first_plan: f64,
@@ -85,6 +92,9 @@ struct Row {
     /// The row's file says what the allocator held when each point began
     /// (`reserved_at_start`, or gpu_measure.py's known point order).
     carry_known: bool,
+    /// H100 rows: `h100/<file>.csv:<line>`, as bench/data/h100/replayed.csv
+    /// names them.
+    origin: String,
     note: String,
     /// H100 rows: the configuration's every field, to find the same
     /// configuration measured in more than one run.
@@ -270,12 +280,17 @@ fn main() -> ExitCode {
         }
     }
 
+    if let Err(e) = replay_report(&root.join("h100/replayed.csv"), &rows) {
+        eprintln!("accuracy: h100/replayed.csv: {e}");
+        return ExitCode::FAILURE;
+    }
+
     // Fit / no-fit on the 80 GB card, for every H100 row (OOMs included).
     let mut fit_wrong = Vec::new();
     let mut fit_checked = 0;
     for r in rows.iter().filter(|r| r.h100 && r.include) {
         fit_checked += 1;
-        let fits = r.predicted_device <= H100_CAPACITY;
+        let fits = r.predicted_min_device <= H100_CAPACITY;
         if fits != r.measured.is_some() {
             fit_wrong.push(r.id.as_str());
         }
@@ -464,6 +479,126 @@ fn p95_under(errors: &[f64]) -> f64 {
     }
     unders.sort_by(|a, b| a.total_cmp(b));
     unders[((unders.len() as f64 * 0.95).ceil() as usize).min(unders.len()) - 1]
+}
+
+/// The allocator replay (`scripts/alloc_sim.py` through
+/// `scripts/replay_grid.py`: the step's real allocation sequence, captured
+/// on fake tensors, through a model of the caching allocator) beside the
+/// measurements and the memory model: how much of the reserved-over-
+/// allocated gap is the allocator's rules, and what the carried cache did.
+fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
+    let by_origin: HashMap<&str, &Row> = rows.iter().map(|r| (r.origin.as_str(), r)).collect();
+    // the usable card: NVML total less the context gpu_measure.py measured
+    let context = 610.0 * MIB as f64;
+    println!("\nallocator replay (scripts/alloc_sim.py; bench/data/h100/replayed.csv):");
+    println!(
+        "  {:<52} {:>9} {:>9} {:>8} {:>9} {:>8}  began with",
+        "row", "measured", "replayed", "error", "model", "error"
+    );
+    let (mut replay_err, mut model_err, mut replay_alloc) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut fresh_vs_model, mut fit_right, mut fit_n) = (Vec::new(), 0, 0);
+    for rec in read_csv(path)? {
+        let origin = format!("{}:{}", field(&rec, "file")?, field(&rec, "line")?);
+        let Some(row) = by_origin.get(origin.as_str()) else {
+            return Err(format!("{origin}: no such measured row"));
+        };
+        let replayed: f64 = num(&rec, "reserved_bytes")?;
+        let least: f64 = num(&rec, "least_bytes")?;
+        let carry = opt(&rec, "carry", "");
+        let gib = |b: f64| b / GIB as f64;
+        let fits = least + context <= H100_CAPACITY;
+        // the replays that repeat the measured conditions
+        if !(carry.is_empty() && row.carried.is_some()) {
+            fit_n += 1;
+            fit_right += usize::from(fits == row.measured.is_some());
+        }
+        let Some(measured) = row.measured else {
+            println!(
+                "  {:<52} {:>9} {:>9.2} {:>8} {:>9.2} {:>8}  {}",
+                row.id,
+                "OOM",
+                gib(least),
+                if fits { "fits" } else { "OOM" },
+                gib(row.predicted),
+                "",
+                if carry.is_empty() { "empty" } else { carry }
+            );
+            continue;
+        };
+        // a replay from an empty allocator of a point measured with a
+        // carried cache is what a job on its own would hold: beside the model
+        if carry.is_empty() && row.carried.is_some() {
+            fresh_vs_model.push((row.predicted - replayed) / replayed);
+            println!(
+                "  {:<52} {:>9} {:>9.2} {:>8} {:>9.2} {:>+7.1}%  empty (measured after {})",
+                row.id,
+                "-",
+                gib(replayed),
+                "",
+                gib(row.predicted),
+                100.0 * (row.predicted - replayed) / replayed,
+                row.carried.as_deref().unwrap_or("")
+            );
+            continue;
+        }
+        // above the card unpressed, but the allocator releases its cache
+        // and retries before failing: on the card it holds between the
+        // least it needs and the card (`least_bytes`), so only the verdict
+        // is compared
+        if replayed + context > H100_CAPACITY && fits {
+            println!(
+                "  {:<52} {:>9.2} {:>9} {:>8} {:>9.2} {:>+7.1}%  {} (unpressed {:.2}, runs in {:.2} GiB by releasing cache)",
+                row.id,
+                gib(measured),
+                "released",
+                "fits",
+                gib(row.predicted),
+                100.0 * (row.predicted - measured) / measured,
+                if carry.is_empty() { "empty" } else { carry },
+                gib(replayed),
+                gib(least)
+            );
+            continue;
+        }
+        let e = (replayed - measured) / measured;
+        let m = (row.predicted - measured) / measured;
+        if let Some((a, _)) = row.allocated {
+            replay_alloc.push((num::<f64>(&rec, "allocated_bytes")? - a) / a);
+        }
+        replay_err.push(e);
+        model_err.push(m);
+        println!(
+            "  {:<52} {:>9.2} {:>9.2} {:>+7.1}% {:>9.2} {:>+7.1}%  {}",
+            row.id,
+            gib(measured),
+            gib(replayed),
+            100.0 * e,
+            gib(row.predicted),
+            100.0 * m,
+            if carry.is_empty() { "empty" } else { carry }
+        );
+    }
+    println!(
+        "  {}",
+        summary("replay against the measured reserved bytes", &replay_err)
+    );
+    println!(
+        "  {}",
+        summary("the memory model on the same rows", &model_err)
+    );
+    println!(
+        "  {}",
+        summary("replay against the measured allocated bytes", &replay_alloc)
+    );
+    println!(
+        "  {}",
+        summary(
+            "the memory model against the replay of an empty allocator (carried rows)",
+            &fresh_vs_model
+        )
+    );
+    println!("  fit/no-fit by the replay (pressure releases included): {fit_right}/{fit_n} right");
+    Ok(())
 }
 
 /// Count, median signed error and its extremes (which way a group leans).
@@ -725,7 +860,7 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             source,
             framework: field(&r, "framework")?.to_string(),
             predicted: quantity_of(&est, &q)?,
-            predicted_device: est.device_bytes as f64,
+            predicted_min_device: est.min_device_bytes as f64,
             first_plan: first_run_plan(&est, w.framework),
             measured_device: None,
             measured: Some(num::<f64>(&r, "peak")? * unit_bytes(field(&r, "unit")?)?),
@@ -734,6 +869,7 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             expandable: false,
             carried: None,
             carry_known: false,
+            origin: String::new(),
             include: field(&r, "include")? == "yes",
             note: field(&r, "note")?.to_string(),
             key: String::new(),
@@ -915,8 +1051,17 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             } else {
                 None
             },
-            predicted: est.peak_reserved_bytes as f64,
-            predicted_device: est.device_bytes as f64,
+            // On the card: a step that needs more than the card unpressed
+            // but fits by releasing the cache holds at most the card (less
+            // the context); the model says no more than that.
+            predicted: if est.device_bytes as f64 > H100_CAPACITY
+                && est.min_device_bytes as f64 <= H100_CAPACITY
+            {
+                H100_CAPACITY - (est.device_bytes - est.peak_reserved_bytes) as f64
+            } else {
+                est.peak_reserved_bytes as f64
+            },
+            predicted_min_device: est.min_device_bytes as f64,
             first_plan: first_run_plan(&est, w.framework),
             // reserved + the context the row measured (or the model's)
             measured_device: if status == "ok" {
@@ -931,6 +1076,11 @@ fn read_h100(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             expandable,
             carried: carried.clone(),
             carry_known: r.contains_key("reserved_at_start") || r.contains_key("fwd_peak"),
+            origin: format!(
+                "h100/{}{stem}.csv:{}",
+                if expandable { "expandable/" } else { "" },
+                n + 2
+            ),
             // Variable-length batches (steps.csv): the reserved peak is the
             // cache climbing toward the card over 30 steps, not one step's
             // need; the advisor treats such peaks as "fits" (see

@@ -38,4 +38,6 @@ cargo clippy --all-targets --quiet -- -D warnings
 cargo test --bench accuracy --quiet > /dev/null
 # And the per-block terms against autograd's counted saved tensors.
 cargo test --bench saved_tensors --quiet > /dev/null
+# The caching-allocator model behind scripts/alloc_sim.py (stdlib only).
+python3 scripts/test_alloc_sim.py
 cargo test --lib --bins --tests -- --test-threads 2

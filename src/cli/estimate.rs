@@ -84,6 +84,10 @@ struct GpuFit {
     /// peak_bytes / memory_bytes.
     fraction: f64,
     fits: bool,
+    /// The peak does not fit, but the step runs on the card by PyTorch
+    /// releasing its unused cache and retrying (`min_device_bytes` fits):
+    /// slower, and gpufit does not plan on it.
+    fits_by_releasing_cache: bool,
     /// Largest micro batch whose predicted peak fits the whole GPU; null when
     /// even 1 does not.
     max_micro_batch: Option<u32>,
@@ -191,6 +195,8 @@ fn gpu_fit(
         memory_bytes: gpu.memory_bytes,
         fraction: est.peak_bytes as f64 / gpu.memory_bytes as f64,
         fits: est.peak_bytes <= gpu.memory_bytes,
+        fits_by_releasing_cache: est.peak_bytes > gpu.memory_bytes
+            && est.min_device_bytes <= gpu.memory_bytes,
         max_micro_batch: max,
         warnings,
     })
@@ -278,6 +284,12 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
         fmt_gib(est.peak_reserved_bytes),
         fmt_gib(est.device_bytes)
     );
+    if est.min_device_bytes < est.device_bytes {
+        println!(
+            "on a smaller card it runs in {}: PyTorch returns its unused cache and retries before failing (slower; gpufit plans on the peak)",
+            fmt_gib(est.min_device_bytes)
+        );
+    }
     println!(
         "peak ≈ {} + {} × micro batch",
         fmt_gib(est.fixed_bytes),
@@ -295,7 +307,11 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
             f.name,
             fmt_gib(f.memory_bytes),
             100.0 * f.fraction,
-            if f.fits { "" } else { " — does NOT fit" }
+            match (f.fits, f.fits_by_releasing_cache) {
+                (true, _) => "",
+                (false, true) => " — the peak does not fit; runs only by releasing the allocator's cache every step",
+                (false, false) => " — does NOT fit",
+            }
         );
         match f.max_micro_batch {
             Some(m) => println!("largest micro batch that fits: {m}"),

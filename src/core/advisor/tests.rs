@@ -62,6 +62,7 @@ impl MemoryModel for Linear {
             peak_allocated_bytes: peak,
             peak_reserved_bytes: peak,
             device_bytes: peak,
+            min_device_bytes: peak,
             breakdown: Breakdown::default(),
         })
     }

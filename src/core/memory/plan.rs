@@ -31,6 +31,14 @@ pub(super) struct Plan {
     pub(super) checkpointing: bool,
     /// The allocator's reserved-over-allocated shares.
     pub(super) shares: AllocatorShares,
+    /// The step leaves nothing long-lived in the cached blocks of phase A's
+    /// transients, so under pressure the allocator can return them whole
+    /// (see `allocator::eval`): checkpointed, the default allocator, a
+    /// frozen base (adapters only: no parameter-sized gradients or optimizer
+    /// states cut from freed loss buffers), and parameters already in the
+    /// compute dtype (no autocast or dequantized weight copies, which
+    /// autograd keeps for backward).
+    pub(super) cache_released_under_pressure: bool,
     /// Checkpointed: the smaller of one recomputed block and the loss
     /// buffers, per sample (they take turns in the same cache).
     pub(super) recompute_overlap_per_sample: f64,
@@ -153,5 +161,10 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
     gradients(w, s, opts, &l, &mut pl);
     optimizer(w, opts, &l, &mut pl);
     per_sample(w, s, opts, &mut pl);
+    pl.cache_released_under_pressure = pl.checkpointing
+        && !opts.expandable_segments
+        && w.method != Method::Full
+        && !l.mixed
+        && pl.weights_transient_a == 0.0;
     pl
 }

@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""Replay a training step's allocations through a model of PyTorch's CUDA
+caching allocator, without a GPU.
+
+Two parts:
+
+1. trace: the Hugging Face step of scripts/gpu_measure.py (model built from
+   its config numbers, optional peft LoRA and non-reentrant checkpointing,
+   `model(input_ids, labels=...).loss`, backward, `torch.optim.AdamW` with
+   the foreach implementation CUDA uses by default, `zero_grad(set_to_none)`)
+   runs on *fake* CPU tensors (torch._subclasses.FakeTensorMode: shapes and
+   dtypes, no memory, no arithmetic). A TorchDispatchMode sees every ATen op
+   and records when each new storage is born (its bytes) and when the last
+   tensor on it dies: the same sequence of requests and releases the CUDA
+   allocator receives (autograd frees by reference count on either device).
+   CPU kernels stand in for CUDA's where they differ in what they allocate
+   (SDPA: the CPU flash kernel, which like CUDA's keeps the output and an
+   fp32 logsumexp).
+
+2. simulate: the allocator's rules from c10/cuda/CUDACachingAllocator.cpp
+   (PyTorch 2.x, default settings):
+   - sizes round up to 512 bytes; requests up to 1 MiB use the small pool,
+     larger ones the large pool;
+   - a request is served best-fit from the pool's free cached blocks
+     (smallest block that is large enough); a block is split when the rest
+     is >= 512 B (small pool) or > 1 MiB (large pool);
+   - when no cached block fits, a new segment is mapped: 2 MiB for the small
+     pool, 20 MiB for requests under 10 MiB, else the size rounded up to
+     2 MiB;
+   - a freed block merges with free neighbours in its segment and stays
+     cached; if mapping a segment would exceed the card, every cached
+     segment with no live block is returned first and the mapping retried
+     (otherwise: out of memory).
+   Reserved bytes are the mapped segments; their peak is what
+   `torch.cuda.max_memory_reserved()` reports.
+
+`--carry MODEL[:dtype]` first builds another model and frees it without
+returning its segments, as scripts/gpu_measure.py did between points before
+it recorded `reserved_at_start` (bench/data/h100/README.md, "A carried
+cache").
+
+Usage (a Python with torch, transformers, peft; no GPU):
+    python scripts/alloc_sim.py Qwen/Qwen2.5-0.5B --method full --mb 1 --seq 512
+    python scripts/alloc_sim.py meta-llama/Llama-3.2-3B --method lora --mb 1 --seq 8192 \\
+        --ckpt --carry mistralai/Mistral-7B-v0.1
+"""
+
+import argparse
+import bisect
+import os
+import sys
+import weakref
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_measure import LORA_TARGETS, MODELS, config_for  # noqa: E402
+
+KB, MB = 1024, 1024 * 1024
+K_MIN_BLOCK = 512            # kMinBlockSize
+K_SMALL_SIZE = 1 * MB        # kSmallSize: largest small-pool request
+K_SMALL_BUFFER = 2 * MB      # kSmallBuffer: small-pool segment
+K_LARGE_BUFFER = 20 * MB     # kLargeBuffer: segment for requests < kMinLargeAlloc
+K_MIN_LARGE_ALLOC = 10 * MB  # kMinLargeAlloc
+K_ROUND_LARGE = 2 * MB       # kRoundLarge
+H100_BYTES = 81_559 * MB     # the NVML total of the H100 in bench/data/h100/
+
+
+class OutOfMemory(Exception):
+    pass
+
+
+class Allocator:
+    """The caching allocator's bookkeeping (one stream, default config)."""
+
+    def __init__(self, capacity=H100_BYTES, context=0):
+        self.capacity = capacity - context
+        self.reserved = self.allocated = 0
+        self.peak_reserved = self.peak_allocated = 0
+        self.next_addr = 0
+        # free blocks per pool, sorted by (size, addr)
+        self.free = {True: [], False: []}
+        # addr -> [size, segment_id, is_free, small]
+        self.blocks = {}
+        self.seg_blocks = {}   # segment id -> sorted list of block addrs
+        self.seg_size = {}
+        self.retries = 0
+
+    @staticmethod
+    def round_size(n):
+        return max(K_MIN_BLOCK, (n + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK)
+
+    @staticmethod
+    def segment_size(n):
+        if n <= K_SMALL_SIZE:
+            return K_SMALL_BUFFER
+        if n < K_MIN_LARGE_ALLOC:
+            return K_LARGE_BUFFER
+        return (n + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+
+    def _map(self, size, small):
+        if self.reserved + size > self.capacity:
+            self.retries += 1
+            self.release_cached()
+            if self.reserved + size > self.capacity:
+                raise OutOfMemory(f"mapping {size / 2**30:.2f} GiB with {self.reserved / 2**30:.2f} "
+                                  f"GiB reserved, {self.allocated / 2**30:.2f} GiB allocated")
+        addr = self.next_addr
+        self.next_addr += size + K_ROUND_LARGE  # segments are never adjacent
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.seg_size[addr] = size
+        self.blocks[addr] = [size, addr, True, small]
+        self.seg_blocks[addr] = [addr]
+        bisect.insort(self.free[small], (size, addr))
+        return addr
+
+    def release_cached(self):
+        """release_cached_blocks(): unmap every segment with no live block."""
+        for seg, addrs in list(self.seg_blocks.items()):
+            if len(addrs) == 1 and self.blocks[addrs[0]][2]:
+                b = self.blocks.pop(addrs[0])
+                self.free[b[3]].remove((b[0], addrs[0]))
+                del self.seg_blocks[seg]
+                self.reserved -= self.seg_size.pop(seg)
+
+    def malloc(self, nbytes):
+        size = self.round_size(nbytes)
+        small = size <= K_SMALL_SIZE
+        pool = self.free[small]
+        i = bisect.bisect_left(pool, (size, -1))
+        if i == len(pool):
+            self._map(self.segment_size(size), small)
+            i = bisect.bisect_left(pool, (size, -1))
+        bsize, addr = pool.pop(i)
+        b = self.blocks[addr]
+        rest = bsize - size
+        if (small and rest >= K_MIN_BLOCK) or (not small and rest > K_SMALL_SIZE):
+            b[0] = size
+            naddr = addr + size
+            self.blocks[naddr] = [rest, b[1], True, small]
+            bisect.insort(self.seg_blocks[b[1]], naddr)
+            bisect.insort(pool, (rest, naddr))
+        b[2] = False
+        self.allocated += b[0]
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return addr
+
+    def release(self, addr):
+        b = self.blocks[addr]
+        b[2] = True
+        self.allocated -= b[0]
+        seg = self.seg_blocks[b[1]]
+        # merge with the free neighbours in the segment
+        j = bisect.bisect_left(seg, addr)
+        if j + 1 < len(seg) and self.blocks[seg[j + 1]][2]:
+            n = seg.pop(j + 1)
+            nb = self.blocks.pop(n)
+            self.free[b[3]].remove((nb[0], n))
+            b[0] += nb[0]
+        if j > 0 and self.blocks[seg[j - 1]][2]:
+            p = seg[j - 1]
+            pb = self.blocks[p]
+            self.free[b[3]].remove((pb[0], p))
+            pb[0] += b[0]
+            seg.pop(j)
+            del self.blocks[addr]
+            addr, b = p, pb
+        bisect.insort(self.free[b[3]], (b[0], addr))
+
+
+def capture(args, carry=None):
+    """Run the step on fake CPU tensors; return the event list
+    [("a", key, bytes) | ("f", key) | ("mark", name)]."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    events = []
+    live = {}   # storage address -> weak reference to the storage
+
+    def poll():
+        # storages whose last tensor died since the last op (autograd and
+        # Python free between ops, so op granularity is the allocator's)
+        for k, ref in list(live.items()):
+            if ref.expired():
+                del live[k]
+                events.append(("f", k))
+
+    def track(t):
+        try:
+            st = t.untyped_storage()
+        except Exception:  # storage-less tensors allocate nothing here
+            return
+        k = st._cdata
+        if k in live and not live[k].expired():
+            return  # a view, or the op's input returned
+        if k in live:  # the address was freed and reused within one op
+            events.append(("f", k))
+        n = st.nbytes()
+        if n == 0:
+            return
+        live[k] = StorageWeakRef(st)
+        events.append(("a", k, n))
+
+    class Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            poll()
+            out = func(*a, **(kw or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    track(t)
+            return out
+
+    def mark(name):
+        poll()
+        events.append(("mark", name))
+
+    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig, get_peft_model
+
+    def build(model_name, dtype, method, ckpt, attention, targets=None):
+        mt, config = config_for(model_name)
+        pdt = torch.bfloat16 if dtype == "bf16" else torch.float32
+        m = AutoModelForCausalLM.from_config(config, torch_dtype=pdt, attn_implementation=attention)
+        if ckpt:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if method == "lora":
+            # PEFT moves its adapters to the base layer's device and casts
+            # them to fp32, which on fake parameters torch refuses to swap;
+            # nn.Linear makes them in fp32 on the same (fake CPU) device
+            # already, so the move is skipped
+            to = torch.nn.Module.to
+            torch.nn.Module.to = lambda self, *a, **k: self
+            try:
+                m = get_peft_model(m, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                 target_modules=targets or LORA_TARGETS[mt]))
+            finally:
+                torch.nn.Module.to = to
+        m.train()
+        return m, config
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake, Track():
+        if carry:
+            name, _, dt = carry.partition(":")
+            mark(f"carry {name}")
+            # eager: every family has it, and it does not change the weights
+            m, _ = build(name, dt or "bf16", "full", False, "eager")
+            del m
+            import gc
+            gc.collect()
+            mark("carry freed")
+        mark("build")
+        model, config = build(args.model, args.dtype, args.method, args.ckpt, args.attention,
+                              "all-linear" if args.all_linear else None)
+        mixed = args.dtype in ("bf16-mixed", "fp16-mixed")
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
+        x = torch.randint(0, config.vocab_size, (args.mb, args.seq))
+        # Falcon's single K/V head: CUDA's flash and memory-efficient SDPA
+        # kernels refuse the unexpanded head, so torch falls back to the math
+        # kernel, which materialises the scores (the CPU kernel would not)
+        import contextlib
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        math_sdpa = config.model_type == "falcon" and args.attention == "sdpa"
+        for step in range(args.steps):
+            mark(f"step {step} forward")
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed), \
+                    (sdpa_kernel(SDPBackend.MATH) if math_sdpa else contextlib.nullcontext()):
+                loss = model(input_ids=x, labels=x).loss
+            mark(f"step {step} backward")
+            with sdpa_kernel(SDPBackend.MATH) if math_sdpa else contextlib.nullcontext():
+                loss.backward()
+            mark(f"step {step} optimizer")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del loss
+        mark("end")
+    return events
+
+
+def simulate(events, capacity=H100_BYTES, context=0, verbose=False):
+    alloc = Allocator(capacity, context)
+    addr = {}
+    marks = []
+    for e in events:
+        if e[0] == "a":
+            addr[e[1]] = alloc.malloc(e[2])
+        elif e[0] == "f":
+            a = addr.pop(e[1], None)
+            if a is not None:
+                alloc.release(a)
+        else:
+            if e[1] == "carry freed":
+                pass
+            if e[1] == "build":
+                # the point's own peaks start here (reset_peak_memory_stats)
+                alloc.peak_reserved, alloc.peak_allocated = alloc.reserved, alloc.allocated
+            marks.append((e[1], alloc.reserved, alloc.allocated, alloc.peak_reserved,
+                          alloc.peak_allocated))
+    if verbose:
+        for name, r, a, pr, pa in marks:
+            print(f"  {name:<24} reserved {r / 2**30:7.2f} allocated {a / 2**30:7.2f} "
+                  f"(peaks so far {pr / 2**30:7.2f} / {pa / 2**30:7.2f} GiB)")
+    return alloc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", choices=sorted(MODELS))
+    ap.add_argument("--method", choices=["full", "lora"], default="full")
+    ap.add_argument("--dtype", choices=["bf16", "bf16-mixed", "fp32"], default="bf16")
+    ap.add_argument("--mb", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--ckpt", action="store_true")
+    ap.add_argument("--attention", default="sdpa")
+    ap.add_argument("--all-linear", action="store_true", help="LoRA on every linear layer")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--carry", help="MODEL[:bf16|fp32] built and freed first, its cache kept")
+    ap.add_argument("--capacity-mib", type=float, default=H100_BYTES / MB,
+                    help="the card's memory (default: the H100's NVML total)")
+    ap.add_argument("--context-mib", type=float, default=610,
+                    help="the CUDA context and kernels outside the allocator (H100: ~610)")
+    ap.add_argument("--min-capacity", action="store_true",
+                    help="also find the least memory (to 1/8 GiB) the allocator needs to run "
+                         "the steps, releasing its cache under pressure, without failing")
+    ap.add_argument("--json", help="append the result as one JSON line to this file")
+    args = ap.parse_args()
+    events = capture(args, args.carry)
+    need = None
+    if args.min_capacity:
+        free = simulate(events, capacity=1 << 62)
+        lo, hi = free.peak_allocated, free.peak_reserved  # fits at hi, not below lo
+        while hi - lo > (1 << 27):
+            mid = (lo + hi) // 2
+            try:
+                simulate(events, capacity=mid)
+                hi = mid
+            except OutOfMemory:
+                lo = mid
+        need = hi
+        print(f"least allocator memory that runs it: {need / 2**30:.2f} GiB "
+              f"(unpressed reserved peak {free.peak_reserved / 2**30:.2f}, "
+              f"allocated peak {free.peak_allocated / 2**30:.2f})")
+        if args.json:
+            import json
+            with open(args.json, "a") as f:
+                f.write(json.dumps(dict(model=args.model, method=args.method, dtype=args.dtype,
+                                        all_linear=args.all_linear,
+                                        mb=args.mb, seq=args.seq, ckpt=args.ckpt,
+                                        attention=args.attention, carry=args.carry,
+                                        allocated=free.peak_allocated,
+                                        reserved=free.peak_reserved, least=need)) + "\n")
+    try:
+        a = simulate(events, capacity=int(args.capacity_mib * MB),
+                     context=int(args.context_mib * MB), verbose=True)
+    except OutOfMemory as e:
+        print(f"{args.model} {args.method} {args.dtype} m{args.mb} s{args.seq} "
+              f"ckpt={args.ckpt} carry={args.carry}: out of memory ({e})")
+        return 1
+    print(f"{args.model} {args.method} {args.dtype} m{args.mb} s{args.seq} "
+          f"ckpt={args.ckpt} carry={args.carry}: peak allocated "
+          f"{a.peak_allocated / 2**30:.2f} GiB, peak reserved {a.peak_reserved / 2**30:.2f} GiB, "
+          f"cache releases {a.retries}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The caching-allocator model of scripts/alloc_sim.py against the rules of
+c10/cuda/CUDACachingAllocator.cpp it restates (no torch needed).
+
+Run: python3 scripts/test_alloc_sim.py
+"""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from alloc_sim import MB, Allocator, OutOfMemory, simulate  # noqa: E402
+
+GB = 1024 * MB
+
+
+class AllocatorRules(unittest.TestCase):
+    def test_sizes_round_to_512_bytes(self):
+        self.assertEqual(Allocator.round_size(1), 512)
+        self.assertEqual(Allocator.round_size(512), 512)
+        self.assertEqual(Allocator.round_size(513), 1024)
+
+    def test_segment_sizes_by_request(self):
+        self.assertEqual(Allocator.segment_size(4096), 2 * MB)           # small pool
+        self.assertEqual(Allocator.segment_size(1 * MB), 2 * MB)         # still small
+        self.assertEqual(Allocator.segment_size(1 * MB + 512), 20 * MB)  # under 10 MiB
+        self.assertEqual(Allocator.segment_size(10 * MB), 10 * MB)       # own segment
+        self.assertEqual(Allocator.segment_size(11 * MB), 12 * MB)       # rounded to 2 MiB
+
+    def test_small_requests_share_a_two_mib_segment(self):
+        a = Allocator()
+        for _ in range(4):
+            a.malloc(512 * 1024)
+        self.assertEqual(a.reserved, 2 * MB)      # 4 x 0.5 MiB fill one segment
+        a.malloc(512)
+        self.assertEqual(a.reserved, 4 * MB)      # the fifth request maps another
+        self.assertEqual(a.allocated, 2 * MB + 512)
+
+    def test_large_split_only_when_more_than_one_mib_is_left(self):
+        a = Allocator()
+        x = a.malloc(9 * MB)        # 20 MiB segment, 11 MiB left: split
+        y = a.malloc(10 * MB)       # best fit: the 11 MiB rest; 1 MiB left: not split
+        self.assertEqual(a.reserved, 20 * MB)
+        self.assertEqual(a.blocks[y][0], 11 * MB)  # the whole rest is taken
+        self.assertEqual(a.allocated, 20 * MB)
+        a.release(x)
+        a.release(y)
+        self.assertEqual(a.allocated, 0)
+        self.assertEqual(a.reserved, 20 * MB)      # cached, not returned
+        # the neighbours merged back into one free block of the segment
+        self.assertEqual(a.free[False], [(20 * MB, min(x, y))])
+
+    def test_best_fit_takes_the_smallest_block_that_fits(self):
+        a = Allocator()
+        big = a.malloc(100 * MB)
+        small = a.malloc(30 * MB)
+        a.release(big)
+        a.release(small)
+        z = a.malloc(25 * MB)
+        self.assertEqual(z, small)  # the 30 MiB block, not the 100 MiB one
+        self.assertEqual(a.reserved, 130 * MB)
+
+    def test_a_split_segment_strands_its_free_rest_for_a_large_request(self):
+        # the mechanism behind a carried cache: a 100 MiB segment holding one
+        # live 30 MiB tensor cannot serve a 90 MiB request
+        a = Allocator()
+        big = a.malloc(100 * MB)
+        a.release(big)
+        a.malloc(30 * MB)           # carved from the cached 100 MiB segment
+        a.malloc(90 * MB)           # no free block of 90 MiB: a new segment
+        self.assertEqual(a.reserved, 190 * MB)
+        self.assertEqual(a.peak_reserved, 190 * MB)
+
+    def test_pressure_releases_whole_free_segments_then_fails(self):
+        a = Allocator(capacity=1 * GB)
+        x = a.malloc(600 * MB)
+        a.release(x)                # cached, whole
+        a.malloc(700 * MB)          # 600 cached + 700 > 1 GiB: release, retry
+        self.assertEqual(a.retries, 1)
+        self.assertEqual(a.reserved, 700 * MB)
+        with self.assertRaises(OutOfMemory):
+            a.malloc(400 * MB)      # 700 live + 400 > 1 GiB even after release
+
+    def test_simulate_replays_events_and_resets_peaks_at_build(self):
+        ev = [("a", 1, 50 * MB), ("f", 1), ("mark", "build"),
+              ("a", 2, 20 * MB), ("a", 3, 40 * MB), ("f", 2), ("mark", "end")]
+        a = simulate(ev)
+        # the carried 50 MiB segment serves the 20 MiB request (split: 30 MiB
+        # left, too small for 40 MiB), so a 40 MiB segment is mapped
+        self.assertEqual(a.peak_reserved, 90 * MB)
+        self.assertEqual(a.peak_allocated, 60 * MB)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -13,9 +13,12 @@ Two parts:
    and records when each new storage is born (its bytes) and when the last
    tensor on it dies: the same sequence of requests and releases the CUDA
    allocator receives (autograd frees by reference count on either device).
-   CPU kernels stand in for CUDA's where they differ in what they allocate
-   (SDPA: the CPU flash kernel, which like CUDA's keeps the output and an
-   fp32 logsumexp).
+   CPU kernels stand in for CUDA's where they allocate the same (SDPA: the
+   CPU flash kernel, which like CUDA's keeps the output and an fp32
+   logsumexp). Where they do not, the replay is not CUDA's: SDPA with
+   attention dropout (BERT) falls back to the math kernel on the CPU, and
+   CPU autocast's op lists differ from CUDA's in places; Falcon's SDPA is
+   forced to the math kernel, as CUDA runs it.
 
 2. simulate: the allocator's rules from c10/cuda/CUDACachingAllocator.cpp
    (PyTorch 2.x, default settings):
@@ -217,13 +220,14 @@ def capture(args, carry=None):
         poll()
         events.append(("mark", name))
 
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from peft import LoraConfig, get_peft_model
 
-    def build(model_name, dtype, method, ckpt, attention, targets=None):
+    def build(model_name, dtype, method, ckpt, attention, targets=None, head="lm"):
         mt, config = config_for(model_name)
         pdt = torch.bfloat16 if dtype == "bf16" else torch.float32
-        m = AutoModelForCausalLM.from_config(config, torch_dtype=pdt, attn_implementation=attention)
+        cls = AutoModelForSequenceClassification if head == "classifier" else AutoModelForCausalLM
+        m = cls.from_config(config, dtype=pdt, attn_implementation=attention)
         if ckpt:
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if method == "lora":
@@ -234,8 +238,10 @@ def capture(args, carry=None):
             to = torch.nn.Module.to
             torch.nn.Module.to = lambda self, *a, **k: self
             try:
-                m = get_peft_model(m, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
-                                                 target_modules=targets or LORA_TARGETS[mt]))
+                m = get_peft_model(m, LoraConfig(
+                    r=16, lora_alpha=32, lora_dropout=0.0,
+                    target_modules=targets or LORA_TARGETS[mt],
+                    task_type="SEQ_CLS" if head == "classifier" else None))
             finally:
                 torch.nn.Module.to = to
         m.train()
@@ -254,11 +260,18 @@ def capture(args, carry=None):
             mark("carry freed")
         mark("build")
         model, config = build(args.model, args.dtype, args.method, args.ckpt, args.attention,
-                              "all-linear" if args.all_linear else None)
+                              "all-linear" if args.all_linear else None, args.head)
         mixed = args.dtype in ("bf16-mixed", "fp16-mixed")
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
+        if args.optimizer == "adafactor":
+            # as scripts/gpu_measure.py runs it: one parameter at a time
+            from transformers.optimization import Adafactor
+            opt = Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False,
+                            warmup_init=False)
+        else:
+            opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
         x = torch.randint(0, config.vocab_size, (args.mb, args.seq))
+        labels = torch.randint(0, 2, (args.mb,)) if args.head == "classifier" else x
         # Falcon's single K/V head: CUDA's flash and memory-efficient SDPA
         # kernels refuse the unexpanded head, so torch falls back to the math
         # kernel, which materialises the scores (the CPU kernel would not)
@@ -267,9 +280,10 @@ def capture(args, carry=None):
         math_sdpa = config.model_type == "falcon" and args.attention == "sdpa"
         for step in range(args.steps):
             mark(f"step {step} forward")
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed), \
+            adt = torch.float16 if args.dtype == "fp16-mixed" else torch.bfloat16
+            with torch.autocast("cpu", dtype=adt, enabled=mixed), \
                     (sdpa_kernel(SDPBackend.MATH) if math_sdpa else contextlib.nullcontext()):
-                loss = model(input_ids=x, labels=x).loss
+                loss = model(input_ids=x, labels=labels).loss
             mark(f"step {step} backward")
             with sdpa_kernel(SDPBackend.MATH) if math_sdpa else contextlib.nullcontext():
                 loss.backward()
@@ -311,12 +325,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", choices=sorted(MODELS))
     ap.add_argument("--method", choices=["full", "lora"], default="full")
-    ap.add_argument("--dtype", choices=["bf16", "bf16-mixed", "fp32"], default="bf16")
+    ap.add_argument("--dtype", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"],
+                    default="bf16")
     ap.add_argument("--mb", type=int, default=1)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--ckpt", action="store_true")
     ap.add_argument("--attention", default="sdpa")
     ap.add_argument("--all-linear", action="store_true", help="LoRA on every linear layer")
+    ap.add_argument("--head", choices=["lm", "classifier"], default="lm",
+                    help="causal-LM loss, or a sequence classifier (2 labels)")
+    ap.add_argument("--optimizer", choices=["adamw", "adafactor"], default="adamw")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--carry", help="MODEL[:bf16|fp32] built and freed first, its cache kept")
     ap.add_argument("--capacity-mib", type=float, default=H100_BYTES / MB,

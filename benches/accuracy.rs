@@ -609,12 +609,7 @@ fn signed_summary(name: &str, errors: &[f64]) -> String {
     let mut v = errors.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     let abs = median_worst(errors).0;
-    let n = v.len();
-    let median_signed = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
+    let median_signed = median_of_sorted(&v);
     format!(
         "{name:<55} n={:>3}  median {:>+5.1}%  median |error| {:>4.1}%  range {:>+6.1}% .. {:>+5.1}%  under >10%: {}",
         v.len(),
@@ -632,13 +627,18 @@ fn median_worst(errors: &[f64]) -> (f64, f64) {
         return (0.0, 0.0);
     }
     a.sort_by(|x, y| x.total_cmp(y));
-    let n = a.len();
-    let median = if n % 2 == 1 {
-        a[n / 2]
+    (median_of_sorted(&a), a[a.len() - 1])
+}
+
+/// The median of a sorted, non-empty slice (the mean of the middle two
+/// for an even count).
+fn median_of_sorted(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
     } else {
-        (a[n / 2 - 1] + a[n / 2]) / 2.0
-    };
-    (median, a[n - 1])
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn summary(name: &str, errors: &[f64]) -> String {
@@ -916,17 +916,14 @@ fn carried_cache(
             opt(x, "head", "lm").to_string(),
         )
     };
-    let (model, dtype, _) = stored(p);
-    if stored(p) == stored(r) || model.is_empty() {
+    let prev = stored(p);
+    if prev == stored(r) || prev.0.is_empty() {
         return Ok(None);
     }
+    let (model, dtype, _) = prev;
     // the previous point's weights as gpufit counts them (a point that
     // failed before building its model left less: a bound)
-    let mut pr = p.clone();
-    if !matches!(opt(&pr, "status", ""), "ok" | "oom") {
-        pr.insert("status".into(), "ok".into());
-    }
-    let weights = scenario(&pr)
+    let weights = scenario(p)
         .and_then(|(w, s, o)| estimate_with(&w, &s, &o).map_err(|e| e.to_string()))
         .map(|e| e.breakdown.weights as f64 / GIB as f64)
         .map_err(|e| format!("previous point {model}: {e}"))?;

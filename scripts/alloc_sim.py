@@ -52,7 +52,6 @@ import argparse
 import bisect
 import os
 import sys
-import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_measure import LORA_TARGETS, MODELS, config_for  # noqa: E402
@@ -307,8 +306,6 @@ def simulate(events, capacity=H100_BYTES, context=0, verbose=False):
             if a is not None:
                 alloc.release(a)
         else:
-            if e[1] == "carry freed":
-                pass
             if e[1] == "build":
                 # the point's own peaks start here (reset_peak_memory_stats)
                 alloc.peak_reserved, alloc.peak_allocated = alloc.reserved, alloc.allocated
@@ -344,11 +341,11 @@ def main():
     ap.add_argument("--min-capacity", action="store_true",
                     help="also find the least memory (to 1/8 GiB) the allocator needs to run "
                          "the steps, releasing its cache under pressure, without failing")
-    ap.add_argument("--json", help="append the result as one JSON line to this file")
+    ap.add_argument("--json", help="append the result (with --min-capacity's) as one JSON line "
+                                   "to this file")
     args = ap.parse_args()
     events = capture(args, args.carry)
-    need = None
-    if args.min_capacity:
+    if args.min_capacity or args.json:
         free = simulate(events, capacity=1 << 62)
         lo, hi = free.peak_allocated, free.peak_reserved  # fits at hi, not below lo
         while hi - lo > (1 << 27):

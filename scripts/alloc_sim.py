@@ -246,7 +246,41 @@ def capture(args, carry=None):
         m.train()
         return m, config
 
+    # SDPA with attention dropout (BERT in training): CUDA runs the
+    # memory-efficient kernel (`_efficient_attention_forward`), which keeps
+    # the output, an fp32 logsumexp padded to 32 queries and the dropout RNG
+    # seed/offset (no mask: backward regenerates it); its backward makes
+    # q/k/v gradients and an fp32 `delta` row sum. The CPU has no such
+    # kernel (it falls back to the math one, which keeps the scores), so
+    # the replay stands in a function that allocates what CUDA's does.
+    import torch.nn.functional as F
+    sdpa = F.scaled_dot_product_attention
+
+    class EfficientDropoutAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            b, h, s, d = q.shape
+            out = q.new_empty((b, s, h, v.shape[-1])).transpose(1, 2)
+            lse = q.new_empty((b, h, (s + 31) // 32 * 32), dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v, out, lse = ctx.saved_tensors
+            delta = q.new_empty(lse.shape, dtype=torch.float32)
+            gq, gk, gv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            del delta
+            return gq, gk, gv
+
+    def sdpa_cuda(q, k, v, attn_mask=None, dropout_p=0.0, *a, **kw):
+        if dropout_p > 0.0 and torch.is_grad_enabled():
+            # the mask, if any, is read as a bias: nothing more is kept
+            return EfficientDropoutAttention.apply(q, k, v)
+        return sdpa(q, k, v, attn_mask, dropout_p, *a, **kw)
+
     fake = FakeTensorMode(allow_non_fake_inputs=True)
+    F.scaled_dot_product_attention = sdpa_cuda
     with fake, Track():
         if carry:
             name, _, dt = carry.partition(":")

@@ -8,8 +8,8 @@ For the files scripts/gpu_measure.py wrote before it recorded
 previous point's weights were built and freed into the cache, as it was
 measured (`--carry`); the shared harness's files (peaks, throughput) are
 replayed from an empty allocator. Rows the replay cannot build are skipped:
-classifier heads (BERT: see `replayable`), the Trainer loop, torch.compile,
-optimizers other than AdamW and Adafactor, variable-length batches.
+the Trainer loop, torch.compile, optimizers other than AdamW and Adafactor,
+variable-length batches.
 
 Usage (a Python with torch, transformers, peft; no GPU; about 20-60 s a row):
     python scripts/replay_grid.py bench/data/h100/families.csv bench/data/h100/holdout.csv \\
@@ -37,10 +37,9 @@ def stored_dtype(r):
 
 
 def replayable(r):
-    # classifier rows are BERT's: SDPA with attention dropout runs CUDA's
-    # flash kernel, but the CPU's math fallback materialises the scores, so
-    # their replay would not be CUDA's (tried: 12.3 GiB for a 7.7 GiB row)
-    return (r.get("status") in ("ok", "oom") and r.get("head", "lm") != "classifier"
+    # classifier rows (BERT) replay with alloc_sim's stand-in for CUDA's
+    # memory-efficient SDPA kernel with dropout
+    return (r.get("status") in ("ok", "oom")
             and r.get("loop", "manual") != "trainer"
             and r.get("compile", "False") not in ("True", "true")
             and r.get("optimizer", "adamw") in ("adamw", "adafactor", "")
@@ -75,6 +74,8 @@ def jobs_for(path, edge):
             a.append("--ckpt")
         if r.get("lora_targets") == "all-linear":
             a.append("--all-linear")
+        if r.get("head") == "classifier":
+            a += ["--head", "classifier"]
         if r.get("optimizer") == "adafactor":
             a += ["--optimizer", "adafactor"]
         carry = ""

@@ -23,6 +23,10 @@ pub(super) struct LayerActs {
     pub(super) saved_per_seq: f64,
     pub(super) backward_transient: f64,
     pub(super) backward_transient_per_seq: f64,
+    /// The part of `saved` that is MLP-intermediate wide (the rest is
+    /// hidden-width tensors and smaller), for the allocator's segment
+    /// packing (`allocator::segment_waste_share`).
+    pub(super) saved_wide: f64,
 }
 
 /// The dtype a block's activations follow: under PEFT's QLoRA recipe
@@ -366,6 +370,7 @@ pub(super) fn layer_activations(
     // the 16-bit product (with litgpt's dropout mask beside it).
     let down_input =
         if peft_cast { peft_input } else { e } * i * k + if litgpt_dropout { i } else { 0.0 };
+    let before_wide = saved;
     if classic {
         // fc1 output saved by the activation; GPT-2's (and Phi-2's) `gelu_new` is a
         // composite in Python (0.5·x·(1 + tanh(…))) whose mul/tanh save
@@ -389,6 +394,7 @@ pub(super) fn layer_activations(
             saved += down_input;
         }
     }
+    let saved_wide = saved - before_wide;
 
     // --- bitsandbytes 4-bit bases before 0.43.2 ---
     // `MatMul4Bit.forward` (bitsandbytes/autograd/_functions.py) kept its
@@ -480,6 +486,7 @@ pub(super) fn layer_activations(
         saved_per_seq: per_seq,
         backward_transient: bt,
         backward_transient_per_seq: bt_seq,
+        saved_wide,
     }
 }
 
@@ -580,6 +587,16 @@ pub(super) fn per_sample(
         0.0
     };
     pl.act_per_sample = seq * (acts_tokens + enc_dec);
+    // The hidden-width tensors among them (one is seq · h · e bytes per
+    // sample): every block's, or the checkpointed blocks' inputs.
+    (pl.act_hidden_per_sample, pl.hidden_tensor_per_sample) = if s.activation_checkpointing {
+        (seq * layers * r * h, seq * r * h)
+    } else {
+        (
+            seq * layers * (la.saved - la.saved_wide).max(0.0),
+            seq * e * h,
+        )
+    };
 
     // --- logits / loss buffers per sample ---
     (pl.logits_fwd_per_sample, pl.logits_per_sample) = match opts.head {
@@ -619,6 +636,7 @@ pub(super) fn per_sample(
         pl.logits_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
         pl.logits_fwd_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
         pl.recompute_overlap_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
+        pl.act_hidden_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
     }
 }
 

@@ -44,6 +44,11 @@ pub(super) struct Plan {
     pub(super) recompute_overlap_per_sample: f64,
     // per sample (one sequence of the micro batch)
     pub(super) act_per_sample: f64,
+    /// The hidden-width part of `act_per_sample` …
+    pub(super) act_hidden_per_sample: f64,
+    /// … and the bytes of one such tensor per sample (its size at micro
+    /// batch m is m times this), for the allocator's segment packing.
+    pub(super) hidden_tensor_per_sample: f64,
     pub(super) logits_per_sample: f64,
     /// The loss buffers at the forward's end (≤ `logits_per_sample`, which
     /// is the larger of the forward and backward peaks).

@@ -173,8 +173,25 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     } else {
         0.0
     };
+    // The previous step's phase B left its freed gradients (set to None
+    // before this forward) and optimizer temporaries cached: blocks of
+    // parameter shapes, which this phase's activations and autocast weight
+    // copies reuse but its loss buffers (vocabulary-wide) cannot. Replayed
+    // (scripts/alloc_sim.py) for Qwen2.5-0.5B full bf16 at 1 × 512: 30
+    // empty 20 MiB segments of AdamW's temporaries still cached at the
+    // next forward's peak. Checkpointed runs are left to
+    // `cross_phase_checkpointed`, whose recomputed blocks take them.
+    let carried_b = if pl.shares.segment_packing && !pl.checkpointing {
+        (pl.grads - pl.grads_in_a + pl.step_transient
+            - pl.act_per_sample * m
+            - pl.weights_transient_a)
+            .max(0.0)
+    } else {
+        0.0
+    };
     let reserved_a = a
         + packing
+        + carried_b
         + pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a)
         + pl.shares.transient_loss * pl.logits_per_sample * m
         + pl.shares.recompute * pl.recompute_overlap_per_sample * m;

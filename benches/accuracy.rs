@@ -338,7 +338,7 @@ fn main() -> ExitCode {
     );
     let all_p95 = p95_under(&all);
     println!(
-        "95th percentile of under-prediction (over the {} under-predicted rows): {:.1}%",
+        "95th percentile of under-prediction (over the {} under-predicted rows): {:.2}%",
         all.iter().filter(|e| **e < 0.0).count(),
         100.0 * all_p95
     );
@@ -361,7 +361,7 @@ fn main() -> ExitCode {
         let needed = margin_from(p, n_under, all_p95);
         let ok = stated + 0.0005 >= needed;
         println!(
-            "  {:<10} n={:>3}  under-predicted {:>3}  p95 {:>5.1}%  stated {:>5.1}%  {}",
+            "  {:<10} n={:>3}  under-predicted {:>3}  p95 {:>5.2}%  stated {:>5.1}%  {}",
             k,
             v.len(),
             n_under,

@@ -774,3 +774,39 @@ fn a_peak_that_fits_only_inside_the_models_measured_error_is_told_apart() {
         "{table}"
     );
 }
+
+#[test]
+fn the_line_is_printed_as_the_peak_only_where_it_is_the_peak() {
+    // Qwen2.5-0.5B full bf16 at 1 × 512: the optimizer step and the cache
+    // set the peak, well above the forward/backward's line; at 8 × 4,096
+    // the forward/backward sets it and the line is the peak.
+    let run = |mb: &str, seq: &str| {
+        let o = gpufit(&[
+            "estimate",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--method",
+            "full",
+            "--framework",
+            "hf",
+            "--dtype",
+            "bf16",
+            "--micro-batch",
+            mb,
+            "--seq-len",
+            seq,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let small = run("1", "512");
+    assert!(
+        small
+            .contains("at micro batch 1 the optimizer step or the allocator's cache sets the peak"),
+        "{small}"
+    );
+    assert!(!small.contains("peak ≈"), "{small}");
+    let large = run("8", "4096");
+    assert!(large.contains("peak ≈"), "{large}");
+    assert!(!large.contains("sets the peak"), "{large}");
+}

@@ -303,11 +303,24 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
             fmt_gib(est.min_device_bytes)
         );
     }
-    println!(
-        "peak ≈ {} + {} × micro batch",
-        fmt_gib(est.fixed_bytes),
-        fmt_gib(est.per_sample_bytes)
-    );
+    // The line is the forward/backward's; where the optimizer step or the
+    // allocator's cache sets the peak it lies below it, and says so.
+    let line = est.fixed_bytes + est.per_sample_bytes * s.micro_batch_size as u64;
+    if line as f64 >= 0.99 * est.device_bytes as f64 {
+        println!(
+            "peak ≈ {} + {} × micro batch",
+            fmt_gib(est.fixed_bytes),
+            fmt_gib(est.per_sample_bytes)
+        );
+    } else {
+        println!(
+            "forward/backward ≈ {} + {} × micro batch; at micro batch {} the optimizer step or the allocator's cache sets the peak ({})",
+            fmt_gib(est.fixed_bytes),
+            fmt_gib(est.per_sample_bytes),
+            s.micro_batch_size,
+            fmt_gib(est.device_bytes)
+        );
+    }
     println!(
         "measured error: of the {} measurements the model under-predicts, 1 in 20 is short by more than {:.1} % (accuracy bench); without history `gpufit suggest` plans these settings with {}",
         w.framework,

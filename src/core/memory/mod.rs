@@ -119,9 +119,12 @@ pub struct Estimate {
     pub micro_batch_size: u32,
     /// The figure compared with the GPU's capacity (= `device_bytes`).
     pub peak_bytes: u64,
-    /// Part of the peak that does not depend on the micro batch.
+    /// The forward/backward's line, `fixed_bytes + per_sample_bytes × m`:
+    /// the peak where the forward and backward set it, below it where the
+    /// optimizer step or the allocator's cache does (`peak_bytes` is never
+    /// below the line). This is its part that does not depend on m …
     pub fixed_bytes: u64,
-    /// Peak growth per additional sample in the micro batch.
+    /// … and its growth per additional sample in the micro batch.
     pub per_sample_bytes: u64,
     /// What `torch.cuda.max_memory_allocated()` reports.
     pub peak_allocated_bytes: u64,
@@ -696,6 +699,35 @@ mod tests {
             (reserved - 16.95).abs() / 16.95 < 0.03,
             "reserved {reserved:.2}"
         );
+    }
+
+    #[test]
+    fn the_peak_is_never_below_the_forward_backward_line() {
+        // the line is printed beside the peak: it must be a floor of it
+        for arch in crate::core::catalog::models::all_models() {
+            for (method, dtype, ckpt) in [
+                (Method::Full, Dtype::Bf16, false),
+                (Method::Full, Dtype::Fp32, true),
+                (Method::Lora, Dtype::Bf16Mixed, false),
+            ] {
+                let mut w = workload("Qwen/Qwen2.5-0.5B", method);
+                w.model = arch.clone();
+                w.seq_len = 512;
+                for m in [1, 2, 3, 8, 32] {
+                    let Ok(e) = estimate(&w, &settings(m, dtype, ckpt)) else {
+                        continue;
+                    };
+                    let line = e.fixed_bytes + e.per_sample_bytes * m as u64;
+                    // (each of fixed and per-sample is rounded to a byte)
+                    assert!(
+                        line <= e.peak_bytes + m as u64 + 1,
+                        "{} {method:?} {dtype:?} m{m}: line {line} > peak {}",
+                        arch.name,
+                        e.peak_bytes
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -54,9 +54,12 @@ pub(super) struct AllocatorShares {
     /// stays (the replay of BERT-large fp32 at 8 × 512, checkpointed:
     /// reserved = allocated in phase B, measured 6.33 against 6.31 GiB).
     cross_phase_checkpointed: f64,
-    /// Whether requests of 1–10 MiB share fixed 20 MiB segments (the
-    /// default allocator; see [`segment_waste_share`]).
-    segment_packing: bool,
+    /// Fixed-size segments (the default allocator): requests of 1–10 MiB
+    /// share 20 MiB segments (see [`segment_waste_share`]), and a freed
+    /// block serves only requests that fit in it, so the last step's
+    /// parameter-shaped blocks wait beside a forward that cannot use them.
+    /// Expandable segments have neither.
+    fixed_segments: bool,
 }
 
 /// The default caching allocator, fitted to the reserved-byte measurements
@@ -72,7 +75,7 @@ pub(super) const CACHING_ALLOCATOR: AllocatorShares = AllocatorShares {
     recompute: 1.0,
     cross_phase: 0.75,
     cross_phase_checkpointed: 1.0,
-    segment_packing: true,
+    fixed_segments: true,
 };
 
 /// `expandable_segments:True`: segments grow in place, so freed ranges are
@@ -90,7 +93,7 @@ pub(super) const EXPANDABLE_SEGMENTS: AllocatorShares = AllocatorShares {
     cross_phase: 0.0,
     cross_phase_checkpointed: 0.25,
     // one segment per pool grows page by page: no fixed segments to pack
-    segment_packing: false,
+    fixed_segments: false,
 };
 
 /// Plus per-segment rounding: the allocator maps memory in 2 MiB pages;
@@ -168,7 +171,7 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     let allocated = a_allocated.max(b);
     // The hidden-width activations' segment packing (see
     // `segment_waste_share`): held while they are, in phase A.
-    let packing = if pl.shares.segment_packing {
+    let packing = if pl.shares.fixed_segments {
         segment_waste_share(pl.hidden_tensor_per_sample * m) * pl.act_hidden_per_sample * m
     } else {
         0.0
@@ -181,7 +184,7 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     // empty 20 MiB segments of AdamW's temporaries still cached at the
     // next forward's peak. Checkpointed runs are left to
     // `cross_phase_checkpointed`, whose recomputed blocks take them.
-    let carried_b = if pl.shares.segment_packing && !pl.checkpointing {
+    let carried_b = if pl.shares.fixed_segments && !pl.checkpointing {
         (pl.grads - pl.grads_in_a + pl.step_transient
             - pl.act_per_sample * m
             - pl.weights_transient_a)

@@ -192,12 +192,18 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     } else {
         0.0
     };
+    let loss_cache = pl.shares.transient_loss * pl.logits_per_sample * m
+        + pl.shares.recompute * pl.recompute_overlap_per_sample * m;
+    let loss_cache = if pl.shares.fixed_segments {
+        loss_cache.max(pl.stranded_loss_buffer_per_sample * m)
+    } else {
+        loss_cache
+    };
     let reserved_a = a
         + packing
         + carried_b
         + pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a)
-        + pl.shares.transient_loss * pl.logits_per_sample * m
-        + pl.shares.recompute * pl.recompute_overlap_per_sample * m;
+        + loss_cache;
     let reserved_b = b + if pl.checkpointing {
         pl.shares.cross_phase_checkpointed
             * (pl.logits_per_sample * m + (pl.act_per_sample * m - pl.step_transient).max(0.0))

@@ -44,6 +44,9 @@ pub(super) struct Plan {
     pub(super) recompute_overlap_per_sample: f64,
     // per sample (one sequence of the micro batch)
     pub(super) act_per_sample: f64,
+    /// One loss buffer per sample that a full fine-tune's checkpointed
+    /// autocast step strands (see `activations::per_sample`), else 0.
+    pub(super) stranded_loss_buffer_per_sample: f64,
     /// The hidden-width part of `act_per_sample` …
     pub(super) act_hidden_per_sample: f64,
     /// … and the bytes of one such tensor per sample (its size at micro

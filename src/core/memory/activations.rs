@@ -660,6 +660,7 @@ pub(super) fn per_sample(
         pl.logits_fwd_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
         pl.recompute_overlap_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
         pl.act_hidden_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
+        pl.stranded_loss_buffer_per_sample *= COMPILE_PER_SAMPLE_FACTOR;
     }
 }
 

@@ -656,33 +656,46 @@ fn gpu_auto_without_nvml_suggests_only_flags_suggest_has() {
     }
 }
 
+/// `gpufit estimate` of a checkpointed transformers job on the H100 of
+/// bench/data/h100/.
+fn checkpointed_hf_on_the_h100(
+    model: &str,
+    method: &str,
+    dtype: &str,
+    micro_batch: &str,
+    seq_len: &str,
+    output: &str,
+) -> Output {
+    gpufit(&[
+        "estimate",
+        "--model",
+        model,
+        "--method",
+        method,
+        "--framework",
+        "hf",
+        "--dtype",
+        dtype,
+        "--micro-batch",
+        micro_batch,
+        "--seq-len",
+        seq_len,
+        "--checkpointing",
+        "on",
+        "--gpu",
+        "NVIDIA H100 80GB HBM3",
+        "-o",
+        output,
+    ])
+}
+
 #[test]
 fn a_peak_above_the_card_that_runs_by_releasing_the_cache_is_told_apart() {
     // Qwen2.5-7B LoRA bf16, 8 × 4,096, checkpointed, HF loss: the H100 ran
     // it (bench/data/h100/throughput.csv) although its unpressed peak is
     // above the card; the same in bf16-mixed does not release its cache.
     let run = |dtype: &str, output: &str| {
-        gpufit(&[
-            "estimate",
-            "--model",
-            "Qwen/Qwen2.5-7B",
-            "--method",
-            "lora",
-            "--framework",
-            "hf",
-            "--dtype",
-            dtype,
-            "--micro-batch",
-            "8",
-            "--seq-len",
-            "4096",
-            "--checkpointing",
-            "on",
-            "--gpu",
-            "NVIDIA H100 80GB HBM3",
-            "-o",
-            output,
-        ])
+        checkpointed_hf_on_the_h100("Qwen/Qwen2.5-7B", "lora", dtype, "8", "4096", output)
     };
     let o = run("bf16", "json");
     assert!(o.status.success(), "{}", stderr(&o));
@@ -717,27 +730,14 @@ fn a_peak_that_fits_only_inside_the_models_measured_error_is_told_apart() {
     // under-prediction for transformers; at that batch the verdict says
     // the fit is inside the model's error, at the smaller one it does not.
     let run = |mb: &str, output: &str| {
-        gpufit(&[
-            "estimate",
-            "--model",
+        checkpointed_hf_on_the_h100(
             "meta-llama/Llama-3.2-1B",
-            "--method",
             "full",
-            "--framework",
-            "hf",
-            "--dtype",
             "bf16-mixed",
-            "--micro-batch",
             mb,
-            "--seq-len",
             "2048",
-            "--checkpointing",
-            "on",
-            "--gpu",
-            "NVIDIA H100 80GB HBM3",
-            "-o",
             output,
-        ])
+        )
     };
     let o = run("1", "json");
     assert!(o.status.success(), "{}", stderr(&o));

@@ -433,6 +433,28 @@ mod tests {
         }
     }
 
+    /// The estimate's reserved bytes are within `tol` (a share) of a
+    /// measured figure in GiB.
+    fn assert_reserved_near(w: &Workload, s: &EngineeringSettings, measured: f64, tol: f64) {
+        let e = estimate(w, s).unwrap();
+        let reserved = e.peak_reserved_bytes as f64 / GIB as f64;
+        assert!(
+            (reserved - measured).abs() / measured < tol,
+            "{} m{}: reserved {reserved:.2} GiB against {measured}",
+            w.model.name,
+            s.micro_batch_size
+        );
+    }
+
+    /// A transformers job at `seq` tokens (the H100 rows' framework).
+    fn hf(model: &str, method: Method, seq: u32) -> Workload {
+        Workload {
+            seq_len: seq,
+            framework: Framework::Hf,
+            ..workload(model, method)
+        }
+    }
+
     pub(super) fn settings(m: u32, dtype: Dtype, ckpt: bool) -> EngineeringSettings {
         EngineeringSettings {
             micro_batch_size: m,
@@ -643,10 +665,10 @@ mod tests {
         // H100 4.50 GiB allocated and 5.35 reserved
         // (bench/data/h100/families.csv); scripts/alloc_sim.py replays
         // 120 segments of two 8 MiB hidden-width tensors each, 4 MiB free.
-        let mut w = workload("bert-large-uncased", Method::Full);
-        w.seq_len = 512;
-        w.framework = Framework::Hf;
-        w.optimizer = Optimizer::Adafactor;
+        let w = Workload {
+            optimizer: Optimizer::Adafactor,
+            ..hf("bert-large-uncased", Method::Full, 512)
+        };
         let o = ModelOptions {
             head: Head::Classifier,
             ..ModelOptions::default()
@@ -681,24 +703,11 @@ mod tests {
         // AdamW's temporaries (0.92 GiB each) are parameter-shaped blocks
         // the next forward's few activations cannot fill, and its loss
         // buffers cannot use at all.
-        let mut w = workload("Qwen/Qwen2.5-0.5B", Method::Full);
-        w.seq_len = 512;
-        w.framework = Framework::Hf;
-        let gib = GIB as f64;
-        let e = estimate(&w, &settings(1, Dtype::Bf16, false)).unwrap();
-        let reserved = e.peak_reserved_bytes as f64 / gib;
-        assert!(
-            (reserved - 5.99).abs() / 5.99 < 0.07,
-            "reserved {reserved:.2}"
-        );
+        let w = hf("Qwen/Qwen2.5-0.5B", Method::Full, 512);
+        assert_reserved_near(&w, &settings(1, Dtype::Bf16, false), 5.99, 0.07);
         // at 8 × 512 the activations take those blocks: measured 15.08
         // allocated, 16.95 reserved
-        let e = estimate(&w, &settings(8, Dtype::Bf16, false)).unwrap();
-        let reserved = e.peak_reserved_bytes as f64 / gib;
-        assert!(
-            (reserved - 16.95).abs() / 16.95 < 0.03,
-            "reserved {reserved:.2}"
-        );
+        assert_reserved_near(&w, &settings(8, Dtype::Bf16, false), 16.95, 0.03);
     }
 
     #[test]
@@ -706,29 +715,15 @@ mod tests {
         // Llama-3.2-1B full bf16-mixed, 2,048 tokens, checkpointed, on the
         // H100 (bench/data/h100/throughput.csv): 12 sequences ran at 64.57
         // GiB reserved over 53.06 allocated; 16 ran out of memory.
-        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Full);
-        w.framework = Framework::Hf;
-        let gib = GIB as f64;
+        let w = hf("meta-llama/Llama-3.2-1B", Method::Full, 2048);
         let card = 81_559.0 * 1024.0 * 1024.0;
-        let e = estimate(&w, &settings(12, Dtype::Bf16Mixed, true)).unwrap();
-        let reserved = e.peak_reserved_bytes as f64 / gib;
-        assert!(
-            (reserved - 64.57).abs() / 64.57 < 0.05,
-            "reserved {reserved:.2}"
-        );
+        assert_reserved_near(&w, &settings(12, Dtype::Bf16Mixed, true), 64.57, 0.05);
         let e = estimate(&w, &settings(16, Dtype::Bf16Mixed, true)).unwrap();
         assert!(e.min_device_bytes as f64 > card, "{e:?}");
         // not counted for adapter runs, which do not show it: Qwen2.5-7B
         // LoRA bf16-mixed 4 × 4,096 checkpointed ran at 72.97 GiB reserved
-        let mut lora = workload("Qwen/Qwen2.5-7B", Method::Lora);
-        lora.framework = Framework::Hf;
-        lora.seq_len = 4096;
-        let e = estimate(&lora, &settings(4, Dtype::Bf16Mixed, true)).unwrap();
-        let reserved = e.peak_reserved_bytes as f64 / gib;
-        assert!(
-            (reserved - 72.97).abs() / 72.97 < 0.03,
-            "reserved {reserved:.2}"
-        );
+        let lora = hf("Qwen/Qwen2.5-7B", Method::Lora, 4096);
+        assert_reserved_near(&lora, &settings(4, Dtype::Bf16Mixed, true), 72.97, 0.03);
     }
 
     #[test]

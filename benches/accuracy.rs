@@ -505,10 +505,14 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
         let replayed: f64 = num(&rec, "reserved_bytes")?;
         let least: f64 = num(&rec, "least_bytes")?;
         let carry = opt(&rec, "carry", "");
+        let began = if carry.is_empty() { "empty" } else { carry };
+        // a replay from an empty allocator of a point measured with a
+        // carried cache: what a job on its own would hold
+        let fresh = carry.is_empty() && row.carried.is_some();
         let gib = |b: f64| b / GIB as f64;
         let fits = least + context <= H100_CAPACITY;
         // the replays that repeat the measured conditions
-        if !(carry.is_empty() && row.carried.is_some()) {
+        if !fresh {
             fit_n += 1;
             fit_right += usize::from(fits == row.measured.is_some());
         }
@@ -521,13 +525,12 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
                 if fits { "fits" } else { "OOM" },
                 gib(row.predicted),
                 "",
-                if carry.is_empty() { "empty" } else { carry }
+                began
             );
             continue;
         };
-        // a replay from an empty allocator of a point measured with a
-        // carried cache is what a job on its own would hold: beside the model
-        if carry.is_empty() && row.carried.is_some() {
+        // beside the model
+        if fresh {
             fresh_vs_model.push((row.predicted - replayed) / replayed);
             println!(
                 "  {:<52} {:>9} {:>9.2} {:>8} {:>9.2} {:>+7.1}%  empty (measured after {})",
@@ -554,7 +557,7 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
                 "fits",
                 gib(row.predicted),
                 100.0 * (row.predicted - measured) / measured,
-                if carry.is_empty() { "empty" } else { carry },
+                began,
                 gib(replayed),
                 gib(least)
             );
@@ -575,7 +578,7 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
             100.0 * e,
             gib(row.predicted),
             100.0 * m,
-            if carry.is_empty() { "empty" } else { carry }
+            began
         );
     }
     println!(

@@ -59,7 +59,7 @@ pub(super) struct AllocatorShares {
     /// block serves only requests that fit in it, so the last step's
     /// parameter-shaped blocks wait beside a forward that cannot use them.
     /// Expandable segments have neither.
-    fixed_segments: bool,
+    pub(super) fixed_segments: bool,
 }
 
 /// The default caching allocator, fitted to the reserved-byte measurements
@@ -199,11 +199,9 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     } else {
         loss_cache
     };
-    let reserved_a = a
-        + packing
-        + carried_b
-        + pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a)
-        + loss_cache;
+    // blocks split by tensors of other sizes in the same phase
+    let split = pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a);
+    let reserved_a = a + packing + carried_b + split + loss_cache;
     let reserved_b = b + if pl.checkpointing {
         pl.shares.cross_phase_checkpointed
             * (pl.logits_per_sample * m + (pl.act_per_sample * m - pl.step_transient).max(0.0))
@@ -223,9 +221,7 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     // measured 77.9; the same in bf16-mixed, and full fine-tunes, need their
     // unpressed peak).
     let least_reserved = if pl.cache_released_under_pressure {
-        let least_a =
-            a + packing + pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a);
-        least_a.max(b) + persistent_share
+        (a + packing + split).max(b) + persistent_share
     } else {
         reserved
     };

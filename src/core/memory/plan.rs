@@ -170,7 +170,7 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
     optimizer(w, opts, &l, &mut pl);
     per_sample(w, s, opts, &mut pl);
     pl.cache_released_under_pressure = pl.checkpointing
-        && !opts.expandable_segments
+        && pl.shares.fixed_segments
         && w.method != Method::Full
         && !l.mixed
         && pl.weights_transient_a == 0.0;

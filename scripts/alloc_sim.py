@@ -273,6 +273,30 @@ def capture(args, carry=None):
             del delta
             return gq, gk, gv
 
+    # Dropout in training: CUDA runs the fused `native_dropout`, which keeps
+    # a 1-byte bool mask; the CPU path (`at::dropout` without the fused
+    # kernel) keeps a mask in the input's dtype, 2 or 4 bytes an element.
+    # The stand-in allocates what CUDA's kernel does: the output and a bool
+    # mask kept for backward, which makes one gradient.
+    class CudaDropout(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            mask = torch.empty(x.shape, dtype=torch.bool, device=x.device)
+            ctx.save_for_backward(mask)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            ctx.saved_tensors  # noqa: B018 (the mask is read by the kernel)
+            return torch.empty_like(g)
+
+    dropout = F.dropout
+
+    def cuda_dropout(x, p=0.5, training=True, inplace=False):
+        if training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad:
+            return CudaDropout.apply(x)
+        return dropout(x, p, training, inplace)
+
     def sdpa_cuda(q, k, v, attn_mask=None, dropout_p=0.0, *a, **kw):
         if dropout_p > 0.0 and torch.is_grad_enabled():
             # the mask, if any, is read as a bias: nothing more is kept
@@ -281,6 +305,7 @@ def capture(args, carry=None):
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     F.scaled_dot_product_attention = sdpa_cuda
+    F.dropout = cuda_dropout
     with fake, Track():
         if carry:
             name, _, dt = carry.partition(":")

@@ -46,6 +46,9 @@ Usage (a Python with torch, transformers, peft; no GPU):
     python scripts/alloc_sim.py Qwen/Qwen2.5-0.5B --method full --mb 1 --seq 512
     python scripts/alloc_sim.py meta-llama/Llama-3.2-3B --method lora --mb 1 --seq 8192 \\
         --ckpt --carry mistralai/Mistral-7B-v0.1
+    python scripts/alloc_sim.py gemma-2b --framework litgpt --method lora --all-linear \
+        --lora-dropout 0.1 --mb 2 --seq 512
+(with litgpt installed for --framework litgpt)
 """
 
 import argparse
@@ -306,6 +309,10 @@ def capture(args, carry=None):
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     F.scaled_dot_product_attention = sdpa_cuda
     F.dropout = cuda_dropout
+    if getattr(args, "framework", "hf") == "litgpt":
+        with fake, Track():
+            litgpt_steps(args, mark)
+        return events
     with fake, Track():
         if carry:
             name, _, dt = carry.partition(":")
@@ -353,6 +360,61 @@ def capture(args, carry=None):
     return events
 
 
+def litgpt_steps(args, mark):
+    """litgpt's fine-tuning loop (litgpt/finetune/lora.py and full.py, `fit`)
+    on the fake tensors: bf16-true or 32-true (Fabric builds and runs the
+    model under that default dtype), LoRA with litgpt's own layers (rank
+    --lora-r, `lora_dropout` --lora-dropout, q and v or with --all-linear
+    every linear and the head), the output head in 128-token chunks and
+    `chunked_cross_entropy` (LoRA) or the whole head and the chunked loss
+    on its shifted view (full), `AdamW` (foreach, as on CUDA),
+    `zero_grad()`. The loop's `logits` stays referenced until the next
+    step's forward returns, as in `fit`."""
+    import torch
+    from litgpt.lora import GPT as LoraGPT, Config as LoraConfig, mark_only_lora_as_trainable
+    from litgpt.model import GPT, Config
+    from litgpt.utils import chunked_cross_entropy
+
+    if args.ckpt or args.carry or args.head != "lm" or args.dtype not in ("bf16", "fp32"):
+        raise SystemExit("litgpt: bf16 or fp32, causal-LM head, no checkpointing or --carry")
+    name = args.model.split("/")[-1]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+    try:
+        mark("build")
+        if args.method == "lora":
+            every = args.all_linear
+            model = LoraGPT(LoraConfig.from_name(
+                name, lora_r=args.lora_r, lora_alpha=2 * args.lora_r,
+                lora_dropout=args.lora_dropout, lora_query=True, lora_value=True,
+                lora_key=every, lora_projection=every, lora_mlp=every, lora_head=every))
+            mark_only_lora_as_trainable(model)
+        else:
+            model = GPT(Config.from_name(name))
+        model.max_seq_length = args.seq
+        model.train()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                lr=2e-4, foreach=True)
+        x = torch.randint(0, model.config.padded_vocab_size, (args.mb, args.seq))
+        for step in range(args.steps):
+            mark(f"step {step} forward")
+            if args.method == "lora":
+                logits = model(x, lm_head_chunk_size=128)
+                logits[-1] = logits[-1][..., :-1, :]
+                loss = chunked_cross_entropy(logits, x[..., 1:])
+            else:
+                logits = model(x)
+                loss = chunked_cross_entropy(logits[..., :-1, :], x[..., 1:])
+            mark(f"step {step} backward")
+            loss.backward()
+            mark(f"step {step} optimizer")
+            opt.step()
+            opt.zero_grad()
+        mark("end")
+    finally:
+        torch.set_default_dtype(default)
+
+
 def simulate(events, capacity=H100_BYTES, context=0, verbose=False):
     alloc = Allocator(capacity, context)
     addr = {}
@@ -379,7 +441,12 @@ def simulate(events, capacity=H100_BYTES, context=0, verbose=False):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=sorted(MODELS))
+    ap.add_argument("model", help="a Hugging Face id of scripts/gpu_measure.py's MODELS, or "
+                                   "with --framework litgpt a name litgpt's Config knows")
+    ap.add_argument("--framework", choices=["hf", "litgpt"], default="hf",
+                    help="the training loop: scripts/gpu_measure.py's, or litgpt's fit")
+    ap.add_argument("--lora-r", type=int, default=8, help="litgpt LoRA rank")
+    ap.add_argument("--lora-dropout", type=float, default=0.05, help="litgpt lora_dropout")
     ap.add_argument("--method", choices=["full", "lora"], default="full")
     ap.add_argument("--dtype", choices=["bf16", "bf16-mixed", "fp16-mixed", "fp32"],
                     default="bf16")
@@ -403,6 +470,8 @@ def main():
     ap.add_argument("--json", help="append the result (with --min-capacity's) as one JSON line "
                                    "to this file")
     args = ap.parse_args()
+    if args.framework == "hf" and args.model not in MODELS:
+        ap.error(f"unknown model {args.model!r}; known: {', '.join(sorted(MODELS))}")
     events = capture(args, args.carry)
     if args.min_capacity or args.json:
         free = simulate(events, capacity=1 << 62)

@@ -14,6 +14,9 @@ use super::{BaseQuant, Head, ModelOptions};
 /// the loss into 8 chunks (`num_output_chunks = 8` in
 /// torchtune/modules/loss/ce_chunked_output_loss.py).
 const TORCHTUNE_CE_CHUNKS: f64 = 8.0;
+/// Tokens per output-head chunk in litgpt's fine-tuning loop:
+/// `model(input_ids, lm_head_chunk_size=128)` in litgpt/finetune/lora.py.
+const LITGPT_HEAD_CHUNK: f64 = 128.0;
 
 /// Per-token, per-layer bytes saved for backward, and the per-token
 /// transient of one layer's backward.
@@ -493,8 +496,9 @@ pub(super) fn layer_activations(
 /// Loss-path bytes per (token × vocabulary entry), per framework. Each is
 /// the forward peak (logits + loss intermediates) and the larger of it and
 /// the backward peak of the loss (saved log-probs + their gradient + the
-/// gradient of the logits).
-fn logits_bytes_per_token_vocab(f: Framework, d: Dtype) -> (f64, f64) {
+/// gradient of the logits). `seq` sets litgpt's chunk count; `full`
+/// picks litgpt's full fine-tuning loop, which does not chunk its head.
+fn logits_bytes_per_token_vocab(f: Framework, d: Dtype, seq: f64, full: bool) -> (f64, f64) {
     let pd = compute_bytes(d);
     let (fwd, bwd) = match f {
         // transformers ≥ 4.46 `ForCausalLMLoss`: `logits.float()` then
@@ -514,11 +518,23 @@ fn logits_bytes_per_token_vocab(f: Framework, d: Dtype) -> (f64, f64) {
             let bwd = 4.0 + (8.0 + pd) / TORCHTUNE_CE_CHUNKS;
             (fwd, bwd)
         }
-        // litgpt `chunked_cross_entropy` (128-token chunks) on the 16-bit
-        // logits without upcast: logits + 16-bit log-probs; the training
-        // loop still holds the logits during backward.
+        // litgpt's `fit` (finetune/lora.py) runs the head in chunks of
+        // `LITGPT_HEAD_CHUNK` tokens and `chunked_cross_entropy` on them
+        // without upcast: all chunks' logits (held by the loop's `logits`
+        // until the next forward returns) and their 16-bit log-probs, plus
+        // one chunk's two transients: the head adapter's two outputs at the
+        // forward's end (beside the previous step's logits), the nll and
+        // log_softmax gradients in backward. Full fine-tuning
+        // (finetune/full.py) runs the whole head and the chunked loss on its
+        // shifted view, which `reshape` copies: logits, copy and log-probs
+        // at the loss's end; in backward the logits, the chunks' gradients
+        // and their concatenation. Replayed (scripts/alloc_sim.py
+        // --framework litgpt, the vocabulary halved): 4.92 bytes at
+        // 512 tokens (4 chunks) and 4.36 at 2,048 (16) for LoRA.
+        Framework::Litgpt if full => (3.0 * pd, 3.0 * pd),
         Framework::Litgpt => {
-            let both = 2.0 * pd + 3.0 * pd / 16.0;
+            let chunks = (seq / LITGPT_HEAD_CHUNK).ceil().max(1.0);
+            let both = 2.0 * pd + 2.0 * pd / chunks;
             (both, both)
         }
         // A plain `F.cross_entropy(logits, y)`: under autocast (the -mixed
@@ -605,7 +621,8 @@ pub(super) fn per_sample(
             // in the logits' dtype; tanh keeps its output for backward.
             let softcap = if a.quirks.final_softcapping { e } else { 0.0 };
             let tv = seq * a.vocab_size as f64;
-            let (fwd, peak) = logits_bytes_per_token_vocab(w.framework, dtype);
+            let (fwd, peak) =
+                logits_bytes_per_token_vocab(w.framework, dtype, seq, w.method == Method::Full);
             (tv * (fwd + softcap), tv * (peak + softcap))
         }
         // classification: the pooled token and a few logits per sequence

@@ -37,7 +37,7 @@
 //!
 //! | | generic | hf | torchtune | litgpt | lightning |
 //! |---|---|---|---|---|---|
-//! | loss path (bytes per token × vocab) | 3·e plain, 12 under autocast | 12: `logits.float()` + fp32 log-probs + fp32 grads | e + 4.5: 8-chunk CE, fp32 per chunk | 2·e + small: 128-token chunks, no upcast | as generic |
+//! | loss path (bytes per token × vocab) | 3·e plain, 12 under autocast | 12: `logits.float()` + fp32 log-probs + fp32 grads | e + 4.5: 8-chunk CE, fp32 per chunk | LoRA 2·e + 2·e/chunks (128-token chunks, no upcast); full 3·e (whole head, reshaped copy) | as generic |
 //! | default LoRA targets | q, v | q, v (PEFT mapping) | q, v, o + MLP | q, v | q, v |
 //! | LoRA adapter dtype | training dtype | fp32 (PEFT `autocast_adapter_dtype`) | training dtype | training dtype | training dtype |
 //! | LoRA dropout | none | none (PEFT default 0) | none (default 0.0) | 0.05: mask + dropped input | none |
@@ -1140,6 +1140,28 @@ mod tests {
         gpt2_unfused.model.quirks.fused_qkv = false;
         gpt2_unfused.model.quirks.unrotated_qkv_views = false;
         assert_eq!(block(&gpt2, Dtype::Bf16), block(&gpt2_unfused, Dtype::Bf16));
+    }
+
+    #[test]
+    fn litgpt_loss_path_follows_its_chunks_and_its_loop() {
+        // Replayed (scripts/alloc_sim.py --framework litgpt, the vocabulary
+        // halved): the LoRA loop holds 4.92 bytes per token × vocabulary
+        // entry at 512 tokens (4 head chunks) and 4.36 at 2,048 (16); the
+        // full loop, whose head is not chunked, holds three 16-bit copies.
+        let o = ModelOptions::default();
+        let s = settings(1, Dtype::Bf16, false);
+        let per_entry = |method: Method, seq: u32| {
+            let mut w = workload("meta-llama/Llama-3.2-1B", method);
+            w.framework = Framework::Litgpt;
+            w.seq_len = seq;
+            phase_terms(&w, &s, &o).logits / (seq as f64 * w.model.vocab_size as f64)
+        };
+        assert!((per_entry(Method::Lora, 512) - 5.0).abs() < 1e-9);
+        assert!((per_entry(Method::Lora, 2048) - 4.25).abs() < 1e-9);
+        // a partial chunk is a chunk
+        assert!((per_entry(Method::Lora, 600) - (4.0 + 4.0 / 5.0)).abs() < 1e-9);
+        assert!((per_entry(Method::Full, 2048) - 6.0).abs() < 1e-9);
+        assert!((per_entry(Method::Full, 512) - 6.0).abs() < 1e-9);
     }
 
     #[test]

@@ -172,6 +172,104 @@ class Allocator:
         bisect.insort(self.free[b[3]], (b[0], addr))
 
 
+class ExpandableAllocator(Allocator):
+    """`expandable_segments:True` (PyTorch >= 2.1): each pool is one
+    segment of reserved virtual addresses whose pages are mapped on demand
+    (`ExpandableSegment`; pages of kSmallBuffer = 2 MiB for the small pool
+    and kLargeBuffer = 20 MiB for the large one). A request is served
+    best-fit from the mapped free blocks, which split whenever the rest is
+    >= 512 B (`should_split`); when none fits, pages are mapped at the
+    segment's end, merged with a free block already there
+    (`try_allocate_expandable_block`: "free -> unmapped"). Freed blocks
+    merge with their neighbours and stay mapped. Under pressure
+    (`release_cached_blocks`) this model unmaps only the free pages at the
+    end of each segment, where PyTorch also unmaps whole free pages inside
+    it: it may fail a little earlier than the real allocator."""
+
+    def __init__(self, capacity=H100_BYTES, context=0):
+        super().__init__(capacity, context)
+        self.segment = {}  # pool (small?) -> its segment's first address
+        for small in (True, False):
+            seg = self.next_addr
+            self.next_addr += 1 << 50  # virtual room; segments never adjacent
+            self.seg_blocks[seg] = []
+            self.seg_size[seg] = 0
+            self.segment[small] = seg
+
+    def _grow(self, size, small):
+        seg = self.segment[small]
+        addrs = self.seg_blocks[seg]
+        tail = addrs[-1] if addrs and self.blocks[addrs[-1]][2] else None
+        have = self.blocks[tail][0] if tail is not None else 0
+        page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
+        grow = (size - have + page - 1) // page * page
+        if self.reserved + grow > self.capacity:
+            self.retries += 1
+            self.release_cached()
+            return self._grow(size, small) if self.reserved + grow <= self.capacity else \
+                self._fail(grow)
+        self.reserved += grow
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        end = seg + self.seg_size[seg]
+        self.seg_size[seg] += grow
+        if tail is not None:
+            b = self.blocks[tail]
+            self.free[small].remove((b[0], tail))
+            b[0] += grow
+            bisect.insort(self.free[small], (b[0], tail))
+        else:
+            self.blocks[end] = [grow, seg, True, small]
+            addrs.append(end)
+            bisect.insort(self.free[small], (grow, end))
+
+    def _fail(self, grow):
+        raise OutOfMemory(f"mapping {grow / 2**30:.2f} GiB with {self.reserved / 2**30:.2f} "
+                          f"GiB reserved, {self.allocated / 2**30:.2f} GiB allocated")
+
+    def release_cached(self):
+        for seg, addrs in self.seg_blocks.items():
+            if addrs and self.blocks[addrs[-1]][2]:
+                tail = addrs[-1]
+                b = self.blocks[tail]
+                page = K_SMALL_BUFFER if b[3] else K_LARGE_BUFFER
+                # whole pages past the last live byte
+                keep = -(-(tail - seg) // page) * page - (tail - seg)
+                cut = b[0] - keep
+                if cut <= 0:
+                    continue
+                self.free[b[3]].remove((b[0], tail))
+                self.reserved -= cut
+                self.seg_size[seg] -= cut
+                if keep:
+                    b[0] = keep
+                    bisect.insort(self.free[b[3]], (keep, tail))
+                else:
+                    del self.blocks[tail]
+                    addrs.pop()
+
+    def malloc(self, nbytes):
+        size = self.round_size(nbytes)
+        small = size <= K_SMALL_SIZE
+        pool = self.free[small]
+        i = bisect.bisect_left(pool, (size, -1))
+        if i == len(pool):
+            self._grow(size, small)
+            i = bisect.bisect_left(pool, (size, -1))
+        bsize, addr = pool.pop(i)
+        b = self.blocks[addr]
+        rest = bsize - size
+        if rest >= K_MIN_BLOCK:
+            b[0] = size
+            naddr = addr + size
+            self.blocks[naddr] = [rest, b[1], True, small]
+            bisect.insort(self.seg_blocks[b[1]], naddr)
+            bisect.insort(pool, (rest, naddr))
+        b[2] = False
+        self.allocated += b[0]
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return addr
+
+
 def capture(args, carry=None):
     """Run the step on fake CPU tensors; return the event list
     [("a", key, bytes) | ("f", key) | ("mark", name)]."""
@@ -415,8 +513,8 @@ def litgpt_steps(args, mark):
         torch.set_default_dtype(default)
 
 
-def simulate(events, capacity=H100_BYTES, context=0, verbose=False):
-    alloc = Allocator(capacity, context)
+def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=False):
+    alloc = (ExpandableAllocator if expandable else Allocator)(capacity, context)
     addr = {}
     marks = []
     for e in events:
@@ -464,6 +562,8 @@ def main():
                     help="the card's memory (default: the H100's NVML total)")
     ap.add_argument("--context-mib", type=float, default=610,
                     help="the CUDA context and kernels outside the allocator (H100: ~610)")
+    ap.add_argument("--expandable", action="store_true",
+                    help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     ap.add_argument("--min-capacity", action="store_true",
                     help="also find the least memory (to 1/8 GiB) the allocator needs to run "
                          "the steps, releasing its cache under pressure, without failing")
@@ -474,12 +574,12 @@ def main():
         ap.error(f"unknown model {args.model!r}; known: {', '.join(sorted(MODELS))}")
     events = capture(args, args.carry)
     if args.min_capacity or args.json:
-        free = simulate(events, capacity=1 << 62)
+        free = simulate(events, capacity=1 << 62, expandable=args.expandable)
         lo, hi = free.peak_allocated, free.peak_reserved  # fits at hi, not below lo
         while hi - lo > (1 << 27):
             mid = (lo + hi) // 2
             try:
-                simulate(events, capacity=mid)
+                simulate(events, capacity=mid, expandable=args.expandable)
                 hi = mid
             except OutOfMemory:
                 lo = mid
@@ -494,11 +594,13 @@ def main():
                                         all_linear=args.all_linear,
                                         mb=args.mb, seq=args.seq, ckpt=args.ckpt,
                                         attention=args.attention, carry=args.carry,
+                                        expandable=args.expandable,
                                         allocated=free.peak_allocated,
                                         reserved=free.peak_reserved, least=need)) + "\n")
     try:
         a = simulate(events, capacity=int(args.capacity_mib * MB),
-                     context=int(args.context_mib * MB), verbose=True)
+                     context=int(args.context_mib * MB), verbose=True,
+                     expandable=args.expandable)
     except OutOfMemory as e:
         print(f"{args.model} {args.method} {args.dtype} m{args.mb} s{args.seq} "
               f"ckpt={args.ckpt} carry={args.carry}: out of memory ({e})")

@@ -78,6 +78,8 @@ def jobs_for(path, edge):
             a += ["--head", "classifier"]
         if r.get("optimizer") == "adafactor":
             a += ["--optimizer", "adafactor"]
+        if os.path.basename(os.path.dirname(os.path.abspath(path))) == "expandable":
+            a.append("--expandable")
         carry = ""
         if carry_known and i > 0:
             p = rows[i - 1]

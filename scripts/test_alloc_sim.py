@@ -10,7 +10,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from alloc_sim import MB, Allocator, OutOfMemory, simulate  # noqa: E402
+from alloc_sim import MB, Allocator, ExpandableAllocator, OutOfMemory, simulate  # noqa: E402
 
 GB = 1024 * MB
 
@@ -89,6 +89,65 @@ class AllocatorRules(unittest.TestCase):
         # the carried 50 MiB segment serves the 20 MiB request (split: 30 MiB
         # left, too small for 40 MiB), so a 40 MiB segment is mapped
         self.assertEqual(a.peak_reserved, 90 * MB)
+        self.assertEqual(a.peak_allocated, 60 * MB)
+
+
+class ExpandableSegmentRules(unittest.TestCase):
+    """expandable_segments:True: one growing segment per pool."""
+
+    def test_pages_are_two_mib_small_and_twenty_mib_large(self):
+        a = ExpandableAllocator()
+        a.malloc(1024)
+        self.assertEqual(a.reserved, 2 * MB)
+        a.malloc(11 * MB)
+        self.assertEqual(a.reserved, 22 * MB)
+
+    def test_new_pages_merge_with_the_free_tail(self):
+        a = ExpandableAllocator()
+        a.malloc(15 * MB)           # one 20 MiB page, 5 MiB free at the end
+        a.malloc(10 * MB)           # 5 free + one more page = 25: no third
+        self.assertEqual(a.reserved, 40 * MB)
+        a.malloc(15 * MB)           # 15 free at the end now: fits
+        self.assertEqual(a.reserved, 40 * MB)
+
+    def test_blocks_split_down_to_512_bytes(self):
+        a = ExpandableAllocator()
+        x = a.malloc(20 * MB)
+        a.release(x)
+        a.malloc(19 * MB)           # 1 MiB left: the default allocator keeps
+        a.malloc(1 * MB + 512)      # it whole (not > 1 MiB); here it splits,
+        # but 1 MiB + 512 B does not fit the 1 MiB rest: a page is mapped
+        self.assertEqual(a.reserved, 40 * MB)
+        self.assertEqual(a.allocated, 20 * MB + 512)
+
+    def test_a_hole_too_small_grows_the_segment(self):
+        a = ExpandableAllocator()
+        x = a.malloc(20 * MB)
+        a.malloc(20 * MB)
+        a.release(x)                # a 20 MiB hole at the start
+        a.malloc(30 * MB)           # does not fit it: two pages at the end
+        self.assertEqual(a.reserved, 80 * MB)
+        a.malloc(20 * MB)           # the hole takes this one
+        self.assertEqual(a.reserved, 80 * MB)
+
+    def test_pressure_unmaps_the_free_pages_at_the_end(self):
+        a = ExpandableAllocator(capacity=200 * MB)
+        a.malloc(20 * MB)
+        x = a.malloc(100 * MB)
+        a.release(x)                # 100 MiB free at the end, still mapped
+        a.malloc(150 * MB)          # fits in 100 + 60 more: 180 <= 200
+        self.assertEqual(a.reserved, 180 * MB)
+        with self.assertRaises(OutOfMemory):
+            a.malloc(40 * MB)       # 10 MiB free tail + 40 > 200 even after release
+        self.assertEqual(a.retries, 1)
+
+    def test_simulate_picks_the_expandable_allocator(self):
+        ev = [("a", 1, 50 * MB), ("f", 1), ("mark", "build"),
+              ("a", 2, 20 * MB), ("a", 3, 40 * MB), ("f", 2), ("mark", "end")]
+        a = simulate(ev, expandable=True)
+        # 60 MiB mapped for the carried 50; 20 and 40 fit in it after the
+        # split: no growth
+        self.assertEqual(a.peak_reserved, 60 * MB)
         self.assertEqual(a.peak_allocated, 60 * MB)
 
 

@@ -496,6 +496,9 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
         "row", "measured", "replayed", "error", "model", "error"
     );
     let (mut replay_err, mut model_err, mut replay_alloc) = (Vec::new(), Vec::new(), Vec::new());
+    // the same, split by allocator mode: (default, expandable segments)
+    let (mut replay_default, mut replay_expandable) = (Vec::new(), Vec::new());
+    let (mut model_default, mut model_expandable) = (Vec::new(), Vec::new());
     let (mut fresh_vs_model, mut fit_right, mut fit_n) = (Vec::new(), 0, 0);
     for rec in read_csv(path)? {
         let origin = format!("{}:{}", field(&rec, "file")?, field(&rec, "line")?);
@@ -570,6 +573,13 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
         }
         replay_err.push(e);
         model_err.push(m);
+        if origin.starts_with("h100/expandable/") {
+            replay_expandable.push(e);
+            model_expandable.push(m);
+        } else {
+            replay_default.push(e);
+            model_default.push(m);
+        }
         println!(
             "  {:<52} {:>9.2} {:>9.2} {:>+7.1}% {:>9.2} {:>+7.1}%  {}",
             row.id,
@@ -589,6 +599,16 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
         "  {}",
         summary("the memory model on the same rows", &model_err)
     );
+    for (mode, replay, model) in [
+        ("default allocator", &replay_default, &model_default),
+        ("expandable segments", &replay_expandable, &model_expandable),
+    ] {
+        println!(
+            "  {}",
+            summary(&format!("  {mode}: replay, reserved"), replay)
+        );
+        println!("  {}", summary(&format!("  {mode}: memory model"), model));
+    }
     println!(
         "  {}",
         summary("replay against the measured allocated bytes", &replay_alloc)

@@ -631,6 +631,16 @@ pub(super) fn per_sample(
             (c, c)
         }
     };
+    // litgpt's `fit` holds the step's 16-bit logits in its `logits`
+    // variable until the next forward returns, through the optimizer step
+    // too (the lists of chunks for LoRA, the whole tensor for full). The
+    // replay of litgpt's full loop (scripts/alloc_sim.py --framework litgpt,
+    // Llama-3.2-1B bf16 1 × 2,048) peaks in the first optimizer step at
+    // 14.46 GiB allocated: weights, gradients, AdamW's new states and
+    // temporaries, and those logits (0.49 GiB).
+    if w.framework == Framework::Litgpt && opts.head == Head::LanguageModel {
+        pl.logits_held_per_sample = seq * a.vocab_size as f64 * e;
+    }
     // A checkpointed full fine-tune under autocast makes the output head's
     // 16-bit copy (kept for backward) after the previous step freed its
     // loss buffers and while little else is alive: the copy is cut from a

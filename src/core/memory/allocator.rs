@@ -159,7 +159,7 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     let persistent = pl.weights_stored + pl.master + pl.opt_state;
     let dyn_a = pl.act_per_sample * m + pl.logits_per_sample * m;
     let a = persistent + pl.grads_in_a + pl.weights_transient_a + dyn_a;
-    let b = persistent + pl.grads + pl.step_transient;
+    let b = persistent + pl.grads + pl.step_transient + pl.logits_held_per_sample * m;
     let phase_a = a >= b;
     // Allocated bytes: the forward's end (every cast, the forward's loss
     // buffers) or the loss's backward (without the casts freed in between).

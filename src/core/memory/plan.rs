@@ -53,6 +53,10 @@ pub(super) struct Plan {
     /// batch m is m times this), for the allocator's segment packing.
     pub(super) hidden_tensor_per_sample: f64,
     pub(super) logits_per_sample: f64,
+    /// The logits a training loop still holds through the optimizer step
+    /// (phase B), per sample: litgpt's `fit` keeps its `logits` until the
+    /// next forward returns. 0 where the loop drops them with the loss.
+    pub(super) logits_held_per_sample: f64,
     /// The loss buffers at the forward's end (≤ `logits_per_sample`, which
     /// is the larger of the forward and backward peaks).
     pub(super) logits_fwd_per_sample: f64,

@@ -127,18 +127,28 @@ class Allocator:
                 del self.seg_blocks[seg]
                 self.reserved -= self.seg_size.pop(seg)
 
+    def _make_room(self, size, small):
+        """No cached block fits: map a segment for the request."""
+        self._map(self.segment_size(size), small)
+
+    @staticmethod
+    def _should_split(rest, small):
+        """`should_split`: a small block splits when >= 512 B are left, a
+        large one only when more than 1 MiB is."""
+        return rest >= K_MIN_BLOCK if small else rest > K_SMALL_SIZE
+
     def malloc(self, nbytes):
         size = self.round_size(nbytes)
         small = size <= K_SMALL_SIZE
         pool = self.free[small]
         i = bisect.bisect_left(pool, (size, -1))
         if i == len(pool):
-            self._map(self.segment_size(size), small)
+            self._make_room(size, small)
             i = bisect.bisect_left(pool, (size, -1))
         bsize, addr = pool.pop(i)
         b = self.blocks[addr]
         rest = bsize - size
-        if (small and rest >= K_MIN_BLOCK) or (not small and rest > K_SMALL_SIZE):
+        if self._should_split(rest, small):
             b[0] = size
             naddr = addr + size
             self.blocks[naddr] = [rest, b[1], True, small]
@@ -247,27 +257,13 @@ class ExpandableAllocator(Allocator):
                     del self.blocks[tail]
                     addrs.pop()
 
-    def malloc(self, nbytes):
-        size = self.round_size(nbytes)
-        small = size <= K_SMALL_SIZE
-        pool = self.free[small]
-        i = bisect.bisect_left(pool, (size, -1))
-        if i == len(pool):
-            self._grow(size, small)
-            i = bisect.bisect_left(pool, (size, -1))
-        bsize, addr = pool.pop(i)
-        b = self.blocks[addr]
-        rest = bsize - size
-        if rest >= K_MIN_BLOCK:
-            b[0] = size
-            naddr = addr + size
-            self.blocks[naddr] = [rest, b[1], True, small]
-            bisect.insort(self.seg_blocks[b[1]], naddr)
-            bisect.insort(pool, (rest, naddr))
-        b[2] = False
-        self.allocated += b[0]
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
-        return addr
+    def _make_room(self, size, small):
+        self._grow(size, small)
+
+    @staticmethod
+    def _should_split(rest, small):
+        # with expandable segments every pool splits down to 512 B
+        return rest >= K_MIN_BLOCK
 
 
 def capture(args, carry=None):

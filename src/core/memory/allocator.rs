@@ -2,6 +2,7 @@
 //! the tensors, per allocator mode (docs/design.md, "The memory model").
 
 use super::plan::Plan;
+use crate::core::units;
 
 /// Caching-allocator overhead: `max_memory_reserved` exceeds
 /// `max_memory_allocated` because blocks freed by the step's transient
@@ -107,7 +108,7 @@ pub(super) const ALLOCATOR_PERSISTENT_SHARE: f64 = 0.01;
 /// kMinLargeAlloc (10 MiB) from 20 MiB segments (kLargeBuffer); larger
 /// ones get a segment of their size rounded up to kRoundLarge (2 MiB).
 /// Every request is first rounded up to kMinBlockSize (512 B).
-const MIB: f64 = 1024.0 * 1024.0;
+const MIB: f64 = units::MIB as f64;
 const K_SMALL_SIZE: f64 = MIB;
 const K_SMALL_BUFFER: f64 = 2.0 * MIB;
 const K_LARGE_BUFFER: f64 = 20.0 * MIB;

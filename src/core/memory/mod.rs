@@ -639,7 +639,7 @@ mod tests {
     #[test]
     fn tensors_of_one_to_ten_mib_strand_the_rest_of_their_20_mib_segment() {
         use allocator::segment_waste_share as waste;
-        let mib = 1024.0 * 1024.0;
+        let mib = MIB as f64;
         // two 8 MiB tensors per 20 MiB segment: 4 MiB lost per 16
         assert!((waste(8.0 * mib) - 0.25).abs() < 1e-12);
         // five 4 MiB tensors fill one exactly; 10 MiB and up get their own
@@ -716,7 +716,7 @@ mod tests {
         // H100 (bench/data/h100/throughput.csv): 12 sequences ran at 64.57
         // GiB reserved over 53.06 allocated; 16 ran out of memory.
         let w = hf("meta-llama/Llama-3.2-1B", Method::Full, 2048);
-        let card = 81_559.0 * 1024.0 * 1024.0;
+        let card = 81_559.0 * MIB as f64;
         assert_reserved_near(&w, &settings(12, Dtype::Bf16Mixed, true), 64.57, 0.05);
         let e = estimate(&w, &settings(16, Dtype::Bf16Mixed, true)).unwrap();
         assert!(e.min_device_bytes as f64 > card, "{e:?}");
@@ -1178,7 +1178,7 @@ mod tests {
         let held = 2048.0 * w.model.vocab_size as f64 * 2.0;
         assert!(litgpt.breakdown.gradients > 0, "{litgpt:?}");
         assert!((litgpt.breakdown.logits as f64 - held).abs() < 1.0);
-        let gib = litgpt.peak_allocated_bytes as f64 / (1u64 << 30) as f64;
+        let gib = litgpt.peak_allocated_bytes as f64 / GIB as f64;
         assert!((gib - 14.46).abs() / 14.46 < 0.01, "{gib}");
         // transformers' loop drops its output with the loss
         w.framework = Framework::Hf;

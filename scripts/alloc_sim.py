@@ -509,18 +509,29 @@ def litgpt_steps(args, mark):
         torch.set_default_dtype(default)
 
 
-def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=False):
+def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=False,
+             layout=False):
     alloc = (ExpandableAllocator if expandable else Allocator)(capacity, context)
     addr = {}
     marks = []
+    phase = "?"
+    born = {}  # block address -> the phase its live tensor was allocated in
+    snap = None  # the large pool's blocks at the allocated peak of step 1
     for e in events:
         if e[0] == "a":
             addr[e[1]] = alloc.malloc(e[2])
+            if layout:
+                born[addr[e[1]]] = phase
+                if phase.startswith("step 1") and (snap is None or alloc.allocated >= snap[0]):
+                    snap = (alloc.allocated, alloc.reserved,
+                            {k: (b[0], b[2], born.get(k, "?"))
+                             for k, b in alloc.blocks.items() if not b[3]})
         elif e[0] == "f":
             a = addr.pop(e[1], None)
             if a is not None:
                 alloc.release(a)
         else:
+            phase = e[1]
             if e[1] == "build":
                 # the point's own peaks start here (reset_peak_memory_stats)
                 alloc.peak_reserved, alloc.peak_allocated = alloc.reserved, alloc.allocated
@@ -530,7 +541,35 @@ def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=F
         for name, r, a, pr, pa in marks:
             print(f"  {name:<24} reserved {r / 2**30:7.2f} allocated {a / 2**30:7.2f} "
                   f"(peaks so far {pr / 2**30:7.2f} / {pa / 2**30:7.2f} GiB)")
+    if layout and snap is not None:
+        print_layout(*snap)
     return alloc
+
+
+def print_layout(allocated, reserved, blocks):
+    """The large pool by address at step 1's allocated peak: runs of live
+    blocks (GiB, by the phase that allocated them) and the free blocks of
+    32 MiB or more between them — the holes that keep reserved bytes above
+    allocated ones."""
+    print(f"large pool at step 1's allocated peak: allocated {allocated / 2**30:.2f} GiB, "
+          f"reserved {reserved / 2**30:.2f} GiB")
+    run = {}
+
+    def flush():
+        if run:
+            total = sum(run.values())
+            parts = ", ".join(f"{p} {v / 2**30:.3f}" for p, v in run.items())
+            print(f"    live {total / 2**30:8.3f} GiB  ({parts})")
+            run.clear()
+
+    for k in sorted(blocks):
+        size, free, born = blocks[k]
+        if free and size >= 32 * MB:
+            flush()
+            print(f"    HOLE {size / 2**30:8.3f} GiB")
+        elif not free:
+            run[born] = run.get(born, 0) + size
+    flush()
 
 
 def main():
@@ -563,6 +602,9 @@ def main():
     ap.add_argument("--min-capacity", action="store_true",
                     help="also find the least memory (to 1/8 GiB) the allocator needs to run "
                          "the steps, releasing its cache under pressure, without failing")
+    ap.add_argument("--layout", action="store_true",
+                    help="print the large pool's blocks at step 1's allocated peak: live runs "
+                         "and the holes between them")
     ap.add_argument("--json", help="append the result (with --min-capacity's) as one JSON line "
                                    "to this file")
     args = ap.parse_args()
@@ -596,7 +638,7 @@ def main():
     try:
         a = simulate(events, capacity=int(args.capacity_mib * MB),
                      context=int(args.context_mib * MB), verbose=True,
-                     expandable=args.expandable)
+                     expandable=args.expandable, layout=args.layout)
     except OutOfMemory as e:
         print(f"{args.model} {args.method} {args.dtype} m{args.mb} s{args.seq} "
               f"ckpt={args.ckpt} carry={args.carry}: out of memory ({e})")

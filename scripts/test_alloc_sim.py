@@ -5,6 +5,8 @@ c10/cuda/CUDACachingAllocator.cpp it restates (no torch needed).
 Run: python3 scripts/test_alloc_sim.py
 """
 
+import contextlib
+import io
 import os
 import sys
 import unittest
@@ -149,6 +151,22 @@ class ExpandableSegmentRules(unittest.TestCase):
         # split: no growth
         self.assertEqual(a.peak_reserved, 60 * MB)
         self.assertEqual(a.peak_allocated, 60 * MB)
+
+    def test_layout_shows_the_hole_a_freed_buffer_leaves(self):
+        # a 100 MiB buffer freed below a live one and partly refilled: the
+        # next 100 MiB request grows the segment, and the layout at step 1's
+        # allocated peak shows the 60 MiB hole
+        ev = [("mark", "build"), ("a", 1, 200 * MB), ("mark", "step 1 forward"),
+              ("a", 2, 100 * MB), ("a", 3, 100 * MB), ("f", 2), ("a", 4, 40 * MB),
+              ("mark", "step 1 backward"), ("a", 5, 100 * MB), ("mark", "end")]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            a = simulate(ev, expandable=True, layout=True)
+        self.assertEqual(a.peak_allocated, 440 * MB)
+        self.assertEqual(a.peak_reserved, 500 * MB)
+        text = out.getvalue()
+        self.assertIn("HOLE    0.059 GiB", text)
+        self.assertIn("step 1 backward 0.098", text)
 
 
 if __name__ == "__main__":

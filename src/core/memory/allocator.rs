@@ -36,6 +36,12 @@ pub(super) struct AllocatorShares {
     /// tensors, each its own segment, whose sizes the other tensors do not
     /// share).
     transient_loss: f64,
+    /// Phase A: share of one loss buffer (the loss path's largest tensor,
+    /// see `Plan::loss_buffer_per_sample`) left as a hole.
+    loss_holes: f64,
+    /// Checkpointed phase A: share of the optimizer states left as holes
+    /// (see `EXPANDABLE_SEGMENTS`).
+    state_holes: f64,
     /// Checkpointed phase A: the loss buffers (vocabulary-wide) and the
     /// recomputed block's tensors (hidden/intermediate-wide) take turns but
     /// do not fit into each other's freed blocks: this share of the smaller
@@ -73,26 +79,47 @@ pub(super) struct AllocatorShares {
 pub(super) const CACHING_ALLOCATOR: AllocatorShares = AllocatorShares {
     transient: 0.04,
     transient_loss: 0.10,
+    loss_holes: 0.0,
+    state_holes: 0.0,
     recompute: 1.0,
     cross_phase: 0.75,
     cross_phase_checkpointed: 1.0,
     fixed_segments: true,
 };
 
-/// `expandable_segments:True`: segments grow in place, so freed ranges are
-/// reused by requests of any size and the hidden-width transients strand
-/// nothing. What stays is the loss buffers' share (the same 0.10 as the
-/// default allocator's), the checkpointed loss buffers' turn-taking with
-/// the recomputed block, and part of the checkpointed cross-phase cache.
-/// Fitted to the 69 rows of bench/data/h100/expandable/ with the counted
-/// block terms: median 2.5 %, worst 13.4 % (4.1 % and 13.3 % with the
-/// previous shares).
+/// `expandable_segments:True`: one segment per pool grows page by page
+/// and a freed range serves any request that fits in it, so neither the
+/// hidden-width transients nor the cross-phase cache strand anything. What
+/// stays reserved beside the allocation is holes of two kinds, seen in the
+/// replay (`scripts/alloc_sim.py --expandable`, which reproduces the 56
+/// replayable rows of bench/data/h100/expandable/ within a median 0.3 %):
+/// * `loss_holes`: one loss buffer's block, freed in the loss's forward or
+///   backward and partly refilled by small tensors, sits below live ones
+///   when the next buffer of that size is requested, so the segment grows
+///   by one buffer. Mistral-7B LoRA bf16 at 4 × 4,096, checkpointed: at
+///   the allocated peak one 1.60 GiB hole where a 1.95 GiB fp32 buffer
+///   was; measured gap 1.69 GiB. Over the phase-A rows the gap is
+///   0.5–0.7 buffers (median 0.6) whether checkpointed or not.
+/// * `state_holes` (checkpointed): AdamW makes its states in the first
+///   optimizer step, when the freed loss buffers and the recomputed
+///   blocks' tensors are most of the cache, so the states are cut from
+///   them and leave holes between them that the next step's loss buffers
+///   cannot use. Gemma 2 2B full bf16 at 4 × 1,024: 6.4 GiB of holes
+///   between and around 9.7 GiB of states (measured gap 6.40 GiB).
+/// The two shares were chosen on the 69 expandable-segments rows (a grid
+/// of 0.5–0.7 × 0.2–0.3, `cargo bench --bench accuracy`): median 1.4 %,
+/// worst 8.8 %, against 2.0 % and 13.4 % for the previous shares
+/// (loss-buffer share 0.10 and the recomputed block's turn-taking, which
+/// over-counted models with small vocabularies: Mistral and Falcon LoRA
+/// at +12 %).
 pub(super) const EXPANDABLE_SEGMENTS: AllocatorShares = AllocatorShares {
     transient: 0.0,
-    transient_loss: 0.10,
-    recompute: 1.0,
+    transient_loss: 0.0,
+    loss_holes: 0.6,
+    state_holes: 0.25,
+    recompute: 0.0,
     cross_phase: 0.0,
-    cross_phase_checkpointed: 0.25,
+    cross_phase_checkpointed: 0.0,
     // one segment per pool grows page by page: no fixed segments to pack
     fixed_segments: false,
 };
@@ -194,7 +221,13 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
         0.0
     };
     let loss_cache = pl.shares.transient_loss * pl.logits_per_sample * m
-        + pl.shares.recompute * pl.recompute_overlap_per_sample * m;
+        + pl.shares.recompute * pl.recompute_overlap_per_sample * m
+        + pl.shares.loss_holes * pl.loss_buffer_per_sample * m
+        + if pl.checkpointing {
+            pl.shares.state_holes * pl.opt_state
+        } else {
+            0.0
+        };
     let loss_cache = if pl.shares.fixed_segments {
         loss_cache.max(pl.stranded_loss_buffer_per_sample * m)
     } else {

@@ -561,6 +561,69 @@ mod tests {
     }
 
     #[test]
+    fn expandable_segments_hold_a_loss_buffer_hole_and_holes_between_new_states() {
+        let gib = GIB as f64;
+        let es = ModelOptions {
+            expandable_segments: true,
+            ..ModelOptions::default()
+        };
+        // Mistral-7B LoRA bf16, 4 × 4,096, checkpointed: measured 25.44 GiB
+        // reserved over 23.76 allocated (expandable/holdout.csv); the gap is
+        // 0.6 of one fp32 loss buffer (4 · 4,096 · 32,000 · 4 B = 1.95 GiB),
+        // not the recomputed block the default allocator strands.
+        let mut w = workload("mistralai/Mistral-7B-v0.1", Method::Lora);
+        w.seq_len = 4096;
+        w.framework = Framework::Hf;
+        let e = estimate_with(&w, &settings(4, Dtype::Bf16, true), &es).unwrap();
+        let (r, a) = (
+            e.peak_reserved_bytes as f64 / gib,
+            e.peak_allocated_bytes as f64 / gib,
+        );
+        let buffer = 4.0 * 4096.0 * 32_000.0 * 4.0 / gib;
+        let persistent_rounding = 0.01 * 13.6;
+        assert!(
+            (r - a - 0.6 * buffer - persistent_rounding).abs() < 0.05,
+            "gap {:.2} GiB",
+            r - a
+        );
+        assert!((r - 25.44).abs() / 25.44 < 0.05, "reserved {r:.2} GiB");
+        // Gemma 2 2B full bf16, 4 × 1,024, checkpointed, eager: measured
+        // 35.30 GiB over 28.91; AdamW's states, made in the first step, sit
+        // among holes in the freed loss buffers.
+        let mut w = workload("google/gemma-2-2b", Method::Full);
+        w.seq_len = 1024;
+        w.framework = Framework::Hf;
+        w.attention = Attention::Eager;
+        let ckpt = estimate_with(&w, &settings(4, Dtype::Bf16, true), &es).unwrap();
+        let r = ckpt.peak_reserved_bytes as f64 / gib;
+        assert!((r - 35.30).abs() / 35.30 < 0.08, "reserved {r:.2} GiB");
+        let terms = phase_terms(&w, &settings(4, Dtype::Bf16, true), &es);
+        // bf16 weights and AdamW's two bf16 moments: the states are 2/3
+        let states = terms.persistent * 2.0 / 3.0;
+        let buffer = 4.0 * 1024.0 * 256_000.0 * 4.0;
+        let want = 0.6 * buffer + 0.25 * states + 0.01 * (terms.persistent + terms.grads);
+        let gap = ckpt.peak_reserved_bytes as f64 - ckpt.peak_allocated_bytes as f64;
+        assert!(
+            (gap - want).abs() / gib < 0.1,
+            "gap {:.2} GiB, want {:.2}",
+            gap / gib,
+            want / gib
+        );
+        // compiled, the loss is fused and leaves no hole: Qwen2.5-0.5B full
+        // bf16 4 × 1,024 measured 0.05 GiB reserved over allocated.
+        let mut w = workload("Qwen/Qwen2.5-0.5B", Method::Full);
+        w.seq_len = 1024;
+        w.framework = Framework::Hf;
+        let mut s = settings(4, Dtype::Bf16, false);
+        let eager = estimate_with(&w, &s, &es).unwrap();
+        s.compile = true;
+        let compiled = estimate_with(&w, &s, &es).unwrap();
+        let gap = |e: &Estimate| (e.peak_reserved_bytes - e.peak_allocated_bytes) as f64 / gib;
+        assert!(gap(&compiled) < 0.2, "compiled gap {:.2}", gap(&compiled));
+        assert!(gap(&eager) > 1.0, "eager gap {:.2}", gap(&eager));
+    }
+
+    #[test]
     fn only_a_cache_nothing_long_lived_was_cut_from_is_released_under_pressure() {
         // Qwen2.5-7B LoRA bf16, 8 × 4,096, checkpointed: the H100 ran it
         // (throughput.csv: 76.6 GiB allocated, 77.9 reserved) although its

@@ -53,6 +53,10 @@ pub(super) struct Plan {
     /// batch m is m times this), for the allocator's segment packing.
     pub(super) hidden_tensor_per_sample: f64,
     pub(super) logits_per_sample: f64,
+    /// The loss path's largest single tensor per sample (HF's fp32 upcast
+    /// of the logits: seq × vocab × 4 B), whose freed block expandable
+    /// segments leave as a hole (see `allocator::AllocatorShares`).
+    pub(super) loss_buffer_per_sample: f64,
     /// The logits a training loop still holds through the optimizer step
     /// (phase B), per sample: litgpt's `fit` keeps its `logits` until the
     /// next forward returns. 0 where the loop drops them with the loss.

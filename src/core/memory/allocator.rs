@@ -106,6 +106,7 @@ pub(super) const CACHING_ALLOCATOR: AllocatorShares = AllocatorShares {
 ///   them and leave holes between them that the next step's loss buffers
 ///   cannot use. Gemma 2 2B full bf16 at 4 × 1,024: 6.4 GiB of holes
 ///   between and around 9.7 GiB of states (measured gap 6.40 GiB).
+///
 /// The two shares were chosen on the 69 expandable-segments rows (a grid
 /// of 0.5–0.7 × 0.2–0.3, `cargo bench --bench accuracy`): median 1.4 %,
 /// worst 8.8 %, against 2.0 % and 13.4 % for the previous shares

@@ -109,7 +109,8 @@ pub(super) const CACHING_ALLOCATOR: AllocatorShares = AllocatorShares {
 ///
 /// The two shares were chosen on the 69 expandable-segments rows (a grid
 /// of 0.5–0.7 × 0.2–0.3, `cargo bench --bench accuracy`): median 1.4 %,
-/// worst 8.8 %, against 2.0 % and 13.4 % for the previous shares
+/// worst 7.4 % (with the compile factors of `activations`), against
+/// 2.0 % and 13.4 % for the previous shares
 /// (loss-buffer share 0.10 and the recomputed block's turn-taking, which
 /// over-counted models with small vocabularies: Mistral and Falcon LoRA
 /// at +12 %).

@@ -72,7 +72,7 @@ mod plan;
 mod storage;
 mod t5;
 
-pub use activations::COMPILE_PER_SAMPLE_FACTOR;
+pub use activations::{COMPILE_BLOCK_FACTOR, COMPILE_LOSS_FACTOR};
 pub use storage::{default_lora_targets, lora_params};
 
 use allocator::{allocator_overhead, eval, reserved_slope};
@@ -1384,8 +1384,9 @@ mod compile_tests {
     use crate::core::workload::{Attention, Framework, LoraConfig, Method, Optimizer, Sharding};
 
     /// The H100 rows of bench/data/h100/compile_accum.csv (reserved bytes):
-    /// compiled runs predicted on the safe side and within 15 %, eager ones
-    /// within 6 %, and compile saves memory as measured.
+    /// compiled and eager runs within the allocator gap's spread (the
+    /// compiled rows' allocated bytes are what the two compile factors were
+    /// fitted to), and compile saves memory as measured.
     #[test]
     fn compile_shrinks_the_per_sample_part_as_measured_on_the_h100() {
         let rows = [
@@ -1442,13 +1443,40 @@ mod compile_tests {
             };
             let e = estimate(&w, &s).unwrap();
             let err = (e.peak_reserved_bytes as f64 - measured) / measured;
-            // compiled: on the safe side; eager: the allocator gap's spread
-            let ok = if compile {
-                (-0.02..0.15).contains(&err)
-            } else {
-                (-0.06..0.06).contains(&err)
-            };
+            let ok = (-0.06..0.06).contains(&err);
             assert!(ok, "{model} m {m} compile {compile}: {err:+.3}");
         }
+    }
+
+    /// Held out from the compile factors' fit: Qwen2.5-0.5B full bf16,
+    /// 4 × 1,024, compiled (bench/data/h100/expandable/families.csv,
+    /// 11,125,630,464 bytes allocated), whose per-sample part is mostly the
+    /// loss of a 151,936-token vocabulary: one factor for everything
+    /// over-predicted it by 9 %.
+    #[test]
+    fn compile_shrinks_the_loss_more_than_the_blocks() {
+        const { assert!(COMPILE_LOSS_FACTOR < COMPILE_BLOCK_FACTOR) };
+        let w = Workload {
+            model: lookup_model("Qwen/Qwen2.5-0.5B").unwrap().arch,
+            method: Method::Full,
+            lora: None,
+            seq_len: 1024,
+            optimizer: Optimizer::Adamw,
+            global_batch: None,
+            gpus: 1,
+            sharding: Sharding::None,
+            framework: Framework::Hf,
+            attention: Attention::Sdpa,
+        };
+        let s = EngineeringSettings {
+            micro_batch_size: 4,
+            dtype: Dtype::Bf16,
+            compile: true,
+            ..EngineeringSettings::default()
+        };
+        let e = estimate(&w, &s).unwrap();
+        let measured = 11_125_630_464f64;
+        let err = (e.peak_allocated_bytes as f64 - measured) / measured;
+        assert!(err.abs() < 0.02, "allocated {err:+.3}");
     }
 }

@@ -524,7 +524,7 @@ def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=F
                 born[addr[e[1]]] = phase
                 if phase.startswith("step 1") and (snap is None or alloc.allocated >= snap[0]):
                     snap = (alloc.allocated, alloc.reserved,
-                            {k: (b[0], b[2], born.get(k, "?"))
+                            {k: (b[0], b[2], born.get(k, "?"), b[1])
                              for k, b in alloc.blocks.items() if not b[3]})
         elif e[0] == "f":
             a = addr.pop(e[1], None)
@@ -542,15 +542,15 @@ def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=F
             print(f"  {name:<24} reserved {r / 2**30:7.2f} allocated {a / 2**30:7.2f} "
                   f"(peaks so far {pr / 2**30:7.2f} / {pa / 2**30:7.2f} GiB)")
     if layout and snap is not None:
-        print_layout(*snap)
+        print_layout(*snap, expandable=expandable)
     return alloc
 
 
-def print_layout(allocated, reserved, blocks):
+def print_layout(allocated, reserved, blocks, expandable=False):
     """The large pool by address at step 1's allocated peak: runs of live
     blocks (GiB, by the phase that allocated them) and the free blocks of
     32 MiB or more between them — the holes that keep reserved bytes above
-    allocated ones."""
+    allocated ones — and, for the default allocator, where a segment ends."""
     print(f"large pool at step 1's allocated peak: allocated {allocated / 2**30:.2f} GiB, "
           f"reserved {reserved / 2**30:.2f} GiB")
     run = {}
@@ -562,8 +562,13 @@ def print_layout(allocated, reserved, blocks):
             print(f"    live {total / 2**30:8.3f} GiB  ({parts})")
             run.clear()
 
+    seg = None
     for k in sorted(blocks):
-        size, free, born = blocks[k]
+        size, free, born, in_seg = blocks[k]
+        if in_seg != seg and seg is not None and not expandable:
+            flush()
+            print("    --- next segment")
+        seg = in_seg
         if free and size >= 32 * MB:
             flush()
             print(f"    HOLE {size / 2**30:8.3f} GiB")

@@ -1383,6 +1383,26 @@ mod compile_tests {
     use crate::core::settings::Dtype;
     use crate::core::workload::{Attention, Framework, LoraConfig, Method, Optimizer, Sharding};
 
+    /// The measured harness's workload: HF loop, AdamW, SDPA, one GPU,
+    /// LoRA rank 16 on the HF default targets.
+    fn hf_workload(model: &str, method: Method, seq_len: u32) -> Workload {
+        Workload {
+            model: lookup_model(model).unwrap().arch,
+            method,
+            lora: (method == Method::Lora).then(|| LoraConfig {
+                rank: 16,
+                targets: default_lora_targets(Framework::Hf),
+            }),
+            seq_len,
+            optimizer: Optimizer::Adamw,
+            global_batch: None,
+            gpus: 1,
+            sharding: Sharding::None,
+            framework: Framework::Hf,
+            attention: Attention::Sdpa,
+        }
+    }
+
     /// The H100 rows of bench/data/h100/compile_accum.csv (reserved bytes):
     /// compiled and eager runs within the allocator gap's spread (the
     /// compiled rows' allocated bytes are what the two compile factors were
@@ -1420,21 +1440,7 @@ mod compile_tests {
             ),
         ];
         for (model, method, m, compile, measured) in rows {
-            let w = Workload {
-                model: lookup_model(model).unwrap().arch,
-                method,
-                lora: (method == Method::Lora).then(|| LoraConfig {
-                    rank: 16,
-                    targets: default_lora_targets(Framework::Hf),
-                }),
-                seq_len: 2048,
-                optimizer: Optimizer::Adamw,
-                global_batch: None,
-                gpus: 1,
-                sharding: Sharding::None,
-                framework: Framework::Hf,
-                attention: Attention::Sdpa,
-            };
+            let w = hf_workload(model, method, 2048);
             let s = EngineeringSettings {
                 micro_batch_size: m,
                 dtype: Dtype::Bf16,
@@ -1456,18 +1462,7 @@ mod compile_tests {
     #[test]
     fn compile_shrinks_the_loss_more_than_the_blocks() {
         const { assert!(COMPILE_LOSS_FACTOR < COMPILE_BLOCK_FACTOR) };
-        let w = Workload {
-            model: lookup_model("Qwen/Qwen2.5-0.5B").unwrap().arch,
-            method: Method::Full,
-            lora: None,
-            seq_len: 1024,
-            optimizer: Optimizer::Adamw,
-            global_batch: None,
-            gpus: 1,
-            sharding: Sharding::None,
-            framework: Framework::Hf,
-            attention: Attention::Sdpa,
-        };
+        let w = hf_workload("Qwen/Qwen2.5-0.5B", Method::Full, 1024);
         let s = EngineeringSettings {
             micro_batch_size: 4,
             dtype: Dtype::Bf16,

@@ -403,55 +403,61 @@ def capture(args, carry=None):
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     F.scaled_dot_product_attention = sdpa_cuda
     F.dropout = cuda_dropout
-    if getattr(args, "framework", "hf") == "litgpt":
+    # patched for this capture only: restored however it ends, so a caller
+    # (a test, replay_grid) runs the real functions afterwards
+    try:
+        if getattr(args, "framework", "hf") == "litgpt":
+            with fake, Track():
+                litgpt_steps(args, mark)
+            return events
         with fake, Track():
-            litgpt_steps(args, mark)
+            if carry:
+                name, _, dt = carry.partition(":")
+                mark(f"carry {name}")
+                # eager: every family has it, and it does not change the weights
+                m, _ = build(name, dt or "bf16", "full", False, "eager")
+                del m
+                import gc
+                gc.collect()
+                mark("carry freed")
+            mark("build")
+            model, config = build(args.model, args.dtype, args.method, args.ckpt, args.attention,
+                                  "all-linear" if args.all_linear else None, args.head)
+            mixed = args.dtype in ("bf16-mixed", "fp16-mixed")
+            params = [p for p in model.parameters() if p.requires_grad]
+            if args.optimizer == "adafactor":
+                # as scripts/gpu_measure.py runs it: one parameter at a time
+                from transformers.optimization import Adafactor
+                opt = Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False,
+                                warmup_init=False)
+            else:
+                opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
+            x = torch.randint(0, config.vocab_size, (args.mb, args.seq))
+            labels = torch.randint(0, 2, (args.mb,)) if args.head == "classifier" else x
+            # Falcon's single K/V head: CUDA's flash and memory-efficient SDPA
+            # kernels refuse the unexpanded head, so torch falls back to the math
+            # kernel, which materialises the scores (the CPU kernel would not)
+            import contextlib
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            math_sdpa = config.model_type == "falcon" and args.attention == "sdpa"
+            for step in range(args.steps):
+                mark(f"step {step} forward")
+                adt = torch.float16 if args.dtype == "fp16-mixed" else torch.bfloat16
+                with torch.autocast("cpu", dtype=adt, enabled=mixed), \
+                        (sdpa_kernel(SDPBackend.MATH) if math_sdpa else contextlib.nullcontext()):
+                    loss = model(input_ids=x, labels=labels).loss
+                mark(f"step {step} backward")
+                with sdpa_kernel(SDPBackend.MATH) if math_sdpa else contextlib.nullcontext():
+                    loss.backward()
+                mark(f"step {step} optimizer")
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del loss
+            mark("end")
         return events
-    with fake, Track():
-        if carry:
-            name, _, dt = carry.partition(":")
-            mark(f"carry {name}")
-            # eager: every family has it, and it does not change the weights
-            m, _ = build(name, dt or "bf16", "full", False, "eager")
-            del m
-            import gc
-            gc.collect()
-            mark("carry freed")
-        mark("build")
-        model, config = build(args.model, args.dtype, args.method, args.ckpt, args.attention,
-                              "all-linear" if args.all_linear else None, args.head)
-        mixed = args.dtype in ("bf16-mixed", "fp16-mixed")
-        params = [p for p in model.parameters() if p.requires_grad]
-        if args.optimizer == "adafactor":
-            # as scripts/gpu_measure.py runs it: one parameter at a time
-            from transformers.optimization import Adafactor
-            opt = Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False,
-                            warmup_init=False)
-        else:
-            opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
-        x = torch.randint(0, config.vocab_size, (args.mb, args.seq))
-        labels = torch.randint(0, 2, (args.mb,)) if args.head == "classifier" else x
-        # Falcon's single K/V head: CUDA's flash and memory-efficient SDPA
-        # kernels refuse the unexpanded head, so torch falls back to the math
-        # kernel, which materialises the scores (the CPU kernel would not)
-        import contextlib
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        math_sdpa = config.model_type == "falcon" and args.attention == "sdpa"
-        for step in range(args.steps):
-            mark(f"step {step} forward")
-            adt = torch.float16 if args.dtype == "fp16-mixed" else torch.bfloat16
-            with torch.autocast("cpu", dtype=adt, enabled=mixed), \
-                    (sdpa_kernel(SDPBackend.MATH) if math_sdpa else contextlib.nullcontext()):
-                loss = model(input_ids=x, labels=labels).loss
-            mark(f"step {step} backward")
-            with sdpa_kernel(SDPBackend.MATH) if math_sdpa else contextlib.nullcontext():
-                loss.backward()
-            mark(f"step {step} optimizer")
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            del loss
-        mark("end")
-    return events
+    finally:
+        F.scaled_dot_product_attention = sdpa
+        F.dropout = dropout
 
 
 def litgpt_steps(args, mark):

@@ -282,3 +282,39 @@ pub(super) fn reserved_slope(pl: &Plan) -> f64 {
         + pl.logits_per_sample * (1.0 + pl.shares.transient_loss)
         + pl.shares.recompute * pl.recompute_overlap_per_sample
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The replay (scripts/alloc_sim.py) restates the same allocator sizes:
+    /// the two copies must agree, or the replay and the model describe
+    /// different allocators.
+    #[test]
+    fn the_replay_uses_the_same_allocator_sizes() {
+        let py = include_str!("../../../scripts/alloc_sim.py");
+        let value = |name: &str| -> f64 {
+            let line = py
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} =")))
+                .unwrap_or_else(|| panic!("{name} not in alloc_sim.py"));
+            let expr = line.split('=').nth(1).unwrap().split('#').next().unwrap();
+            let expr = expr.trim().replace('_', "");
+            match expr.split_once('*') {
+                Some((n, unit)) => {
+                    assert_eq!(unit.trim(), "MB", "{line}");
+                    n.trim().parse::<f64>().unwrap() * MIB
+                }
+                None => expr.parse::<f64>().unwrap(),
+            }
+        };
+        assert_eq!(value("K_MIN_BLOCK"), K_MIN_BLOCK);
+        assert_eq!(value("K_SMALL_SIZE"), K_SMALL_SIZE);
+        assert_eq!(value("K_SMALL_BUFFER"), K_SMALL_BUFFER);
+        assert_eq!(value("K_LARGE_BUFFER"), K_LARGE_BUFFER);
+        assert_eq!(value("K_MIN_LARGE_ALLOC"), K_MIN_LARGE_ALLOC);
+        assert_eq!(value("K_ROUND_LARGE"), K_ROUND_LARGE);
+        // and MB there is a mebibyte
+        assert!(py.lines().any(|l| l == "KB, MB = 1024, 1024 * 1024"));
+    }
+}

@@ -225,11 +225,7 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     let loss_cache = pl.shares.transient_loss * pl.logits_per_sample * m
         + pl.shares.recompute * pl.recompute_overlap_per_sample * m
         + pl.shares.loss_holes * pl.loss_buffer_per_sample * m
-        + if pl.checkpointing {
-            pl.shares.state_holes * pl.opt_state
-        } else {
-            0.0
-        };
+        + state_holes(pl);
     let loss_cache = if pl.shares.fixed_segments {
         loss_cache.max(pl.stranded_loss_buffer_per_sample * m)
     } else {
@@ -270,17 +266,30 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     }
 }
 
-/// Phase A's allocator overhead on its fixed part (the line `fixed + slope × m`).
+/// Phase A's allocator overhead on its fixed part (the line `fixed + slope × m`),
+/// the checkpointed optimizer states' holes included (as in [`eval`]).
 pub(super) fn allocator_overhead(pl: &Plan, persistent: f64, transient: f64) -> f64 {
-    ALLOCATOR_PERSISTENT_SHARE * persistent + pl.shares.transient * transient
+    ALLOCATOR_PERSISTENT_SHARE * persistent + pl.shares.transient * transient + state_holes(pl)
 }
 
 /// Phase A's reserved bytes per sample: activations and loss buffers with
-/// their allocator share, plus the checkpointed turn-taking share.
+/// their allocator share, plus the checkpointed turn-taking share and the
+/// loss buffer's hole (as in [`eval`]).
 pub(super) fn reserved_slope(pl: &Plan) -> f64 {
     pl.act_per_sample * (1.0 + pl.shares.transient)
         + pl.logits_per_sample * (1.0 + pl.shares.transient_loss)
         + pl.shares.recompute * pl.recompute_overlap_per_sample
+        + pl.shares.loss_holes * pl.loss_buffer_per_sample
+}
+
+/// Holes among the optimizer states made in the first step (checkpointed;
+/// see [`EXPANDABLE_SEGMENTS`]).
+fn state_holes(pl: &Plan) -> f64 {
+    if pl.checkpointing {
+        pl.shares.state_holes * pl.opt_state
+    } else {
+        0.0
+    }
 }
 
 #[cfg(test)]

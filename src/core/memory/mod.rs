@@ -587,6 +587,10 @@ mod tests {
             r - a
         );
         assert!((r - 25.44).abs() / 25.44 < 0.05, "reserved {r:.2} GiB");
+        // the printed forward/backward line carries the hole: in phase A it
+        // is the peak (each of its two parts rounded to a byte)
+        let line = |e: &Estimate, m: u64| e.fixed_bytes + e.per_sample_bytes * m;
+        assert!(line(&e, 4).abs_diff(e.peak_bytes) <= 5, "{e:?}");
         // Gemma 2 2B full bf16, 4 × 1,024, checkpointed, eager: measured
         // 35.30 GiB over 28.91; AdamW's states, made in the first step, sit
         // among holes in the freed loss buffers.
@@ -597,6 +601,7 @@ mod tests {
         let ckpt = estimate_with(&w, &settings(4, Dtype::Bf16, true), &es).unwrap();
         let r = ckpt.peak_reserved_bytes as f64 / gib;
         assert!((r - 35.30).abs() / 35.30 < 0.08, "reserved {r:.2} GiB");
+        assert!(line(&ckpt, 4).abs_diff(ckpt.peak_bytes) <= 5, "{ckpt:?}");
         let terms = phase_terms(&w, &settings(4, Dtype::Bf16, true), &es);
         // bf16 weights and AdamW's two bf16 moments: the states are 2/3
         let states = terms.persistent * 2.0 / 3.0;

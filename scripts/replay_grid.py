@@ -39,7 +39,7 @@ def stored_dtype(r):
 def replayable(r):
     # classifier rows (BERT) replay with alloc_sim's stand-in for CUDA's
     # memory-efficient SDPA kernel with dropout
-    return (r.get("status") in ("ok", "oom")
+    return (r.get("status") in ("ok", "oom", "unmeasured")
             and r.get("loop", "manual") != "trainer"
             and r.get("compile", "False") not in ("True", "true")
             and r.get("optimizer", "adamw") in ("adamw", "adafactor", "")

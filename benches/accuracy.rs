@@ -650,6 +650,7 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
     let mut alloc_err = Vec::new();
     let (mut default_err, mut expandable_err) = (Vec::new(), Vec::new());
     let (mut fit_right, mut fit_n, mut far) = (0, 0, Vec::new());
+    let mut fit_disagree = Vec::new();
     // the advisor's first-run plan against the replayed device peak
     let (mut covered, mut plan_n, mut uncovered) = (0, 0, Vec::new());
     for rec in read_csv(&path)? {
@@ -690,7 +691,15 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
         let replay_fits = least + context <= H100_CAPACITY;
         let model_fits = est.min_device_bytes as f64 <= H100_CAPACITY;
         fit_n += 1;
-        fit_right += usize::from(replay_fits == model_fits);
+        if replay_fits == model_fits {
+            fit_right += 1;
+        } else {
+            fit_disagree.push(format!(
+                "{id} (replay {}, model {})",
+                if replay_fits { "fits" } else { "OOM" },
+                if model_fits { "fits" } else { "OOM" }
+            ));
+        }
         let a = (est.peak_allocated_bytes as f64 - alloc) / alloc;
         alloc_err.push(a);
         if replay_fits {
@@ -747,7 +756,14 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
         "  {}",
         summary("reserved bytes, expandable segments", &expandable_err)
     );
-    println!("  fit/no-fit on the H100, model against replay: {fit_right}/{fit_n} agree");
+    println!(
+        "  fit/no-fit on the H100, model against replay: {fit_right}/{fit_n} agree{}",
+        if fit_disagree.is_empty() {
+            String::new()
+        } else {
+            format!(" (not: {})", fit_disagree.join(", "))
+        }
+    );
     println!(
         "  first-run plan covers the replayed device peak: {covered}/{plan_n}{}",
         if uncovered.is_empty() {

@@ -709,7 +709,7 @@ fn a_peak_above_the_card_that_runs_by_releasing_the_cache_is_told_apart() {
     assert_eq!(v["gpu"]["fits_by_releasing_cache"], true, "{v}");
     let table = stdout(&run("bf16", "table"));
     assert!(
-        table.contains("runs only by releasing the allocator's cache"),
+        table.contains("can run only by releasing the allocator's cache"),
         "{table}"
     );
     assert!(!table.contains("does NOT fit"), "{table}");

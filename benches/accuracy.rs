@@ -756,21 +756,21 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
         "  {}",
         summary("reserved bytes, expandable segments", &expandable_err)
     );
-    println!(
-        "  fit/no-fit on the H100, model against replay: {fit_right}/{fit_n} agree{}",
-        if fit_disagree.is_empty() {
+    // " (not: a, b)" after a count, or nothing
+    let except = |v: &[String]| {
+        if v.is_empty() {
             String::new()
         } else {
-            format!(" (not: {})", fit_disagree.join(", "))
+            format!(" (not: {})", v.join(", "))
         }
+    };
+    println!(
+        "  fit/no-fit on the H100, model against replay: {fit_right}/{fit_n} agree{}",
+        except(&fit_disagree)
     );
     println!(
         "  first-run plan covers the replayed device peak: {covered}/{plan_n}{}",
-        if uncovered.is_empty() {
-            String::new()
-        } else {
-            format!(" (not: {})", uncovered.join(", "))
-        }
+        except(&uncovered)
     );
     println!(
         "  reserved off by more than 10 %: {}",

@@ -18,7 +18,8 @@
 //! - `synthetic/replayed.csv`: configurations nobody measured
 //!   (`synthetic/grid.csv`, `synthetic/expandable/grid.csv`) replayed the
 //!   same way, printed beside the model (not scored: how the model fares
-//!   where there is no GPU figure).
+//!   where there is no GPU figure; the bench fails if the advisor's
+//!   first-run plan falls below a replayed peak).
 //!
 //! Models that are not in the catalog are read from
 //! `bench/data/configs/<owner>__<name>.json` (their published config.json).
@@ -29,7 +30,9 @@
 //! configuration disagree, and whether the targets are met. It exits
 //! non-zero when the advisor's stated margins
 //! (`src/core/advisor/margin.rs`) no longer cover the measured
-//! under-prediction — the targets themselves are reported, not enforced.
+//! under-prediction, or when the advisor's first-run plan falls below a
+//! replayed peak of `synthetic/` — the targets themselves are reported,
+//! not enforced.
 //!
 //! Run: `cargo bench --bench accuracy` (or `cargo test --bench accuracy`
 //! for a debug build that prints the same table). With
@@ -637,7 +640,8 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
 /// methods, dtypes, checkpointing and sequence lengths, both allocator
 /// modes). The replay holds the measured rows' reserved bytes within a
 /// median 0.4 %, so this is how the model fares where there is no GPU
-/// figure: not scored, and not part of the targets.
+/// figure: not scored, and not part of the targets. It fails (an error)
+/// where the advisor's first-run plan is below the replayed device peak.
 fn unmeasured_report(root: &Path) -> Result<(), String> {
     let path = root.join("synthetic/replayed.csv");
     let mut grids: HashMap<String, Vec<HashMap<String, String>>> = HashMap::new();
@@ -780,6 +784,14 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
             far.join(", ")
         }
     );
+    // The advisor's first run must hold what the replay says a step needs,
+    // measured or not: a model change that breaks this fails the bench.
+    if !uncovered.is_empty() {
+        return Err(format!(
+            "the first-run plan is below the replayed device peak of {}",
+            uncovered.join(", ")
+        ));
+    }
     Ok(())
 }
 

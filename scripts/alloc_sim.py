@@ -521,17 +521,13 @@ def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=F
     addr = {}
     marks = []
     phase = "?"
-    born = {}  # block address -> the phase its live tensor was allocated in
-    snap = None  # the large pool's blocks at the allocated peak of step 1
-    for e in events:
+    peak_at = None  # index of the event that set step 1's allocated peak
+    peak = 0
+    for i, e in enumerate(events):
         if e[0] == "a":
             addr[e[1]] = alloc.malloc(e[2])
-            if layout:
-                born[addr[e[1]]] = phase
-                if phase.startswith("step 1") and (snap is None or alloc.allocated >= snap[0]):
-                    snap = (alloc.allocated, alloc.reserved,
-                            {k: (b[0], b[2], born.get(k, "?"), b[1])
-                             for k, b in alloc.blocks.items() if not b[3]})
+            if phase.startswith("step 1") and alloc.allocated >= peak:
+                peak, peak_at = alloc.allocated, i
         elif e[0] == "f":
             a = addr.pop(e[1], None)
             if a is not None:
@@ -547,9 +543,31 @@ def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=F
         for name, r, a, pr, pa in marks:
             print(f"  {name:<24} reserved {r / 2**30:7.2f} allocated {a / 2**30:7.2f} "
                   f"(peaks so far {pr / 2**30:7.2f} / {pa / 2**30:7.2f} GiB)")
-    if layout and snap is not None:
-        print_layout(*snap, expandable=expandable)
+    if layout and peak_at is not None:
+        print_layout(*layout_at(events, peak_at, capacity, context, expandable),
+                     expandable=expandable)
     return alloc
+
+
+def layout_at(events, last, capacity, context, expandable):
+    """Replays `events` up to index `last` (the same allocator, so the same
+    state) and returns (allocated, reserved, large-pool blocks), each block
+    as (size, free, phase that allocated it, segment)."""
+    alloc = (ExpandableAllocator if expandable else Allocator)(capacity, context)
+    addr, born, phase = {}, {}, "?"
+    for e in events[:last + 1]:
+        if e[0] == "a":
+            addr[e[1]] = alloc.malloc(e[2])
+            born[addr[e[1]]] = phase
+        elif e[0] == "f":
+            a = addr.pop(e[1], None)
+            if a is not None:
+                alloc.release(a)
+        else:
+            phase = e[1]
+    blocks = {k: (b[0], b[2], born.get(k, "?"), b[1])
+              for k, b in alloc.blocks.items() if not b[3]}
+    return alloc.allocated, alloc.reserved, blocks
 
 
 def print_layout(allocated, reserved, blocks, expandable=False):

@@ -67,6 +67,9 @@ const H100_WORST: f64 = 0.10;
 const MAX_UNDER: f64 = 0.10;
 /// The H100's NVML total (bench/data/h100/README.md): 81,559 MiB.
 const H100_CAPACITY: f64 = 81_559.0 * MIB as f64;
+/// The CUDA context and kernels beside the allocator that
+/// scripts/gpu_measure.py measured on it (the replays leave it out).
+const H100_CONTEXT: f64 = 610.0 * MIB as f64;
 
 /// Reads one data file into scored rows (path, source label).
 type Reader = fn(&Path, &str) -> Result<Vec<Row>, String>;
@@ -499,8 +502,7 @@ fn p95_under(errors: &[f64]) -> f64 {
 /// allocated gap is the allocator's rules, and what the carried cache did.
 fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
     let by_origin: HashMap<&str, &Row> = rows.iter().map(|r| (r.origin.as_str(), r)).collect();
-    // the usable card: NVML total less the context gpu_measure.py measured
-    let context = 610.0 * MIB as f64;
+    let context = H100_CONTEXT;
     println!("\nallocator replay (scripts/alloc_sim.py; bench/data/h100/replayed.csv):");
     println!(
         "  {:<52} {:>9} {:>9} {:>8} {:>9} {:>8}  began with",
@@ -645,7 +647,8 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
 fn unmeasured_report(root: &Path) -> Result<(), String> {
     let path = root.join("synthetic/replayed.csv");
     let mut grids: HashMap<String, Vec<HashMap<String, String>>> = HashMap::new();
-    let context = 610.0 * MIB as f64;
+    let context = H100_CONTEXT;
+    let verdict = |fits: bool| if fits { "fits" } else { "OOM" };
     println!("\nthe memory model against the replay on unmeasured configurations (bench/data/synthetic/replayed.csv):");
     println!(
         "  {:<58} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8}",
@@ -660,10 +663,10 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
     for rec in read_csv(&path)? {
         let file = field(&rec, "file")?.to_string();
         let line: usize = num(&rec, "line")?;
-        if !grids.contains_key(&file) {
-            grids.insert(file.clone(), read_csv(&root.join(&file))?);
-        }
-        let grid = &grids[&file];
+        let grid = match grids.entry(file.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(read_csv(&root.join(&file))?),
+        };
         let r = line
             .checked_sub(2)
             .and_then(|i| grid.get(i))
@@ -700,8 +703,8 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
         } else {
             fit_disagree.push(format!(
                 "{id} (replay {}, model {})",
-                if replay_fits { "fits" } else { "OOM" },
-                if model_fits { "fits" } else { "OOM" }
+                verdict(replay_fits),
+                verdict(model_fits)
             ));
         }
         let a = (est.peak_allocated_bytes as f64 - alloc) / alloc;
@@ -725,8 +728,8 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
                 gib(alloc),
                 gib(est.peak_allocated_bytes as f64),
                 100.0 * a,
-                if replay_fits { "fits" } else { "OOM" },
-                if model_fits { "fits" } else { "OOM" },
+                verdict(replay_fits),
+                verdict(model_fits),
                 ""
             );
             continue;

@@ -515,25 +515,35 @@ def litgpt_steps(args, mark):
         torch.set_default_dtype(default)
 
 
-def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=False,
-             layout=False):
-    alloc = (ExpandableAllocator if expandable else Allocator)(capacity, context)
+def drive(alloc, events):
+    """Carries out `events` on `alloc` one by one, yielding after each
+    (index, event, the phase it falls in, the block an allocation got)."""
     addr = {}
-    marks = []
     phase = "?"
-    peak_at = None  # index of the event that set step 1's allocated peak
-    peak = 0
     for i, e in enumerate(events):
+        got = None
         if e[0] == "a":
-            addr[e[1]] = alloc.malloc(e[2])
-            if phase.startswith("step 1") and alloc.allocated >= peak:
-                peak, peak_at = alloc.allocated, i
+            got = addr[e[1]] = alloc.malloc(e[2])
         elif e[0] == "f":
             a = addr.pop(e[1], None)
             if a is not None:
                 alloc.release(a)
         else:
             phase = e[1]
+        yield i, e, phase, got
+
+
+def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=False,
+             layout=False):
+    alloc = (ExpandableAllocator if expandable else Allocator)(capacity, context)
+    marks = []
+    peak_at = None  # index of the event that set step 1's allocated peak
+    peak = 0
+    for i, e, phase, got in drive(alloc, events):
+        if got is not None:
+            if phase.startswith("step 1") and alloc.allocated >= peak:
+                peak, peak_at = alloc.allocated, i
+        elif e[0] == "mark":
             if e[1] == "build":
                 # the point's own peaks start here (reset_peak_memory_stats)
                 alloc.peak_reserved, alloc.peak_allocated = alloc.reserved, alloc.allocated
@@ -554,17 +564,10 @@ def layout_at(events, last, capacity, context, expandable):
     state) and returns (allocated, reserved, large-pool blocks), each block
     as (size, free, phase that allocated it, segment)."""
     alloc = (ExpandableAllocator if expandable else Allocator)(capacity, context)
-    addr, born, phase = {}, {}, "?"
-    for e in events[:last + 1]:
-        if e[0] == "a":
-            addr[e[1]] = alloc.malloc(e[2])
-            born[addr[e[1]]] = phase
-        elif e[0] == "f":
-            a = addr.pop(e[1], None)
-            if a is not None:
-                alloc.release(a)
-        else:
-            phase = e[1]
+    born = {}
+    for _, _, phase, got in drive(alloc, events[:last + 1]):
+        if got is not None:
+            born[got] = phase
     blocks = {k: (b[0], b[2], born.get(k, "?"), b[1])
               for k, b in alloc.blocks.items() if not b[3]}
     return alloc.allocated, alloc.reserved, blocks

@@ -214,10 +214,19 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     // empty 20 MiB segments of AdamW's temporaries still cached at the
     // next forward's peak. Checkpointed runs are left to
     // `cross_phase_checkpointed`, whose recomputed blocks take them.
+    // Where each loss buffer fits in the largest gradient's block (see
+    // `loss_fits_grad_blocks`), the loss buffers are cut from those cached
+    // blocks too.
+    let loss_in_grad_blocks = if loss_fits_grad_blocks(pl, m) {
+        pl.logits_per_sample * m
+    } else {
+        0.0
+    };
     let carried_b = if pl.shares.fixed_segments && !pl.checkpointing {
         (pl.grads - pl.grads_in_a + pl.step_transient
             - pl.act_per_sample * m
-            - pl.weights_transient_a)
+            - pl.weights_transient_a
+            - loss_in_grad_blocks)
             .max(0.0)
     } else {
         0.0
@@ -236,7 +245,8 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     let reserved_a = a + packing + carried_b + split + loss_cache;
     let reserved_b = b + if pl.checkpointing {
         pl.shares.cross_phase_checkpointed
-            * (pl.logits_per_sample * m + (pl.act_per_sample * m - pl.step_transient).max(0.0))
+            * (pl.logits_per_sample * m - loss_in_grad_blocks
+                + (pl.act_per_sample * m - pl.step_transient).max(0.0))
     } else {
         pl.shares.cross_phase * dyn_a.min(pl.step_transient)
     };
@@ -280,6 +290,27 @@ pub(super) fn reserved_slope(pl: &Plan) -> f64 {
         + pl.logits_per_sample * (1.0 + pl.shares.transient_loss)
         + pl.shares.recompute * pl.recompute_overlap_per_sample
         + pl.shares.loss_holes * pl.loss_buffer_per_sample
+}
+
+/// Whether phase A's loss buffers fit, one each, in the blocks phase B
+/// caches for the largest parameter (its gradient and the optimizer's
+/// temporary of its shape). The default allocator serves a request from
+/// the smallest cached free block at least as large (`get_free_block`,
+/// a `lower_bound` on size after rounding to 2 MiB), so the loss buffers
+/// and the embedding-shaped blocks trade places across the step only when
+/// a buffer is no larger than that block. Measured on an H100
+/// (bench/data/h100/throughput.csv): Llama-3.2-1B full bf16-mixed,
+/// checkpointed, at 1 × 2,048 tokens — the fp32 loss buffer (2,048 ×
+/// 128,256 × 4 B) is exactly the fp32 embedding's gradient (128,256 ×
+/// 2,048 × 4 B) — holds 23.10 GiB reserved over 23.08 allocated; at
+/// 2 × 2,048, where the buffer is twice that block, 28.97 over 23.08: the
+/// loss buffers' 5.87 GiB in segments of their own.
+fn loss_fits_grad_blocks(pl: &Plan, m: f64) -> bool {
+    let round = |b: f64| (b / K_ROUND_LARGE).ceil() * K_ROUND_LARGE;
+    pl.shares.fixed_segments
+        && pl.loss_buffer_per_sample > 0.0
+        && pl.largest_grad_block > 0.0
+        && round(pl.loss_buffer_per_sample * m) <= round(pl.largest_grad_block)
 }
 
 /// Holes among the optimizer states made in the first step (checkpointed;

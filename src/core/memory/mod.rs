@@ -535,6 +535,40 @@ mod tests {
     }
 
     #[test]
+    fn loss_buffers_share_the_embedding_gradients_blocks_only_when_they_fit() {
+        // Llama-3.2-1B full bf16-mixed, checkpointed (hidden 2,048, fp32
+        // gradients). At 1 × 2,048 tokens the fp32 loss buffer is exactly
+        // the embedding gradient's block and the two trade places across
+        // the step: measured 23.10 GiB reserved over 23.08 allocated. At
+        // 2 × 2,048 the buffer is twice that block and the loss buffers
+        // keep segments of their own: 28.97 over 23.08
+        // (bench/data/h100/throughput.csv).
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Full);
+        w.seq_len = 2048;
+        w.framework = Framework::Hf;
+        let gib = GIB as f64;
+        let at = |m: u32| {
+            let e = estimate(&w, &settings(m, Dtype::Bf16Mixed, true)).unwrap();
+            (
+                e.peak_allocated_bytes as f64 / gib,
+                e.peak_reserved_bytes as f64 / gib,
+            )
+        };
+        let (alloc1, reserved1) = at(1);
+        let (alloc2, reserved2) = at(2);
+        assert!(
+            (reserved1 - 23.10).abs() / 23.10 < 0.03,
+            "1 × 2,048: reserved {reserved1:.2} GiB over {alloc1:.2} allocated"
+        );
+        assert!(
+            (reserved2 - 28.97).abs() / 28.97 < 0.03,
+            "2 × 2,048: reserved {reserved2:.2} GiB over {alloc2:.2} allocated"
+        );
+        // the loss buffers' own segments come back once they no longer fit
+        assert!(reserved2 - alloc2 > 5.0 && reserved1 - alloc1 < 0.5);
+    }
+
+    #[test]
     fn expandable_segments_keep_the_tensors_and_drop_most_of_the_cache() {
         // Qwen2.5-0.5B full bf16, 1 × 512 tokens: measured on the H100
         // reserved 5.92 GiB by default, 4.84 GiB with expandable segments,

@@ -27,6 +27,13 @@ pub(super) struct Plan {
     pub(super) weights_transient_a: f64,
     /// Optimizer temporaries in phase B.
     pub(super) step_transient: f64,
+    /// The largest single gradient tensor (the embedding's or the output
+    /// head's in a full fine-tune, in the gradients' dtype): phase B caches
+    /// blocks of this size (the gradient and the optimizer's temporary of
+    /// that parameter), which phase A's loss buffers can take only when
+    /// each buffer fits in one (see `allocator::eval`). 0 where gradients
+    /// are sharded or flattened.
+    pub(super) largest_grad_block: f64,
     /// Activation checkpointing on (changes how phase B reuses the cache).
     pub(super) checkpointing: bool,
     /// The allocator's reserved-over-allocated shares.

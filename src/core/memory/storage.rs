@@ -398,6 +398,19 @@ pub(super) fn gradients(
         // Only the gradient being applied exists: the largest tensor.
         pl.grads = p.head.max(p.largest_linear) * grad_bytes;
     }
+    // One tensor per parameter (torch's `AccumulateGrad`): the largest is
+    // the embedding's or the head's. Sharded and bucketed gradients are
+    // flat buffers of other sizes, and adapters are small: none counted.
+    pl.largest_grad_block = if w.method == Method::Full
+        && shard_grad == 1.0
+        && !deepspeed
+        && w.gpus <= 1
+        && !optimizer_in_backward(w)
+    {
+        p.largest_param() * grad_bytes
+    } else {
+        0.0
+    };
     // Gradients exist during the next forward when accumulation keeps them
     // between micro steps, or when zero_grad only zeroes them (torch < 2.0
     // default `set_to_none=False`).

@@ -993,7 +993,8 @@ fn scenario(
         },
         optimizer_impl,
         grads_kept_between_steps: opt(r, "grads_kept", "false") == "true",
-        bnb_keeps_matmul_inputs: bnb_before_0_43_2(opt(r, "bitsandbytes", ""))?,
+        bnb_keeps_matmul_inputs: version_before(opt(r, "bitsandbytes", ""), (0, 43, 2))?,
+        softmax_saves_input: version_before(opt(r, "torch", ""), (1, 11, 0))?,
         expandable_segments: opt(r, "expandable_segments", "false") == "true",
         cuda_context_bytes: if ctx.is_empty() {
             None
@@ -1005,22 +1006,38 @@ fn scenario(
             )
         },
     };
+    if std::env::var("XDBG").is_ok_and(|v| r.get("id").is_some_and(|id| id.contains(&v))) {
+        let t = phase_terms(&w, &s, &o);
+        let e = estimate_with(&w, &s, &o).unwrap();
+        eprintln!(
+            "XDBG {:?} {:?}",
+            t,
+            (
+                e.peak_allocated_bytes as f64 / GIB as f64,
+                e.peak_reserved_bytes as f64 / GIB as f64,
+                e.peak_bytes as f64 / GIB as f64
+            )
+        );
+    }
     Ok((w, s, o))
 }
 
-/// Whether a row's bitsandbytes release predates #1270 (0.43.2), which
-/// stopped `MatMul4Bit` from keeping its input; empty: none or current.
-fn bnb_before_0_43_2(v: &str) -> Result<bool, String> {
+/// Whether a row's release of a library (its `bitsandbytes` or `torch`
+/// column) predates `first`: bitsandbytes 0.43.2 (#1270) stopped
+/// `MatMul4Bit` from keeping its input, PyTorch 1.11 stopped softmax from
+/// keeping its input. Empty: none, or current.
+fn version_before(v: &str, first: (u32, u32, u32)) -> Result<bool, String> {
     if v.is_empty() {
         return Ok(false);
     }
-    let mut parts = v.split('.').map(|p| {
-        p.parse::<u32>()
-            .map_err(|_| format!("bad bitsandbytes version `{v}`"))
-    });
+    // a local build tag (`2.11.0+cu130`) does not change the release
+    let release = v.split('+').next().unwrap_or(v);
+    let mut parts = release
+        .split('.')
+        .map(|p| p.parse::<u32>().map_err(|_| format!("bad version `{v}`")));
     let mut next = || parts.next().unwrap_or(Ok(0));
     let version = (next()?, next()?, next()?);
-    Ok(version < (0, 43, 2))
+    Ok(version < first)
 }
 
 fn quantity_of(e: &Estimate, q: &str) -> Result<f64, String> {

@@ -228,6 +228,49 @@ fn old_bitsandbytes_flag_counts_the_kept_matmul_inputs_for_qlora_only() {
 }
 
 #[test]
+fn old_torch_flag_counts_the_softmax_input_in_eager_attention_only() {
+    // PyTorch < 1.11 kept softmax's input too: BERT-large (24 layers, 16
+    // heads) at 4 × 512 in eager attention keeps 24 × 4 × 16 × 512² fp32
+    // scores more; SDPA has no softmax of its own and is untouched.
+    let allocated = |attention: &str, old: bool| {
+        let mut args = vec![
+            "estimate",
+            "--model",
+            "bert-large-uncased",
+            "--method",
+            "full",
+            "--dtype",
+            "fp32",
+            "--attention",
+            attention,
+            "--seq-len",
+            "512",
+            "--micro-batch",
+            "4",
+            "-o",
+            "json",
+        ];
+        if old {
+            args.push("--old-torch");
+        }
+        let o = gpufit(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)["peak_allocated_bytes"]
+            .as_u64()
+            .expect("peak_allocated_bytes")
+    };
+    let kept: u64 = 24 * 4 * 16 * 512 * 512 * 4;
+    let (new, old) = (allocated("eager", false), allocated("eager", true));
+    assert!(old > new, "{old} vs {new}");
+    assert!(
+        (old - new).abs_diff(kept) < kept / 100,
+        "{} more, {kept} expected",
+        old - new
+    );
+    assert_eq!(allocated("sdpa", false), allocated("sdpa", true));
+}
+
+#[test]
 fn hf_config_json_path_is_accepted_as_model() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.json");

@@ -47,6 +47,10 @@ pub struct EstimateArgs {
     /// matmul keeps every quantized linear's input until the backward.
     #[arg(long)]
     pub old_bitsandbytes: bool,
+    /// The job's PyTorch is older than 1.11 (March 2022), whose softmax
+    /// keeps its input for backward as well as its output (eager attention).
+    #[arg(long)]
+    pub old_torch: bool,
     /// The job runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
     /// (less allocator cache beside the tensors; see docs/design.md).
     #[arg(long)]
@@ -153,6 +157,7 @@ fn options_from(args: &EstimateArgs) -> crate::Result<ModelOptions> {
         base_quant,
         expandable_segments: args.expandable_segments,
         bnb_keeps_matmul_inputs: args.old_bitsandbytes,
+        softmax_saves_input: args.old_torch,
         ..Default::default()
     })
 }

@@ -275,6 +275,16 @@ pub(super) fn layer_activations(
             // runs softmax in fp32; fp32 training is fp32 anyway) …
             per_seq += 4.0 * heads;
         }
+        if opts.softmax_saves_input && !math_sdpa {
+            // … and before PyTorch 1.11 its input too (`ModelOptions::
+            // softmax_saves_input`): the masked scores, whose dtype is the
+            // mask's, made in the parameters' dtype (fp32 under autocast).
+            // The Hugging Face docs' BERT-large runs (V100, January 2022)
+            // sit 1,668 MiB above the replay of their step on today's
+            // PyTorch at micro batch 4 × 512; 24 layers × 16 heads × 512²
+            // × 4 B × 4 is 1,536 MiB.
+            per_seq += r * heads;
+        }
         if softmax_16bit || math_sdpa {
         } else if attn_dropout {
             // … attention dropout (p = 0.1) keeps a bool mask, and PV saves

@@ -204,6 +204,13 @@ pub struct ModelOptions {
     /// it (litgpt pinned 0.41–0.42 through 2024; see `activations.rs`).
     #[serde(default)]
     pub bnb_keeps_matmul_inputs: bool,
+    /// PyTorch before 1.11 (March 2022): `softmax` saved its input for
+    /// backward as well as its output (derivatives.yaml passed `self` to
+    /// `_softmax_backward_data`, which never reads it; pytorch#64000, fixed
+    /// by #65242 for 1.11), so eager attention keeps one more score-sized
+    /// tensor per layer.
+    #[serde(default)]
+    pub softmax_saves_input: bool,
     /// CUDA context + kernel images of the machine, when measured; `None`
     /// uses [`CUDA_CONTEXT_BYTES`]. CUDA < 11.7 loads every kernel eagerly
     /// and takes 1–1.4 GiB (the HF "model memory anatomy" page measures
@@ -798,6 +805,46 @@ mod tests {
         )
         .unwrap();
         assert!(es.peak_reserved_bytes as f64 / gib < reserved - 0.4);
+    }
+
+    #[test]
+    fn softmax_before_torch_1_11_keeps_its_input_in_eager_attention() {
+        // BERT-large (24 layers, 16 heads), eager attention, 4 × 512: the
+        // masked fp32 scores each layer's softmax kept (4 × 16 × 512² × 4 B,
+        // 64 MiB), in fp32 and under fp16 autocast alike (the fp32 mask
+        // promotes the scores); nothing under SDPA.
+        let eager = Workload {
+            attention: Attention::Eager,
+            ..hf("bert-large-uncased", Method::Full, 512)
+        };
+        let current = ModelOptions {
+            head: Head::Classifier,
+            ..ModelOptions::default()
+        };
+        let old = ModelOptions {
+            softmax_saves_input: true,
+            ..current.clone()
+        };
+        let kept = 24.0 * 4.0 * 16.0 * 512.0 * 512.0 * 4.0;
+        for dtype in [Dtype::Fp32, Dtype::Fp16Mixed] {
+            let s = settings(4, dtype, false);
+            let a = estimate_with(&eager, &s, &current).unwrap();
+            let b = estimate_with(&eager, &s, &old).unwrap();
+            let more = b.peak_allocated_bytes as f64 - a.peak_allocated_bytes as f64;
+            assert!(
+                (more - kept).abs() / kept < 0.01,
+                "{dtype:?}: {more} bytes more, expected {kept}"
+            );
+        }
+        let sdpa = Workload {
+            attention: Attention::Sdpa,
+            ..eager
+        };
+        let s = settings(4, Dtype::Fp32, false);
+        assert_eq!(
+            estimate_with(&sdpa, &s, &current).unwrap(),
+            estimate_with(&sdpa, &s, &old).unwrap()
+        );
     }
 
     #[test]

@@ -823,7 +823,7 @@ mod tests {
         };
         let old = ModelOptions {
             softmax_saves_input: true,
-            ..current.clone()
+            ..current
         };
         let kept = 24.0 * 4.0 * 16.0 * 512.0 * 512.0 * 4.0;
         for dtype in [Dtype::Fp32, Dtype::Fp16Mixed] {

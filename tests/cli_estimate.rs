@@ -184,6 +184,15 @@ fn larger_micro_batch_predicts_more_memory() {
     assert!(run("8") > run("1"));
 }
 
+/// `peak_allocated_bytes` of a successful `gpufit estimate … -o json`.
+fn peak_allocated(args: &[&str]) -> u64 {
+    let o = gpufit(args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    json(&o)["peak_allocated_bytes"]
+        .as_u64()
+        .expect("peak_allocated_bytes")
+}
+
 #[test]
 fn old_bitsandbytes_flag_counts_the_kept_matmul_inputs_for_qlora_only() {
     // bitsandbytes < 0.43.2 keeps each 4-bit linear's input: litgpt QLoRA
@@ -208,11 +217,7 @@ fn old_bitsandbytes_flag_counts_the_kept_matmul_inputs_for_qlora_only() {
         if old {
             args.push("--old-bitsandbytes");
         }
-        let o = gpufit(&args);
-        assert!(o.status.success(), "{}", stderr(&o));
-        json(&o)["peak_allocated_bytes"]
-            .as_u64()
-            .expect("peak_allocated_bytes")
+        peak_allocated(&args)
     };
     // 16 blocks × 1,024 tokens × 2 bytes × (q/k/v, o, MLP and down inputs:
     // 2,048 + 2,048 + 2,048 + 8,192)
@@ -253,11 +258,7 @@ fn old_torch_flag_counts_the_softmax_input_in_eager_attention_only() {
         if old {
             args.push("--old-torch");
         }
-        let o = gpufit(&args);
-        assert!(o.status.success(), "{}", stderr(&o));
-        json(&o)["peak_allocated_bytes"]
-            .as_u64()
-            .expect("peak_allocated_bytes")
+        peak_allocated(&args)
     };
     let kept: u64 = 24 * 4 * 16 * 512 * 512 * 4;
     let (new, old) = (allocated("eager", false), allocated("eager", true));

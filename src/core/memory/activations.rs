@@ -648,6 +648,7 @@ pub(super) fn per_sample(
             let (fwd, peak) =
                 logits_bytes_per_token_vocab(w.framework, dtype, seq, w.method == Method::Full);
             pl.loss_buffer_per_sample = tv * loss_buffer_bytes_per_token_vocab(w.framework, dtype);
+            pl.largest_loss_tensor_per_sample = pl.loss_buffer_per_sample;
             (tv * (fwd + softcap), tv * (peak + softcap))
         }
         // classification: the pooled token and a few logits per sequence

@@ -308,9 +308,9 @@ pub(super) fn reserved_slope(pl: &Plan) -> f64 {
 fn loss_fits_grad_blocks(pl: &Plan, m: f64) -> bool {
     let round = |b: f64| (b / K_ROUND_LARGE).ceil() * K_ROUND_LARGE;
     pl.shares.fixed_segments
-        && pl.loss_buffer_per_sample > 0.0
+        && pl.largest_loss_tensor_per_sample > 0.0
         && pl.largest_grad_block > 0.0
-        && round(pl.loss_buffer_per_sample * m) <= round(pl.largest_grad_block)
+        && round(pl.largest_loss_tensor_per_sample * m) <= round(pl.largest_grad_block)
 }
 
 /// Holes among the optimizer states made in the first step (checkpointed;

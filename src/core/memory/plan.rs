@@ -64,6 +64,11 @@ pub(super) struct Plan {
     /// of the logits: seq × vocab × 4 B), whose freed block expandable
     /// segments leave as a hole (see `allocator::AllocatorShares`).
     pub(super) loss_buffer_per_sample: f64,
+    /// The same tensor's size for the allocator's size test
+    /// (`allocator::loss_fits_grad_blocks`), kept under `torch.compile`,
+    /// whose fused loss leaves no hole but whose largest loss tensor is at
+    /// most this large.
+    pub(super) largest_loss_tensor_per_sample: f64,
     /// The logits a training loop still holds through the optimizer step
     /// (phase B), per sample: litgpt's `fit` keeps its `logits` until the
     /// next forward returns. 0 where the loop drops them with the loss.

@@ -216,9 +216,9 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     // `cross_phase_checkpointed`, whose recomputed blocks take them.
     // Where each loss buffer fits in the largest gradient's block (see
     // `loss_fits_grad_blocks`), the loss buffers are cut from those cached
-    // blocks too.
+    // blocks too, as many as they hold.
     let loss_in_grad_blocks = if loss_fits_grad_blocks(pl, m) {
-        pl.logits_per_sample * m
+        (pl.logits_per_sample * m).min(pl.grad_blocks)
     } else {
         0.0
     };

@@ -808,6 +808,55 @@ mod tests {
     }
 
     #[test]
+    fn the_loss_buffers_take_only_the_blocks_of_their_size_that_phase_b_caches() {
+        // Llama-3.2-1B ties its 128,256 × 2,048 embedding; full bf16-mixed
+        // keeps fp32 gradients: blocks of 1.05 GB.
+        let block = 128_256.0 * 2048.0 * 4.0;
+        let s = settings(1, Dtype::Bf16Mixed, true);
+        let blocks = |w: &Workload, imp: OptimizerImpl| {
+            let o = ModelOptions {
+                optimizer_impl: Some(imp),
+                ..ModelOptions::default()
+            };
+            plan::plan(w, &s, &o).grad_blocks / block
+        };
+        let hf_w = hf("meta-llama/Llama-3.2-1B", Method::Full, 2048);
+        // the gradient, its second use's gradient, foreach AdamW's temporary
+        assert_eq!(blocks(&hf_w, OptimizerImpl::Foreach), 3.0);
+        // a fused step makes no temporary
+        assert_eq!(blocks(&hf_w, OptimizerImpl::Fused), 2.0);
+        // litgpt unties the head: two parameters, a gradient and a
+        // temporary each
+        let litgpt = Workload {
+            framework: Framework::Litgpt,
+            ..hf_w.clone()
+        };
+        assert_eq!(blocks(&litgpt, OptimizerImpl::Foreach), 4.0);
+        // adapters have no parameter-sized gradients
+        let lora = hf("meta-llama/Llama-3.2-1B", Method::Lora, 2048);
+        assert_eq!(blocks(&lora, OptimizerImpl::Foreach), 0.0);
+        // bf16 at 1 × 1,024 tokens, where phase B sets the peak: the fp32
+        // loss buffer (1,024 × 128,256 × 4 B) is the bf16 gradient's block;
+        // a fused step caches two such blocks, and what the loss buffers
+        // (12 B per token and vocabulary entry) hold beyond them stays
+        // reserved beside phase B
+        let w = hf("meta-llama/Llama-3.2-1B", Method::Full, 1024);
+        let bf16_block = 128_256.0 * 2048.0 * 2.0;
+        let loss = 1024.0 * 128_256.0 * 12.0;
+        let fused = ModelOptions {
+            optimizer_impl: Some(OptimizerImpl::Fused),
+            ..ModelOptions::default()
+        };
+        let e = estimate_with(&w, &settings(1, Dtype::Bf16, true), &fused).unwrap();
+        let gap = (e.peak_reserved_bytes - e.peak_allocated_bytes) as f64;
+        let over = loss - 2.0 * bf16_block;
+        assert!(
+            gap > over && gap < over + 0.2 * GIB as f64,
+            "gap {gap}, loss beyond the blocks {over}"
+        );
+    }
+
+    #[test]
     fn softmax_before_torch_1_11_keeps_its_input_in_eager_attention() {
         // BERT-large (24 layers, 16 heads), eager attention, 4 × 512: the
         // masked fp32 scores each layer's softmax kept (4 × 16 × 512² × 4 B,

@@ -8,8 +8,8 @@ use crate::core::workload::{Framework, Method, Sharding, Workload};
 use super::activations::per_sample;
 use super::allocator::{AllocatorShares, CACHING_ALLOCATOR, EXPANDABLE_SEGMENTS};
 use super::storage::{
-    compute_bytes, gradients, is_mixed, lora_params, optimizer, param_bytes, params_of, weights,
-    Params,
+    compute_bytes, grad_blocks, gradients, is_mixed, lora_params, optimizer, param_bytes,
+    params_of, weights, Params,
 };
 use super::{ModelOptions, CUDA_CONTEXT_BYTES};
 
@@ -34,6 +34,9 @@ pub(super) struct Plan {
     /// each buffer fits in one (see `allocator::eval`). 0 where gradients
     /// are sharded or flattened.
     pub(super) largest_grad_block: f64,
+    /// All the bytes phase B caches in blocks of that size (see
+    /// `storage::grad_blocks`): as much of the loss buffers as they hold.
+    pub(super) grad_blocks: f64,
     /// Activation checkpointing on (changes how phase B reuses the cache).
     pub(super) checkpointing: bool,
     /// The allocator's reserved-over-allocated shares.
@@ -188,6 +191,7 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
     weights(w, s, opts, &l, &mut pl);
     gradients(w, s, opts, &l, &mut pl);
     optimizer(w, opts, &l, &mut pl);
+    pl.grad_blocks = grad_blocks(w, &l, &pl);
     per_sample(w, s, opts, &mut pl);
     pl.cache_released_under_pressure = pl.checkpointing
         && pl.shares.fixed_segments

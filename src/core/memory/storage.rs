@@ -90,7 +90,7 @@ pub(super) struct Params {
     /// The output head (its own matrix, or the tied embedding).
     pub(super) head: f64,
     /// Largest single linear weight (for one-at-a-time dequantization).
-    largest_linear: f64,
+    pub(super) largest_linear: f64,
 }
 
 pub(super) fn params_of(a: &ModelArch) -> Params {
@@ -419,6 +419,31 @@ pub(super) fn gradients(
     } else {
         0.0
     };
+}
+
+/// The bytes phase B caches in blocks of the largest gradient's size
+/// (`Plan::largest_grad_block`), which the loss buffers can take when each
+/// fits in one: per parameter of that size its gradient, and the
+/// optimizer's temporary of its shape where the step makes one (foreach
+/// AdamW makes all at once, transformers' per-parameter AdamW one at a
+/// time); a tied embedding adds the gradient of its second use, which
+/// autograd sums into the first and frees.
+pub(super) fn grad_blocks(w: &Workload, l: &Layout, pl: &Plan) -> f64 {
+    let block = pl.largest_grad_block;
+    if block <= 0.0 {
+        return 0.0;
+    }
+    let head_largest = l.p.head >= l.p.largest_linear;
+    // litgpt unties the head (see `plan::layout`)
+    let tied = head_largest && w.model.tied_embeddings && w.framework != Framework::Litgpt;
+    let params = match (head_largest, tied) {
+        (true, true) => 1.0,
+        (true, false) => 2.0,
+        (false, _) => w.model.num_layers as f64,
+    };
+    let temporaries = (pl.step_transient / block).floor().min(params);
+    let second_use = if tied { 1.0 } else { 0.0 };
+    (params + temporaries + second_use) * block
 }
 
 /// Optimizer state and the optimizer step's temporaries (phase B).

@@ -243,9 +243,22 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     // blocks split by tensors of other sizes in the same phase
     let split = pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a);
     let reserved_a = a + packing + carried_b + split + loss_cache;
+    // The tied embedding's second-use gradient is made in every backward
+    // and freed before the optimizer step. Replayed (scripts/alloc_sim.py,
+    // Qwen2.5-0.5B full bf16-mixed 1 × 512, checkpointed), its block is
+    // the free 0.51 GiB segment at phase B's peak, once the loss buffers
+    // have taken the blocks of its size; on the H100 AdamW's temporary
+    // took it (Llama-3.2-1B bf16-mixed 1 × 2,048: 23.10 GiB reserved over
+    // 23.08 allocated). Counted beside phase B: the safe side.
+    let second_use = if loss_in_grad_blocks > 0.0 {
+        pl.second_use_block
+    } else {
+        0.0
+    };
     let reserved_b = b + if pl.checkpointing {
         pl.shares.cross_phase_checkpointed
             * (pl.logits_per_sample * m - loss_in_grad_blocks
+                + second_use
                 + (pl.act_per_sample * m - pl.step_transient).max(0.0))
     } else {
         pl.shares.cross_phase * dyn_a.min(pl.step_transient)

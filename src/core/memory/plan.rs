@@ -37,6 +37,9 @@ pub(super) struct Plan {
     /// All the bytes phase B caches in blocks of that size (see
     /// `storage::grad_blocks`): as much of the loss buffers as they hold.
     pub(super) grad_blocks: f64,
+    /// Of those, the tied embedding's second-use gradient (0 if untied),
+    /// which is free at phase B's peak (see `allocator::eval`).
+    pub(super) second_use_block: f64,
     /// Activation checkpointing on (changes how phase B reuses the cache).
     pub(super) checkpointing: bool,
     /// The allocator's reserved-over-allocated shares.
@@ -191,7 +194,7 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
     weights(w, s, opts, &l, &mut pl);
     gradients(w, s, opts, &l, &mut pl);
     optimizer(w, opts, &l, &mut pl);
-    pl.grad_blocks = grad_blocks(w, &l, &pl);
+    (pl.grad_blocks, pl.second_use_block) = grad_blocks(w, &l, &pl);
     per_sample(w, s, opts, &mut pl);
     pl.cache_released_under_pressure = pl.checkpointing
         && pl.shares.fixed_segments

@@ -427,11 +427,12 @@ pub(super) fn gradients(
 /// optimizer's temporary of its shape where the step makes one (foreach
 /// AdamW makes all at once, transformers' per-parameter AdamW one at a
 /// time); a tied embedding adds the gradient of its second use, which
-/// autograd sums into the first and frees.
-pub(super) fn grad_blocks(w: &Workload, l: &Layout, pl: &Plan) -> f64 {
+/// autograd sums into the first and frees. Returns all of them and the
+/// second use's alone.
+pub(super) fn grad_blocks(w: &Workload, l: &Layout, pl: &Plan) -> (f64, f64) {
     let block = pl.largest_grad_block;
     if block <= 0.0 {
-        return 0.0;
+        return (0.0, 0.0);
     }
     let head_largest = l.p.head >= l.p.largest_linear;
     // litgpt unties the head (see `plan::layout`)
@@ -443,7 +444,10 @@ pub(super) fn grad_blocks(w: &Workload, l: &Layout, pl: &Plan) -> f64 {
     };
     let temporaries = (pl.step_transient / block).floor().min(params);
     let second_use = if tied { 1.0 } else { 0.0 };
-    (params + temporaries + second_use) * block
+    (
+        (params + temporaries + second_use) * block,
+        second_use * block,
+    )
 }
 
 /// Optimizer state and the optimizer step's temporaries (phase B).

@@ -1006,19 +1006,6 @@ fn scenario(
             )
         },
     };
-    if std::env::var("XDBG").is_ok_and(|v| r.get("id").is_some_and(|id| id.contains(&v))) {
-        let t = phase_terms(&w, &s, &o);
-        let e = estimate_with(&w, &s, &o).unwrap();
-        eprintln!(
-            "XDBG {:?} {:?}",
-            t,
-            (
-                e.peak_allocated_bytes as f64 / GIB as f64,
-                e.peak_reserved_bytes as f64 / GIB as f64,
-                e.peak_bytes as f64 / GIB as f64
-            )
-        );
-    }
     Ok((w, s, o))
 }
 

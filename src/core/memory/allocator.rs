@@ -206,22 +206,23 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     } else {
         0.0
     };
-    // The previous step's phase B left its freed gradients (set to None
-    // before this forward) and optimizer temporaries cached: blocks of
-    // parameter shapes, which this phase's activations and autocast weight
-    // copies reuse but its loss buffers (vocabulary-wide) cannot. Replayed
-    // (scripts/alloc_sim.py) for Qwen2.5-0.5B full bf16 at 1 × 512: 30
-    // empty 20 MiB segments of AdamW's temporaries still cached at the
-    // next forward's peak. Checkpointed runs are left to
-    // `cross_phase_checkpointed`, whose recomputed blocks take them.
     // Where each loss buffer fits in the largest gradient's block (see
     // `loss_fits_grad_blocks`), the loss buffers are cut from those cached
-    // blocks too, as many as they hold.
+    // blocks, as many as they hold.
     let loss_in_grad_blocks = if loss_fits_grad_blocks(pl, m) {
         (pl.logits_per_sample * m).min(pl.grad_blocks)
     } else {
         0.0
     };
+    // The previous step's phase B left its freed gradients (set to None
+    // before this forward) and optimizer temporaries cached: blocks of
+    // parameter shapes, which this phase's activations and autocast weight
+    // copies reuse but its loss buffers (vocabulary-wide) cannot, unless
+    // they fit (above). Replayed (scripts/alloc_sim.py) for Qwen2.5-0.5B
+    // full bf16 at 1 × 512: 30 empty 20 MiB segments of AdamW's
+    // temporaries still cached at the next forward's peak. Checkpointed
+    // runs are left to `cross_phase_checkpointed`, whose recomputed blocks
+    // take them.
     let carried_b = if pl.shares.fixed_segments && !pl.checkpointing {
         (pl.grads - pl.grads_in_a + pl.step_transient
             - pl.act_per_sample * m

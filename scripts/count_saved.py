@@ -170,6 +170,26 @@ NOT_SCORED = {("gpt2-medium", "sdpa"): "on the CPU, SDPA keeps copies of k and v
 # rows are counted with the math backend forced, the composite CUDA runs.
 MATH_SDPA = {"falcon-7b"}
 
+
+def cuda_runs_math(name, method, dtype, attention):
+    """Whether CUDA runs PyTorch's math SDPA for this HF row: Falcon's mask
+    (above), or fp32 q, k and v (fp32 training, or the QLoRA recipe without
+    autocast, whose bitsandbytes projections hand back fp32) with grouped
+    K/V heads: the flash and cuDNN kernels take only 16-bit inputs, and the
+    memory-efficient one not the `enable_gqa=True` transformers passes
+    (measured on an H200, bench/data/h200/qlora.csv: QLoRA on Llama-3.2-1B
+    without autocast keeps a score matrix per layer). The CPU's flash
+    kernel takes all of these, so such rows are counted with the math
+    backend forced, the composite CUDA runs."""
+    if attention != "sdpa":
+        return False
+    if name in MATH_SDPA:
+        return True
+    cfg = HF.get(name, {})
+    heads = cfg.get("num_attention_heads", cfg.get("n_head", 0))
+    grouped = cfg.get("num_key_value_heads", heads) < heads
+    return grouped and (dtype == "fp32" or method == "qlora")
+
 # CUDA's fp32 SDPA is the memory-efficient kernel, whose output does not
 # follow q's layout as the CPU's flash kernel's does.
 for _n in ("phi-3-mini", "pythia-1.4b", "phi-2"):
@@ -231,7 +251,7 @@ def hf_block(name, method, dtype, attention, targets=None):
         params = {p.untyped_storage().data_ptr() for p in m.parameters()}
         params |= {b.untyped_storage().data_ptr() for b in m.buffers()}
         x = torch.randint(0, 1024, (1, SEQ))
-        if name in MATH_SDPA and attention == "sdpa":
+        if cuda_runs_math(name, method, dtype, attention):
             from torch.nn.attention import SDPBackend, sdpa_kernel
             with sdpa_kernel(SDPBackend.MATH):
                 out.append(saved_bytes(lambda: m(input_ids=x), params))
@@ -478,6 +498,9 @@ def torchtune_block(name, method, dtype):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--recount-math", action="store_true",
+                    help="count again, in place, the rows CUDA runs on the math SDPA kernel "
+                         "(cuda_runs_math) and that were counted with the CPU's flash kernel")
     args = ap.parse_args()
     import transformers
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
@@ -524,6 +547,12 @@ def main():
     # encoders: HF's BERT, eager (the scores) and SDPA
     grid += [("hf", n, "full", d, a, None) for n in ENCODERS for d in ("bf16", "fp32")
              for a in ("sdpa", "eager")]
+    recount = set()
+    if args.recount_math:
+        recount = {k for k in done if k[0] == "hf" and k[1] not in MATH_SDPA
+                   and cuda_runs_math(k[1], k[2], k[3], k[4])}
+        done -= recount
+    replaced = {}
     for fw, name, method, dtype, attention, targets in grid:
         if (fw, name, method, dtype, attention, targets) in done:
             continue
@@ -564,9 +593,23 @@ def main():
         for key in ((name, attention), (name, attention, method, dtype)):
             if key in NOT_SCORED:
                 row.update(scored=False, why=NOT_SCORED[key])
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        key = (fw, name, method, dtype, attention, targets)
+        if key in recount:
+            replaced[key] = row
+        else:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
+    if replaced:
+        # the recounted rows where the old ones were
+        with open(args.out) as f:
+            lines = [line for line in f if line.strip()]
+        with open(args.out, "w") as f:
+            for line in lines:
+                r = json.loads(line)
+                k = (r["framework"], r["model"], r["method"], r["dtype"], r["attention"],
+                     r.get("lora_targets"))
+                f.write(json.dumps(replaced[k]) + "\n" if k in replaced else line)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ Usage (on a GPU machine with torch, transformers, peft):
     python scripts/gpu_measure.py --grid families --budget-s 480   # stop starting points after 480 s
     python scripts/gpu_measure.py --grid allocator --trace /tmp/traces --out allocator.csv
     python scripts/gpu_measure.py --grid qlora --out qlora.csv   # needs bitsandbytes
+    python scripts/gpu_measure.py --points bench/data/synthetic/grid.csv --out measured.csv
 
 Beside the peaks, each manual-loop row records the allocator's own
 statistics (torch.cuda.memory_stats): alloc_retries (cudaMalloc failures
@@ -226,16 +227,21 @@ def grid(name):
         # (bench/data/saved_tensors.jsonl) but never measured on a GPU. bf16
         # keeps the adapters' fp32 and no autocast; bf16-mixed is the
         # Trainer's bf16=True. LoRA twins at the same settings beside them.
+        # Smallest first (each QLoRA point writes its model to disk and
+        # reloads it quantized), so a time budget keeps the most points; the
+        # bitsandbytes 8-bit AdamW point of `families` (which could not run
+        # there) leads.
         l8, q7 = "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B"
         return [
+            P(bert, dtype="fp32", mb=4, seq=512, head="classifier", optimizer="adamw8bit"),
             P(l1, "qlora", mb=4, seq=2048), P(l1, "lora", mb=4, seq=2048),
             P(l1, "qlora", dtype="bf16-mixed", mb=4, seq=2048),
             P(l1, "qlora", mb=8, seq=2048, ckpt="on"),
+            P(py, "qlora", mb=4, seq=1024), P(phi3, "qlora", mb=4, seq=2048),
             P(l8, "qlora", mb=2, seq=2048), P(l8, "lora", mb=2, seq=2048),
             P(l8, "qlora", mb=4, seq=4096, ckpt="on"),
             P(l8, "qlora", dtype="bf16-mixed", mb=4, seq=2048, ckpt="on"),
             P(q7, "qlora", mb=2, seq=2048, lora_targets="all-linear"),
-            P(phi3, "qlora", mb=4, seq=2048), P(py, "qlora", mb=4, seq=1024),
         ]
     if name != "families":
         raise SystemExit(f"unknown grid {name}")
@@ -276,6 +282,33 @@ def grid(name):
         # torch.compile
         P(q05, mb=4, seq=1024, compile=True), P(q05, mb=4, seq=1024),
     ]
+
+
+def points_from_csv(path):
+    """Points read from a grid file such as bench/data/synthetic/grid.csv
+    (columns model, method, lora_rank, lora_targets, dtype, optimizer,
+    micro_batch, seq_len, checkpointing, attention, head; the defaults of
+    `P` for any the file lacks): configurations replayed on the CPU, to be
+    measured as they were replayed."""
+    pts = []
+    with open(path, newline="") as f:
+        for n, r in enumerate(csv.DictReader(f), 2):
+            if r.get("model") not in MODELS:
+                raise SystemExit(f"{path}:{n}: model {r.get('model')!r} is not in MODELS")
+            kw = {k: r[k] for k in ("optimizer", "attention", "head", "lora_targets")
+                  if r.get(k)}
+            if r.get("lora_rank"):
+                kw["lora_rank"] = int(r["lora_rank"])
+            if kw.get("lora_targets") not in (None, "all-linear"):
+                # run_point names the family's default targets itself
+                kw["lora_targets"] = "q;v"
+            try:
+                pts.append(P(r["model"], r.get("method") or "full", r.get("dtype") or "bf16",
+                             int(r["micro_batch"]), int(r["seq_len"]),
+                             r.get("checkpointing") or "off", **kw))
+            except (KeyError, ValueError) as e:
+                raise SystemExit(f"{path}:{n}: bad row ({e})")
+    return pts
 
 
 def config_for(model):
@@ -530,6 +563,9 @@ def main():
                     help="where the config.json of each model used is written")
     ap.add_argument("--grid", default="families",
                     help="families | holdout | steps | allocator | qlora | quick")
+    ap.add_argument("--points", metavar="CSV",
+                    help="measure the rows of a grid file (e.g. bench/data/synthetic/grid.csv) "
+                         "instead of --grid")
     ap.add_argument("--steps", type=int, default=4, help="training steps per point (>= 3)")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new point after this many seconds")
@@ -545,7 +581,7 @@ def main():
     except ImportError:
         print("PyTorch is not installed", file=sys.stderr)
         return 2
-    points = grid(args.grid)
+    points = points_from_csv(args.points) if args.points else grid(args.grid)
     if args.only:
         keep = {int(i) for i in args.only.split(",")}
         points = [p for i, p in enumerate(points) if i in keep]

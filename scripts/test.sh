@@ -40,4 +40,6 @@ cargo test --bench accuracy --quiet > /dev/null
 cargo test --bench saved_tensors --quiet > /dev/null
 # The caching-allocator model behind scripts/alloc_sim.py (stdlib only).
 python3 scripts/test_alloc_sim.py
+# The measuring script's grid files (stdlib only).
+python3 scripts/test_gpu_measure.py
 cargo test --lib --bins --tests -- --test-threads 2

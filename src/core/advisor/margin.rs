@@ -14,22 +14,26 @@ use crate::core::workload::Framework;
 ///
 /// | framework | scored rows | under-predicted | 95th percentile |
 /// |---|---|---|---|
-/// | hf | 249 | 110 | 7.3 % |
+/// | hf | 338 | 144 | 8.2 % |
 /// | litgpt | 51 | 42 | 7.6 % |
 /// | torchtune | 4 | 4 | 7.7 % |
 /// | lightning | 11 | 0 | — |
-/// | all rows | 315 | 156 | 7.6 % |
+/// | all rows | 404 | 190 | 8.2 % |
+///
+/// (The hf and all-rows figures rose from 7.3 and 7.6 % when the H200
+/// rows of bench/data/h200/ joined: configurations the model had never
+/// been held against, several of them under-predicted by 7–17 %.)
 ///
 /// Entries: (framework, 95th percentile, under-predicted rows it rests on).
 pub const UNDER_PREDICTION_P95: &[(Framework, f64, usize)] = &[
-    (Framework::Hf, 0.073, 110),
+    (Framework::Hf, 0.082, 144),
     (Framework::Litgpt, 0.076, 42),
     (Framework::Torchtune, 0.077, 4),
 ];
 
 /// See [`UNDER_PREDICTION_P95`]: the all-rows figure, the margin of the
 /// frameworks without enough rows of their own (generic, lightning).
-pub const UNDER_PREDICTION_P95_ALL: f64 = 0.076;
+pub const UNDER_PREDICTION_P95_ALL: f64 = 0.082;
 
 /// A framework's own figure counts alone from this many under-predicted
 /// rows; below it the all-rows figure is the floor (a small sample proves
@@ -74,7 +78,7 @@ mod tests {
             assert!(m > 0.0 && m < 0.5, "{f:?}: {m}");
         }
         // enough rows: the framework's own figure, even below the floor
-        assert_eq!(under_prediction_margin(Framework::Hf), 0.073);
+        assert_eq!(under_prediction_margin(Framework::Hf), 0.082);
         // few rows: the larger of their own figure and the all-rows one
         // (torchtune's own 7.7 % rests on 4 rows)
         let own = UNDER_PREDICTION_P95

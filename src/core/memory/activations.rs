@@ -82,7 +82,20 @@ pub(super) fn layer_activations(
     // before SDPA), so they do not apply there.
     let litgpt = w.framework == Framework::Litgpt;
     let hf_code = !litgpt && w.framework != Framework::Torchtune;
-    let math_sdpa = w.attention == Attention::Sdpa && a.quirks.sdpa_math_fallback && hf_code;
+    // fp32 q, k and v (fp32 training, or PEFT's k-bit recipe without
+    // autocast, whose bitsandbytes projections hand back fp32) rule out
+    // PyTorch's flash and cuDNN kernels (16-bit only), and the
+    // `enable_gqa=True` transformers passes for grouped K/V heads rules out
+    // the memory-efficient one (sdp_utils.cpp checks its batch and heads
+    // without grouped-query support): the math composite runs and keeps
+    // the scores. Measured on the H200 (bench/data/h200/qlora.csv): QLoRA
+    // on Llama-3.2-1B (8 of 32 K/V heads) without autocast held 63.2 GiB
+    // at 4 × 2,048 tokens where the flash path would hold about 31 GiB;
+    // Phi-3 and Pythia (one K/V head per query head) stayed on the kernel.
+    let grouped_kv = a.num_kv_heads < a.num_attention_heads;
+    let fp32_gqa = e >= 4.0 && grouped_kv && hf_code;
+    let math_sdpa =
+        w.attention == Attention::Sdpa && (a.quirks.sdpa_math_fallback || fp32_gqa) && hf_code;
     // litgpt cannot use SDPA with attention soft-capping (Gemma 2): its
     // `scaled_dot_product_attention` computes `q @ k.mT`, tanh, an fp32
     // softmax and its 16-bit cast in Python (litgpt/model.py), whatever
@@ -244,7 +257,13 @@ pub(super) fn layer_activations(
         // matmul's 16-bit cast of the expanded view materialises every
         // head; Falcon's rotary takes the value's (16-bit) dtype and keeps
         // the view (counted on fake CUDA tensors under CUDA's autocast).
-        let kv_view = a.num_kv_heads == 1 && (!is_mixed(dtype) || a.quirks.rotary_in_value_dtype);
+        // The math SDPA reached through `enable_gqa` (`fp32_gqa`) repeats
+        // k and v itself (`repeat_interleave`: copies, counted with the
+        // math backend forced: Gemma-2B fp32, one K/V head).
+        let gqa_math = fp32_gqa && !a.quirks.sdpa_math_fallback && w.attention == Attention::Sdpa;
+        let kv_view = a.num_kv_heads == 1
+            && (!is_mixed(dtype) || a.quirks.rotary_in_value_dtype)
+            && !gqa_math;
         let kv_saved = if hf_code && kv_view { kvd } else { qd };
         if math_sdpa {
             // PyTorch's math SDPA upcasts 16-bit q, k and v to fp32 and its
@@ -491,6 +510,9 @@ pub(super) fn layer_activations(
         (true, true) => 2.0 * e * heads,
         // a plain 16-bit softmax: its backward and the dropout's, in 16 bits
         (true, false) if no_upcast => 2.0 * e * heads,
+        // fp32 scores (fp32 training, the k-bit recipe without autocast):
+        // the probabilities' gradient and softmax's, with no 16-bit copy
+        (true, false) if e >= 4.0 => 8.0 * heads,
         (true, false) => (4.0 + 2.0 * e) * heads,
     };
 

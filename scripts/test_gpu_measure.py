@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""scripts/gpu_measure.py's grid files, without a GPU (no torch needed):
+the points it reads from a grid CSV are the rows the replay replayed, and
+the rows it wrote back on a GPU (bench/data/h200/) are those points.
+
+Run: python3 scripts/test_gpu_measure.py
+"""
+
+import csv
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gpu_measure  # noqa: E402
+
+DATA = os.path.join(HERE, "..", "bench", "data")
+
+
+class PointsFromCsv(unittest.TestCase):
+    def test_synthetic_grid_reads_every_row(self):
+        path = os.path.join(DATA, "synthetic", "grid.csv")
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        pts = gpu_measure.points_from_csv(path)
+        self.assertEqual(len(pts), len(rows))
+        for r, p in zip(rows, pts):
+            self.assertEqual(p["model"], r["model"])
+            self.assertEqual(p["method"], r["method"])
+            self.assertEqual(p["dtype"], r["dtype"])
+            self.assertEqual(p["micro_batch"], int(r["micro_batch"]))
+            self.assertEqual(p["seq_len"], int(r["seq_len"]))
+            self.assertEqual(p["checkpointing"], r["checkpointing"])
+            self.assertEqual(p["attention"], r["attention"])
+
+    def test_measured_rows_are_the_grid_in_order(self):
+        # bench/data/h200/grid.csv was measured from the synthetic grid:
+        # line n there is line n here (the accuracy bench relies on it)
+        grid = gpu_measure.points_from_csv(os.path.join(DATA, "synthetic", "grid.csv"))
+        with open(os.path.join(DATA, "h200", "grid.csv"), newline="") as f:
+            measured = list(csv.DictReader(f))
+        self.assertEqual(len(measured), len(grid))
+        for p, m in zip(grid, measured):
+            key = ("model", "method", "dtype", "micro_batch", "seq_len", "checkpointing",
+                   "attention")
+            self.assertEqual([str(p[k]) for k in key], [m[k] for k in key])
+            self.assertEqual(m["status"], "ok")
+
+    def test_unknown_model_is_refused_with_its_line(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+            f.write("model,method,dtype,micro_batch,seq_len\n")
+            f.write("Qwen/Qwen2.5-0.5B,full,bf16,1,512\n")
+            f.write("nobody/unknown,full,bf16,1,512\n")
+        try:
+            with self.assertRaises(SystemExit) as e:
+                gpu_measure.points_from_csv(f.name)
+            self.assertIn(":3:", str(e.exception))
+        finally:
+            os.unlink(f.name)
+
+    def test_bad_number_is_refused_with_its_line(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+            f.write("model,method,dtype,micro_batch,seq_len\n")
+            f.write("Qwen/Qwen2.5-0.5B,full,bf16,auto,512\n")
+        try:
+            with self.assertRaises(SystemExit) as e:
+                gpu_measure.points_from_csv(f.name)
+            self.assertIn(":2:", str(e.exception))
+        finally:
+            os.unlink(f.name)
+
+    def test_qlora_grid_runs_smallest_first(self):
+        pts = gpu_measure.grid("qlora")
+        self.assertEqual(pts[0]["optimizer"], "adamw8bit")
+        self.assertTrue(all(p["method"] in ("qlora", "lora") for p in pts[1:]))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1281,6 +1281,43 @@ mod tests {
     }
 
     #[test]
+    fn math_sdpa_score_gradients_stay_out_of_the_turn_taking() {
+        // Checkpointed QLoRA without autocast (math SDPA): the recomputed
+        // block takes turns with the loss buffers with its saved tensors
+        // and its per-token transients, not with the score gradients, which
+        // are the size of the probabilities they follow.
+        let mut w = workload("meta-llama/Llama-3.2-1B", Method::Qlora);
+        w.framework = Framework::Hf;
+        w.seq_len = 2048;
+        let s = settings(8, Dtype::Bf16, true);
+        let o = ModelOptions::default();
+        let la = activations::layer_activations(&w, &s, &o);
+        assert!(la.transient_per_seq_one_size && la.backward_transient_per_seq > 0.0);
+        let seq = 2048.0;
+        let turn = seq * (la.saved + la.saved_per_seq * seq + la.backward_transient);
+        let t = phase_terms(&w, &s, &o);
+        let logits = t.logits / 8.0;
+        assert!(
+            turn < logits,
+            "the block is the smaller here: {turn} vs {logits}"
+        );
+        assert!((t.recompute_overlap / 8.0 - turn).abs() < 1.0);
+        // eager attention (fp32 softmax gradient beside 16-bit copies)
+        // keeps its score transients in the turn-taking
+        let mut e = workload("meta-llama/Llama-3.2-1B", Method::Lora);
+        e.framework = Framework::Hf;
+        e.attention = Attention::Eager;
+        e.seq_len = 512;
+        let s = settings(1, Dtype::Bf16, true);
+        let la = activations::layer_activations(&e, &s, &o);
+        assert!(!la.transient_per_seq_one_size);
+        let full = 512.0 * (la.saved + la.saved_per_seq * 512.0 + la.backward_transient)
+            + 512.0 * 512.0 * la.backward_transient_per_seq;
+        let t = phase_terms(&e, &s, &o);
+        assert!((t.recompute_overlap - full.min(t.logits)).abs() < 1.0);
+    }
+
+    #[test]
     fn litgpt_runs_soft_capped_attention_eagerly() {
         // litgpt cannot hand Gemma 2's soft-capped scores to SDPA: asking
         // for SDPA still materialises the scores (tanh output, fp32

@@ -154,6 +154,7 @@ pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOption
         saved_per_seq: pair_per_seq / BLOCKS_PER_PAIR,
         backward_transient: bt,
         backward_transient_per_seq: bt_seq,
+        transient_per_seq_one_size: false,
         // T5's blocks are not split by width: no segment packing counted.
         saved_wide: pair / BLOCKS_PER_PAIR,
     }

@@ -48,28 +48,22 @@ class PointsFromCsv(unittest.TestCase):
             self.assertEqual([str(p[k]) for k in key], [m[k] for k in key])
             self.assertEqual(m["status"], "ok")
 
-    def test_unknown_model_is_refused_with_its_line(self):
+    def refused_at(self, rows, line):
+        """A grid file of `rows` (after a header) is refused, naming `line`."""
         with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-            f.write("model,method,dtype,micro_batch,seq_len\n")
-            f.write("Qwen/Qwen2.5-0.5B,full,bf16,1,512\n")
-            f.write("nobody/unknown,full,bf16,1,512\n")
+            f.write("model,method,dtype,micro_batch,seq_len\n" + "".join(r + "\n" for r in rows))
         try:
             with self.assertRaises(SystemExit) as e:
                 gpu_measure.points_from_csv(f.name)
-            self.assertIn(":3:", str(e.exception))
+            self.assertIn(f":{line}:", str(e.exception))
         finally:
             os.unlink(f.name)
 
+    def test_unknown_model_is_refused_with_its_line(self):
+        self.refused_at(["Qwen/Qwen2.5-0.5B,full,bf16,1,512", "nobody/unknown,full,bf16,1,512"], 3)
+
     def test_bad_number_is_refused_with_its_line(self):
-        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-            f.write("model,method,dtype,micro_batch,seq_len\n")
-            f.write("Qwen/Qwen2.5-0.5B,full,bf16,auto,512\n")
-        try:
-            with self.assertRaises(SystemExit) as e:
-                gpu_measure.points_from_csv(f.name)
-            self.assertIn(":2:", str(e.exception))
-        finally:
-            os.unlink(f.name)
+        self.refused_at(["Qwen/Qwen2.5-0.5B,full,bf16,auto,512"], 2)
 
     def test_qlora_grid_runs_smallest_first(self):
         pts = gpu_measure.grid("qlora")

@@ -178,7 +178,8 @@ const ROWS: &[Row] = &[
         &["rtx 6000 ada", "rtx6000 ada", "6000 ada"],
     ),
     // Hopper. 81559MiB for the 80 GB parts, 95830MiB for the 94 GB NVL,
-    // 143771MiB for H200 (141 GB), 97871MiB for GH200 (96 GB HBM3).
+    // 143771MiB for H200 (141 GB; nvidia-smi on a real one printed it:
+    // bench/data/h200/logs/run1.txt), 97871MiB for GH200 (96 GB HBM3).
     nv(
         "NVIDIA H100 PCIe",
         81559,

@@ -833,7 +833,7 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
     let mut grids: HashMap<String, Vec<HashMap<String, String>>> = HashMap::new();
     let context = H100_CONTEXT;
     let verdict = |fits: bool| if fits { "fits" } else { "OOM" };
-    println!("\nthe memory model against the replay on unmeasured configurations (bench/data/synthetic/replayed.csv):");
+    println!("\nthe memory model against the replay of synthetic/ (bench/data/synthetic/replayed.csv, replayed before any was measured; bench/data/h200/ holds the measurements):");
     println!(
         "  {:<58} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8}",
         "configuration", "alloc", "model", "error", "reserved", "model", "error"

@@ -382,11 +382,7 @@ fn main() -> ExitCode {
             card.capacity() / MIB as f64,
             checked - wrong.len(),
             checked,
-            if wrong.is_empty() {
-                String::new()
-            } else {
-                format!(" — wrong: {}", wrong.join(", "))
-            }
+            listed(" — wrong: ", "", &wrong)
         );
         if card == Card::H100 {
             fit_wrong = wrong;
@@ -418,11 +414,7 @@ fn main() -> ExitCode {
         "fit/no-fit of the H200 rows on the H100 (where the measurement decides): {}/{} right{}",
         decided - wrong_80.len(),
         decided,
-        if wrong_80.is_empty() {
-            String::new()
-        } else {
-            format!(" — wrong: {}", wrong_80.join(", "))
-        }
+        listed(" — wrong: ", "", &wrong_80)
     );
     let worst_under = all.iter().copied().fold(0.0f64, f64::min);
     let under = all.iter().filter(|e| **e < 0.0).count();
@@ -666,6 +658,16 @@ fn measured_replay_report(root: &Path) -> Result<(), String> {
         println!("  replay off by more than 5 %: {}", far.join("; "));
     }
     Ok(())
+}
+
+/// `items` joined with ", " between `before` and `after`, or nothing when
+/// there are none (the exceptions a summary line lists).
+fn listed<S: AsRef<str>>(before: &str, after: &str, items: &[S]) -> String {
+    if items.is_empty() {
+        return String::new();
+    }
+    let joined: Vec<&str> = items.iter().map(AsRef::as_ref).collect();
+    format!("{before}{}{after}", joined.join(", "))
 }
 
 /// The 95th percentile of under-prediction over the rows a model
@@ -948,13 +950,7 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
         summary("reserved bytes, expandable segments", &expandable_err)
     );
     // " (not: a, b)" after a count, or nothing
-    let except = |v: &[String]| {
-        if v.is_empty() {
-            String::new()
-        } else {
-            format!(" (not: {})", v.join(", "))
-        }
-    };
+    let except = |v: &[String]| listed(" (not: ", ")", v);
     println!(
         "  fit/no-fit on the H100, model against replay: {fit_right}/{fit_n} agree{}",
         except(&fit_disagree)

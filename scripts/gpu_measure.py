@@ -586,6 +586,10 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new point after this many seconds")
     ap.add_argument("--only", help="comma-separated indices of grid points to run")
+    ap.add_argument("--keep-cache", action="store_true",
+                    help="do not return the cached segments between points (the next point "
+                         "starts on the previous one's cache, as a micro-batch sweep in one "
+                         "process without empty_cache does)")
     ap.add_argument("--trace", metavar="DIR",
                     help="write each point's allocator snapshot (history of the run) to DIR")
     args = ap.parse_args()
@@ -624,7 +628,11 @@ def main():
             row = run_point(p, 30 if args.grid == "steps" else max(args.steps, 3), ctx,
                             trace_dir=args.trace)
             row["seconds"] = round(time.time() - t, 1)
-            left = release_point()
+            if args.keep_cache:
+                gc.collect()
+                left = 0
+            else:
+                left = release_point()
             if left:
                 print(f"warning: {left} bytes still reserved after point {i}: the next "
                       "point's reserved bytes include them", file=sys.stderr, flush=True)

@@ -165,7 +165,9 @@ def main(argv=None, train_fn=train):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpufit", required=True)
     ap.add_argument("--gpu", help="gpufit catalog name of the GPU (default: nvidia-smi's)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="last round to run")
+    ap.add_argument("--start-round", type=int, default=1,
+                    help="first round to run (with --history from a run cut short)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--deadline-s", type=float, default=1e9,
                     help="start no new run after this many seconds")
@@ -181,7 +183,7 @@ def main(argv=None, train_fn=train):
     t0 = time.time()
     wr = None
     with open(args.out, "w", newline="") as f:
-        for k in range(1, args.rounds + 1):
+        for k in range(args.start_round, args.rounds + 1):
             for w in works:
                 if time.time() - t0 > args.deadline_s:
                     print(f"deadline reached before round {k} of {w['model']}", flush=True)

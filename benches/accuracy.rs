@@ -172,7 +172,7 @@ impl Row {
 fn main() -> ExitCode {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/data");
     let mut rows = Vec::new();
-    let files: [(&str, &str, Reader); 13] = [
+    let files: [(&str, &str, Reader); 14] = [
         ("published_peaks.csv", "", read_published),
         ("h100/peaks.csv", "h100 peaks grid", read_gpu),
         ("h100/throughput.csv", "h100 throughput series", read_gpu),
@@ -216,6 +216,11 @@ fn main() -> ExitCode {
         (
             "h200/expandable/grid.csv",
             "h200 expandable_segments grid",
+            read_gpu,
+        ),
+        (
+            "h200/recheck.csv",
+            "h200 rechecks (rows above, measured again)",
             read_gpu,
         ),
     ];

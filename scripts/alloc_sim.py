@@ -303,9 +303,23 @@ def capture(args, carry=None):
         live[k] = StorageWeakRef(st)
         events.append(("a", k, n))
 
+    # cuBLAS workspaces: PyTorch gives each cuBLAS handle (one per thread:
+    # the main thread's forward and optimizer, autograd's thread for the
+    # backward) a workspace from the caching allocator at the handle's first
+    # matmul, and keeps it for the process. A job's first step makes both,
+    # between its activations.
+    ws_bytes = int(getattr(args, "workspaces_mib", 0) * MB)
+    ws_made = set()
+    matmuls = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
+    phase = {"thread": "main"}
+
     class Track(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             poll()
+            if ws_bytes and phase["thread"] not in ws_made and \
+                    func.overloadpacket.__name__ in matmuls:
+                ws_made.add(phase["thread"])
+                events.append(("a", ("workspace", phase["thread"]), ws_bytes))
             out = func(*a, **(kw or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
@@ -315,6 +329,7 @@ def capture(args, carry=None):
     def mark(name):
         poll()
         events.append(("mark", name))
+        phase["thread"] = "autograd" if name.endswith("backward") else "main"
 
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from peft import LoraConfig, get_peft_model
@@ -624,6 +639,11 @@ def main():
                     help="causal-LM loss, or a sequence classifier (2 labels)")
     ap.add_argument("--optimizer", choices=["adamw", "adafactor"], default="adamw")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--workspaces-mib", type=float, default=0,
+                    help="the cuBLAS workspace of each handle (main thread, autograd's), made "
+                         "at its first matmul inside the first step, as in a job that ran no "
+                         "matmul before training (32 on Hopper: the 64 MiB every measured row "
+                         "allocates beyond the replay)")
     ap.add_argument("--carry", help="MODEL[:bf16|fp32] built and freed first, its cache kept")
     ap.add_argument("--capacity-mib", type=float, default=H100_BYTES / MB,
                     help="the card's memory (default: the H100's NVML total)")

@@ -498,6 +498,19 @@ def release_point():
     reused, or stranded, by a model of other shapes)."""
     import torch
     gc.collect()
+    # cuBLAS's workspaces too (one per handle: the main thread's and the
+    # autograd engine's, 32 MiB each on Hopper). PyTorch makes them through
+    # the caching allocator at a handle's first matmul and keeps them for
+    # the process; left alive they pin the segment they were cut from
+    # (1.42 GiB after the first point of bench/data/h200/grid.csv), and
+    # every later point starts with them made, which a fresh job does not:
+    # it makes them in its first step, between its activations, and that
+    # moves its reserved peak (Llama-3.2-1B full bf16 4 x 2,048
+    # checkpointed: 24.89 GiB with them made before, 21.08-21.40 GiB on
+    # the H100 rows that made them in the step; scripts/alloc_sim.py
+    # --workspaces-mib 32 replays the second).
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+        torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
     return torch.cuda.memory_reserved()
 
@@ -554,22 +567,6 @@ def context_bytes():
     return 0
 
 
-def pin_workspaces():
-    """Make cuBLAS's workspaces before the first point, on an empty
-    allocator. PyTorch allocates one per cuBLAS handle (the main thread's
-    and the autograd engine's) through the caching allocator at the first
-    matmul and keeps it for the process; made inside a point, it lands in a
-    segment that point mapped and pins it past `empty_cache()` (1.42 GiB in
-    bench/data/h200/grid.csv, `reserved_at_start`). Made here, each sits in
-    a segment of its own size."""
-    import torch
-    a = torch.ones(64, 64, device="cuda", requires_grad=True)
-    (a @ a).sum().backward()
-    del a
-    torch.cuda.synchronize()
-    release_point()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "bench",
@@ -615,7 +612,7 @@ def main():
         with open(os.path.join(cfg_dir, m.replace("/", "__") + ".json"), "w") as f:
             json.dump(d, f, indent=1, sort_keys=True, default=str)
     ctx = context_bytes()
-    pin_workspaces()
+    release_point()
     t0 = time.time()
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")

@@ -16,6 +16,8 @@ Usage (a Python with torch, transformers, peft; no GPU; about 20-60 s a row):
         --out bench/data/h100/replayed.csv --jobs 2
     python scripts/replay_grid.py bench/data/h100/throughput.csv --edge --out ... --append
     python scripts/replay_grid.py bench/data/h100/families.csv --lines 27,29 --fresh --out ... --append
+    python scripts/replay_grid.py bench/data/synthetic/grid.csv --workspaces-mib 32 \
+        --out bench/data/synthetic/replayed_workspaces.csv
 """
 
 import argparse
@@ -121,6 +123,9 @@ def main():
     ap.add_argument("--fresh", action="store_true",
                     help="replay from an empty allocator even where the point began with a "
                          "carried cache (what a job on its own would hold)")
+    ap.add_argument("--workspaces-mib", type=float, default=0,
+                    help="replay each point making its cuBLAS workspaces in its first step, "
+                         "as a fresh job does (alloc_sim.py --workspaces-mib; 32 on Hopper)")
     ap.add_argument("--lines", help="comma-separated CSV line numbers to replay (default: all)")
     args = ap.parse_args()
     jobs = [j for g in args.grids for j in jobs_for(g, args.edge)]
@@ -130,6 +135,9 @@ def main():
     if args.fresh:
         jobs = [(rel, line, r, "", a[:a.index("--carry")] if "--carry" in a else a)
                 for rel, line, r, _, a in jobs]
+    if args.workspaces_mib:
+        jobs = [(rel, line, r, c, a + ["--workspaces-mib", str(args.workspaces_mib)])
+                for rel, line, r, c, a in jobs]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as ex:
         results = [x for x in ex.map(run, jobs) if x]
     new = not (args.append and os.path.exists(args.out))

@@ -14,26 +14,29 @@ use crate::core::workload::Framework;
 ///
 /// | framework | scored rows | under-predicted | 95th percentile |
 /// |---|---|---|---|
-/// | hf | 338 | 144 | 8.2 % |
+/// | hf | 343 | 150 | 8.8 % (8.73) |
 /// | litgpt | 51 | 42 | 7.6 % |
 /// | torchtune | 4 | 4 | 7.7 % |
 /// | lightning | 11 | 0 | — |
-/// | all rows | 404 | 190 | 8.2 % |
+/// | all rows | 409 | 196 | 8.8 % (8.73) |
 ///
 /// (The hf and all-rows figures rose from 7.3 and 7.6 % when the H200
 /// rows of bench/data/h200/ joined: configurations the model had never
-/// been held against, several of them under-predicted by 7–17 %.)
+/// been held against, several of them under-predicted by 7–17 %; and to
+/// 8.73 % with the five rechecks of bench/data/h200/recheck.csv, all five
+/// below the model, measured with cuBLAS's workspaces made before the
+/// step.)
 ///
 /// Entries: (framework, 95th percentile, under-predicted rows it rests on).
 pub const UNDER_PREDICTION_P95: &[(Framework, f64, usize)] = &[
-    (Framework::Hf, 0.082, 144),
+    (Framework::Hf, 0.088, 150),
     (Framework::Litgpt, 0.076, 42),
     (Framework::Torchtune, 0.077, 4),
 ];
 
 /// See [`UNDER_PREDICTION_P95`]: the all-rows figure, the margin of the
 /// frameworks without enough rows of their own (generic, lightning).
-pub const UNDER_PREDICTION_P95_ALL: f64 = 0.082;
+pub const UNDER_PREDICTION_P95_ALL: f64 = 0.088;
 
 /// A framework's own figure counts alone from this many under-predicted
 /// rows; below it the all-rows figure is the floor (a small sample proves
@@ -78,7 +81,7 @@ mod tests {
             assert!(m > 0.0 && m < 0.5, "{f:?}: {m}");
         }
         // enough rows: the framework's own figure, even below the floor
-        assert_eq!(under_prediction_margin(Framework::Hf), 0.082);
+        assert_eq!(under_prediction_margin(Framework::Hf), 0.088);
         // few rows: the larger of their own figure and the all-rows one
         // (torchtune's own 7.7 % rests on 4 rows)
         let own = UNDER_PREDICTION_P95

@@ -22,6 +22,10 @@
 //!   the caching-allocator model of `scripts/alloc_sim.py`, printed beside
 //!   the measurement and the memory model (not scored: a check of how far
 //!   the allocator's rules explain the reserved bytes).
+//! - `synthetic/replayed_workspaces.csv`: rows of the synthetic grid
+//!   replayed with cuBLAS's workspaces made inside the first step, as a
+//!   fresh job makes them, printed beside the replay without them (not
+//!   scored: how far that one early allocation moves a reserved peak).
 //! - `synthetic/replayed.csv`: configurations nobody measured
 //!   (`synthetic/grid.csv`, `synthetic/expandable/grid.csv`) replayed the
 //!   same way, printed beside the model (not scored: how the model fares
@@ -368,6 +372,10 @@ fn main() -> ExitCode {
         eprintln!("accuracy: h200 against synthetic/replayed.csv: {e}");
         return ExitCode::FAILURE;
     }
+    if let Err(e) = workspaces_report(&root) {
+        eprintln!("accuracy: synthetic/replayed_workspaces.csv: {e}");
+        return ExitCode::FAILURE;
+    }
 
     // Fit / no-fit on the card each row ran on (OOMs included).
     let mut fit_wrong = Vec::new();
@@ -662,6 +670,105 @@ fn measured_replay_report(root: &Path) -> Result<(), String> {
     if !far.is_empty() {
         println!("  replay off by more than 5 %: {}", far.join("; "));
     }
+    Ok(())
+}
+
+/// When cuBLAS's workspaces are made: the synthetic grid replayed with
+/// them made at each handle's first matmul inside the first step
+/// (`synthetic/replayed_workspaces.csv`, `scripts/replay_grid.py
+/// --workspaces-mib 32`), as a fresh job makes them, against the replay
+/// with them made before (`synthetic/replayed.csv`, as the H200 rows of
+/// `h200/grid.csv` after each process's first point were measured). Two
+/// 32 MiB blocks early in the step move some rows' reserved peak by
+/// gigabytes (bench/data/h200/README.md); this prints how often and how
+/// far, and the memory model against the fresh-job replay. Not scored.
+fn workspaces_report(root: &Path) -> Result<(), String> {
+    let key = |r: &HashMap<String, String>| -> Result<(String, usize), String> {
+        Ok((field(r, "file")?.to_string(), num(r, "line")?))
+    };
+    let mut before: HashMap<(String, usize), f64> = HashMap::new();
+    for rec in read_csv(&root.join("synthetic/replayed.csv"))? {
+        before.insert(key(&rec)?, num(&rec, "reserved_bytes")?);
+    }
+    let measured = read_csv(&root.join("h200/grid.csv"))?;
+    let grid = read_csv(&root.join("synthetic/grid.csv"))?;
+    let (mut moved, mut model_err, mut far) = (Vec::new(), Vec::new(), Vec::new());
+    println!("\nwhen cuBLAS's workspaces are made (synthetic/replayed_workspaces.csv: in the first step, as a fresh job; synthetic/replayed.csv: before it):");
+    println!(
+        "  {:<50} {:>9} {:>9} {:>9} {:>9} {:>8}",
+        "configuration (moved by more than 3 %)", "before", "in step", "measured", "model", "error"
+    );
+    for rec in read_csv(&root.join("synthetic/replayed_workspaces.csv"))? {
+        let (file, line) = key(&rec)?;
+        if file != "synthetic/grid.csv" {
+            continue;
+        }
+        let r = line
+            .checked_sub(2)
+            .and_then(|i| grid.get(i))
+            .ok_or_else(|| format!("{file}:{line}: no such row"))?;
+        let fresh: f64 = num(&rec, "reserved_bytes")?;
+        let Some(&old) = before.get(&(file.clone(), line)) else {
+            return Err(format!("{file}:{line}: not in synthetic/replayed.csv"));
+        };
+        let (w, st, o) = scenario(r).map_err(|e| format!("{file}:{line}: {e}"))?;
+        let est = estimate_with(&w, &st, &o).map_err(|e| format!("{file}:{line}: {e}"))?;
+        let predicted = est.peak_reserved_bytes as f64;
+        let d = (fresh - old) / old;
+        moved.push(d);
+        let e = (predicted - fresh) / fresh;
+        model_err.push(e);
+        let id = format!(
+            "{}:{}:{}:m{}:s{}{}",
+            field(r, "model")?.rsplit('/').next().unwrap_or(""),
+            field(r, "method")?,
+            field(r, "dtype")?,
+            field(r, "micro_batch")?,
+            field(r, "seq_len")?,
+            if st.activation_checkpointing {
+                ":ckpt"
+            } else {
+                ""
+            }
+        );
+        if e < -0.10 {
+            far.push(format!("{id} {:+.1}%", 100.0 * e));
+        }
+        if d.abs() > 0.03 {
+            let m = measured
+                .get(line - 2)
+                .filter(|m| m.get("status").map(String::as_str) == Some("ok"))
+                .and_then(|m| m.get("reserved_bytes"))
+                .and_then(|v| v.parse::<f64>().ok())
+                .map(|b| format!("{:.2}", b / GIB as f64))
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "  {:<50} {:>9.2} {:>9.2} {:>9} {:>9.2} {:>+7.1}%",
+                id,
+                old / GIB as f64,
+                fresh / GIB as f64,
+                m,
+                predicted / GIB as f64,
+                100.0 * e
+            );
+        }
+    }
+    println!(
+        "  {}",
+        signed_summary("reserved, in step against before (replay)", &moved)
+    );
+    println!(
+        "  {}",
+        summary("the memory model against the in-step replay", &model_err)
+    );
+    println!(
+        "  model under the in-step replay by more than 10 %: {}",
+        if far.is_empty() {
+            "none".to_string()
+        } else {
+            far.join(", ")
+        }
+    );
     Ok(())
 }
 
@@ -1325,7 +1432,9 @@ fn carried_cache(
 /// cuBLAS workspaces (the 64 MiB every row allocates beyond the replay),
 /// 1.42 GiB of which the next points reuse the free part: their replays
 /// from an empty allocator match them as closely as the first point's.
-/// Scored; printed beside the row.
+/// Scored; printed beside the row. Those points began with the workspaces
+/// already made, which a fresh job does not: `workspaces_report` prints
+/// how much that moves the grid's reserved peaks.
 fn pinned_at_start(r: &HashMap<String, String>) -> Result<Option<String>, String> {
     let Some(v) = r.get("reserved_at_start").filter(|v| !v.is_empty()) else {
         return Ok(None);

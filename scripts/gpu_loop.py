@@ -138,8 +138,11 @@ def suggest(gpufit, w, gpu, db):
     p = subprocess.run([gpufit, "suggest", *workload_args(w, gpu), "--history", f"sqlite:{db}",
                         "-o", "json"], capture_output=True, text=True)
     if p.returncode != 0:
-        return None, p.stderr.strip()[-300:]
-    return json.loads(p.stdout), None
+        return None, f"exit {p.returncode}: {p.stderr.strip()[-300:]}"
+    try:
+        return json.loads(p.stdout), None
+    except json.JSONDecodeError as e:
+        return None, f"not JSON ({e}): {p.stdout[:200]!r}"
 
 
 def record_args(gpufit, w, gpu, db, sug, res, job_id):

@@ -25,10 +25,10 @@ GPUFIT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def run_loop(tmp, fake, rounds=2, workloads="0"):
+def run_loop(tmp, fake, rounds=2, workloads="0", gpu=H100):
     out = os.path.join(tmp, "loop.csv")
     with contextlib.redirect_stdout(io.StringIO()):
-        rc = gpu_loop.main(["--gpufit", GPUFIT, "--gpu", H100, "--rounds", str(rounds),
+        rc = gpu_loop.main(["--gpufit", GPUFIT, "--gpu", gpu, "--rounds", str(rounds),
                             "--workloads", workloads, "--history", os.path.join(tmp, "h.db"),
                             "--out", out], train_fn=fake)
     with open(out, newline="") as f:
@@ -80,6 +80,15 @@ class Loop(unittest.TestCase):
         self.assertNotEqual(settings[0], settings[1])
         self.assertLess(int(rows[1]["predicted_peak_bytes"]),
                         int(rows[0]["predicted_peak_bytes"]))
+
+    def test_a_suggestion_gpufit_refuses_runs_nothing(self):
+        def fake(w, s, steps):
+            raise AssertionError("trained without a suggestion")
+
+        with tempfile.TemporaryDirectory() as tmp:
+            rc, rows = run_loop(tmp, fake, gpu="NVIDIA Imaginary 1GB")
+        self.assertEqual(rc, 0)
+        self.assertEqual(rows, [])
 
     def test_every_workload_names_a_model_the_measuring_script_builds(self):
         import gpu_measure

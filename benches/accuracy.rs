@@ -731,7 +731,7 @@ fn workspaces_report(root: &Path) -> Result<(), String> {
                 ""
             }
         );
-        if e < -0.10 {
+        if e.abs() > 0.10 {
             far.push(format!("{id} {:+.1}%", 100.0 * e));
         }
         if d.abs() > 0.03 {
@@ -762,7 +762,7 @@ fn workspaces_report(root: &Path) -> Result<(), String> {
         summary("the memory model against the in-step replay", &model_err)
     );
     println!(
-        "  model under the in-step replay by more than 10 %: {}",
+        "  model off the in-step replay by more than 10 %: {}",
         if far.is_empty() {
             "none".to_string()
         } else {

@@ -307,7 +307,10 @@ def capture(args, carry=None):
     # the main thread's forward and optimizer, autograd's thread for the
     # backward) a workspace from the caching allocator at the handle's first
     # matmul, and keeps it for the process. A job's first step makes both,
-    # between its activations.
+    # between its activations. Placed just before the op's output (PyTorch
+    # allocates the output first; replayed after it, Llama-3.2-1B full bf16
+    # 4 x 2,048 checkpointed gives 21.16 GiB instead of 21.04 and Gemma 2
+    # LoRA 4 x 1,024 the same 28.85: BENCHMARKS.md, twelfth session).
     ws_bytes = int(getattr(args, "workspaces_mib", 0) * MB)
     ws_made = set()
     matmuls = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}

@@ -718,19 +718,7 @@ fn workspaces_report(root: &Path) -> Result<(), String> {
         moved.push(d);
         let e = (predicted - fresh) / fresh;
         model_err.push(e);
-        let id = format!(
-            "{}:{}:{}:m{}:s{}{}",
-            field(r, "model")?.rsplit('/').next().unwrap_or(""),
-            field(r, "method")?,
-            field(r, "dtype")?,
-            field(r, "micro_batch")?,
-            field(r, "seq_len")?,
-            if st.activation_checkpointing {
-                ":ckpt"
-            } else {
-                ""
-            }
-        );
+        let id = grid_id(r, "", st.activation_checkpointing)?;
         if e.abs() > 0.10 {
             far.push(format!("{id} {:+.1}%", 100.0 * e));
         }
@@ -763,13 +751,32 @@ fn workspaces_report(root: &Path) -> Result<(), String> {
     );
     println!(
         "  model off the in-step replay by more than 10 %: {}",
-        if far.is_empty() {
-            "none".to_string()
-        } else {
-            far.join(", ")
-        }
+        or_none(&far)
     );
     Ok(())
+}
+
+/// The items joined with ", ", or "none".
+fn or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// A grid row's short name in the bench's tables:
+/// `[es:]model:method:dtype:mM:sS[:ckpt]`.
+fn grid_id(r: &HashMap<String, String>, prefix: &str, ckpt: bool) -> Result<String, String> {
+    Ok(format!(
+        "{prefix}{}:{}:{}:m{}:s{}{}",
+        field(r, "model")?.rsplit('/').next().unwrap_or(""),
+        field(r, "method")?,
+        field(r, "dtype")?,
+        field(r, "micro_batch")?,
+        field(r, "seq_len")?,
+        if ckpt { ":ckpt" } else { "" }
+    ))
 }
 
 /// `items` joined with ", " between `before` and `after`, or nothing when
@@ -973,20 +980,11 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
         let (w, s, mut o) = scenario(r).map_err(|e| format!("{file}:{line}: {e}"))?;
         o.expandable_segments = expandable;
         let est = estimate_with(&w, &s, &o).map_err(|e| format!("{file}:{line}: {e}"))?;
-        let id = format!(
-            "{}{}:{}:{}:m{}:s{}{}",
+        let id = grid_id(
+            r,
             if expandable { "es:" } else { "" },
-            field(r, "model")?.rsplit('/').next().unwrap_or(""),
-            field(r, "method")?,
-            field(r, "dtype")?,
-            field(r, "micro_batch")?,
-            field(r, "seq_len")?,
-            if s.activation_checkpointing {
-                ":ckpt"
-            } else {
-                ""
-            }
-        );
+            s.activation_checkpointing,
+        )?;
         let (alloc, reserved, least): (f64, f64, f64) = (
             num(&rec, "allocated_bytes")?,
             num(&rec, "reserved_bytes")?,
@@ -1071,14 +1069,7 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
         "  first-run plan covers the replayed device peak: {covered}/{plan_n}{}",
         except(&uncovered)
     );
-    println!(
-        "  reserved off by more than 10 %: {}",
-        if far.is_empty() {
-            "none".to_string()
-        } else {
-            far.join(", ")
-        }
-    );
+    println!("  reserved off by more than 10 %: {}", or_none(&far));
     // The advisor's first run must hold what the replay says a step needs,
     // measured or not: a model change that breaks this fails the bench.
     if !uncovered.is_empty() {

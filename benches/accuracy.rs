@@ -364,15 +364,22 @@ fn main() -> ExitCode {
         eprintln!("accuracy: h100/replayed.csv: {e}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = unmeasured_report(&root) {
+    let synthetic = match Synthetic::read(&root) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("accuracy: synthetic/: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = unmeasured_report(&synthetic) {
         eprintln!("accuracy: synthetic/replayed.csv: {e}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = measured_replay_report(&root) {
+    if let Err(e) = measured_replay_report(&synthetic) {
         eprintln!("accuracy: h200 against synthetic/replayed.csv: {e}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = workspaces_report(&root) {
+    if let Err(e) = workspaces_report(&synthetic) {
         eprintln!("accuracy: synthetic/replayed_workspaces.csv: {e}");
         return ExitCode::FAILURE;
     }
@@ -596,25 +603,64 @@ fn main() -> ExitCode {
     }
 }
 
+/// The default-allocator grid of `synthetic/` (the name its replays give).
+const GRID: &str = "synthetic/grid.csv";
+
+/// The files of `bench/data/synthetic/` and the H200 measurements of its
+/// grids, read once for the three reports that compare them.
+struct Synthetic {
+    /// `synthetic/replayed.csv` (workspaces made before the step).
+    replayed: Vec<HashMap<String, String>>,
+    /// `synthetic/replayed_workspaces.csv` (made in the first step).
+    workspaces: Vec<HashMap<String, String>>,
+    /// The grid files by the name the replays give them.
+    grids: HashMap<String, Vec<HashMap<String, String>>>,
+    /// Their H200 measurements (line for line), by the same name.
+    measured: HashMap<String, Vec<HashMap<String, String>>>,
+}
+
+impl Synthetic {
+    fn read(root: &Path) -> Result<Self, String> {
+        let mut grids = HashMap::new();
+        let mut measured = HashMap::new();
+        for (grid, h200) in [
+            (GRID, "h200/grid.csv"),
+            ("synthetic/expandable/grid.csv", "h200/expandable/grid.csv"),
+        ] {
+            grids.insert(grid.to_string(), read_csv(&root.join(grid))?);
+            measured.insert(grid.to_string(), read_csv(&root.join(h200))?);
+        }
+        Ok(Synthetic {
+            replayed: read_csv(&root.join("synthetic/replayed.csv"))?,
+            workspaces: read_csv(&root.join("synthetic/replayed_workspaces.csv"))?,
+            grids,
+            measured,
+        })
+    }
+
+    /// The rows of grid file `name` in `files` (`grids` or `measured`).
+    fn rows<'a>(
+        files: &'a HashMap<String, Vec<HashMap<String, String>>>,
+        name: &str,
+    ) -> Result<&'a [HashMap<String, String>], String> {
+        files
+            .get(name)
+            .map(Vec::as_slice)
+            .ok_or_else(|| format!("{name}: not a grid file of synthetic/"))
+    }
+}
+
 /// The configurations of `synthetic/` replayed before any GPU ran them,
 /// against their measurement on the H200 (`h200/grid.csv` and
 /// `h200/expandable/grid.csv` hold the grid files' rows, line for line):
 /// how far the replay's allocator rules held where nothing had been fitted.
-fn measured_replay_report(root: &Path) -> Result<(), String> {
-    let pairs = [
-        ("synthetic/grid.csv", "h200/grid.csv"),
-        ("synthetic/expandable/grid.csv", "h200/expandable/grid.csv"),
-    ];
-    let mut measured: HashMap<&str, Vec<HashMap<String, String>>> = HashMap::new();
-    for (grid, file) in pairs {
-        measured.insert(grid, read_csv(&root.join(file))?);
-    }
+fn measured_replay_report(syn: &Synthetic) -> Result<(), String> {
     let (mut alloc_diff, mut reserved_err) = (Vec::new(), Vec::new());
     let mut far = Vec::new();
-    for rec in read_csv(&root.join("synthetic/replayed.csv"))? {
-        let file = field(&rec, "file")?;
-        let line: usize = num(&rec, "line")?;
-        let Some(rows) = measured.get(file) else {
+    for rec in &syn.replayed {
+        let file = field(rec, "file")?;
+        let line: usize = num(rec, "line")?;
+        let Some(rows) = syn.measured.get(file) else {
             continue;
         };
         let Some(m) = line.checked_sub(2).and_then(|i| rows.get(i)) else {
@@ -629,7 +675,7 @@ fn measured_replay_report(root: &Path) -> Result<(), String> {
             "seq_len",
             "checkpointing",
         ] {
-            if field(m, k)? != field(&rec, k)? {
+            if field(m, k)? != field(rec, k)? {
                 return Err(format!(
                     "{file}:{line}: `{k}` differs from the measured row"
                 ));
@@ -639,7 +685,7 @@ fn measured_replay_report(root: &Path) -> Result<(), String> {
             continue;
         }
         let (ma, mr): (f64, f64) = (num(m, "allocated_bytes")?, num(m, "reserved_bytes")?);
-        let (ra, rr): (f64, f64) = (num(&rec, "allocated_bytes")?, num(&rec, "reserved_bytes")?);
+        let (ra, rr): (f64, f64) = (num(rec, "allocated_bytes")?, num(rec, "reserved_bytes")?);
         alloc_diff.push((ma - ra) / MIB as f64);
         let e = (rr - mr) / mr;
         reserved_err.push(e);
@@ -682,32 +728,32 @@ fn measured_replay_report(root: &Path) -> Result<(), String> {
 /// 32 MiB blocks early in the step move some rows' reserved peak by
 /// gigabytes (bench/data/h200/README.md); this prints how often and how
 /// far, and the memory model against the fresh-job replay. Not scored.
-fn workspaces_report(root: &Path) -> Result<(), String> {
+fn workspaces_report(syn: &Synthetic) -> Result<(), String> {
     let key = |r: &HashMap<String, String>| -> Result<(String, usize), String> {
         Ok((field(r, "file")?.to_string(), num(r, "line")?))
     };
     let mut before: HashMap<(String, usize), f64> = HashMap::new();
-    for rec in read_csv(&root.join("synthetic/replayed.csv"))? {
-        before.insert(key(&rec)?, num(&rec, "reserved_bytes")?);
+    for rec in &syn.replayed {
+        before.insert(key(rec)?, num(rec, "reserved_bytes")?);
     }
-    let measured = read_csv(&root.join("h200/grid.csv"))?;
-    let grid = read_csv(&root.join("synthetic/grid.csv"))?;
+    let measured = Synthetic::rows(&syn.measured, GRID)?;
+    let grid = Synthetic::rows(&syn.grids, GRID)?;
     let (mut moved, mut model_err, mut far) = (Vec::new(), Vec::new(), Vec::new());
     println!("\nwhen cuBLAS's workspaces are made (synthetic/replayed_workspaces.csv: in the first step, as a fresh job; synthetic/replayed.csv: before it):");
     println!(
         "  {:<50} {:>9} {:>9} {:>9} {:>9} {:>8}",
         "configuration (moved by more than 3 %)", "before", "in step", "measured", "model", "error"
     );
-    for rec in read_csv(&root.join("synthetic/replayed_workspaces.csv"))? {
-        let (file, line) = key(&rec)?;
-        if file != "synthetic/grid.csv" {
+    for rec in &syn.workspaces {
+        let (file, line) = key(rec)?;
+        if file != GRID {
             continue;
         }
         let r = line
             .checked_sub(2)
             .and_then(|i| grid.get(i))
             .ok_or_else(|| format!("{file}:{line}: no such row"))?;
-        let fresh: f64 = num(&rec, "reserved_bytes")?;
+        let fresh: f64 = num(rec, "reserved_bytes")?;
         let Some(&old) = before.get(&(file.clone(), line)) else {
             return Err(format!("{file}:{line}: not in synthetic/replayed.csv"));
         };
@@ -949,9 +995,7 @@ fn replay_report(path: &Path, rows: &[Row]) -> Result<(), String> {
 /// median 0.4 %, so this is how the model fares where there is no GPU
 /// figure: not scored, and not part of the targets. It fails (an error)
 /// where the advisor's first-run plan is below the replayed device peak.
-fn unmeasured_report(root: &Path) -> Result<(), String> {
-    let path = root.join("synthetic/replayed.csv");
-    let mut grids: HashMap<String, Vec<HashMap<String, String>>> = HashMap::new();
+fn unmeasured_report(syn: &Synthetic) -> Result<(), String> {
     let context = H100_CONTEXT;
     let verdict = |fits: bool| if fits { "fits" } else { "OOM" };
     println!("\nthe memory model against the replay of synthetic/ (bench/data/synthetic/replayed.csv, replayed before any was measured; bench/data/h200/ holds the measurements):");
@@ -965,13 +1009,10 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
     let mut fit_disagree = Vec::new();
     // the advisor's first-run plan against the replayed device peak
     let (mut covered, mut plan_n, mut uncovered) = (0, 0, Vec::new());
-    for rec in read_csv(&path)? {
-        let file = field(&rec, "file")?.to_string();
-        let line: usize = num(&rec, "line")?;
-        let grid = match grids.entry(file.clone()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(read_csv(&root.join(&file))?),
-        };
+    for rec in &syn.replayed {
+        let file = field(rec, "file")?.to_string();
+        let line: usize = num(rec, "line")?;
+        let grid = Synthetic::rows(&syn.grids, &file)?;
         let r = line
             .checked_sub(2)
             .and_then(|i| grid.get(i))
@@ -986,9 +1027,9 @@ fn unmeasured_report(root: &Path) -> Result<(), String> {
             s.activation_checkpointing,
         )?;
         let (alloc, reserved, least): (f64, f64, f64) = (
-            num(&rec, "allocated_bytes")?,
-            num(&rec, "reserved_bytes")?,
-            num(&rec, "least_bytes")?,
+            num(rec, "allocated_bytes")?,
+            num(rec, "reserved_bytes")?,
+            num(rec, "least_bytes")?,
         );
         let gib = |b: f64| b / GIB as f64;
         let replay_fits = least + context <= H100_CAPACITY;

@@ -38,7 +38,11 @@
 //! Prints every row, then median/worst relative error per source, per
 //! framework and over everything, the share and depth of under-prediction
 //! (the dangerous direction), how far repeated measurements of one
-//! configuration disagree, and whether the targets are met. It exits
+//! configuration disagree, and whether the targets are met. It also
+//! prints the throughput model's (`core::throughput`) predicted tokens/s
+//! against every measured step's, per card and attention kind (not a
+//! target of issue 11; its figures are what the advisor ranks first runs
+//! by). It exits
 //! non-zero when the advisor's stated margins
 //! (`src/core/advisor/margin.rs`) no longer cover the measured
 //! under-prediction, or when the advisor's first-run plan falls below a
@@ -48,8 +52,10 @@
 //! Run: `cargo bench --bench accuracy` (or `cargo test --bench accuracy`
 //! for a debug build that prints the same table). With
 //! `GPUFIT_ACCURACY_DUMP=FILE` it also appends the model's phase terms for
-//! every H100 row to FILE: what the allocator shares in
-//! `src/core/memory/allocator.rs` were fitted from.
+//! every measured row to FILE (with the loss path's largest tensor, the
+//! largest gradient block, the optimizer states, the predicted reserved
+//! bytes and whether the row ran with expandable segments): what the
+//! allocator shares in `src/core/memory/allocator.rs` were fitted from.
 
 #[path = "common/model_config.rs"]
 mod model_config;
@@ -63,10 +69,13 @@ use gpufit::core::advisor::{
     first_run_plan, margin_from, under_prediction_margin, HEURISTIC_FIXED_MARGIN,
     HEURISTIC_SLOPE_MARGIN, UNDER_PREDICTION_P95_ALL,
 };
+use gpufit::core::catalog::lookup_gpu;
 use gpufit::core::memory::{
-    estimate_with, phase_terms, BaseQuant, Estimate, Head, ModelOptions, OptimizerImpl,
+    attention_materializes_scores, estimate_with, phase_terms, BaseQuant, Estimate, Head,
+    ModelOptions, OptimizerImpl,
 };
 use gpufit::core::settings::{Dtype, EngineeringSettings};
+use gpufit::core::throughput::tokens_per_sec;
 use gpufit::core::units::{GB, GIB, MIB};
 use gpufit::core::workload::{Attention, LoraConfig, Method, Sharding, Workload};
 
@@ -102,6 +111,14 @@ impl Card {
         match self {
             Card::H100 => "H100",
             Card::H200 => "H200",
+        }
+    }
+
+    /// The card's catalog entry (what the throughput model reads).
+    fn gpu(self) -> &'static str {
+        match self {
+            Card::H100 => "NVIDIA H100 80GB HBM3",
+            Card::H200 => "NVIDIA H200",
         }
     }
 }
@@ -151,6 +168,10 @@ struct Row {
     /// H100 rows that ran: measured and predicted allocated bytes (the
     /// tensors alone, without the allocator's cache).
     allocated: Option<(f64, f64)>,
+    /// Rows that ran with fixed-length batches: measured and predicted
+    /// training tokens/s (`core::throughput`), and the group the
+    /// throughput report prints them in.
+    tokens: Option<(f64, f64, String)>,
 }
 
 impl Row {
@@ -585,6 +606,7 @@ fn main() -> ExitCode {
         ("H100 fit/no-fit", fit_wrong.is_empty()),
         ("no under-prediction beyond 10%", -worst_under <= MAX_UNDER),
     ];
+    throughput_report(&rows);
     println!("\ntargets (issue 11):");
     for (name, pass) in checks {
         println!("  {:<32} {}", name, if pass { "met" } else { "NOT met" });
@@ -1399,6 +1421,7 @@ fn read_published(path: &Path, _: &str) -> Result<Vec<Row>, String> {
             note: field(&r, "note")?.to_string(),
             key: String::new(),
             allocated: None,
+            tokens: None,
             id,
         });
     }
@@ -1573,7 +1596,7 @@ fn read_gpu(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             // one line of model terms per H100 row, for fitting by hand
             let t = phase_terms(&w, &s, &o);
             let line = format!(
-                "{id},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{id},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 status,
                 opt(&r, "allocated_bytes", "0"),
                 opt(&r, "reserved_bytes", "0"),
@@ -1586,7 +1609,12 @@ fn read_gpu(path: &Path, source: &str) -> Result<Vec<Row>, String> {
                 t.step_transient,
                 s.activation_checkpointing,
                 est.peak_allocated_bytes,
-                t.recompute_overlap
+                t.recompute_overlap,
+                t.largest_loss_tensor,
+                t.largest_grad_block,
+                t.opt_state,
+                est.peak_reserved_bytes,
+                expandable
             );
             use std::io::Write;
             if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -1676,8 +1704,68 @@ fn read_gpu(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             } else {
                 None
             },
+            tokens: match (status, opt(&r, "tokens_per_sec", "")) {
+                ("ok", t) if !varlen && !t.is_empty() => {
+                    let gpu = lookup_gpu(card.gpu()).map_err(|e| e.to_string())?;
+                    Some((
+                        num::<f64>(&r, "tokens_per_sec")?,
+                        tokens_per_sec(&w, &gpu, &s),
+                        throughput_group(card, &w, &s),
+                    ))
+                }
+                _ => None,
+            },
             id,
         });
     }
     Ok(out)
+}
+
+/// The throughput report's groups: the card, then the model's factors
+/// that change speed (`core::throughput`: attention kind, compile).
+fn throughput_group(card: Card, w: &Workload, s: &EngineeringSettings) -> String {
+    format!(
+        "{} {}{}",
+        card.name(),
+        if attention_materializes_scores(w, s) {
+            "scores kept (eager or math SDPA)"
+        } else {
+            "fused attention"
+        },
+        if s.compile { " compile" } else { "" }
+    )
+}
+
+/// Predicted against measured training tokens/s of every measured step
+/// with fixed-length batches (each configuration once per file; the same
+/// configuration in several files counts in each, as above).
+fn throughput_report(rows: &[Row]) {
+    let mut groups: BTreeMap<&str, Vec<(f64, &str)>> = BTreeMap::new();
+    for r in rows {
+        if let Some((m, p, g)) = &r.tokens {
+            if *m > 0.0 {
+                groups
+                    .entry(g.as_str())
+                    .or_default()
+                    .push(((p - m) / m, r.id.as_str()));
+            }
+        }
+    }
+    println!("\ntokens/s, the throughput model (core::throughput) against the measured steps:");
+    let mut all = Vec::new();
+    for (g, v) in &mut groups {
+        let errors: Vec<f64> = v.iter().map(|(e, _)| *e).collect();
+        println!("  {}", signed_summary(g, &errors));
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let ends = |it: &mut dyn Iterator<Item = &(f64, &str)>| -> String {
+            it.take(3)
+                .map(|(e, id)| format!("{id} {:+.0}%", 100.0 * e))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!("    lowest: {}", ends(&mut v.iter()));
+        println!("    highest: {}", ends(&mut v.iter().rev()));
+        all.extend(errors);
+    }
+    println!("  {}", signed_summary("all", &all));
 }

@@ -9,8 +9,9 @@
 //! loop, see its README) say so.
 
 use crate::core::catalog::GpuSpec;
+use crate::core::memory::attention_materializes_scores;
 use crate::core::settings::{Dtype, EngineeringSettings};
-use crate::core::workload::{ArchKind, Attention, Method, ModelArch, Workload};
+use crate::core::workload::{ArchKind, Method, ModelArch, Workload};
 
 /// Best model-FLOPs utilisation a large micro batch reaches with fused
 /// (SDPA/flash) attention in bf16. Fitted to the H100 table: the saturating
@@ -104,7 +105,7 @@ pub fn flops_per_token(w: &Workload, s: &EngineeringSettings) -> Flops {
     let dense = 2.0 * matmul_params(a);
     let d_attn = a.num_attention_heads as f64 * a.head_dim as f64;
     let causal = a.kind != ArchKind::EncoderOnly;
-    let attn_share = if causal && w.attention != Attention::Eager {
+    let attn_share = if causal && !attention_materializes_scores(w, s) {
         0.5
     } else {
         1.0
@@ -147,7 +148,7 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
         Dtype::Bf16Mixed | Dtype::Fp16Mixed => MIXED_SPEED,
         Dtype::Bf16 | Dtype::Fp16 => 1.0,
     };
-    let attention = if w.attention == Attention::Eager {
+    let attention = if attention_materializes_scores(w, s) {
         EAGER_ATTENTION_SPEED
     } else {
         1.0
@@ -170,7 +171,9 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
 mod tests {
     use super::*;
     use crate::core::catalog::{lookup_gpu, lookup_model};
-    use crate::core::workload::{Framework, LoraConfig, Optimizer, Sharding};
+    use crate::core::workload::{
+        Attention, Framework, LoraConfig, LoraTarget, Optimizer, Sharding,
+    };
 
     fn w(model: &str, method: Method, seq: u32, attention: Attention) -> Workload {
         Workload {
@@ -298,5 +301,56 @@ mod tests {
         let off2 = tokens_per_sec(&wl, &h100, &s(2, Dtype::Bf16, false));
         let on12 = tokens_per_sec(&wl, &h100, &s(12, Dtype::Bf16, true));
         assert!(off2 > on12, "{off2} vs {on12}: measured 12,272 vs 9,509");
+    }
+
+    /// Falcon-7B's SDPA call falls to PyTorch's math composite (one shared
+    /// K/V head with an explicit mask), which computes the scores like
+    /// eager attention: measured on the H100 (bench/data/h100/holdout.csv),
+    /// LoRA at 2 × 2,048 checkpointed ran 5,017 tokens/s with "eager" and
+    /// 4 × 1,024 ran 4,246 with "sdpa". Predicted at fused-kernel speed the
+    /// "sdpa" rows came out 2.6–3.6 times their measurement.
+    #[test]
+    fn a_math_kernel_sdpa_runs_at_eager_speed() {
+        let h100 = lookup_gpu("NVIDIA H100 80GB HBM3").unwrap();
+        let settings = s(4, Dtype::Bf16, true);
+        let falcon = crate::core::catalog::arch_from_hf_config(
+            "tiiuae__falcon-7b.json",
+            include_str!("../../bench/data/configs/tiiuae__falcon-7b.json"),
+        )
+        .unwrap();
+        let with = |attention| Workload {
+            model: falcon.clone(),
+            lora: Some(LoraConfig {
+                rank: 16,
+                targets: vec![LoraTarget::Q, LoraTarget::K, LoraTarget::V],
+            }),
+            ..w("meta-llama/Llama-3.1-8B", Method::Lora, 1024, attention)
+        };
+        let sdpa = with(Attention::Sdpa);
+        let eager = with(Attention::Eager);
+        let p_sdpa = tokens_per_sec(&sdpa, &h100, &settings);
+        assert_eq!(p_sdpa, tokens_per_sec(&eager, &h100, &settings));
+        let err = (p_sdpa - 4245.8) / 4245.8;
+        assert!(
+            err.abs() < 0.35,
+            "{p_sdpa:.0} vs 4,246 measured ({err:+.2})"
+        );
+        // a model whose SDPA call keeps the fused kernel is unaffected
+        let llama = w(
+            "meta-llama/Llama-3.1-8B",
+            Method::Lora,
+            1024,
+            Attention::Sdpa,
+        );
+        let llama_eager = w(
+            "meta-llama/Llama-3.1-8B",
+            Method::Lora,
+            1024,
+            Attention::Eager,
+        );
+        assert!(
+            tokens_per_sec(&llama, &h100, &settings)
+                > tokens_per_sec(&llama_eager, &h100, &settings)
+        );
     }
 }

@@ -54,6 +54,47 @@ pub(super) fn activation_dtype(
     }
 }
 
+/// fp32 q, k and v with grouped K/V heads in transformers' code (see
+/// [`math_sdpa`]).
+fn fp32_grouped_query(w: &Workload, e: f64) -> bool {
+    let a = &w.model;
+    let hf_code = w.framework != Framework::Litgpt && w.framework != Framework::Torchtune;
+    e >= 4.0 && a.num_kv_heads < a.num_attention_heads && hf_code
+}
+
+/// Whether transformers' SDPA call falls to PyTorch's math composite,
+/// which keeps the score matrices. fp32 q, k and v (fp32 training, or
+/// PEFT's k-bit recipe without autocast, whose bitsandbytes projections
+/// hand back fp32) rule out PyTorch's flash and cuDNN kernels (16-bit
+/// only), and the `enable_gqa=True` transformers passes for grouped K/V
+/// heads rules out the memory-efficient one (sdp_utils.cpp checks its
+/// batch and heads without grouped-query support). Measured on the H200
+/// (bench/data/h200/qlora.csv): QLoRA on Llama-3.2-1B (8 of 32 K/V heads)
+/// without autocast held 63.2 GiB at 4 × 2,048 tokens where the flash
+/// path would hold about 31 GiB; Phi-3 and Pythia (one K/V head per query
+/// head) stayed on the kernel. Falcon-7B/40B always fall there (see
+/// `ArchQuirks::sdpa_math_fallback`).
+fn math_sdpa(w: &Workload, e: f64) -> bool {
+    let hf_code = w.framework != Framework::Litgpt && w.framework != Framework::Torchtune;
+    w.attention == Attention::Sdpa
+        && (w.model.quirks.sdpa_math_fallback || fp32_grouped_query(w, e))
+        && hf_code
+}
+
+/// Whether the step's attention materialises its score matrices, in
+/// activations of `dtype` (`activation_dtype`): eager attention, an SDPA
+/// call that runs the math composite ([`math_sdpa`]), or litgpt's
+/// soft-capped attention — litgpt cannot use SDPA with attention
+/// soft-capping (Gemma 2): its `scaled_dot_product_attention` computes
+/// `q @ k.mT`, tanh, an fp32 softmax and its 16-bit cast in Python
+/// (litgpt/model.py), whatever attention the job asked for. The memory
+/// model keeps the scores then; the throughput model runs them at eager
+/// attention's speed.
+pub(super) fn scores_materialized(w: &Workload, dtype: Dtype) -> bool {
+    let litgpt_softcap = w.framework == Framework::Litgpt && w.model.quirks.attn_softcapping;
+    w.attention == Attention::Eager || math_sdpa(w, compute_bytes(dtype)) || litgpt_softcap
+}
+
 pub(super) fn layer_activations(
     w: &Workload,
     s: &EngineeringSettings,
@@ -89,26 +130,10 @@ pub(super) fn layer_activations(
     // before SDPA), so they do not apply there.
     let litgpt = w.framework == Framework::Litgpt;
     let hf_code = !litgpt && w.framework != Framework::Torchtune;
-    // fp32 q, k and v (fp32 training, or PEFT's k-bit recipe without
-    // autocast, whose bitsandbytes projections hand back fp32) rule out
-    // PyTorch's flash and cuDNN kernels (16-bit only), and the
-    // `enable_gqa=True` transformers passes for grouped K/V heads rules out
-    // the memory-efficient one (sdp_utils.cpp checks its batch and heads
-    // without grouped-query support): the math composite runs and keeps
-    // the scores. Measured on the H200 (bench/data/h200/qlora.csv): QLoRA
-    // on Llama-3.2-1B (8 of 32 K/V heads) without autocast held 63.2 GiB
-    // at 4 × 2,048 tokens where the flash path would hold about 31 GiB;
-    // Phi-3 and Pythia (one K/V head per query head) stayed on the kernel.
-    let grouped_kv = a.num_kv_heads < a.num_attention_heads;
-    let fp32_gqa = e >= 4.0 && grouped_kv && hf_code;
-    let math_sdpa =
-        w.attention == Attention::Sdpa && (a.quirks.sdpa_math_fallback || fp32_gqa) && hf_code;
-    // litgpt cannot use SDPA with attention soft-capping (Gemma 2): its
-    // `scaled_dot_product_attention` computes `q @ k.mT`, tanh, an fp32
-    // softmax and its 16-bit cast in Python (litgpt/model.py), whatever
-    // attention the job asked for.
-    let litgpt_softcap = litgpt && a.quirks.attn_softcapping;
-    let eager = w.attention == Attention::Eager || math_sdpa || litgpt_softcap;
+    // where the scores are kept (see `scores_materialized`)
+    let fp32_gqa = fp32_grouped_query(w, e);
+    let math_sdpa = math_sdpa(w, e);
+    let eager = scores_materialized(w, dtype);
     // Softmax in 16 bits: Falcon's eager code (`softmax(..., dtype=
     // hidden_states.dtype)`), which under autocast is the fp32 residual's
     // dtype, like the fp32 softmax below. PyTorch's math SDPA instead

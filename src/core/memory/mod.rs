@@ -323,6 +323,11 @@ pub struct PhaseTerms {
     pub logits: f64,
     pub step_transient: f64,
     pub recompute_overlap: f64,
+    /// The loss path's largest tensor at this micro batch.
+    pub largest_loss_tensor: f64,
+    /// The largest gradient's block (see `Plan::largest_grad_block`).
+    pub largest_grad_block: f64,
+    pub opt_state: f64,
 }
 
 /// Bytes one transformer block saves for backward per token (its
@@ -352,7 +357,18 @@ pub fn phase_terms(
         logits: pl.logits_per_sample * m,
         step_transient: pl.step_transient,
         recompute_overlap: pl.recompute_overlap_per_sample * m,
+        largest_loss_tensor: pl.largest_loss_tensor_per_sample * m,
+        largest_grad_block: pl.largest_grad_block,
+        opt_state: pl.opt_state,
     }
+}
+
+/// Whether the step's attention materialises its score matrices (eager
+/// attention, or an SDPA call that PyTorch runs with its math composite):
+/// what the throughput model runs at eager attention's speed.
+pub fn attention_materializes_scores(workload: &Workload, settings: &EngineeringSettings) -> bool {
+    let dtype = activations::activation_dtype(workload, settings, &ModelOptions::default());
+    activations::scores_materialized(workload, dtype)
 }
 
 /// Largest micro batch whose predicted peak is ≤ `budget_bytes`; None when

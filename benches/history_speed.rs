@@ -203,6 +203,7 @@ fn bench_gpu(name: &str) -> GpuSpec {
         bf16: true,
         fp8: false,
         bf16_tflops: 312.0,
+        memory_bandwidth_gbs: 2039.0,
     }
 }
 

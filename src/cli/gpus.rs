@@ -50,6 +50,7 @@ pub fn print_gpus(g: &Global, rows: &[GpuSpec]) -> crate::Result<()> {
                 "bf16",
                 "fp8",
                 "bf16 TFLOP/s",
+                "memory GB/s",
             ]);
             for r in rows {
                 t.add_row(vec![
@@ -60,6 +61,8 @@ pub fn print_gpus(g: &Global, rows: &[GpuSpec]) -> crate::Result<()> {
                     Cell::new(if r.bf16 { "yes" } else { "no" }),
                     Cell::new(if r.fp8 { "yes" } else { "no" }),
                     Cell::new(format!("{:.0}", r.bf16_tflops)).set_alignment(CellAlignment::Right),
+                    Cell::new(format!("{:.0}", r.memory_bandwidth_gbs))
+                        .set_alignment(CellAlignment::Right),
                 ]);
             }
             println!("{t}");

@@ -83,7 +83,8 @@ impl GpuSpec {
             compute_capability: cc,
             bf16,
             fp8,
-            bf16_tflops: catalog.map_or(0.0, |c| c.bf16_tflops),
+            bf16_tflops: catalog.as_ref().map_or(0.0, |c| c.bf16_tflops),
+            memory_bandwidth_gbs: catalog.map_or(0.0, |c| c.memory_bandwidth_gbs),
         }
     }
 }

@@ -29,6 +29,8 @@ fn default_model_fallback() -> GpuSpec {
         fp8: true,
         // H100 SXM dense BF16 tensor throughput, NVIDIA H100 datasheet.
         bf16_tflops: 989.0,
+        // H100 SXM memory bandwidth, the same datasheet.
+        memory_bandwidth_gbs: 3350.0,
     }
 }
 
@@ -122,6 +124,7 @@ impl SimulatedSource {
                     bf16: false,
                     fp8: false,
                     bf16_tflops: 0.0,
+                    memory_bandwidth_gbs: 0.0,
                 },
                 None => {
                     return Err(SidecarError::Config(format!(

@@ -11,7 +11,9 @@
 //! Compute capability: NVIDIA's "CUDA GPUs" table
 //! (<https://developer.nvidia.com/cuda-gpus>). `bf16_tflops`: dense (no
 //! sparsity) bf16 tensor TFLOP/s from each datasheet (fp16 for T4/V100,
-//! which have no bf16).
+//! which have no bf16). `bandwidth_gbs`: the memory bandwidth on the same
+//! datasheets (GB/s; H100 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB SXM
+//! 2,039 GB/s; AMD per GCD for the MI250X).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -35,6 +37,12 @@ pub struct GpuSpec {
     pub fp8: bool,
     /// Dense bf16/fp16 tensor TFLOP/s (datasheet), for ranking candidates by speed.
     pub bf16_tflops: f64,
+    /// Memory bandwidth in GB/s (datasheet): what the optimizer step, a
+    /// pass of element-wise kernels over the model state, runs at. 0 when
+    /// unknown (a GPU outside the catalog), which leaves that step's time
+    /// out of the throughput model.
+    #[serde(default)]
+    pub memory_bandwidth_gbs: f64,
 }
 
 /// One catalog row. `cc` "x.y" for NVIDIA; AMD rows carry their gfx arch and
@@ -49,6 +57,8 @@ struct Row {
     bf16: bool,
     fp8: bool,
     tflops: f64,
+    /// Memory bandwidth in GB/s (datasheet).
+    bandwidth_gbs: f64,
     /// Other spellings people and tools use (GPU Feature Discovery's
     /// `nvidia.com/gpu.product` label uses dashes: `NVIDIA-A100-SXM4-80GB`,
     /// which normalisation already covers).
@@ -60,6 +70,7 @@ const fn nv(
     memory_mib: u64,
     cc: &'static str,
     tflops: f64,
+    bandwidth_gbs: f64,
     aliases: &'static [&'static str],
 ) -> Row {
     // bf16 from compute capability 8.0, fp8 from 8.9 (the rule of
@@ -78,6 +89,7 @@ const fn nv(
         bf16: v >= 80,
         fp8: v >= 89,
         tflops,
+        bandwidth_gbs,
         aliases,
     }
 }
@@ -85,13 +97,14 @@ const fn nv(
 /// The catalog. Memory in MiB exactly as NVML reports the total.
 const ROWS: &[Row] = &[
     // Turing. nvidia-smi on a T4 prints 15360MiB.
-    nv("Tesla T4", 15360, "7.5", 65.0, &["t4", "nvidia t4"]),
+    nv("Tesla T4", 15360, "7.5", 65.0, 320.0, &["t4", "nvidia t4"]),
     // Volta. nvidia-smi: 16160MiB (16 GB) and 32768MiB (32 GB SXM2/PCIe).
     nv(
         "Tesla V100-SXM2-16GB",
         16160,
         "7.0",
         125.0,
+        900.0,
         &["v100-16gb", "v100 16gb", "v100-sxm2-16gb"],
     ),
     nv(
@@ -99,6 +112,7 @@ const ROWS: &[Row] = &[
         16160,
         "7.0",
         112.0,
+        900.0,
         &["v100-pcie-16gb", "v100 pcie 16gb"],
     ),
     nv(
@@ -106,6 +120,7 @@ const ROWS: &[Row] = &[
         32768,
         "7.0",
         125.0,
+        900.0,
         &["v100-32gb", "v100 32gb", "v100-sxm2-32gb"],
     ),
     nv(
@@ -113,16 +128,18 @@ const ROWS: &[Row] = &[
         32768,
         "7.0",
         112.0,
+        900.0,
         &["v100-pcie-32gb"],
     ),
     // Ampere. AWS g5 instances: `NVIDIA A10G`, 23028MiB.
-    nv("NVIDIA A10G", 23028, "8.6", 70.0, &["a10g"]),
+    nv("NVIDIA A10G", 23028, "8.6", 70.0, 600.0, &["a10g"]),
     // A100: 40960MiB / 81920MiB (NVIDIA A100 datasheet; nvidia-smi totals).
     nv(
         "NVIDIA A100-SXM4-40GB",
         40960,
         "8.0",
         312.0,
+        1555.0,
         &["a100-40gb", "a100 40gb", "a100-sxm4-40gb", "a100-sxm-40gb"],
     ),
     nv(
@@ -130,6 +147,7 @@ const ROWS: &[Row] = &[
         40960,
         "8.0",
         312.0,
+        1555.0,
         &["a100-pcie-40gb", "a100 pcie 40gb"],
     ),
     nv(
@@ -137,6 +155,7 @@ const ROWS: &[Row] = &[
         81920,
         "8.0",
         312.0,
+        2039.0,
         &["a100-80gb", "a100 80gb", "a100-sxm4-80gb", "a100-sxm-80gb"],
     ),
     nv(
@@ -144,6 +163,7 @@ const ROWS: &[Row] = &[
         81920,
         "8.0",
         312.0,
+        1935.0,
         &["a100-pcie-80gb", "a100 80gb pcie", "a100-80gb-pcie"],
     ),
     nv(
@@ -151,6 +171,7 @@ const ROWS: &[Row] = &[
         24576,
         "8.6",
         71.0,
+        936.0,
         &["rtx 3090", "rtx3090", "3090"],
     ),
     nv(
@@ -158,16 +179,18 @@ const ROWS: &[Row] = &[
         49140,
         "8.6",
         154.8,
+        768.0,
         &["rtx a6000", "a6000"],
     ),
     // Ada Lovelace. `NVIDIA L4` 23034MiB, `NVIDIA L40S` 46068MiB.
-    nv("NVIDIA L4", 23034, "8.9", 121.0, &["l4"]),
-    nv("NVIDIA L40S", 46068, "8.9", 362.0, &["l40s"]),
+    nv("NVIDIA L4", 23034, "8.9", 121.0, 300.0, &["l4"]),
+    nv("NVIDIA L40S", 46068, "8.9", 362.0, 864.0, &["l40s"]),
     nv(
         "NVIDIA GeForce RTX 4090",
         24564,
         "8.9",
         165.2,
+        1008.0,
         &["rtx 4090", "rtx4090", "4090"],
     ),
     nv(
@@ -175,6 +198,7 @@ const ROWS: &[Row] = &[
         49140,
         "8.9",
         364.2,
+        960.0,
         &["rtx 6000 ada", "rtx6000 ada", "6000 ada"],
     ),
     // Hopper. 81559MiB for the 80 GB parts, 95830MiB for the 94 GB NVL,
@@ -185,6 +209,7 @@ const ROWS: &[Row] = &[
         81559,
         "9.0",
         756.0,
+        2000.0,
         &["h100-pcie", "h100 pcie", "h100-pcie-80gb"],
     ),
     nv(
@@ -192,6 +217,7 @@ const ROWS: &[Row] = &[
         81559,
         "9.0",
         989.0,
+        3350.0,
         &[
             "h100-sxm",
             "h100 sxm",
@@ -205,6 +231,7 @@ const ROWS: &[Row] = &[
         95830,
         "9.0",
         835.0,
+        3900.0,
         &["h100-nvl", "h100 nvl"],
     ),
     nv(
@@ -212,6 +239,7 @@ const ROWS: &[Row] = &[
         143771,
         "9.0",
         989.0,
+        4800.0,
         &["h200", "h200-141gb", "h200 sxm"],
     ),
     nv(
@@ -219,16 +247,18 @@ const ROWS: &[Row] = &[
         97871,
         "9.0",
         989.0,
+        4000.0,
         &["gh200", "gh200-96gb", "gh200 96gb"],
     ),
     // Blackwell. `NVIDIA B200` 183359MiB (180 GB HBM3e);
     // `NVIDIA GeForce RTX 5090` 32607MiB.
-    nv("NVIDIA B200", 183359, "10.0", 2250.0, &["b200"]),
+    nv("NVIDIA B200", 183359, "10.0", 2250.0, 8000.0, &["b200"]),
     nv(
         "NVIDIA GeForce RTX 5090",
         32607,
         "12.0",
         209.5,
+        1792.0,
         &["rtx 5090", "rtx5090", "5090"],
     ),
     // AMD Instinct: rocm-smi VRAM totals. MI250X: 64 GiB per GCD (each GCD is
@@ -241,6 +271,8 @@ const ROWS: &[Row] = &[
         bf16: true,
         fp8: false,
         tflops: 191.5,
+        // 3.2 TB/s per OAM module of two GCDs
+        bandwidth_gbs: 1638.4,
         aliases: &["mi250x", "mi250x/mi250"],
     },
     Row {
@@ -250,6 +282,7 @@ const ROWS: &[Row] = &[
         bf16: true,
         fp8: true,
         tflops: 1307.4,
+        bandwidth_gbs: 5300.0,
         aliases: &["mi300x"],
     },
 ];
@@ -292,6 +325,7 @@ fn index() -> &'static Index {
                 bf16: r.bf16,
                 fp8: r.fp8,
                 bf16_tflops: r.tflops,
+                memory_bandwidth_gbs: r.bandwidth_gbs,
             })
             .collect();
         let mut by_key = HashMap::new();
@@ -429,5 +463,23 @@ mod tests {
             assert_eq!(g.memory_bytes % MIB, 0, "{} is whole MiB", g.name);
         }
         assert!(all_gpus().len() >= 25);
+    }
+
+    /// The throughput model times the optimizer step by the bandwidth: a
+    /// catalog card without one would silently drop that step.
+    #[test]
+    fn every_catalog_gpu_has_a_memory_bandwidth_within_datasheet_range() {
+        for g in all_gpus() {
+            assert!(
+                (300.0..=8000.0).contains(&g.memory_bandwidth_gbs),
+                "{}: {} GB/s",
+                g.name,
+                g.memory_bandwidth_gbs
+            );
+        }
+        let h100 = lookup_gpu("h100-sxm").unwrap();
+        let h200 = lookup_gpu("h200").unwrap();
+        assert_eq!(h100.memory_bandwidth_gbs, 3350.0);
+        assert_eq!(h200.memory_bandwidth_gbs, 4800.0);
     }
 }

@@ -363,6 +363,14 @@ pub fn phase_terms(
     }
 }
 
+/// Bytes one optimizer step reads and writes on one GPU (parameters,
+/// gradients, states and the step's temporaries): its element-wise
+/// kernels are bound by the memory bandwidth, so this over the bandwidth
+/// is the step's time (`core::throughput`).
+pub fn optimizer_step_bytes(workload: &Workload, settings: &EngineeringSettings) -> f64 {
+    plan(workload, settings, &ModelOptions::default()).optimizer_step_bytes
+}
+
 /// Whether the step's attention materialises its score matrices (eager
 /// attention, or an SDPA call that PyTorch runs with its math composite):
 /// what the throughput model runs at eager attention's speed.

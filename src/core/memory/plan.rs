@@ -27,6 +27,9 @@ pub(super) struct Plan {
     pub(super) weights_transient_a: f64,
     /// Optimizer temporaries in phase B.
     pub(super) step_transient: f64,
+    /// Bytes the optimizer step reads and writes on this GPU (for the
+    /// throughput model; `storage::optimizer`).
+    pub(super) optimizer_step_bytes: f64,
     /// The largest single gradient tensor (the embedding's or the output
     /// head's in a full fine-tune, in the gradients' dtype): phase B caches
     /// blocks of this size (the gradient and the optimizer's temporary of

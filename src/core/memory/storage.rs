@@ -498,4 +498,41 @@ pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout, pl: &mut 
         (Optimizer::Adamw, OptimizerImpl::PerParameter) => p.largest_param() * state_elem,
         _ => 0.0,
     };
+
+    // --- bytes the optimizer step reads and writes (its time: element-wise
+    // kernels run at the memory bandwidth, see `core::throughput`) ---
+    // Per GPU: the shard of parameters it updates (the fp32 master copy
+    // where there is one), their gradients and the states.
+    let param = trainable * if deepspeed { 4.0 } else { train_store } / shard_opt;
+    let grad = trainable * if mixed { 4.0 } else { train_store } / shard_opt;
+    let state = pl.opt_state;
+    pl.optimizer_step_bytes = match (w.optimizer, imp) {
+        // `_multi_tensor_adam` with decoupled weight decay (torch/optim/
+        // adam.py), element accesses per parameter: `_foreach_mul_(params)`
+        // 2, `_foreach_lerp_(exp_avgs, grads)` 3, `_foreach_mul_(exp_avg_sqs)`
+        // 2, `_foreach_addcmul_(exp_avg_sqs, grads, grads)` 4, `_foreach_sqrt`
+        // 2, `_foreach_div_` 2, `_foreach_add_(eps)` 2, `_foreach_addcdiv_
+        // (params, exp_avgs, denom)` 4: params 4, grads 3, exp_avg 3,
+        // exp_avg_sq 5 and the state-sized `denom` 6 — 4P + 3G + 7 × (both
+        // states), 42 B per bf16 parameter. The per-parameter loop does
+        // the same passes one tensor at a time.
+        (Optimizer::Adamw, OptimizerImpl::Foreach | OptimizerImpl::PerParameter) => {
+            4.0 * param + 3.0 * grad + 7.0 * state
+        }
+        // One fused kernel per tensor list (torch `fused=True`, DeepSpeed's
+        // FusedAdam): reads the parameter, gradient and both states, writes
+        // the parameter and both states.
+        (Optimizer::Adamw, OptimizerImpl::Fused) => 2.0 * param + grad + 2.0 * state,
+        // bitsandbytes' 8-bit AdamW: one fused kernel per tensor, the same
+        // accesses on 1-byte states (quantile maps aside).
+        (Optimizer::Adamw8bit, _) => 2.0 * param + grad + 2.0 * state,
+        // torch SGD with momentum (foreach): `buf.mul_(m).add_(grad)` and
+        // `param.add_(buf, -lr)`.
+        (Optimizer::Sgd, _) => 2.0 * param + grad + 3.0 * state,
+        // transformers' Adafactor updates each parameter in fp32 through
+        // about eight passes over parameter-sized temporaries (squared
+        // gradient, its factored estimate, the update and its RMS clip);
+        // its factored state is small. Not measured.
+        (Optimizer::Adafactor, _) => 2.0 * param + grad + 8.0 * trainable * 4.0 / shard_opt,
+    };
 }

@@ -62,7 +62,12 @@ fn main() {
             let seq = seqs[key % seqs.len()];
             let batch: u32 = rng.gen_range(1..=64);
             let oom = batch > 48;
-            let peak = 10.0 + batch as f64 * 1.1;
+            // within the card: the store refuses a peak above the GPU's
+            // memory (bad data), so the bench's records must be plausible
+            let card_gb = gpufit::core::catalog::lookup_gpu(gpu)
+                .map(|g| g.memory_bytes as f64 / 1e9)
+                .expect("bench GPU in the catalog");
+            let peak = card_gb * (0.15 + 0.8 * batch as f64 / 64.0);
             let ts = 1_700_000_000 + i as u64;
             writeln!(
                 w,

@@ -368,7 +368,7 @@ pub fn phase_terms(
 /// kernels are bound by the memory bandwidth, so this over the bandwidth
 /// is the step's time (`core::throughput`).
 pub fn optimizer_step_bytes(workload: &Workload, settings: &EngineeringSettings) -> f64 {
-    plan(workload, settings, &ModelOptions::default()).optimizer_step_bytes
+    plan::optimizer_step_bytes(workload, settings, &ModelOptions::default())
 }
 
 /// Whether the step's attention materialises its score matrices (eager

@@ -206,3 +206,17 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
         && pl.weights_transient_a == 0.0;
     pl
 }
+
+/// The optimizer step's bytes alone (see `storage::optimizer`), without
+/// the rest of the plan: the throughput model asks for them once per
+/// candidate.
+pub(super) fn optimizer_step_bytes(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+) -> f64 {
+    let l = layout(w, s);
+    let mut pl = Plan::default();
+    optimizer(w, opts, &l, &mut pl);
+    pl.optimizer_step_bytes
+}

@@ -54,12 +54,18 @@ pub(super) fn activation_dtype(
     }
 }
 
+/// Whether the blocks are transformers' modelling code: litgpt and
+/// torchtune write their own (fused `gelu(approximate="tanh")`, K/V
+/// expanded before SDPA), so transformers' quirks do not apply there.
+fn hf_code(w: &Workload) -> bool {
+    w.framework != Framework::Litgpt && w.framework != Framework::Torchtune
+}
+
 /// fp32 q, k and v with grouped K/V heads in transformers' code (see
 /// [`math_sdpa`]).
 fn fp32_grouped_query(w: &Workload, e: f64) -> bool {
     let a = &w.model;
-    let hf_code = w.framework != Framework::Litgpt && w.framework != Framework::Torchtune;
-    e >= 4.0 && a.num_kv_heads < a.num_attention_heads && hf_code
+    e >= 4.0 && a.num_kv_heads < a.num_attention_heads && hf_code(w)
 }
 
 /// Whether transformers' SDPA call falls to PyTorch's math composite,
@@ -75,10 +81,9 @@ fn fp32_grouped_query(w: &Workload, e: f64) -> bool {
 /// head) stayed on the kernel. Falcon-7B/40B always fall there (see
 /// `ArchQuirks::sdpa_math_fallback`).
 fn math_sdpa(w: &Workload, e: f64) -> bool {
-    let hf_code = w.framework != Framework::Litgpt && w.framework != Framework::Torchtune;
     w.attention == Attention::Sdpa
         && (w.model.quirks.sdpa_math_fallback || fp32_grouped_query(w, e))
-        && hf_code
+        && hf_code(w)
 }
 
 /// Whether the step's attention materialises its score matrices, in
@@ -125,11 +130,8 @@ pub(super) fn layer_activations(
     let trains = |t: LoraTarget| full || targets.contains(&t);
     let rank = w.lora.as_ref().map(|l| l.rank as f64).unwrap_or(0.0);
     let classic = !a.gated_mlp;
-    // Quirks of transformers' modelling code; litgpt and torchtune write
-    // their own blocks (fused `gelu(approximate="tanh")`, K/V expanded
-    // before SDPA), so they do not apply there.
     let litgpt = w.framework == Framework::Litgpt;
-    let hf_code = !litgpt && w.framework != Framework::Torchtune;
+    let hf_code = hf_code(w);
     // where the scores are kept (see `scores_materialized`)
     let fp32_gqa = fp32_grouped_query(w, e);
     let math_sdpa = math_sdpa(w, e);

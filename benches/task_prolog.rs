@@ -68,7 +68,17 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
         // Spread micro batch and checkpointing inside every key (i is a
         // multiple of 40 for the benchmark model, so mix the higher digits).
         let mb = 1 + ((i / 7) % 16) as u32;
-        let oom = i % 7 == 0;
+        // the largest micro batches ran out of memory (an OOM below a
+        // success would tell the advisor nothing fits)
+        let oom = mb >= 15;
+        let gpu = GPUS[(i / 40) % 8];
+        // 25 % of the card plus 2.5 % per sample (20 GB + 2 GB per sample
+        // on an 80 GB card): within every card, as the store requires (it
+        // refuses a peak above the GPU's memory)
+        let card = gpufit::core::catalog::lookup_gpu(gpu)
+            .map(|g| g.memory_bytes as f64)
+            .expect("bench GPU in the catalog");
+        let peak = card * (0.25 + 0.025 * f64::from(mb));
         Ok(RunRecord {
             id: None,
             timestamp: t0 - chrono::Duration::seconds(i as i64),
@@ -82,7 +92,7 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
             } else {
                 Method::Lora
             },
-            gpu_model: GPUS[(i / 40) % 8].to_string(),
+            gpu_model: gpu.to_string(),
             seq_len: SEQ[(i / 320) % 6],
             lora_rank: Some(16),
             gpus: 1,
@@ -96,12 +106,12 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
             result: RunResult {
                 success: !oom,
                 failure_reason: oom.then_some(FailureReason::Oom),
-                peak_memory_bytes: Some(20_000_000_000 + u64::from(mb) * 2_000_000_000),
+                peak_memory_bytes: (!oom).then_some(peak as u64),
                 samples_per_sec: Some(10.0 * f64::from(mb)),
                 tokens_per_sec: None,
                 duration_sec: Some(600.0),
             },
-            predicted_peak_bytes: Some(21_000_000_000 + u64::from(mb) * 2_000_000_000),
+            predicted_peak_bytes: Some((peak * 1.05) as u64),
         })
     })
 }

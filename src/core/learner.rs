@@ -288,24 +288,26 @@ pub fn correct(points: &[Measured]) -> Option<Correction> {
     }
     let mut outliers = 0;
     while pts.len() >= 3 {
+        // Each point against the fit of the others, without copying the
+        // others (a popular workload has hundreds of runs: the admission
+        // webhook asks this on every pod).
+        let batches = BatchCounts::of(&pts);
+        let totals = Totals::of(&pts);
         let mut worst: Option<(usize, f64)> = None;
         for i in 0..pts.len() {
-            let others: Vec<Measured> = pts
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, p)| *p)
-                .collect();
-            let Some(c) = correct_plain(&others) else {
+            let Some(c) = correction_without(&pts, Some(i), &batches, &totals) else {
                 continue;
             };
-            let consistent = others.iter().all(|o| {
+            let p = pts[i];
+            let off = (c.apply(p.model_bytes, p.micro_batch) - p.peak_bytes).abs() / p.peak_bytes;
+            if off <= OUTLIER_REL || worst.is_some_and(|(_, w)| off <= w) {
+                continue;
+            }
+            let consistent = except(&pts, Some(i)).all(|o| {
                 (c.apply(o.model_bytes, o.micro_batch) - o.peak_bytes).abs() / o.peak_bytes
                     <= OUTLIER_CONSISTENT
             });
-            let p = pts[i];
-            let off = (c.apply(p.model_bytes, p.micro_batch) - p.peak_bytes).abs() / p.peak_bytes;
-            if consistent && off > OUTLIER_REL && worst.is_none_or(|(_, w)| off > w) {
+            if consistent {
                 worst = Some((i, off));
             }
         }
@@ -320,22 +322,147 @@ pub fn correct(points: &[Measured]) -> Option<Correction> {
     correct_plain(&pts).map(|c| Correction { outliers, ..c })
 }
 
+/// The points but the one at `skip`.
+fn except(pts: &[Measured], skip: Option<usize>) -> impl Iterator<Item = &Measured> + Clone {
+    pts.iter()
+        .enumerate()
+        .filter(move |(j, _)| Some(*j) != skip)
+        .map(|(_, p)| p)
+}
+
+/// The micro batches measured and how often each (sorted): a fit leaving
+/// one point out reads its distinct count and largest batch from here.
+struct BatchCounts(Vec<(u32, usize)>);
+
+impl BatchCounts {
+    fn of(pts: &[Measured]) -> BatchCounts {
+        let mut batches: Vec<u32> = pts.iter().map(|p| p.micro_batch).collect();
+        batches.sort_unstable();
+        let mut counts: Vec<(u32, usize)> = Vec::new();
+        for b in batches {
+            match counts.last_mut() {
+                Some((last, n)) if *last == b => *n += 1,
+                _ => counts.push((b, 1)),
+            }
+        }
+        BatchCounts(counts)
+    }
+
+    /// Distinct batches and the largest, without one measurement at `m`.
+    fn without(&self, m: Option<u32>) -> (usize, Option<u32>) {
+        let gone = |&(b, n): &(u32, usize)| Some(b) == m && n == 1;
+        let distinct = self.0.iter().filter(|c| !gone(c)).count();
+        let max = self.0.iter().rev().find(|c| !gone(c)).map(|(b, _)| *b);
+        (distinct, max)
+    }
+}
+
 fn correct_plain(pts: &[Measured]) -> Option<Correction> {
-    if pts.is_empty() {
+    correction_without(pts, None, &BatchCounts::of(pts), &Totals::of(pts))
+}
+
+/// The sums a correction is fitted from, so that a fit leaving one point
+/// out subtracts that point instead of passing over the others again (the
+/// outlier check fits every point's others: quadratic otherwise).
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    n: f64,
+    model_peak: f64,
+    model_sq: f64,
+    m: f64,
+    m_sq: f64,
+    r: f64,
+    r_sq: f64,
+    m_r: f64,
+    slope: f64,
+    peak: f64,
+    /// Bounds over every point added (taking a point out keeps them: they
+    /// stay bounds of the rest), for a quick plausibility test.
+    min_model: f64,
+    min_m: f64,
+    max_m: f64,
+}
+
+impl Totals {
+    fn of(pts: &[Measured]) -> Totals {
+        let start = Totals {
+            min_model: f64::INFINITY,
+            min_m: f64::INFINITY,
+            max_m: f64::NEG_INFINITY,
+            ..Totals::default()
+        };
+        pts.iter().fold(start, |t, p| t.plus(p, 1.0))
+    }
+
+    /// `sign` 1 adds the point, -1 takes it out.
+    fn plus(self, p: &Measured, sign: f64) -> Totals {
+        let m = p.micro_batch as f64;
+        let r = p.peak_bytes - p.model_bytes;
+        Totals {
+            n: self.n + sign,
+            model_peak: self.model_peak + sign * p.model_bytes * p.peak_bytes,
+            model_sq: self.model_sq + sign * p.model_bytes * p.model_bytes,
+            m: self.m + sign * m,
+            m_sq: self.m_sq + sign * m * m,
+            r: self.r + sign * r,
+            r_sq: self.r_sq + sign * r * r,
+            m_r: self.m_r + sign * m * r,
+            slope: self.slope + sign * p.model_slope,
+            peak: self.peak + sign * p.peak_bytes,
+            min_model: if sign > 0.0 {
+                self.min_model.min(p.model_bytes)
+            } else {
+                self.min_model
+            },
+            min_m: if sign > 0.0 {
+                self.min_m.min(m)
+            } else {
+                self.min_m
+            },
+            max_m: if sign > 0.0 {
+                self.max_m.max(m)
+            } else {
+                self.max_m
+            },
+        }
+    }
+}
+
+/// Whether the corrected line stays positive at every point: first by the
+/// bounds (enough when they hold), else point by point.
+fn every_line_point_positive<'a, I: Iterator<Item = &'a Measured>>(
+    t: &Totals,
+    r0: f64,
+    r1: f64,
+    pts: impl Fn() -> I,
+) -> bool {
+    let lowest_m = if r1 >= 0.0 { t.min_m } else { t.max_m };
+    if t.min_model.is_finite() && t.min_model + r0 + r1 * lowest_m > 0.0 {
+        return true;
+    }
+    pts().all(|p| p.model_bytes + r0 + r1 * p.micro_batch as f64 > 0.0)
+}
+
+/// The correction fitted to `all` without the point at `skip`.
+fn correction_without(
+    all: &[Measured],
+    skip: Option<usize>,
+    batches: &BatchCounts,
+    totals: &Totals,
+) -> Option<Correction> {
+    let skipped = skip.and_then(|i| all.get(i));
+    let t = match skipped {
+        Some(p) => totals.plus(p, -1.0),
+        None => *totals,
+    };
+    let len = all.len() - usize::from(skipped.is_some());
+    if len == 0 {
         return None;
     }
-    let mut batches: Vec<u32> = pts.iter().map(|p| p.micro_batch).collect();
-    batches.sort_unstable();
-    batches.dedup();
-    let distinct = batches.len();
-    let max_measured_batch = *batches.last()?;
+    let (distinct, max_measured_batch) = batches.without(skipped.map(|p| p.micro_batch));
+    let max_measured_batch = max_measured_batch?;
     // Least squares for a pure scale factor.
-    let (num, den) = pts.iter().fold((0.0, 0.0), |(n, d), p| {
-        (
-            n + p.model_bytes * p.peak_bytes,
-            d + p.model_bytes * p.model_bytes,
-        )
-    });
+    let (num, den) = (t.model_peak, t.model_sq);
     let scale = if den > 0.0 && num.is_finite() && num > 0.0 {
         num / den
     } else {
@@ -347,7 +474,7 @@ fn correct_plain(pts: &[Measured]) -> Option<Correction> {
         r0: 0.0,
         r1: 0.0,
         r1_stderr: 0.0,
-        points: pts.len(),
+        points: len,
         distinct_batches: distinct,
         max_measured_batch,
         outliers: 0,
@@ -355,45 +482,35 @@ fn correct_plain(pts: &[Measured]) -> Option<Correction> {
     if distinct < 2 {
         return Some(base);
     }
-    let n = pts.len() as f64;
-    let mean_m = pts.iter().map(|p| p.micro_batch as f64).sum::<f64>() / n;
-    let resid = |p: &Measured| p.peak_bytes - p.model_bytes;
-    let mean_r = pts.iter().map(resid).sum::<f64>() / n;
-    let (mut sxy, mut sxx) = (0.0, 0.0);
-    for p in pts {
-        let dx = p.micro_batch as f64 - mean_m;
-        sxy += dx * (resid(p) - mean_r);
-        sxx += dx * dx;
-    }
+    // Least squares for the residual (measured − model) as a line in m.
+    let n = len as f64;
+    let mean_m = t.m / n;
+    let mean_r = t.r / n;
+    let sxy = t.m_r - n * mean_m * mean_r;
+    let sxx = t.m_sq - n * mean_m * mean_m;
     let r1 = sxy / sxx;
     let r0 = mean_r - r1 * mean_m;
-    let model_slope = pts.iter().map(|p| p.model_slope).sum::<f64>() / n;
+    let model_slope = t.slope / n;
     let slope = model_slope + r1;
     let plausible = r0.is_finite()
         && r1.is_finite()
         && slope > 0.0
         && (model_slope <= 0.0
             || (slope <= model_slope * MAX_SLOPE_RATIO && slope >= model_slope / MAX_SLOPE_RATIO))
-        && pts
-            .iter()
-            .all(|p| p.model_bytes + r0 + r1 * p.micro_batch as f64 > 0.0);
+        && every_line_point_positive(&t, r0, r1, || except(all, skip));
     if !plausible {
         return Some(Correction {
             kind: CorrectionKind::DegenerateFallback,
             ..base
         });
     }
-    let mean_p = pts.iter().map(|p| p.peak_bytes).sum::<f64>() / n;
+    let mean_p = t.peak / n;
     let noise_se = PEAK_NOISE * mean_p / sxx.sqrt();
-    let resid_se = if pts.len() > 2 {
-        let ss: f64 = pts
-            .iter()
-            .map(|p| {
-                let e = resid(p) - (r0 + r1 * p.micro_batch as f64);
-                e * e
-            })
-            .sum();
-        (ss / (pts.len() - 2) as f64 / sxx).sqrt()
+    let resid_se = if len > 2 {
+        // the residuals' spread around the line: Syy − r1·Sxy (never below
+        // 0: with an exact line the difference is rounding)
+        let ss = (t.r_sq - n * mean_r * mean_r - r1 * sxy).max(0.0);
+        (ss / (len - 2) as f64 / sxx).sqrt()
     } else {
         0.0
     };
@@ -591,5 +708,53 @@ mod tests {
         assert!((s.p90_abs - 0.3).abs() < 1e-12);
         assert!((s.mean_signed - 0.03).abs() < 1e-12);
         assert_eq!(error_stats_of(&[]).count, 0);
+    }
+
+    /// The outlier check fits each point's others by taking the point out
+    /// of the sums; that must be the fit of a list without it.
+    #[test]
+    fn a_fit_leaving_one_point_out_is_the_fit_of_the_others() {
+        // a line with scatter, two points at one batch, one far off
+        let pts: Vec<Measured> = [
+            (1, 20.0, 21.0),
+            (2, 22.0, 23.5),
+            (2, 22.0, 23.1),
+            (4, 26.0, 27.9),
+            (8, 34.0, 44.0),
+            (12, 42.0, 44.8),
+            (16, 50.0, 52.5),
+        ]
+        .iter()
+        .map(|&(m, model, peak)| Measured {
+            micro_batch: m,
+            model_bytes: model * 1e9,
+            model_slope: 2e9,
+            peak_bytes: peak * 1e9,
+        })
+        .collect();
+        let batches = BatchCounts::of(&pts);
+        let totals = Totals::of(&pts);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+        for i in 0..pts.len() {
+            let others: Vec<Measured> = except(&pts, Some(i)).copied().collect();
+            let left_out = correction_without(&pts, Some(i), &batches, &totals).unwrap();
+            let refit = correct_plain(&others).unwrap();
+            assert_eq!(left_out.kind, refit.kind, "point {i}");
+            assert_eq!(left_out.points, refit.points);
+            assert_eq!(left_out.distinct_batches, refit.distinct_batches);
+            assert_eq!(left_out.max_measured_batch, refit.max_measured_batch);
+            for (a, b) in [
+                (left_out.scale, refit.scale),
+                (left_out.r0, refit.r0),
+                (left_out.r1, refit.r1),
+                (left_out.r1_stderr, refit.r1_stderr),
+            ] {
+                assert!(close(a, b), "point {i}: {a} vs {b}");
+            }
+        }
+        // and the far point is the one left out
+        let c = correct(&pts).unwrap();
+        assert_eq!(c.outliers, 1);
+        assert_eq!(c.points, pts.len() - 1);
     }
 }

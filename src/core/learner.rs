@@ -300,7 +300,8 @@ pub fn correct(points: &[Measured]) -> Option<Correction> {
             };
             let p = pts[i];
             let off = (c.apply(p.model_bytes, p.micro_batch) - p.peak_bytes).abs() / p.peak_bytes;
-            if off <= OUTLIER_REL || worst.is_some_and(|(_, w)| off <= w) {
+            // (a NaN is never an outlier, as before the sums)
+            if off.is_nan() || off <= OUTLIER_REL || worst.is_some_and(|(_, w)| off <= w) {
                 continue;
             }
             let consistent = except(&pts, Some(i)).all(|o| {

@@ -324,7 +324,7 @@ pub fn correct(points: &[Measured]) -> Option<Correction> {
 }
 
 /// The points but the one at `skip`.
-fn except(pts: &[Measured], skip: Option<usize>) -> impl Iterator<Item = &Measured> + Clone {
+fn except(pts: &[Measured], skip: Option<usize>) -> impl Iterator<Item = &Measured> {
     pts.iter()
         .enumerate()
         .filter(move |(j, _)| Some(*j) != skip)
@@ -367,7 +367,6 @@ fn correct_plain(pts: &[Measured]) -> Option<Correction> {
 /// outlier check fits every point's others: quadratic otherwise).
 #[derive(Clone, Copy, Default)]
 struct Totals {
-    n: f64,
     model_peak: f64,
     model_sq: f64,
     m: f64,
@@ -400,7 +399,6 @@ impl Totals {
         let m = p.micro_batch as f64;
         let r = p.peak_bytes - p.model_bytes;
         Totals {
-            n: self.n + sign,
             model_peak: self.model_peak + sign * p.model_bytes * p.peak_bytes,
             model_sq: self.model_sq + sign * p.model_bytes * p.model_bytes,
             m: self.m + sign * m,
@@ -431,17 +429,17 @@ impl Totals {
 
 /// Whether the corrected line stays positive at every point: first by the
 /// bounds (enough when they hold), else point by point.
-fn every_line_point_positive<'a, I: Iterator<Item = &'a Measured>>(
+fn every_line_point_positive<'a>(
     t: &Totals,
     r0: f64,
     r1: f64,
-    pts: impl Fn() -> I,
+    mut pts: impl Iterator<Item = &'a Measured>,
 ) -> bool {
     let lowest_m = if r1 >= 0.0 { t.min_m } else { t.max_m };
     if t.min_model.is_finite() && t.min_model + r0 + r1 * lowest_m > 0.0 {
         return true;
     }
-    pts().all(|p| p.model_bytes + r0 + r1 * p.micro_batch as f64 > 0.0)
+    pts.all(|p| p.model_bytes + r0 + r1 * p.micro_batch as f64 > 0.0)
 }
 
 /// The correction fitted to `all` without the point at `skip`.
@@ -498,7 +496,7 @@ fn correction_without(
         && slope > 0.0
         && (model_slope <= 0.0
             || (slope <= model_slope * MAX_SLOPE_RATIO && slope >= model_slope / MAX_SLOPE_RATIO))
-        && every_line_point_positive(&t, r0, r1, || except(all, skip));
+        && every_line_point_positive(&t, r0, r1, except(all, skip));
     if !plausible {
         return Some(Correction {
             kind: CorrectionKind::DegenerateFallback,

@@ -101,15 +101,17 @@ fn matmul_params(a: &ModelArch) -> f64 {
 /// that skip the masked half). LoRA skips the frozen weights' gradients
 /// (≈ one forward less in backward); checkpointing adds one forward.
 pub fn flops_per_token(w: &Workload, s: &EngineeringSettings) -> Flops {
+    flops_of(w, s, attention_materializes_scores(w, s))
+}
+
+/// [`flops_per_token`] with whether the attention keeps its scores
+/// (`memory::attention_materializes_scores`) already known.
+fn flops_of(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> Flops {
     let a = &w.model;
     let dense = 2.0 * matmul_params(a);
     let d_attn = a.num_attention_heads as f64 * a.head_dim as f64;
     let causal = a.kind != ArchKind::EncoderOnly;
-    let attn_share = if causal && !attention_materializes_scores(w, s) {
-        0.5
-    } else {
-        1.0
-    };
+    let attn_share = if causal && !scores_kept { 0.5 } else { 1.0 };
     let attn = 4.0 * a.num_layers as f64 * w.seq_len as f64 * d_attn * attn_share;
     let forward = dense + attn;
     // Backward: input gradients (≈ one forward) plus weight gradients (≈ one
@@ -136,7 +138,8 @@ pub fn half_tokens(hidden: u32) -> f64 {
 
 /// Predicted tokens/s of one GPU for the workload and settings.
 pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f64 {
-    let flops = flops_per_token(w, s).step;
+    let scores_kept = attention_materializes_scores(w, s);
+    let flops = flops_of(w, s, scores_kept).step;
     if flops <= 0.0 || gpu.bf16_tflops <= 0.0 {
         return 0.0;
     }
@@ -148,7 +151,7 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
         Dtype::Bf16Mixed | Dtype::Fp16Mixed => MIXED_SPEED,
         Dtype::Bf16 | Dtype::Fp16 => 1.0,
     };
-    let attention = if attention_materializes_scores(w, s) {
+    let attention = if scores_kept {
         EAGER_ATTENTION_SPEED
     } else {
         1.0

@@ -106,6 +106,10 @@ pub(super) struct Layout {
     pub(super) trainable: f64,
     pub(super) train_store: f64,
     pub(super) master_bytes: f64,
+    /// Bytes of one gradient element: like the stored trainable params,
+    /// except DeepSpeed's 16-bit gradients beside its fp32 master copy and
+    /// autocast's fp32 gradients of fp32 params.
+    pub(super) grad_bytes: f64,
 }
 
 fn layout(w: &Workload, s: &EngineeringSettings) -> Layout {
@@ -166,6 +170,13 @@ fn layout(w: &Workload, s: &EngineeringSettings) -> Layout {
     } else {
         (pb, 0.0)
     };
+    let grad_bytes = if deepspeed && s.dtype != Dtype::Fp32 {
+        2.0
+    } else if mixed {
+        4.0
+    } else {
+        train_store
+    };
     Layout {
         p,
         pb,
@@ -178,6 +189,7 @@ fn layout(w: &Workload, s: &EngineeringSettings) -> Layout {
         trainable,
         train_store,
         master_bytes,
+        grad_bytes,
     }
 }
 

@@ -373,21 +373,14 @@ pub(super) fn gradients(
 ) {
     let Layout {
         ref p,
-        mixed,
         deepspeed,
         shard_grad,
         trainable,
-        train_store,
+        grad_bytes,
         ..
     } = *l;
-    // --- gradients: same dtype as the stored trainable params ---
-    let grad_bytes = if deepspeed && s.dtype != Dtype::Fp32 {
-        2.0
-    } else if mixed {
-        4.0
-    } else {
-        train_store
-    };
+    // --- gradients: same dtype as the stored trainable params (see
+    // `Layout::grad_bytes`) ---
     pl.grads = trainable * grad_bytes / shard_grad;
     if w.gpus > 1 && w.sharding == Sharding::None {
         // DDP's reducer keeps flat bucket buffers as large as all gradients
@@ -504,7 +497,7 @@ pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout, pl: &mut 
     // Per GPU: the shard of parameters it updates (the fp32 master copy
     // where there is one), their gradients and the states.
     let param = trainable * if deepspeed { 4.0 } else { train_store } / shard_opt;
-    let grad = trainable * if mixed { 4.0 } else { train_store } / shard_opt;
+    let grad = trainable * l.grad_bytes / shard_opt;
     let state = pl.opt_state;
     pl.optimizer_step_bytes = match (w.optimizer, imp) {
         // `_multi_tensor_adam` with decoupled weight decay (torch/optim/

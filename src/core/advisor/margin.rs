@@ -5,38 +5,45 @@
 
 use crate::core::workload::Framework;
 
-/// The 95th percentile of the memory model's under-prediction over the
-/// rows it under-predicts, per framework, from the accuracy benchmark
-/// (`cargo bench --bench accuracy`, "stated margins"; rows in bench/data/):
-/// a first run planned with the estimate raised by this share would have
-/// covered 19 of every 20 of those rows. The benchmark fails when a figure
-/// here falls below what the data say.
+/// How far a first run's plan raises the estimate, per framework: the 95th
+/// percentile, over the rows the memory model under-predicts, of the share
+/// the estimate must be raised by to reach the measurement (a row whose
+/// estimate is a share `u` below the measurement needs `u / (1 − u)`),
+/// from the accuracy benchmark (`cargo bench --bench accuracy`, "stated
+/// margins"; rows in bench/data/): a first run planned with the estimate
+/// raised by this share would have covered 19 of every 20 of those rows.
+/// The benchmark fails when a figure here falls below what the data say.
 ///
-/// | framework | scored rows | under-predicted | 95th percentile |
+/// | framework | scored rows | under-predicted | 95th percentile of the raise |
 /// |---|---|---|---|
-/// | hf | 343 | 150 | 8.8 % (8.73) |
-/// | litgpt | 51 | 42 | 7.6 % |
-/// | torchtune | 4 | 4 | 7.7 % |
+/// | hf | 441 | 207 | 11.5 % (11.45) |
+/// | litgpt | 51 | 42 | 8.2 % (8.15) |
+/// | torchtune | 4 | 4 | 8.4 % (8.32) |
 /// | lightning | 11 | 0 | — |
-/// | all rows | 409 | 196 | 8.8 % (8.73) |
+/// | all rows | 507 | 253 | 11.5 % (11.44) |
 ///
-/// (The hf and all-rows figures rose from 7.3 and 7.6 % when the H200
-/// rows of bench/data/h200/ joined: configurations the model had never
-/// been held against, several of them under-predicted by 7–17 %; and to
-/// 8.73 % with the five rechecks of bench/data/h200/recheck.csv, all five
-/// below the model, measured with cuBLAS's workspaces made before the
-/// step.)
+/// History: the hf and all-rows figures rose from 7.3 and 7.6 % when the
+/// H200 rows of bench/data/h200/ joined (configurations the model had
+/// never been held against, several under-predicted by 7–17 %); to 8.8 %
+/// with the five rechecks of bench/data/h200/recheck.csv; and with the
+/// rows measured with cuBLAS's workspaces made in the step
+/// (`h200/neighbours.csv`, `h200/grid_instep.csv`, `h100/neighbours.csv`,
+/// `h100/grid_tail.csv`: the worst rows measured again with their
+/// neighbours, among them Qwen2.5-1.5B full bf16 at 1 × 1,024 and
+/// 2 × 512, 10.3 % under on both cards) to 10.3 % as the share of the
+/// measurement — which the plan, raising the estimate, does not cover:
+/// those rows need 11.5 %. Since then the figure is the raise itself.
 ///
 /// Entries: (framework, 95th percentile, under-predicted rows it rests on).
 pub const UNDER_PREDICTION_P95: &[(Framework, f64, usize)] = &[
-    (Framework::Hf, 0.088, 150),
-    (Framework::Litgpt, 0.076, 42),
-    (Framework::Torchtune, 0.077, 4),
+    (Framework::Hf, 0.115, 207),
+    (Framework::Litgpt, 0.082, 42),
+    (Framework::Torchtune, 0.084, 4),
 ];
 
 /// See [`UNDER_PREDICTION_P95`]: the all-rows figure, the margin of the
 /// frameworks without enough rows of their own (generic, lightning).
-pub const UNDER_PREDICTION_P95_ALL: f64 = 0.088;
+pub const UNDER_PREDICTION_P95_ALL: f64 = 0.115;
 
 /// A framework's own figure counts alone from this many under-predicted
 /// rows; below it the all-rows figure is the floor (a small sample proves
@@ -81,9 +88,9 @@ mod tests {
             assert!(m > 0.0 && m < 0.5, "{f:?}: {m}");
         }
         // enough rows: the framework's own figure, even below the floor
-        assert_eq!(under_prediction_margin(Framework::Hf), 0.088);
+        assert_eq!(under_prediction_margin(Framework::Hf), 0.115);
         // few rows: the larger of their own figure and the all-rows one
-        // (torchtune's own 7.7 % rests on 4 rows)
+        // (torchtune's own 8.4 % rests on 4 rows)
         let own = UNDER_PREDICTION_P95
             .iter()
             .find(|(f, _, _)| *f == Framework::Torchtune)

@@ -159,7 +159,7 @@ fn the_stated_margin_and_the_first_run_plan_are_printed_beside_the_estimate() {
     args.extend_from_slice(&["--framework", "litgpt"]);
     let out = stdout(&gpufit(&args));
     assert!(
-        out.contains(&format!("short by more than {:.1} %", 100.0 * litgpt)),
+        out.contains(&format!("raised by more than {:.1} %", 100.0 * litgpt)),
         "{out}"
     );
 }

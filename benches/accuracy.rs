@@ -781,14 +781,14 @@ fn workspaces_report(syn: &Synthetic) -> Result<(), String> {
     // the in-step measurement against the in-step replay, and against the
     // measurement with the workspaces made before
     let (mut replay_err, mut measured_moved) = (Vec::new(), Vec::new());
-    println!("\nwhen cuBLAS's workspaces are made (synthetic/replayed_workspaces.csv: in the first step, as a fresh job; synthetic/replayed.csv: before it; measured: h200/grid.csv before, h200/grid_instep.csv in step):");
+    println!("\nwhen cuBLAS's workspaces are made, GiB (rep.step: replayed with them made in the first step, as a fresh job, synthetic/replayed_workspaces.csv; rep.bef: before it, synthetic/replayed.csv; meas.bef / meas.step: measured on the H200 each way, h200/grid.csv / h200/grid_instep.csv; error: the model against rep.step):");
     println!(
         "  {:<50} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
         "configuration (moved by more than 3 %)",
-        "before",
-        "in step",
-        "measured",
-        "in step",
+        "rep.bef",
+        "rep.step",
+        "meas.bef",
+        "meas.step",
         "model",
         "error"
     );

@@ -782,22 +782,14 @@ fn neighbours_replay_report(root: &Path) -> Result<(), String> {
     let (mut replay_err, mut model_err) = (Vec::new(), Vec::new());
     for rec in &replayed {
         let line: usize = num(rec, "line")?;
-        let at = |rows: &[HashMap<String, String>]| -> Result<Option<f64>, String> {
-            let m = line
-                .checked_sub(2)
-                .and_then(|i| rows.get(i))
-                .ok_or_else(|| format!("line {line}: no measured row"))?;
-            same_configuration(m, rec).map_err(|e| format!("line {line}: {e}"))?;
-            Ok(ok_reserved(Some(m)))
-        };
-        let (a, b) = (at(&h200)?, at(&h100)?);
+        let (m200, m100) = (
+            measured_at(&h200, line, rec)?,
+            measured_at(&h100, line, rec)?,
+        );
+        let (a, b) = (ok_reserved(Some(m200)), ok_reserved(Some(m100)));
         let r: f64 = num(rec, "reserved_bytes")?;
         // the model as the accuracy rows score it: from the measured row
-        let measured = line
-            .checked_sub(2)
-            .and_then(|i| h200.get(i))
-            .ok_or_else(|| format!("line {line}: no measured row"))?;
-        let (w, st, o) = scenario(measured).map_err(|e| format!("line {line}: {e}"))?;
+        let (w, st, o) = scenario(m200).map_err(|e| format!("line {line}: {e}"))?;
         let model = estimate_with(&w, &st, &o)
             .map_err(|e| format!("line {line}: {e}"))?
             .peak_reserved_bytes as f64;
@@ -944,6 +936,21 @@ fn workspaces_report(syn: &Synthetic) -> Result<(), String> {
         summary("the in-step replay against its measurement", &replay_err)
     );
     Ok(())
+}
+
+/// The measured row at CSV line `line` of `rows`, checked to be the
+/// configuration of `rec`.
+fn measured_at<'a>(
+    rows: &'a [HashMap<String, String>],
+    line: usize,
+    rec: &HashMap<String, String>,
+) -> Result<&'a HashMap<String, String>, String> {
+    let m = line
+        .checked_sub(2)
+        .and_then(|i| rows.get(i))
+        .ok_or_else(|| format!("line {line}: no measured row"))?;
+    same_configuration(m, rec).map_err(|e| format!("line {line}: {e}"))?;
+    Ok(m)
 }
 
 /// A measured row's peak reserved bytes, where it ran (`status=ok`).

@@ -4,6 +4,10 @@
 //! Run: `cargo bench --bench history_speed`
 //! (`GPUFIT_BENCH_RECORDS=100000` for a quicker, smaller run.)
 
+#[path = "common/fleet_gpus.rs"]
+mod fleet_gpus;
+use fleet_gpus::GPUS;
+
 use std::io::{BufReader, BufWriter, Write};
 use std::time::Instant;
 
@@ -21,13 +25,6 @@ use gpufit::history::HistoryStore;
 use rand::{Rng, SeedableRng};
 
 const MODELS: usize = 100;
-const GPUS: [&str; 5] = [
-    "NVIDIA A100-SXM4-80GB",
-    "NVIDIA H100 80GB HBM3",
-    "NVIDIA A10G",
-    "NVIDIA L40S",
-    "NVIDIA GeForce RTX 4090",
-];
 /// 20 sequence lengths, each 25 % above the last: no two within the 10 %
 /// similarity window, so every (model, GPU, seq) is its own key.
 fn seq_lens() -> Vec<u32> {

@@ -9,6 +9,10 @@
 #[path = "../tests/common/postgres.rs"]
 mod pg;
 
+#[path = "common/fleet_gpus.rs"]
+mod fleet_gpus;
+use fleet_gpus::GPUS;
+
 use std::time::Instant;
 
 use chrono::{DateTime, Duration, Utc};
@@ -20,13 +24,6 @@ use gpufit::history::sqlite::SqliteStore;
 use gpufit::history::{HistoryError, HistoryStore};
 use rand::{Rng, SeedableRng};
 
-const GPUS: [&str; 5] = [
-    "NVIDIA A100-SXM4-80GB",
-    "NVIDIA H100 80GB HBM3",
-    "NVIDIA A10G",
-    "NVIDIA L40S",
-    "NVIDIA GeForce RTX 4090",
-];
 const MODELS: usize = 100;
 const METHODS: [Method; 3] = [Method::Full, Method::Lora, Method::Qlora];
 const SEQS: [u32; 4] = [1024, 2048, 4096, 8192];

@@ -72,9 +72,9 @@ struct Output<'a> {
     #[serde(flatten)]
     estimate: &'a Estimate,
     /// The raise that covers the model's measured under-prediction for
-    /// this framework (95th percentile, advisor::under_prediction_margin) and what `suggest`
-    /// plans these exact settings with when there is no history: stated
-    /// beside the estimate, never inside it.
+    /// this framework (95th percentile, advisor::under_prediction_margin)
+    /// and what `suggest` plans these exact settings with when there is no
+    /// history: stated beside the estimate, never inside it.
     under_prediction_margin: f64,
     first_run_plan_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -391,10 +391,19 @@ impl Totals {
             max_m: f64::NEG_INFINITY,
             ..Totals::default()
         };
-        pts.iter().fold(start, |t, p| t.plus(p, 1.0))
+        pts.iter().fold(start, |t, p| {
+            let m = p.micro_batch as f64;
+            Totals {
+                min_model: t.min_model.min(p.model_bytes),
+                min_m: t.min_m.min(m),
+                max_m: t.max_m.max(m),
+                ..t.plus(p, 1.0)
+            }
+        })
     }
 
-    /// `sign` 1 adds the point, -1 takes it out.
+    /// `sign` 1 adds the point to the sums, -1 takes it out (the bounds
+    /// stay: see the fields).
     fn plus(self, p: &Measured, sign: f64) -> Totals {
         let m = p.micro_batch as f64;
         let r = p.peak_bytes - p.model_bytes;
@@ -408,21 +417,7 @@ impl Totals {
             m_r: self.m_r + sign * m * r,
             slope: self.slope + sign * p.model_slope,
             peak: self.peak + sign * p.peak_bytes,
-            min_model: if sign > 0.0 {
-                self.min_model.min(p.model_bytes)
-            } else {
-                self.min_model
-            },
-            min_m: if sign > 0.0 {
-                self.min_m.min(m)
-            } else {
-                self.min_m
-            },
-            max_m: if sign > 0.0 {
-                self.max_m.max(m)
-            } else {
-                self.max_m
-            },
+            ..self
         }
     }
 }

@@ -72,7 +72,7 @@ struct Output<'a> {
     #[serde(flatten)]
     estimate: &'a Estimate,
     /// The raise that covers the model's measured under-prediction for
-    /// this framework (95th percentile, advisor::under_prediction_margin)
+    /// this framework (99th percentile, advisor::under_prediction_margin)
     /// and what `suggest` plans these exact settings with when there is no
     /// history: stated beside the estimate, never inside it.
     under_prediction_margin: f64,
@@ -96,7 +96,7 @@ struct GpuFit {
     /// The peak raised by the model's measured under-prediction for the
     /// framework (`under_prediction_margin`) fits too: a `fits` without
     /// this is inside the model's error of the card and may run out of
-    /// memory (1 in 20 of the measured rows the model under-predicts
+    /// memory (1 in 100 of the measured rows the model under-predicts
     /// needed the estimate raised by more than the margin).
     fits_within_measured_error: bool,
     /// Largest micro batch whose predicted peak fits the whole GPU; null when
@@ -328,7 +328,7 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
         );
     }
     println!(
-        "measured error: of the {} measurements the model under-predicts, 1 in 20 needs the estimate raised by more than {:.1} % (accuracy bench); without history `gpufit suggest` plans these settings with {}",
+        "measured error: of the {} measurements the model under-predicts, 1 in 100 needs the estimate raised by more than {:.1} % (accuracy bench); without history `gpufit suggest` plans these settings with {}",
         w.framework,
         100.0 * under_prediction_margin(w.framework),
         fmt_gib(first_run_plan(est, w.framework).round() as u64)

@@ -5,70 +5,73 @@
 
 use crate::core::workload::Framework;
 
-/// How far a first run's plan raises the estimate, per framework: the 95th
+/// How far a first run's plan raises the estimate, per framework: the 99th
 /// percentile, over the rows the memory model under-predicts, of the share
 /// the estimate must be raised by to reach the measurement (a row whose
 /// estimate is a share `u` below the measurement needs `u / (1 − u)`),
 /// from the accuracy benchmark (`cargo bench --bench accuracy`, "stated
 /// margins"; rows in bench/data/): a first run planned with the estimate
-/// raised by this share would have covered 19 of every 20 of those rows.
+/// raised by this share would have covered 99 of every 100 of those rows.
 /// The benchmark fails when a figure here falls below what the data say.
 ///
-/// | framework | scored rows | under-predicted | 95th percentile of the raise |
+/// | framework | scored rows | under-predicted | 99th percentile of the raise |
 /// |---|---|---|---|
-/// | hf | 441 | 207 | 11.5 % (11.45) |
-/// | litgpt | 51 | 42 | 8.2 % (8.15) |
+/// | hf | 441 | 204 | 11.5 % (11.46) |
+/// | litgpt | 51 | 42 | 11.1 % (11.04) |
 /// | torchtune | 4 | 4 | 8.4 % (8.32) |
 /// | lightning | 11 | 0 | — |
-/// | all rows | 507 | 253 | 11.5 % (11.44) |
+/// | all rows | 507 | 250 | 11.5 % (11.46) |
 ///
-/// History: the hf and all-rows figures rose from 7.3 and 7.6 % when the
-/// H200 rows of bench/data/h200/ joined (configurations the model had
-/// never been held against, several under-predicted by 7–17 %); to 8.8 %
-/// with the five rechecks of bench/data/h200/recheck.csv; and with the
-/// rows measured with cuBLAS's workspaces made in the step
-/// (`h200/neighbours.csv`, `h200/grid_instep.csv`, `h100/neighbours.csv`,
-/// `h100/grid_tail.csv`: the worst rows measured again with their
-/// neighbours, among them Qwen2.5-1.5B full bf16 at 1 × 1,024 and
-/// 2 × 512, 10.3 % under on both cards) to 10.3 % as the share of the
-/// measurement — which the plan, raising the estimate, does not cover:
-/// those rows need 11.5 %. Since then the figure is the raise itself.
+/// Why the 99th and not the 95th percentile: a first run must not run out
+/// of memory. With the 95th (9.9 % for hf since the memory model learnt
+/// which activations cannot take the previous step's cached gradient
+/// blocks, `allocator::activations_reusing_grad_blocks`), the first-run
+/// plans of Qwen2.5-1.5B full bf16 at 1 × 1,024 and 2 × 512 (10.3 % under
+/// on an H100 and an H200) fell 1 % short of their measured device peak;
+/// with the 99th all 417 H100 and H200 rows are covered.
 ///
-/// Entries: (framework, 95th percentile, under-predicted rows it rests on).
-pub const UNDER_PREDICTION_P95: &[(Framework, f64, usize)] = &[
-    (Framework::Hf, 0.115, 207),
-    (Framework::Litgpt, 0.082, 42),
+/// History: the 95th percentile rose from 7.3 (hf) and 7.6 % (all rows)
+/// when the H200 rows of bench/data/h200/ joined, to 8.8 % with the five
+/// rechecks of bench/data/h200/recheck.csv, and to 11.5 % with the rows
+/// measured with cuBLAS's workspaces made in the step, once the figure
+/// became the raise of the estimate rather than the shortfall's share of
+/// the measurement (a row 10.3 % under needs 11.5 %).
+///
+/// Entries: (framework, 99th percentile, under-predicted rows it rests on).
+pub const UNDER_PREDICTION_P99: &[(Framework, f64, usize)] = &[
+    (Framework::Hf, 0.115, 204),
+    (Framework::Litgpt, 0.111, 42),
     (Framework::Torchtune, 0.084, 4),
 ];
 
-/// See [`UNDER_PREDICTION_P95`]: the all-rows figure, the margin of the
+/// See [`UNDER_PREDICTION_P99`]: the all-rows figure, the margin of the
 /// frameworks without enough rows of their own (generic, lightning).
-pub const UNDER_PREDICTION_P95_ALL: f64 = 0.115;
+pub const UNDER_PREDICTION_P99_ALL: f64 = 0.115;
 
 /// A framework's own figure counts alone from this many under-predicted
 /// rows; below it the all-rows figure is the floor (a small sample proves
 /// little, and none under-predicted proves nothing).
 pub const MARGIN_MIN_ROWS: usize = 30;
 
-/// The margin for a framework whose own 95th percentile is `p95` over
-/// `rows` under-predicted rows, with `all_rows_p95` as the floor for small
+/// The margin for a framework whose own 99th percentile is `p99` over
+/// `rows` under-predicted rows, with `all_rows_p99` as the floor for small
 /// samples: the one rule the advisor (on the stated figures) and the
 /// accuracy benchmark (on today's data) share.
-pub fn margin_from(p95: f64, rows: usize, all_rows_p95: f64) -> f64 {
+pub fn margin_from(p99: f64, rows: usize, all_rows_p99: f64) -> f64 {
     if rows >= MARGIN_MIN_ROWS {
-        p95
+        p99
     } else {
-        p95.max(all_rows_p95)
+        p99.max(all_rows_p99)
     }
 }
 
 /// The share a first run's plan adds to the estimate for framework `f`.
 pub fn under_prediction_margin(f: Framework) -> f64 {
-    UNDER_PREDICTION_P95
+    UNDER_PREDICTION_P99
         .iter()
         .find(|(g, _, _)| *g == f)
-        .map(|&(_, p, n)| margin_from(p, n, UNDER_PREDICTION_P95_ALL))
-        .unwrap_or(UNDER_PREDICTION_P95_ALL)
+        .map(|&(_, p, n)| margin_from(p, n, UNDER_PREDICTION_P99_ALL))
+        .unwrap_or(UNDER_PREDICTION_P99_ALL)
 }
 
 #[cfg(test)]
@@ -91,21 +94,21 @@ mod tests {
         assert_eq!(under_prediction_margin(Framework::Hf), 0.115);
         // few rows: the larger of their own figure and the all-rows one
         // (torchtune's own 8.4 % rests on 4 rows)
-        let own = UNDER_PREDICTION_P95
+        let own = UNDER_PREDICTION_P99
             .iter()
             .find(|(f, _, _)| *f == Framework::Torchtune)
-            .map(|&(_, p95, _)| p95)
+            .map(|&(_, p99, _)| p99)
             .unwrap();
         assert_eq!(
             under_prediction_margin(Framework::Torchtune),
-            own.max(UNDER_PREDICTION_P95_ALL)
+            own.max(UNDER_PREDICTION_P99_ALL)
         );
         assert_eq!(margin_from(0.05, 4, 0.144), 0.144);
         assert_eq!(margin_from(0.20, 4, 0.144), 0.20);
         assert_eq!(margin_from(0.05, 30, 0.144), 0.05);
         assert_eq!(
             under_prediction_margin(Framework::Lightning),
-            UNDER_PREDICTION_P95_ALL
+            UNDER_PREDICTION_P99_ALL
         );
     }
 }

@@ -42,7 +42,7 @@ use crate::core::similarity::HistoryQuery;
 use crate::core::workload::Workload;
 
 pub use candidates::Cand;
-pub use margin::{margin_from, under_prediction_margin, UNDER_PREDICTION_P95_ALL};
+pub use margin::{margin_from, under_prediction_margin, UNDER_PREDICTION_P99_ALL};
 pub use predict::first_run_plan;
 
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -218,7 +218,7 @@ fn cache_filled_the_card(peak: f64, model: f64, capacity: f64) -> bool {
 /// with its stated margin ([`HEURISTIC_FIXED_MARGIN`],
 /// [`HEURISTIC_SLOPE_MARGIN`]), and never below the estimate raised by the
 /// model's measured under-prediction for that framework
-/// ([`under_prediction_margin`]: its 95th percentile). The accuracy
+/// ([`under_prediction_margin`]: its 99th percentile). The accuracy
 /// benchmark checks this figure against measured peaks.
 pub fn first_run_plan(e: &Estimate, framework: Framework) -> f64 {
     let m = e.micro_batch_size as f64;

@@ -1504,7 +1504,7 @@ fn a_peak_that_is_the_allocator_cache_filling_the_card_is_not_learned_as_need() 
 #[test]
 fn a_first_run_plans_with_the_measured_margin_and_says_so_in_numbers() {
     // No history: the micro batch is the largest whose plan (estimate +
-    // stated margins, at least the framework's measured 95th percentile of
+    // stated margins, at least the framework's measured 99th percentile of
     // under-prediction) meets the target, and the reasoning prints that plan.
     for fw in [Framework::Hf, Framework::Litgpt, Framework::Torchtune] {
         let w = catalog_workload("meta-llama/Llama-3.1-8B", Method::Lora, fw, 2048);

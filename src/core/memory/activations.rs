@@ -37,6 +37,10 @@ pub(super) struct LayerActs {
     /// hidden-width tensors and smaller), for the allocator's segment
     /// packing (`allocator::segment_waste_share`).
     pub(super) saved_wide: f64,
+    /// Bytes per token of one MLP-intermediate tensor (`intermediate_size`
+    /// elements), for the allocator's size test against the cached
+    /// parameter-shaped blocks (`allocator::eval`).
+    pub(super) wide_tensor: f64,
 }
 
 /// The dtype a block's activations follow: under PEFT's QLoRA recipe
@@ -557,6 +561,7 @@ pub(super) fn layer_activations(
         backward_transient_per_seq: bt_seq,
         transient_per_seq_one_size: math_sdpa,
         saved_wide,
+        wide_tensor: mlp_e * i,
     }
 }
 
@@ -684,6 +689,11 @@ pub(super) fn per_sample(
         0.0
     };
     pl.act_per_sample = seq * (acts_tokens + enc_dec);
+    (pl.act_wide_per_sample, pl.wide_tensor_per_sample) = if s.activation_checkpointing {
+        (0.0, 0.0)
+    } else {
+        (seq * layers * la.saved_wide, seq * la.wide_tensor)
+    };
     // The hidden-width tensors among them (one is seq · h · e bytes per
     // sample): every block's, or the checkpointed blocks' inputs.
     (pl.act_hidden_per_sample, pl.hidden_tensor_per_sample) = if s.activation_checkpointing {

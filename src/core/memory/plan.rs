@@ -68,6 +68,14 @@ pub(super) struct Plan {
     /// … and the bytes of one such tensor per sample (its size at micro
     /// batch m is m times this), for the allocator's segment packing.
     pub(super) hidden_tensor_per_sample: f64,
+    /// The MLP-intermediate part of `act_per_sample` (without
+    /// checkpointing, else 0) …
+    pub(super) act_wide_per_sample: f64,
+    /// … and one such tensor per sample.
+    pub(super) wide_tensor_per_sample: f64,
+    /// One MLP weight's gradient block (`hidden × intermediate` in the
+    /// gradients' dtype) where gradients are per-parameter tensors, else 0.
+    pub(super) mlp_grad_block: f64,
     pub(super) logits_per_sample: f64,
     /// The loss path's largest single tensor per sample (HF's fp32 upcast
     /// of the logits: seq × vocab × 4 B), whose freed block expandable

@@ -404,6 +404,11 @@ pub(super) fn gradients(
     } else {
         0.0
     };
+    pl.mlp_grad_block = if pl.largest_grad_block > 0.0 {
+        p.largest_linear * grad_bytes
+    } else {
+        0.0
+    };
     // Gradients exist during the next forward when accumulation keeps them
     // between micro steps, or when zero_grad only zeroes them (torch < 2.0
     // default `set_to_none=False`).

@@ -157,6 +157,8 @@ pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOption
         transient_per_seq_one_size: false,
         // T5's blocks are not split by width: no segment packing counted.
         saved_wide: pair / BLOCKS_PER_PAIR,
+        // nor tested against the cached gradient blocks (`allocator::eval`)
+        wide_tensor: 0.0,
     }
 }
 

@@ -415,6 +415,23 @@ fn history_import_counts_skipped_lines_and_export_round_trips() {
         table.contains("imported 5 run(s)") && table.contains("skipped 4 of 9"),
         "{table}"
     );
+    // From standard input (`-`): the same counts, and the same identities.
+    let mut child = gpufit(&db)
+        .args(["-o", "json", "history", "import", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&std::fs::read(&src).unwrap()).unwrap();
+    }
+    let piped = json(child.wait_with_output().unwrap());
+    assert_eq!(piped["imported"], 5, "{piped}");
+    assert_eq!(piped["skipped"], 4, "{piped}");
+    assert_eq!(piped["file"], "-", "{piped}");
+    assert_eq!(piped["total_in_store"], 5, "{piped}");
     // The same file again: every run has the identity it had, so the store
     // still holds each run once.
     let again = json(

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{Global, OutputFormat};
 use crate::core::run::RunRecord;
 use crate::core::units::fmt_gib;
-use crate::history::jsonl::{self, ImportOptions, ImportStats, JsonlReader, PeakUnit};
+use crate::history::jsonl::{self, ImportOptions, ImportStats, PeakUnit, ThreadedReader};
 use crate::history::{self, HistoryError, HistoryStore, ListFilter};
 
 #[derive(Debug, clap::Args)]
@@ -134,19 +134,20 @@ fn import(
     opts: ImportOptions,
 ) -> crate::Result<ExitCode> {
     let name = file.display().to_string();
+    // Parsing runs on its own thread beside the inserts (ThreadedReader).
     let stats = if file.as_os_str() == "-" {
-        let stdin = std::io::stdin();
-        let mut rd = JsonlReader::new(stdin.lock(), "stdin", opts);
+        let stdin = BufReader::with_capacity(1 << 20, std::io::stdin());
+        let mut rd = ThreadedReader::spawn(stdin, "stdin", opts)?;
         store.record_batch(&mut rd)?;
-        rd.stats().clone()
+        rd.finish()
     } else {
         let f = std::fs::File::open(file).map_err(|e| crate::Error::Io {
             context: format!("cannot open {name}"),
             source: e,
         })?;
-        let mut rd = JsonlReader::new(BufReader::with_capacity(1 << 20, f), &name, opts);
+        let mut rd = ThreadedReader::spawn(BufReader::with_capacity(1 << 20, f), &name, opts)?;
         store.record_batch(&mut rd)?;
-        rd.stats().clone()
+        rd.finish()
     };
     let total = store.count()?;
     match g.output {

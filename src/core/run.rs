@@ -226,10 +226,21 @@ impl RunRecord {
                 job
             ),
             _ => {
-                let mut canon = self.clone();
-                canon.id = None;
-                let text = serde_json::to_string(&canon).unwrap_or_default();
-                format!("h:{:016x}{:016x}", fnv1a(&text, FNV_A), fnv1a(&text, FNV_B))
+                // The hashes of the record's JSON without its id, fed as
+                // serde writes it (no copy of the record or of the text).
+                let mut h = Fnv2(FNV_A, FNV_B);
+                let written = if self.id.is_none() {
+                    serde_json::to_writer(&mut h, self)
+                } else {
+                    let mut canon = self.clone();
+                    canon.id = None;
+                    serde_json::to_writer(&mut h, &canon)
+                };
+                if written.is_err() {
+                    // as the text of a record that does not serialize: ""
+                    h = Fnv2(FNV_A, FNV_B);
+                }
+                format!("h:{:016x}{:016x}", h.0, h.1)
             }
         }
     }
@@ -240,10 +251,30 @@ impl RunRecord {
 const FNV_A: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_B: u64 = 0x6c62_272e_07bb_0142;
 
+/// FNV-1a's 64-bit prime.
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+#[cfg(test)]
 fn fnv1a(s: &str, basis: u64) -> u64 {
-    s.bytes().fold(basis, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    s.bytes()
+        .fold(basis, |h, b| (h ^ b as u64).wrapping_mul(FNV_PRIME))
+}
+
+/// Both FNV-1a hashes of everything written to it.
+struct Fnv2(u64, u64);
+
+impl std::io::Write for Fnv2 {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        for &b in buf {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(FNV_PRIME);
+            self.1 = (self.1 ^ b as u64).wrapping_mul(FNV_PRIME);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -299,6 +330,27 @@ mod identity_tests {
         b.timestamp = DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(1);
         assert_ne!(a.identity(), b.identity());
         assert!(a.identity().starts_with("h:") && a.identity().len() == 34);
+    }
+
+    #[test]
+    fn the_content_key_is_the_one_existing_histories_store() {
+        // Histories hold keys made as the two FNV-1a hashes of the
+        // record's JSON text without its id; the streaming hash must give
+        // the same key, with or without an id on the record.
+        let stored_key = |r: &RunRecord| {
+            let mut canon = r.clone();
+            canon.id = None;
+            let text = serde_json::to_string(&canon).unwrap();
+            format!("h:{:016x}{:016x}", fnv1a(&text, FNV_A), fnv1a(&text, FNV_B))
+        };
+        let mut a = rec(None);
+        a.model = "Qwen/Qwen2.5-7B \"quoted\" ü".into();
+        assert_eq!(a.identity(), stored_key(&a));
+        a.id = Some(12);
+        assert_eq!(a.identity(), stored_key(&a));
+        a.id = None;
+        a.result.tokens_per_sec = Some(1234.5);
+        assert_eq!(a.identity(), stored_key(&a));
     }
 }
 

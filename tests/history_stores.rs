@@ -278,6 +278,36 @@ fn sqlite_uses_wal_and_answers_similar_from_the_key_index() {
 }
 
 #[test]
+fn a_new_sqlite_history_gets_8_kib_pages_and_an_existing_one_keeps_its_own() {
+    let d = tmp();
+    let page_size = |p: &std::path::Path| -> i64 {
+        rusqlite::Connection::open(p)
+            .unwrap()
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap()
+    };
+    let fresh = d.path().join("new.db");
+    let s = SqliteStore::open(&fresh).unwrap();
+    s.record(&run("m", "NVIDIA H100 80GB HBM3", 2048, 4, 0))
+        .unwrap();
+    drop(s);
+    assert_eq!(page_size(&fresh), 8192);
+    // a history made with SQLite's default 4 KiB pages (an older gpufit)
+    let old = d.path().join("old.db");
+    {
+        let c = rusqlite::Connection::open(&old).unwrap();
+        c.execute_batch("PRAGMA page_size = 4096; CREATE TABLE t (x); DROP TABLE t;")
+            .unwrap();
+    }
+    let s = SqliteStore::open(&old).unwrap();
+    s.record(&run("m", "NVIDIA H100 80GB HBM3", 2048, 4, 1))
+        .unwrap();
+    assert_eq!(s.count().unwrap(), 1);
+    drop(s);
+    assert_eq!(page_size(&old), 4096);
+}
+
+#[test]
 fn a_locked_sqlite_file_gives_a_clear_error_and_loses_nothing() {
     let d = tmp();
     let path = d.path().join("h.db");

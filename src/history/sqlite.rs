@@ -237,6 +237,12 @@ impl SqliteStore {
                 supported,
             });
         }
+        if version == 0 {
+            // Only a file with no pages yet takes it (SQLite ignores it
+            // otherwise): existing histories keep theirs.
+            conn.pragma_update(None, "page_size", NEW_DB_PAGE_SIZE)
+                .map_err(|e| self.err(e))?;
+        }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(|e| self.err(e))?;
         conn.pragma_update(None, "synchronous", "NORMAL")
@@ -452,6 +458,12 @@ fn keyed_params(r: &RunRecord) -> Vec<rusqlite::types::Value> {
     v.push(rusqlite::types::Value::Text(r.identity()));
     v
 }
+
+/// Page size of a new history file: 8 KiB pages make a 1 M-line import
+/// 7 % faster than SQLite's default 4 KiB (median of three 1 M-line
+/// imports, `cargo bench --bench history_speed`: 15.55 against 16.78 s),
+/// with `similar()` unchanged within 4 % (0.64 against 0.62 ms p50).
+const NEW_DB_PAGE_SIZE: i64 = 8192;
 
 impl HistoryStore for SqliteStore {
     fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {

@@ -797,10 +797,6 @@ fn neighbours_replay_report(root: &Path) -> Result<(), String> {
             replay_err.push((r - m) / m);
             model_err.push((model - m) / m);
         }
-        let gib = |b: Option<f64>| {
-            b.map(|b| format!("{:.2}", b / GIB as f64))
-                .unwrap_or_else(|| "-".into())
-        };
         let id = grid_id(rec, "", st.activation_checkpointing)?;
         let worst = [a, b]
             .into_iter()
@@ -810,8 +806,8 @@ fn neighbours_replay_report(root: &Path) -> Result<(), String> {
         println!(
             "  {:<50} {:>9} {:>9} {:>9.2} {:>9.2} {:>+7.1}%",
             id,
-            gib(a),
-            gib(b),
+            gib_or_dash(a),
+            gib_or_dash(b),
             r / GIB as f64,
             model / GIB as f64,
             100.0 * worst
@@ -899,17 +895,13 @@ fn workspaces_report(syn: &Synthetic) -> Result<(), String> {
         }
         let moved_far = |a: Option<f64>, b: Option<f64>| matches!((a, b), (Some(a), Some(b)) if ((a - b) / b).abs() > 0.03);
         if d.abs() > 0.03 || moved_far(instep_m, before_m) {
-            let gib = |b: Option<f64>| {
-                b.map(|b| format!("{:.2}", b / GIB as f64))
-                    .unwrap_or_else(|| "-".into())
-            };
             println!(
                 "  {:<50} {:>9.2} {:>9.2} {:>9} {:>9} {:>9.2} {:>+7.1}%",
                 id,
                 old / GIB as f64,
                 fresh / GIB as f64,
-                gib(before_m),
-                gib(instep_m),
+                gib_or_dash(before_m),
+                gib_or_dash(instep_m),
                 predicted / GIB as f64,
                 100.0 * e
             );
@@ -951,6 +943,12 @@ fn measured_at<'a>(
         .ok_or_else(|| format!("line {line}: no measured row"))?;
     same_configuration(m, rec).map_err(|e| format!("line {line}: {e}"))?;
     Ok(m)
+}
+
+/// Bytes as GiB with two decimals, or `-` where there is no figure.
+fn gib_or_dash(b: Option<f64>) -> String {
+    b.map(|b| format!("{:.2}", b / GIB as f64))
+        .unwrap_or_else(|| "-".into())
 }
 
 /// A measured row's peak reserved bytes, where it ran (`status=ok`).
@@ -1018,8 +1016,8 @@ fn listed<S: AsRef<str>>(before: &str, after: &str, items: &[S]) -> String {
 /// share the estimate must be raised by to reach the measurement (0 when
 /// it under-predicts none). An error `e` is `(predicted − measured) /
 /// measured`, so the raise is `−e / (1 + e)`: a row 10.3 % under needs
-/// the estimate raised by 11.5 %, not 10.3 %, and the raise is what the advisor's margin does
-/// (`first_run_plan`: the estimate × (1 + margin)).
+/// the estimate raised by 11.5 %, not 10.3 %, and the raise is what the
+/// advisor's margin does (`first_run_plan`: the estimate × (1 + margin)).
 fn p99_under(errors: &[f64]) -> f64 {
     let mut unders: Vec<f64> = errors
         .iter()

@@ -448,8 +448,13 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
     })
 }
 
+/// The keyed upsert with SQLite's numbered placeholders.
+fn upsert_sql() -> String {
+    schema::upsert(|k| format!("?{k}"))
+}
+
 fn insert_sql() -> String {
-    format!("{} RETURNING id", schema::upsert(|k| format!("?{k}")))
+    format!("{} RETURNING id", upsert_sql())
 }
 
 /// The row's values with the run's identity last (the upsert's key).
@@ -544,9 +549,7 @@ impl SqliteStore {
             // No `RETURNING id` here: a batch needs no ids, and SQLite's
             // RETURNING on an upsert cost 17 of 41 s importing 1 M lines
             // (`cargo bench --bench history_speed`: 41 s → 24 s without it).
-            let mut stmt = tx
-                .prepare_cached(&schema::upsert(|k| format!("?{k}")))
-                .map_err(|e| self.err(e))?;
+            let mut stmt = tx.prepare_cached(&upsert_sql()).map_err(|e| self.err(e))?;
             for r in runs {
                 // On any error the transaction is dropped, i.e. rolled back:
                 // the batch is all or nothing, existing rows are untouched.

@@ -92,7 +92,7 @@ impl<'a> Ctx<'a> {
                 // plus the stated margins (predict::first_run_plan).
                 let planned = e.pred.plan(e.m).unwrap_or(e.predicted);
                 let r = format!(
-                    "No similar runs of {} on {} with {} yet, so the memory model alone predicts {:.1} GiB at micro batch {} ({:.0} % of {cap_gib:.1} GiB, target {target_pct:.0} %); it was chosen with {:.1} GiB, the prediction plus the stated margins for the model's error (+{:.0} % fixed part, +{:.0} % per sample, at least +{:.1} %: the raise that covers the model's under-prediction on 19 of 20 measured {} jobs it under-predicts){boundary}",
+                    "No similar runs of {} on {} with {} yet, so the memory model alone predicts {:.1} GiB at micro batch {} ({:.0} % of {cap_gib:.1} GiB, target {target_pct:.0} %); it was chosen with {:.1} GiB, the prediction plus the stated margins for the model's error (+{:.0} % fixed part, +{:.0} % per sample, at least +{:.1} %: the raise that covers the model's under-prediction on 99 of 100 measured {} jobs it under-predicts){boundary}",
                     self.w.model.name,
                     self.gpu_name(),
                     describe(e.cand),

@@ -1534,5 +1534,11 @@ fn a_first_run_plans_with_the_measured_margin_and_says_so_in_numbers() {
             "{}",
             s.reasoning
         );
+        // and says which percentile the margin is (advisor::margin)
+        assert!(
+            s.reasoning.contains("on 99 of 100 measured"),
+            "{}",
+            s.reasoning
+        );
     }
 }

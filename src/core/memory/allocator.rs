@@ -145,6 +145,12 @@ const K_MIN_LARGE_ALLOC: f64 = 10.0 * MIB;
 const K_ROUND_LARGE: f64 = 2.0 * MIB;
 const K_MIN_BLOCK: f64 = 512.0;
 
+/// A large request's size as the allocator maps it: rounded up to
+/// kRoundLarge (2 MiB), the size best fit compares.
+fn round_large(bytes: f64) -> f64 {
+    (bytes / K_ROUND_LARGE).ceil() * K_ROUND_LARGE
+}
+
 /// What the default allocator maps beyond a tensor of `bytes` when many
 /// tensors of that size are alive together (a share of the tensor): a
 /// segment holds ⌊segment / size⌋ of them and the rest of it stays empty
@@ -166,7 +172,7 @@ pub(super) fn segment_waste_share(bytes: f64) -> f64 {
     } else if size < K_MIN_LARGE_ALLOC {
         K_LARGE_BUFFER / (K_LARGE_BUFFER / size).floor()
     } else {
-        (size / K_ROUND_LARGE).ceil() * K_ROUND_LARGE
+        round_large(size)
     };
     (per_tensor - size) / size
 }
@@ -310,13 +316,12 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
 /// the cache-reusing count says.
 fn activations_reusing_grad_blocks(pl: &Plan, m: f64, loss_in_grad_blocks: f64) -> f64 {
     let act = pl.act_per_sample * m;
-    let round = |b: f64| (b / K_ROUND_LARGE).ceil() * K_ROUND_LARGE;
-    let wide_tensor = round(pl.wide_tensor_per_sample * m);
-    if pl.mlp_grad_block <= 0.0 || wide_tensor <= round(pl.mlp_grad_block) {
+    let wide_tensor = round_large(pl.wide_tensor_per_sample * m);
+    if pl.mlp_grad_block <= 0.0 || wide_tensor <= round_large(pl.mlp_grad_block) {
         return act;
     }
     let wide = pl.act_wide_per_sample * m;
-    let embedding_blocks = if wide_tensor <= round(pl.largest_grad_block) {
+    let embedding_blocks = if wide_tensor <= round_large(pl.largest_grad_block) {
         (pl.grad_blocks - loss_in_grad_blocks).max(0.0)
     } else {
         0.0
@@ -354,11 +359,10 @@ pub(super) fn reserved_slope(pl: &Plan) -> f64 {
 /// 2 × 2,048, where the buffer is twice that block, 28.97 over 23.08: the
 /// loss buffers' 5.87 GiB in segments of their own.
 fn loss_fits_grad_blocks(pl: &Plan, m: f64) -> bool {
-    let round = |b: f64| (b / K_ROUND_LARGE).ceil() * K_ROUND_LARGE;
     pl.shares.fixed_segments
         && pl.largest_loss_tensor_per_sample > 0.0
         && pl.largest_grad_block > 0.0
-        && round(pl.largest_loss_tensor_per_sample * m) <= round(pl.largest_grad_block)
+        && round_large(pl.largest_loss_tensor_per_sample * m) <= round_large(pl.largest_grad_block)
 }
 
 /// Holes among the optimizer states made in the first step (checkpointed;

@@ -107,7 +107,7 @@ fn main() {
         ImportOptions::default(),
     )
     .expect("reader thread");
-    let stored = store.record_batch(&mut rd).expect("import");
+    let stored = store.record_batch_keyed(&mut rd).expect("import");
     let import_s = t.elapsed().as_secs_f64();
     assert_eq!(rd.finish().imported as usize, n);
     assert_eq!(stored as usize, n);

@@ -227,6 +227,18 @@ fn a_run_recorded_twice_is_stored_once(store: &dyn HistoryStore) {
         store.record_batch(&mut batch).unwrap();
     }
     assert_eq!(store.count().unwrap(), before + 2);
+    // Keyed where it was parsed (an import's reader thread), recorded one
+    // at a time, or in a batch: one key, one row.
+    let keyed = anon.clone().keyed().unwrap();
+    assert_eq!(keyed.key(), anon.identity());
+    let mut batch = vec![Ok(keyed)].into_iter();
+    assert_eq!(store.record_batch_keyed(&mut batch).unwrap(), 1);
+    store.record(&anon).unwrap();
+    assert_eq!(store.count().unwrap(), before + 2);
+    // A record that fails validation is refused before it is keyed.
+    let mut bad = anon.clone();
+    bad.gpu_model = "auto".into();
+    assert!(bad.keyed().is_err());
 }
 
 #[test]

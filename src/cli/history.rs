@@ -138,7 +138,7 @@ fn import(
     let stats = if file.as_os_str() == "-" {
         let stdin = BufReader::with_capacity(1 << 20, std::io::stdin());
         let mut rd = ThreadedReader::spawn(stdin, "stdin", opts)?;
-        store.record_batch(&mut rd)?;
+        store.record_batch_keyed(&mut rd)?;
         rd.finish()
     } else {
         let f = std::fs::File::open(file).map_err(|e| crate::Error::Io {
@@ -146,7 +146,7 @@ fn import(
             source: e,
         })?;
         let mut rd = ThreadedReader::spawn(BufReader::with_capacity(1 << 20, f), &name, opts)?;
-        store.record_batch(&mut rd)?;
+        store.record_batch_keyed(&mut rd)?;
         rd.finish()
     };
     let total = store.count()?;

@@ -246,6 +246,42 @@ impl RunRecord {
     }
 }
 
+/// A validated run with its identity computed: what a store writes in a
+/// batch. Only [`RunRecord::keyed`] makes one, so the key is always the
+/// record's own. Built where the records are parsed (the import's reader
+/// thread), it takes the identity's hashing off the store's thread.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyedRun {
+    run: RunRecord,
+    key: String,
+}
+
+impl KeyedRun {
+    /// The validated record.
+    pub fn run(&self) -> &RunRecord {
+        &self.run
+    }
+
+    /// Its [`RunRecord::identity`].
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn into_run(self) -> RunRecord {
+        self.run
+    }
+}
+
+impl RunRecord {
+    /// Validates the record (see [`RunRecord::validated`]) and computes its
+    /// identity: the pair every store's batch writes.
+    pub fn keyed(self) -> Result<KeyedRun, RecordError> {
+        let run = self.validated(None)?;
+        let key = run.identity();
+        Ok(KeyedRun { run, key })
+    }
+}
+
 /// FNV-1a offset bases of two independent 64-bit hashes (128 bits together:
 /// a collision among 10^9 records has odds of about 10^-21).
 const FNV_A: u64 = 0xcbf2_9ce4_8422_2325;

@@ -14,7 +14,7 @@ pub mod sqlite;
 
 use thiserror::Error;
 
-use crate::core::run::RunRecord;
+use crate::core::run::{KeyedRun, RunRecord};
 use crate::core::similarity::HistoryQuery;
 
 #[derive(Debug, Error)]
@@ -77,9 +77,19 @@ pub trait HistoryStore: Send + Sync {
         &self,
         runs: &mut dyn Iterator<Item = Result<RunRecord, HistoryError>>,
     ) -> Result<u64, HistoryError> {
+        let mut keyed = runs.map(|r| r.and_then(|r| Ok(r.keyed()?)));
+        self.record_batch_keyed(&mut keyed)
+    }
+
+    /// [`HistoryStore::record_batch`] of records already validated and
+    /// keyed ([`RunRecord::keyed`], e.g. on an import's reader thread).
+    fn record_batch_keyed(
+        &self,
+        runs: &mut dyn Iterator<Item = Result<KeyedRun, HistoryError>>,
+    ) -> Result<u64, HistoryError> {
         let mut n = 0;
         for r in runs {
-            self.record(&r?)?;
+            self.record(r?.run())?;
             n += 1;
         }
         Ok(n)

@@ -21,7 +21,7 @@ use postgres::{Client, NoTls, Row};
 
 use super::schema::{self, i, u, u32_of};
 use super::{HistoryError, HistoryStore, ListFilter};
-use crate::core::run::{RunRecord, RunResult};
+use crate::core::run::{KeyedRun, RunRecord, RunResult};
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
 use crate::core::similarity::HistoryQuery;
 
@@ -349,9 +349,9 @@ impl HistoryStore for PostgresStore {
         row.try_get(0).map_err(|e| self.err(e))
     }
 
-    fn record_batch(
+    fn record_batch_keyed(
         &self,
-        runs: &mut dyn Iterator<Item = Result<RunRecord, HistoryError>>,
+        runs: &mut dyn Iterator<Item = Result<KeyedRun, HistoryError>>,
     ) -> Result<u64, HistoryError> {
         let mut c = self.lock();
         let mut tx = c.transaction().map_err(|e| self.err(e))?;
@@ -372,9 +372,9 @@ impl HistoryStore for PostgresStore {
         for r in runs {
             // On error, dropping the writer aborts the COPY and dropping
             // `tx` rolls the whole batch back.
-            let r = r?.validated(None)?;
-            let p = to_params(&r);
-            let key = r.identity();
+            let r = r?;
+            let p = to_params(r.run());
+            let key = r.key();
             let mut refs = p.refs();
             refs.push(&key);
             w.write(&refs).map_err(|e| self.err(e))?;

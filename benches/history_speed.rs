@@ -208,6 +208,7 @@ fn bench_gpu(name: &str) -> GpuSpec {
         bf16: true,
         fp8: false,
         bf16_tflops: 312.0,
+        fp32_tflops: 19.5,
         memory_bandwidth_gbs: 2039.0,
     }
 }

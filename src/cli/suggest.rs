@@ -55,6 +55,7 @@ impl GpuArgs {
                     bf16: true,
                     fp8: false,
                     bf16_tflops: 0.0,
+                    fp32_tflops: 0.0,
                     memory_bandwidth_gbs: 0.0,
                 },
                 (Err(e), None) => return Err(e.into()),

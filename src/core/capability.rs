@@ -84,6 +84,7 @@ impl GpuSpec {
             bf16,
             fp8,
             bf16_tflops: catalog.as_ref().map_or(0.0, |c| c.bf16_tflops),
+            fp32_tflops: catalog.as_ref().map_or(0.0, |c| c.fp32_tflops),
             memory_bandwidth_gbs: catalog.map_or(0.0, |c| c.memory_bandwidth_gbs),
         }
     }

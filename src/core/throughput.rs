@@ -9,7 +9,7 @@
 //! loop, see its README) say so.
 
 use crate::core::catalog::GpuSpec;
-use crate::core::memory::{attention_materializes_scores, optimizer_step_bytes};
+use crate::core::memory::{attention_materializes_scores, compute_dtype, optimizer_step_bytes};
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{ArchKind, Method, ModelArch, Workload};
 
@@ -62,6 +62,20 @@ pub const COMPILE_SPEED: f64 = 1.2;
 /// slower than LoRA; assumed 0.7 until measured).
 pub const QLORA_SPEED: f64 = 0.7;
 
+/// Share of the datasheet fp32 rate (CUDA cores, [`GpuSpec::fp32_tflops`])
+/// that the fp32 matmuls of PEFT's QLoRA recipe without autocast reach: the
+/// LM head and the attention run in fp32 there (the bitsandbytes linears
+/// hand back their fp32 inputs' dtype; PyTorch leaves TF32 off), while the
+/// 4-bit linears compute in bf16. From the H200's QLoRA rows
+/// (bench/data/h200/qlora.csv): Llama-3.2-1B at 4 × 2,048 took 57.9 µs a
+/// token more than LoRA on a bf16 base at the same settings, for 1.86
+/// GFLOP a token of head and attention (32 TFLOP/s, 0.48 of 66.9), and
+/// Llama-3.1-8B at 2 × 2,048 151 µs for 5.3 GFLOP (35 TFLOP/s, 0.52): their
+/// mean. With it the six QLoRA rows without autocast are within −11 … +16 %
+/// (median |error| 9 %) where one factor for the whole step gave −3 …
+/// +102 % (`cargo bench --bench accuracy`, tokens/s).
+pub const FP32_MATMUL_EFFICIENCY: f64 = 0.5;
+
 /// Activation offloading copies every checkpoint to host memory and back
 /// over PCIe; torchtune documents it as overlapping with compute "at a small
 /// cost" — assumed 0.9 until measured.
@@ -107,12 +121,8 @@ pub fn flops_per_token(w: &Workload, s: &EngineeringSettings) -> Flops {
 /// [`flops_per_token`] with whether the attention keeps its scores
 /// (`memory::attention_materializes_scores`) already known.
 fn flops_of(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> Flops {
-    let a = &w.model;
-    let dense = 2.0 * matmul_params(a);
-    let d_attn = a.num_attention_heads as f64 * a.head_dim as f64;
-    let causal = a.kind != ArchKind::EncoderOnly;
-    let attn_share = if causal && !scores_kept { 0.5 } else { 1.0 };
-    let attn = 4.0 * a.num_layers as f64 * w.seq_len as f64 * d_attn * attn_share;
+    let dense = 2.0 * matmul_params(&w.model);
+    let attn = attention_flops(w, scores_kept);
     let forward = dense + attn;
     // Backward: input gradients (≈ one forward) plus weight gradients (≈ one
     // forward of the trainable weights; LoRA adapters are negligible).
@@ -136,13 +146,43 @@ pub fn half_tokens(hidden: u32) -> f64 {
     HALF_TOKENS * (HALF_TOKENS_HIDDEN / hidden.max(1) as f64).powf(HALF_TOKENS_EXPONENT)
 }
 
+/// FLOPs per token of the step that run as fp32 matmuls beside a 16-bit
+/// base: PEFT's QLoRA recipe without autocast (`memory::compute_dtype` is
+/// fp32 while the training dtype is not) runs the LM head (its forward and
+/// its input gradient: the head is frozen) and the attention's score and
+/// value products (forward, the two products of each in backward, and the
+/// recomputed forward) in fp32. The adapters are fp32 too, but rank r
+/// against the hidden size: left out. 0 otherwise.
+fn fp32_flops(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> f64 {
+    if compute_dtype(w, s) != Dtype::Fp32 || s.dtype == Dtype::Fp32 {
+        return 0.0;
+    }
+    let a = &w.model;
+    let head = 2.0 * a.vocab_size as f64 * a.hidden_size as f64;
+    let passes = if s.activation_checkpointing { 4.0 } else { 3.0 };
+    2.0 * head + passes * attention_flops(w, scores_kept)
+}
+
+/// Attention's forward FLOPs per token (see [`flops_per_token`]).
+fn attention_flops(w: &Workload, scores_kept: bool) -> f64 {
+    let a = &w.model;
+    let d_attn = a.num_attention_heads as f64 * a.head_dim as f64;
+    let causal = a.kind != ArchKind::EncoderOnly;
+    let attn_share = if causal && !scores_kept { 0.5 } else { 1.0 };
+    4.0 * a.num_layers as f64 * w.seq_len as f64 * d_attn * attn_share
+}
+
 /// Predicted tokens/s of one GPU for the workload and settings.
 pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f64 {
     let scores_kept = attention_materializes_scores(w, s);
-    let flops = flops_of(w, s, scores_kept).step;
-    if flops <= 0.0 || gpu.bf16_tflops <= 0.0 {
+    let step_flops = flops_of(w, s, scores_kept).step;
+    if step_flops <= 0.0 || gpu.bf16_tflops <= 0.0 {
         return 0.0;
     }
+    // What runs as fp32 matmuls goes at the fp32 rate (see `fp32_flops`),
+    // the rest at the tensor cores' rate below.
+    let fp32 = fp32_flops(w, s, scores_kept).min(step_flops);
+    let flops = step_flops - fp32;
     let tokens = s.micro_batch_size as f64 * w.seq_len as f64;
     let util = MFU_MAX * tokens / (tokens + half_tokens(w.model.hidden_size));
     let precision = match s.dtype {
@@ -151,7 +191,8 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
         Dtype::Bf16Mixed | Dtype::Fp16Mixed => MIXED_SPEED,
         Dtype::Bf16 | Dtype::Fp16 => 1.0,
     };
-    let attention = if scores_kept {
+    // Scores kept by fp32 attention beside a 16-bit base are in `fp32`.
+    let attention = if scores_kept && fp32 == 0.0 {
         EAGER_ATTENTION_SPEED
     } else {
         1.0
@@ -168,8 +209,15 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
         1.0
     };
     // tokens/s of the forward and backward passes
-    let rate =
-        gpu.bf16_tflops * 1e12 * util * precision * attention * qlora * compile * offload / flops;
+    let tensor_rate =
+        gpu.bf16_tflops * 1e12 * util * precision * attention * qlora * compile * offload;
+    let fp32_rate = if gpu.fp32_tflops > 0.0 {
+        gpu.fp32_tflops
+    } else {
+        gpu.bf16_tflops * FP32_SPEED_NO_TF32
+    } * 1e12
+        * FP32_MATMUL_EFFICIENCY;
+    let rate = 1.0 / (flops / tensor_rate + fp32 / fp32_rate);
     // The optimizer step runs once per `gradient_accumulation_steps` micro
     // batches; its element-wise kernels move `optimizer_step_bytes` at the
     // memory bandwidth (datasheet; a GPU outside the catalog has none and
@@ -423,5 +471,45 @@ mod tests {
         let with = tokens_per_sec(&lora, &h100, &one);
         let without = tokens_per_sec(&lora, &unknown, &one);
         assert!(with > 0.99 * without && with <= without);
+    }
+
+    /// PEFT's QLoRA recipe without autocast runs its head and attention as
+    /// fp32 matmuls: measured on an H200 (bench/data/h200/qlora.csv),
+    /// tokens/s within 15 % of the prediction, and autocast faster, as
+    /// measured (3.4× for Llama-3.2-1B).
+    #[test]
+    fn qlora_without_autocast_runs_its_head_and_attention_at_the_fp32_rate() {
+        let h200 = lookup_gpu("NVIDIA H200").unwrap();
+        for (model, m, measured) in [
+            ("meta-llama/Llama-3.2-1B", 4, 13_175.0),
+            ("meta-llama/Llama-3.1-8B", 2, 4_348.0),
+        ] {
+            let q = w(model, Method::Qlora, 2048, Attention::Sdpa);
+            let plain = tokens_per_sec(&q, &h200, &s(m, Dtype::Bf16, false));
+            let err = plain / measured - 1.0;
+            assert!(err.abs() < 0.15, "{model}: {plain:.0} against {measured}");
+            assert!(fp32_flops(&q, &s(m, Dtype::Bf16, false), true) > 0.0);
+            // under autocast everything is on the tensor cores
+            let mixed = s(m, Dtype::Bf16Mixed, false);
+            assert_eq!(fp32_flops(&q, &mixed, false), 0.0);
+            assert!(tokens_per_sec(&q, &h200, &mixed) > 1.5 * plain, "{model}");
+            // LoRA on a bf16 base has no fp32 part
+            let l = w(model, Method::Lora, 2048, Attention::Sdpa);
+            assert_eq!(fp32_flops(&l, &s(m, Dtype::Bf16, false), false), 0.0);
+        }
+        // A GPU with no fp32 figure falls back to a share of its bf16 rate
+        // instead of dividing by zero.
+        let q = w(
+            "meta-llama/Llama-3.2-1B",
+            Method::Qlora,
+            2048,
+            Attention::Sdpa,
+        );
+        let unknown = GpuSpec {
+            fp32_tflops: 0.0,
+            ..h200.clone()
+        };
+        let t = tokens_per_sec(&q, &unknown, &s(4, Dtype::Bf16, false));
+        assert!(t.is_finite() && t > 0.0);
     }
 }

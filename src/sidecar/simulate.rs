@@ -29,6 +29,8 @@ fn default_model_fallback() -> GpuSpec {
         fp8: true,
         // H100 SXM dense BF16 tensor throughput, NVIDIA H100 datasheet.
         bf16_tflops: 989.0,
+        // H100 SXM dense FP32 (CUDA cores), the same datasheet.
+        fp32_tflops: 66.9,
         // H100 SXM memory bandwidth, the same datasheet.
         memory_bandwidth_gbs: 3350.0,
     }
@@ -124,6 +126,7 @@ impl SimulatedSource {
                     bf16: false,
                     fp8: false,
                     bf16_tflops: 0.0,
+                    fp32_tflops: 0.0,
                     memory_bandwidth_gbs: 0.0,
                 },
                 None => {

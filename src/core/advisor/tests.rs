@@ -120,6 +120,7 @@ fn a100() -> GpuSpec {
         bf16: true,
         fp8: false,
         bf16_tflops: 312.0,
+        fp32_tflops: 19.5,
         memory_bandwidth_gbs: 2039.0,
     }
 }
@@ -132,6 +133,7 @@ fn t4() -> GpuSpec {
         bf16: false,
         fp8: false,
         bf16_tflops: 65.0,
+        fp32_tflops: 8.1,
         memory_bandwidth_gbs: 320.0,
     }
 }

@@ -13,7 +13,10 @@
 //! sparsity) bf16 tensor TFLOP/s from each datasheet (fp16 for T4/V100,
 //! which have no bf16). `bandwidth_gbs`: the memory bandwidth on the same
 //! datasheets (GB/s; H100 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB SXM
-//! 2,039 GB/s; AMD per GCD for the MI250X).
+//! 2,039 GB/s; AMD per GCD for the MI250X). `fp32_tflops`: the "FP32"
+//! (CUDA-core, no tensor cores) line of the same datasheets (H100 SXM and
+//! H200 66.9, A100 19.5, L40S 91.6 TFLOP/s; B200 75: HGX B200's 600 over
+//! its eight GPUs; AMD: vector fp32, per GCD for the MI250X).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -37,6 +40,12 @@ pub struct GpuSpec {
     pub fp8: bool,
     /// Dense bf16/fp16 tensor TFLOP/s (datasheet), for ranking candidates by speed.
     pub bf16_tflops: f64,
+    /// Dense fp32 TFLOP/s without tensor cores (datasheet "FP32"): the rate
+    /// of the fp32 matmuls PyTorch runs by default (TF32 off), which PEFT's
+    /// QLoRA recipe without autocast leaves in the head and the attention
+    /// (`core::throughput`). 0 when unknown.
+    #[serde(default)]
+    pub fp32_tflops: f64,
     /// Memory bandwidth in GB/s (datasheet): what the optimizer step, a
     /// pass of element-wise kernels over the model state, runs at. 0 when
     /// unknown (a GPU outside the catalog), which leaves that step's time
@@ -57,6 +66,8 @@ struct Row {
     bf16: bool,
     fp8: bool,
     tflops: f64,
+    /// Dense fp32 TFLOP/s on the CUDA cores (datasheet).
+    fp32_tflops: f64,
     /// Memory bandwidth in GB/s (datasheet).
     bandwidth_gbs: f64,
     /// Other spellings people and tools use (GPU Feature Discovery's
@@ -70,6 +81,7 @@ const fn nv(
     memory_mib: u64,
     cc: &'static str,
     tflops: f64,
+    fp32_tflops: f64,
     bandwidth_gbs: f64,
     aliases: &'static [&'static str],
 ) -> Row {
@@ -89,6 +101,7 @@ const fn nv(
         bf16: v >= 80,
         fp8: v >= 89,
         tflops,
+        fp32_tflops,
         bandwidth_gbs,
         aliases,
     }
@@ -97,13 +110,22 @@ const fn nv(
 /// The catalog. Memory in MiB exactly as NVML reports the total.
 const ROWS: &[Row] = &[
     // Turing. nvidia-smi on a T4 prints 15360MiB.
-    nv("Tesla T4", 15360, "7.5", 65.0, 320.0, &["t4", "nvidia t4"]),
+    nv(
+        "Tesla T4",
+        15360,
+        "7.5",
+        65.0,
+        8.1,
+        320.0,
+        &["t4", "nvidia t4"],
+    ),
     // Volta. nvidia-smi: 16160MiB (16 GB) and 32768MiB (32 GB SXM2/PCIe).
     nv(
         "Tesla V100-SXM2-16GB",
         16160,
         "7.0",
         125.0,
+        15.7,
         900.0,
         &["v100-16gb", "v100 16gb", "v100-sxm2-16gb"],
     ),
@@ -112,6 +134,7 @@ const ROWS: &[Row] = &[
         16160,
         "7.0",
         112.0,
+        14.0,
         900.0,
         &["v100-pcie-16gb", "v100 pcie 16gb"],
     ),
@@ -120,6 +143,7 @@ const ROWS: &[Row] = &[
         32768,
         "7.0",
         125.0,
+        15.7,
         900.0,
         &["v100-32gb", "v100 32gb", "v100-sxm2-32gb"],
     ),
@@ -128,17 +152,19 @@ const ROWS: &[Row] = &[
         32768,
         "7.0",
         112.0,
+        14.0,
         900.0,
         &["v100-pcie-32gb"],
     ),
     // Ampere. AWS g5 instances: `NVIDIA A10G`, 23028MiB.
-    nv("NVIDIA A10G", 23028, "8.6", 70.0, 600.0, &["a10g"]),
+    nv("NVIDIA A10G", 23028, "8.6", 70.0, 31.2, 600.0, &["a10g"]),
     // A100: 40960MiB / 81920MiB (NVIDIA A100 datasheet; nvidia-smi totals).
     nv(
         "NVIDIA A100-SXM4-40GB",
         40960,
         "8.0",
         312.0,
+        19.5,
         1555.0,
         &["a100-40gb", "a100 40gb", "a100-sxm4-40gb", "a100-sxm-40gb"],
     ),
@@ -147,6 +173,7 @@ const ROWS: &[Row] = &[
         40960,
         "8.0",
         312.0,
+        19.5,
         1555.0,
         &["a100-pcie-40gb", "a100 pcie 40gb"],
     ),
@@ -155,6 +182,7 @@ const ROWS: &[Row] = &[
         81920,
         "8.0",
         312.0,
+        19.5,
         2039.0,
         &["a100-80gb", "a100 80gb", "a100-sxm4-80gb", "a100-sxm-80gb"],
     ),
@@ -163,6 +191,7 @@ const ROWS: &[Row] = &[
         81920,
         "8.0",
         312.0,
+        19.5,
         1935.0,
         &["a100-pcie-80gb", "a100 80gb pcie", "a100-80gb-pcie"],
     ),
@@ -171,6 +200,7 @@ const ROWS: &[Row] = &[
         24576,
         "8.6",
         71.0,
+        35.6,
         936.0,
         &["rtx 3090", "rtx3090", "3090"],
     ),
@@ -179,17 +209,19 @@ const ROWS: &[Row] = &[
         49140,
         "8.6",
         154.8,
+        38.7,
         768.0,
         &["rtx a6000", "a6000"],
     ),
     // Ada Lovelace. `NVIDIA L4` 23034MiB, `NVIDIA L40S` 46068MiB.
-    nv("NVIDIA L4", 23034, "8.9", 121.0, 300.0, &["l4"]),
-    nv("NVIDIA L40S", 46068, "8.9", 362.0, 864.0, &["l40s"]),
+    nv("NVIDIA L4", 23034, "8.9", 121.0, 30.3, 300.0, &["l4"]),
+    nv("NVIDIA L40S", 46068, "8.9", 362.0, 91.6, 864.0, &["l40s"]),
     nv(
         "NVIDIA GeForce RTX 4090",
         24564,
         "8.9",
         165.2,
+        82.6,
         1008.0,
         &["rtx 4090", "rtx4090", "4090"],
     ),
@@ -198,6 +230,7 @@ const ROWS: &[Row] = &[
         49140,
         "8.9",
         364.2,
+        91.1,
         960.0,
         &["rtx 6000 ada", "rtx6000 ada", "6000 ada"],
     ),
@@ -209,6 +242,7 @@ const ROWS: &[Row] = &[
         81559,
         "9.0",
         756.0,
+        51.2,
         2000.0,
         &["h100-pcie", "h100 pcie", "h100-pcie-80gb"],
     ),
@@ -217,6 +251,7 @@ const ROWS: &[Row] = &[
         81559,
         "9.0",
         989.0,
+        66.9,
         3350.0,
         &[
             "h100-sxm",
@@ -231,6 +266,7 @@ const ROWS: &[Row] = &[
         95830,
         "9.0",
         835.0,
+        60.0,
         3900.0,
         &["h100-nvl", "h100 nvl"],
     ),
@@ -239,6 +275,7 @@ const ROWS: &[Row] = &[
         143771,
         "9.0",
         989.0,
+        66.9,
         4800.0,
         &["h200", "h200-141gb", "h200 sxm"],
     ),
@@ -247,17 +284,27 @@ const ROWS: &[Row] = &[
         97871,
         "9.0",
         989.0,
+        66.9,
         4000.0,
         &["gh200", "gh200-96gb", "gh200 96gb"],
     ),
     // Blackwell. `NVIDIA B200` 183359MiB (180 GB HBM3e);
     // `NVIDIA GeForce RTX 5090` 32607MiB.
-    nv("NVIDIA B200", 183359, "10.0", 2250.0, 8000.0, &["b200"]),
+    nv(
+        "NVIDIA B200",
+        183359,
+        "10.0",
+        2250.0,
+        75.0,
+        8000.0,
+        &["b200"],
+    ),
     nv(
         "NVIDIA GeForce RTX 5090",
         32607,
         "12.0",
         209.5,
+        104.8,
         1792.0,
         &["rtx 5090", "rtx5090", "5090"],
     ),
@@ -271,6 +318,8 @@ const ROWS: &[Row] = &[
         bf16: true,
         fp8: false,
         tflops: 191.5,
+        // 47.9 TFLOP/s vector fp32 per OAM module of two GCDs
+        fp32_tflops: 23.95,
         // 3.2 TB/s per OAM module of two GCDs
         bandwidth_gbs: 1638.4,
         aliases: &["mi250x", "mi250x/mi250"],
@@ -282,6 +331,7 @@ const ROWS: &[Row] = &[
         bf16: true,
         fp8: true,
         tflops: 1307.4,
+        fp32_tflops: 163.4,
         bandwidth_gbs: 5300.0,
         aliases: &["mi300x"],
     },
@@ -325,6 +375,7 @@ fn index() -> &'static Index {
                 bf16: r.bf16,
                 fp8: r.fp8,
                 bf16_tflops: r.tflops,
+                fp32_tflops: r.fp32_tflops,
                 memory_bandwidth_gbs: r.bandwidth_gbs,
             })
             .collect();

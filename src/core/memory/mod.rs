@@ -62,7 +62,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::core::settings::EngineeringSettings;
+use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::units::MIB;
 use crate::core::workload::{Workload, WorkloadError};
 
@@ -377,6 +377,14 @@ pub fn optimizer_step_bytes(workload: &Workload, settings: &EngineeringSettings)
 pub fn attention_materializes_scores(workload: &Workload, settings: &EngineeringSettings) -> bool {
     let dtype = activations::activation_dtype(workload, settings, &ModelOptions::default());
     activations::scores_materialized(workload, dtype)
+}
+
+/// The dtype the blocks compute in: the training dtype, except fp32 under
+/// PEFT's k-bit (QLoRA) recipe without autocast, whose bitsandbytes
+/// linears hand their fp32 inputs' dtype back (see `storage::kbit_recipe`):
+/// what the throughput model runs the head and the attention at.
+pub fn compute_dtype(workload: &Workload, settings: &EngineeringSettings) -> Dtype {
+    activations::activation_dtype(workload, settings, &ModelOptions::default())
 }
 
 /// Largest micro batch whose predicted peak is ≤ `budget_bytes`; None when

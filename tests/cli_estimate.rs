@@ -112,6 +112,7 @@ fn json_estimate_has_the_three_measured_quantities_and_the_gpu_fit() {
         "activations",
         "logits",
         "cuda_context",
+        "cublas_workspaces",
         "allocator_overhead",
     ]
     .iter()

@@ -273,7 +273,7 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec!["component", "GiB", "share"]);
-    let rows: [(&str, u64); 8] = [
+    let rows: [(&str, u64); 9] = [
         ("weights", b.weights),
         ("gradients", b.gradients),
         ("optimizer state", b.optimizer_state),
@@ -281,6 +281,7 @@ fn print_table(w: &Workload, s: &EngineeringSettings, est: &Estimate, fit: Optio
         ("activations", b.activations),
         ("logits / loss buffers", b.logits),
         ("CUDA context", b.cuda_context),
+        ("cuBLAS workspaces", b.cublas_workspaces),
         ("allocator overhead", b.allocator_overhead),
     ];
     for (name, v) in rows {

@@ -192,7 +192,7 @@ pub(super) struct Eval {
 }
 
 pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
-    let persistent = pl.weights_stored + pl.master + pl.opt_state;
+    let persistent = pl.persistent();
     let dyn_a = pl.act_per_sample * m + pl.logits_per_sample * m;
     let a = persistent + pl.grads_in_a + pl.weights_transient_a + dyn_a;
     let b = persistent + pl.grads + pl.step_transient + pl.logits_held_per_sample * m;

@@ -96,6 +96,9 @@ pub struct Breakdown {
     pub activations: u64,
     pub logits: u64,
     pub cuda_context: u64,
+    /// cuBLAS's workspaces ([`CUBLAS_WORKSPACES_BYTES`]).
+    #[serde(default)]
+    pub cublas_workspaces: u64,
     pub allocator_overhead: u64,
 }
 
@@ -109,6 +112,7 @@ impl Breakdown {
             + self.activations
             + self.logits
             + self.cuda_context
+            + self.cublas_workspaces
             + self.allocator_overhead
     }
 }
@@ -234,6 +238,19 @@ pub struct ModelOptions {
 /// forum threads and the torch memory-snapshot tutorial).
 pub const CUDA_CONTEXT_BYTES: u64 = 500 * MIB;
 
+/// cuBLAS's workspaces, which PyTorch allocates from the caching allocator
+/// (so they are in `max_memory_allocated`) at the first matmul of each
+/// thread that runs one, and keeps for the process: the main thread
+/// (forward, optimizer step) and autograd's device thread (backward), one
+/// each. Each is `CUBLAS_WORKSPACE_CONFIG`'s default: 32 MiB on compute
+/// capability 9.0 (`4096 * 8 * 1024`), 8.125 MiB before it
+/// (`4096 * 1024 * 2 + 16 * 1024 * 8`; aten/src/ATen/cuda/
+/// CublasHandlePool.cpp, `parseChosenWorkspaceSize`). The Hopper size is
+/// counted everywhere (48 MiB too many on older cards). The 468 measured
+/// allocated peaks (bench/data/h100, h200: H100 and H200) sat a median
+/// 66 MiB above the model without them.
+pub const CUBLAS_WORKSPACES_BYTES: u64 = 2 * 32 * MIB;
+
 // === the model ===
 
 /// Predicts the peak memory of one training step.
@@ -261,7 +278,7 @@ pub fn estimate_with(
 fn build(pl: &Plan, m: u32) -> Estimate {
     let ev = eval(pl, m as f64);
     let mf = m as f64;
-    let persistent = pl.weights_stored + pl.master + pl.opt_state;
+    let persistent = pl.persistent();
     // Phase A as a line in m (its allocator share included).
     let fixed_alloc = persistent + pl.grads_in_a + pl.weights_transient_a;
     let slope = reserved_slope(pl);
@@ -278,6 +295,7 @@ fn build(pl: &Plan, m: u32) -> Estimate {
             activations: (pl.act_per_sample * mf) as u64,
             logits: (pl.logits_per_sample * mf) as u64,
             cuda_context: pl.cuda_context as u64,
+            cublas_workspaces: pl.workspaces as u64,
             allocator_overhead: 0,
         }
     } else {
@@ -289,6 +307,7 @@ fn build(pl: &Plan, m: u32) -> Estimate {
             activations: 0,
             logits: (pl.logits_held_per_sample * mf) as u64,
             cuda_context: pl.cuda_context as u64,
+            cublas_workspaces: pl.workspaces as u64,
             allocator_overhead: 0,
         }
     };
@@ -349,7 +368,7 @@ pub fn phase_terms(
     let pl = plan(workload, settings, opts);
     let m = settings.micro_batch_size.max(1) as f64;
     PhaseTerms {
-        persistent: pl.weights_stored + pl.master + pl.opt_state,
+        persistent: pl.persistent(),
         grads: pl.grads,
         grads_in_a: pl.grads_in_a,
         weights_transient_a: pl.weights_transient_a,
@@ -416,7 +435,7 @@ fn max_batch_of_plan(pl: &Plan, budget: u64) -> Option<u32> {
     if !fits(1) {
         return None;
     }
-    let persistent = pl.weights_stored + pl.master + pl.opt_state;
+    let persistent = pl.persistent();
     let fixed = persistent
         + pl.grads_in_a
         + pl.weights_transient_a
@@ -718,7 +737,8 @@ mod tests {
         assert!(line(&ckpt, 4).abs_diff(ckpt.peak_bytes) <= 5, "{ckpt:?}");
         let terms = phase_terms(&w, &settings(4, Dtype::Bf16, true), &es);
         // bf16 weights and AdamW's two bf16 moments: the states are 2/3
-        let states = terms.persistent * 2.0 / 3.0;
+        // (cuBLAS's workspaces aside)
+        let states = (terms.persistent - CUBLAS_WORKSPACES_BYTES as f64) * 2.0 / 3.0;
         let buffer = 4.0 * 1024.0 * 256_000.0 * 4.0;
         let want = 0.6 * buffer + 0.25 * states + 0.01 * (terms.persistent + terms.grads);
         let gap = ckpt.peak_reserved_bytes as f64 - ckpt.peak_allocated_bytes as f64;

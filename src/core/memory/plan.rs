@@ -11,7 +11,7 @@ use super::storage::{
     compute_bytes, grad_blocks, gradients, is_mixed, lora_params, optimizer, param_bytes,
     params_of, weights, Params,
 };
-use super::{ModelOptions, CUDA_CONTEXT_BYTES};
+use super::{ModelOptions, CUBLAS_WORKSPACES_BYTES, CUDA_CONTEXT_BYTES};
 
 /// Everything about a workload + settings that does not depend on the micro batch.
 #[derive(Debug, Clone, Default)]
@@ -98,6 +98,17 @@ pub(super) struct Plan {
     /// only: their blocks stay cached, see `allocator::eval`).
     pub(super) casts_freed_before_backward: f64,
     pub(super) cuda_context: f64,
+    /// cuBLAS's workspaces (see [`CUBLAS_WORKSPACES_BYTES`]): allocated
+    /// at the first matmul of each thread and kept for the process.
+    pub(super) workspaces: f64,
+}
+
+impl Plan {
+    /// What stays allocated through the whole step: the stored weights,
+    /// the fp32 master copy, the optimizer state and cuBLAS's workspaces.
+    pub(super) fn persistent(&self) -> f64 {
+        self.weights_stored + self.master + self.opt_state + self.workspaces
+    }
 }
 
 /// Numbers every term needs: parameter groups, element sizes, sharding,
@@ -205,6 +216,7 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
     let l = layout(w, s);
     let mut pl = Plan {
         cuda_context: opts.cuda_context_bytes.unwrap_or(CUDA_CONTEXT_BYTES) as f64,
+        workspaces: CUBLAS_WORKSPACES_BYTES as f64,
         checkpointing: s.activation_checkpointing,
         shares: if opts.expandable_segments {
             EXPANDABLE_SEGMENTS

@@ -533,4 +533,23 @@ mod tests {
         assert_eq!(h100.memory_bandwidth_gbs, 3350.0);
         assert_eq!(h200.memory_bandwidth_gbs, 4800.0);
     }
+
+    /// The CUDA cores' fp32 rate is below the tensor cores' 16-bit rate on
+    /// every card (the throughput model divides by it), and the Hopper
+    /// datacenter parts share one datasheet figure.
+    #[test]
+    fn every_catalog_gpu_has_an_fp32_rate_below_its_tensor_rate() {
+        for g in all_gpus() {
+            assert!(
+                g.fp32_tflops > 0.0 && g.fp32_tflops < g.bf16_tflops,
+                "{}: fp32 {} against {} TFLOP/s",
+                g.name,
+                g.fp32_tflops,
+                g.bf16_tflops
+            );
+        }
+        for name in ["h100-sxm", "h200", "gh200"] {
+            assert_eq!(lookup_gpu(name).unwrap().fp32_tflops, 66.9, "{name}");
+        }
+    }
 }

@@ -266,10 +266,6 @@ impl KeyedRun {
     pub fn key(&self) -> &str {
         &self.key
     }
-
-    pub fn into_run(self) -> RunRecord {
-        self.run
-    }
 }
 
 impl RunRecord {

@@ -105,8 +105,12 @@ fn matmul_params(a: &ModelArch) -> f64 {
     };
     let active = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
     let per_layer = attn + mlp_one * active;
-    let head = a.vocab_size as f64 * h;
-    a.num_layers as f64 * per_layer + head
+    a.num_layers as f64 * per_layer + head_params(a)
+}
+
+/// The LM head's matmul parameters (hidden × vocabulary).
+fn head_params(a: &ModelArch) -> f64 {
+    a.vocab_size as f64 * a.hidden_size as f64
 }
 
 /// FLOPs per token of a training step (Kaplan et al. 2020, "Scaling Laws",
@@ -134,7 +138,7 @@ fn flops_of(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> Flops {
     // Checkpointing recomputes the blocks' forward, not the LM head's:
     // transformers, litgpt and torchtune checkpoint each decoder block.
     let recompute = if s.activation_checkpointing {
-        forward - 2.0 * w.model.vocab_size as f64 * w.model.hidden_size as f64
+        forward - 2.0 * head_params(&w.model)
     } else {
         0.0
     };
@@ -160,8 +164,7 @@ fn fp32_flops(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> f64 {
     if compute_dtype(w, s) != Dtype::Fp32 || s.dtype == Dtype::Fp32 {
         return 0.0;
     }
-    let a = &w.model;
-    let head = 2.0 * a.vocab_size as f64 * a.hidden_size as f64;
+    let head = 2.0 * head_params(&w.model);
     let passes = if s.activation_checkpointing { 4.0 } else { 3.0 };
     2.0 * head + passes * attention_flops(w, scores_kept)
 }
@@ -295,7 +298,7 @@ mod tests {
         // Checkpointing adds one forward of the blocks: the LM head (a
         // matmul of hidden × vocab) is not recomputed.
         let fc = flops_per_token(&wl, &s(1, Dtype::Bf16, true));
-        let head = 2.0 * wl.model.vocab_size as f64 * wl.model.hidden_size as f64;
+        let head = 2.0 * head_params(&wl.model);
         assert!((fc.step - f.step - (f.forward - head)).abs() < 1.0);
         assert!(head > 0.0 && head < 0.2 * f.forward);
     }

@@ -64,6 +64,10 @@
 //! largest gradient block, the optimizer states, the predicted reserved
 //! bytes and whether the row ran with expandable segments): what the
 //! allocator shares in `src/core/memory/allocator.rs` were fitted from.
+//! With `GPUFIT_ACCURACY_SPEED_DUMP=FILE` it writes every measured step's
+//! tokens/s beside the throughput model's prediction (id, group, measured,
+//! predicted): what the constants of `src/core/throughput/` are checked
+//! against.
 
 #[path = "common/model_config.rs"]
 mod model_config;
@@ -1912,6 +1916,18 @@ fn throughput_report(rows: &[Row]) {
                     .or_default()
                     .push(((p - m) / m, r.id.as_str()));
             }
+        }
+    }
+    // Per-row figures for fitting or checking the model's constants.
+    if let Ok(path) = std::env::var("GPUFIT_ACCURACY_SPEED_DUMP") {
+        let mut text = String::from("id,group,measured,predicted\n");
+        for r in rows {
+            if let Some((m, p, g)) = &r.tokens {
+                text.push_str(&format!("{},{g},{m:.1},{p:.1}\n", r.id));
+            }
+        }
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("cannot write {path}: {e}");
         }
     }
     println!("\ntokens/s, the throughput model (core::throughput) against the measured steps:");

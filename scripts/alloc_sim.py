@@ -54,6 +54,9 @@ Usage (a Python with torch, transformers, peft; no GPU):
 import argparse
 import bisect
 import os
+import pickle
+import random
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -76,8 +79,15 @@ class OutOfMemory(Exception):
 class Allocator:
     """The caching allocator's bookkeeping (one stream, default config)."""
 
-    def __init__(self, capacity=H100_BYTES, context=0):
+    def __init__(self, capacity=H100_BYTES, context=0, rng=None):
         self.capacity = capacity - context
+        # With `rng`, each new segment gets an address drawn at random
+        # instead of the next one up: cudaMalloc's addresses follow the
+        # process's earlier mappings (a model built and freed before), and
+        # best fit breaks ties between free blocks of one size by address
+        # (BlockComparatorSize: stream, size, then pointer).
+        self.rng = rng
+        self.used_addrs = set()
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
         self.next_addr = 0
@@ -108,8 +118,15 @@ class Allocator:
             if self.reserved + size > self.capacity:
                 raise OutOfMemory(f"mapping {size / 2**30:.2f} GiB with {self.reserved / 2**30:.2f} "
                                   f"GiB reserved, {self.allocated / 2**30:.2f} GiB allocated")
-        addr = self.next_addr
-        self.next_addr += size + K_ROUND_LARGE  # segments are never adjacent
+        if self.rng is None:
+            addr = self.next_addr
+            self.next_addr += size + K_ROUND_LARGE  # segments are never adjacent
+        else:
+            # 1 TiB slots: no segment reaches the next one
+            addr = self.rng.randrange(1 << 20) << 40
+            while addr in self.used_addrs:
+                addr = self.rng.randrange(1 << 20) << 40
+            self.used_addrs.add(addr)
         self.reserved += size
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         self.seg_size[addr] = size
@@ -552,8 +569,9 @@ def drive(alloc, events):
 
 
 def simulate(events, capacity=H100_BYTES, context=0, verbose=False, expandable=False,
-             layout=False):
-    alloc = (ExpandableAllocator if expandable else Allocator)(capacity, context)
+             layout=False, rng=None):
+    alloc = ExpandableAllocator(capacity, context) if expandable else \
+        Allocator(capacity, context, rng)
     marks = []
     peak_at = None  # index of the event that set step 1's allocated peak
     peak = 0
@@ -660,12 +678,26 @@ def main():
     ap.add_argument("--layout", action="store_true",
                     help="print the large pool's blocks at step 1's allocated peak: live runs "
                          "and the holes between them")
+    ap.add_argument("--address-seeds", type=int, default=0,
+                    help="also replay the steps N more times, each with the segments' "
+                         "addresses in another random order (seeds 0..N-1), and print the "
+                         "spread of the reserved peak: how much of it depends on where "
+                         "cudaMalloc puts each segment, which the configuration does not fix")
+    ap.add_argument("--events", help="a file of captured events: read if it exists (the "
+                                     "capture is skipped), else written after the capture")
     ap.add_argument("--json", help="append the result (with --min-capacity's) as one JSON line "
                                    "to this file")
     args = ap.parse_args()
     if args.framework == "hf" and args.model not in MODELS:
         ap.error(f"unknown model {args.model!r}; known: {', '.join(sorted(MODELS))}")
-    events = capture(args, args.carry)
+    if args.events and os.path.exists(args.events):
+        with open(args.events, "rb") as f:
+            events = pickle.load(f)
+    else:
+        events = capture(args, args.carry)
+        if args.events:
+            with open(args.events, "wb") as f:
+                pickle.dump(events, f)
     if args.min_capacity or args.json:
         free = simulate(events, capacity=1 << 62, expandable=args.expandable)
         lo, hi = free.peak_allocated, free.peak_reserved  # fits at hi, not below lo
@@ -702,6 +734,19 @@ def main():
           f"ckpt={args.ckpt} carry={args.carry}: peak allocated "
           f"{a.peak_allocated / 2**30:.2f} GiB, peak reserved {a.peak_reserved / 2**30:.2f} GiB, "
           f"cache releases {a.retries}")
+    if args.address_seeds:
+        peaks = []
+        for seed in range(args.address_seeds):
+            try:
+                b = simulate(events, capacity=int(args.capacity_mib * MB),
+                             context=int(args.context_mib * MB), rng=random.Random(seed))
+                peaks.append(b.peak_reserved / 2**30)
+            except OutOfMemory:
+                peaks.append(float("inf"))
+        print(f"peak reserved over {len(peaks)} segment address orders (GiB): "
+              + " ".join(f"{p:.2f}" for p in peaks))
+        print(f"  min {min(peaks):.2f}, median {statistics.median(peaks):.2f}, "
+              f"max {max(peaks):.2f} (ascending addresses: {a.peak_reserved / 2**30:.2f})")
     return 0
 
 

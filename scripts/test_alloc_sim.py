@@ -8,6 +8,7 @@ Run: python3 scripts/test_alloc_sim.py
 import contextlib
 import io
 import os
+import random
 import sys
 import unittest
 
@@ -62,6 +63,24 @@ class AllocatorRules(unittest.TestCase):
         z = a.malloc(25 * MB)
         self.assertEqual(z, small)  # the 30 MiB block, not the 100 MiB one
         self.assertEqual(a.reserved, 130 * MB)
+
+    def test_random_segment_addresses_break_size_ties_by_address(self):
+        # two free 40 MiB segments: best fit takes the one at the lower
+        # address, wherever the seeded order put it
+        for seed in range(5):
+            a = Allocator(rng=random.Random(seed))
+            first = a.malloc(40 * MB)
+            second = a.malloc(40 * MB)
+            self.assertNotEqual(first, second)
+            a.release(first)
+            a.release(second)
+            self.assertEqual(a.malloc(40 * MB), min(first, second))
+            self.assertEqual(a.reserved, 80 * MB)
+        # the same events give the same peaks under any order here
+        ev = [("mark", "build"), ("a", 1, 40 * MB), ("a", 2, 40 * MB), ("f", 1),
+              ("a", 3, 30 * MB), ("f", 2), ("a", 4, 50 * MB), ("mark", "end")]
+        peaks = {simulate(ev, rng=random.Random(s)).peak_reserved for s in range(5)}
+        self.assertEqual(peaks, {130 * MB})
 
     def test_a_split_segment_strands_its_free_rest_for_a_large_request(self):
         # the mechanism behind a carried cache: a 100 MiB segment holding one

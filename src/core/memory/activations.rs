@@ -84,7 +84,7 @@ fn fp32_grouped_query(w: &Workload, e: f64) -> bool {
 /// path would hold about 31 GiB; Phi-3 and Pythia (one K/V head per query
 /// head) stayed on the kernel. Falcon-7B/40B always fall there (see
 /// `ArchQuirks::sdpa_math_fallback`).
-fn math_sdpa(w: &Workload, e: f64) -> bool {
+pub(super) fn math_sdpa(w: &Workload, e: f64) -> bool {
     w.attention == Attention::Sdpa
         && (w.model.quirks.sdpa_math_fallback || fp32_grouped_query(w, e))
         && hf_code(w)

@@ -398,6 +398,15 @@ pub fn attention_materializes_scores(workload: &Workload, settings: &Engineering
     activations::scores_materialized(workload, dtype)
 }
 
+/// Whether transformers' SDPA call runs PyTorch's math composite (Falcon's
+/// one shared K/V head with an explicit mask; fp32 q, k and v with grouped
+/// K/V heads), which upcasts 16-bit q, k and v to fp32 and so multiplies
+/// in fp32: what the throughput model runs at the fp32 rate.
+pub fn attention_runs_math_sdpa(workload: &Workload, settings: &EngineeringSettings) -> bool {
+    let dtype = activations::activation_dtype(workload, settings, &ModelOptions::default());
+    activations::math_sdpa(workload, storage::compute_bytes(dtype))
+}
+
 /// The dtype the blocks compute in: the training dtype, except fp32 under
 /// PEFT's k-bit (QLoRA) recipe without autocast, whose bitsandbytes
 /// linears hand their fp32 inputs' dtype back (see `storage::kbit_recipe`):

@@ -815,4 +815,56 @@ mod tests {
         let tokens = 8.0 * 2048.0;
         assert!(tokens / tokens_per_sec(&wl2k, &h100, &big) > 1.2 * dispatch_seconds(&wl2k, &big));
     }
+
+    /// Over the whole catalog (every model, GPU, method, precision,
+    /// checkpointing, compile, micro batch and sequence length): a finite,
+    /// positive prediction; compiling never slower, checkpointing never
+    /// faster, and a larger micro batch never fewer tokens/s.
+    #[test]
+    fn predictions_are_finite_and_ordered_over_the_catalog() {
+        use crate::core::catalog::{all_gpus, all_models};
+        let gpus = all_gpus();
+        let mut checked = 0;
+        for model in all_models() {
+            for method in [Method::Full, Method::Lora, Method::Qlora] {
+                for attention in [Attention::Sdpa, Attention::Eager] {
+                    for seq in [512, 4096] {
+                        let wl = Workload {
+                            model: model.clone(),
+                            ..w("meta-llama/Llama-3.2-1B", method, seq, attention)
+                        };
+                        for gpu in &gpus {
+                            for dtype in [Dtype::Bf16, Dtype::Bf16Mixed, Dtype::Fp32] {
+                                let mut last = 0.0;
+                                for m in [1, 4, 32] {
+                                    let plain = s(m, dtype, false);
+                                    let p = tokens_per_sec(&wl, gpu, &plain);
+                                    let ctx = format!(
+                                        "{} {method:?} {attention:?} {seq} {} {dtype:?} m{m}",
+                                        model.name, gpu.name
+                                    );
+                                    assert!(p.is_finite() && p > 0.0, "{ctx}: {p}");
+                                    assert!(p >= last * (1.0 - 1e-9), "{ctx}: {p} < {last}");
+                                    last = p;
+                                    let ckpt = tokens_per_sec(&wl, gpu, &s(m, dtype, true));
+                                    assert!(
+                                        ckpt <= p * (1.0 + 1e-9),
+                                        "{ctx}: checkpointed {ckpt} > {p}"
+                                    );
+                                    let compiled = EngineeringSettings {
+                                        compile: true,
+                                        ..plain.clone()
+                                    };
+                                    let c = tokens_per_sec(&wl, gpu, &compiled);
+                                    assert!(c >= p * (1.0 - 1e-9), "{ctx}: compiled {c} < {p}");
+                                    checked += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "{checked}");
+    }
 }

@@ -23,12 +23,11 @@ use crate::core::workload::{ArchKind, Method, ModelArch, Workload};
 /// Share of the dense bf16 peak that a large matmul reaches, with many
 /// tokens: the asymptote of the efficiency curve (see [`HALF_TOKENS`]).
 /// Fitted with [`HALF_TOKENS`] and [`HALF_TOKENS_EXPONENT`] to the H100's
-/// measured steps with fused attention (bench/data/h100/, 245 steps of
-/// eleven models; `cargo bench --bench accuracy` with
-/// `GPUFIT_ACCURACY_SPEED_DUMP`), once the element-wise kernels had their
-/// own time (`elementwise`): 613 TFLOP/s, within the 60–75 % that cuBLAS
-/// reaches on large bf16 GEMMs on an H100. Before that split the curve
-/// had to absorb the element-wise time: 43 %.
+/// measured steps (bench/data/h100/, 281 steps; `cargo bench --bench
+/// accuracy` with `GPUFIT_ACCURACY_SPEED_DUMP`; the H200's 169 were the
+/// check), once the element-wise kernels and the host's dispatch had their
+/// own time: 613 of the datasheet's 989 TFLOP/s. Before that split one
+/// curve had to absorb them: 43 %.
 pub const MFU_MAX: f64 = 0.62;
 
 /// Tokens per micro batch at which a matmul reaches half of [`MFU_MAX`],
@@ -49,7 +48,8 @@ pub const HALF_TOKENS_EXPONENT: f64 = 1.2;
 /// with the head dimension as their depth) against the fused kernels'
 /// rate: their score traffic is counted in `elementwise`. Fitted to the
 /// H100's 36 steps with materialised scores (Gemma 2 eager, Llama eager,
-/// Falcon): 0.4 gives median |error| 6.4 %, 0.5 4.5 %, 0.7 7.7 %.
+/// Falcon): 0.4 gives median |error| 6.4 %, 0.5 4.5 %, 0.7 7.7 % (before
+/// the dispatch time; 3.6 % now).
 pub const EAGER_ATTENTION_SPEED: f64 = 0.5;
 
 /// `bf16-mixed` / `fp16-mixed` (autocast over fp32 weights) relative to pure
@@ -77,7 +77,8 @@ pub const FP32_SPEED_NO_TF32: f64 = 0.125;
 /// 0.6 ms of matmuls). Fitted with [`CHECKPOINT_DISPATCH_S`] to the H100's
 /// measured steps (`cargo bench --bench accuracy`): 1.0 ms gives a 90th
 /// percentile |error| of 36.6 %, 1.2 ms 29.7 %, 1.4 ms 27.4 %, 1.6 ms
-/// 27.5 % (none: 50.7 %).
+/// 27.5 % (none: 50.7 %; swept with a fused attention backward of 2
+/// forwards, [`FUSED_ATTENTION_BACKWARD`] since: 28.3 %).
 pub const DISPATCH_PER_BLOCK_PASS_S: f64 = 1.4e-3;
 
 /// What a checkpointed block adds to [`DISPATCH_PER_BLOCK_PASS_S`] beyond
@@ -179,25 +180,13 @@ pub fn flops_per_token(w: &Workload, s: &EngineeringSettings) -> Flops {
 /// [`flops_per_token`] with whether the attention keeps its scores
 /// (`memory::attention_materializes_scores`) already known.
 fn flops_of(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> Flops {
-    let dense = 2.0 * matmul_params(&w.model);
+    let head = 2.0 * head_params(&w.model);
+    let blocks = 2.0 * matmul_params(&w.model) - head;
     let attn = attention_flops(w, scores_kept);
-    let forward = dense + attn;
-    // Backward: input gradients (≈ one forward) plus weight gradients (≈ one
-    // forward of the trainable weights; LoRA adapters are negligible).
-    let backward = match w.method {
-        Method::Full => 2.0 * forward,
-        Method::Lora | Method::Qlora => forward + attn,
-    };
-    // Checkpointing recomputes the blocks' forward, not the LM head's:
-    // transformers, litgpt and torchtune checkpoint each decoder block.
-    let recompute = if s.activation_checkpointing {
-        forward - 2.0 * head_params(&w.model)
-    } else {
-        0.0
-    };
+    let (block_passes, head_passes, attn_passes) = passes(w, s, scores_kept);
     Flops {
-        forward,
-        step: forward + backward + recompute,
+        forward: blocks + head + attn,
+        step: block_passes * blocks + head_passes * head + attn_passes * attn,
     }
 }
 
@@ -237,22 +226,36 @@ fn fp32_parts(w: &Workload, s: &EngineeringSettings) -> Fp32Parts {
     }
 }
 
-/// How many times a step runs each kind of matmul (forward, backward and
-/// a checkpointed block's recomputation, as in [`flops_per_token`]): the
-/// blocks' weights, the LM head, the attention's products.
-fn passes(w: &Workload, s: &EngineeringSettings) -> (f64, f64, f64) {
+/// How many forward-equivalents of each kind of matmul a step runs: the
+/// blocks' weights, the LM head, the attention's products. The backward
+/// makes the input gradient (one) and, in a full fine-tune, the weight
+/// gradient (one more; adapters over a frozen base have none, their own
+/// matmuls are rank r: left out). The attention's two products have two
+/// backward products each (two); a fused kernel recomputes the scores
+/// in its backward as well (FlashAttention-2: five matmuls against the
+/// forward's two, 2.5). Checkpointing recomputes the blocks' forward,
+/// not the LM head's: transformers, litgpt and torchtune checkpoint each
+/// decoder block.
+fn passes(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> (f64, f64, f64) {
     let ckpt = if s.activation_checkpointing { 1.0 } else { 0.0 };
-    // a full fine-tune's backward makes the input and the weight gradient;
-    // adapters over a frozen base only the input's
     let weights = if w.method == Method::Full { 3.0 } else { 2.0 };
-    // the attention's products have no weights: two backward products each
-    (weights + ckpt, weights, 3.0 + ckpt)
+    let attention_backward = if scores_kept {
+        2.0
+    } else {
+        FUSED_ATTENTION_BACKWARD
+    };
+    (weights + ckpt, weights, 1.0 + attention_backward + ckpt)
 }
+
+/// A fused attention kernel's backward FLOPs over its forward's
+/// (FlashAttention-2, Dao 2023, §3.2: the backward recomputes the scores,
+/// five matmuls against two).
+pub const FUSED_ATTENTION_BACKWARD: f64 = 2.5;
 
 /// FLOPs per token of the step that run as fp32 matmuls (see
 /// [`Fp32Parts`]); 0 when none do.
 fn fp32_flops(w: &Workload, s: &EngineeringSettings, fp32: Fp32Parts, scores_kept: bool) -> f64 {
-    let (_, head_passes, attn_passes) = passes(w, s);
+    let (_, head_passes, attn_passes) = passes(w, s, scores_kept);
     let head = if fp32.head {
         head_passes * 2.0 * head_params(&w.model)
     } else {
@@ -285,7 +288,7 @@ fn tensor_utilization(
     let layers = a.num_layers as f64;
     let active = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
     let mlp_in = if a.gated_mlp { 2.0 } else { 1.0 };
-    let (block, head, attn) = passes(w, s);
+    let (block, head, attn) = passes(w, s, scores_kept);
     let util = |weight: f64| MFU_MAX * tokens / (tokens + half_tokens(weight));
     // (FLOPs per token over the step, the efficiency they run at)
     let mut kinds = [

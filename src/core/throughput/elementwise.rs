@@ -102,8 +102,9 @@ pub fn bytes_per_token(w: &Workload, s: &EngineeringSettings) -> f64 {
     // Rotary (`apply_rotary_pos_emb`, on q and k): `q * cos` (2e),
     // `rotate_half` (`-x2`: e, `cat`: 2e), `* sin` (2e), the sum (3e):
     // 10e an element. Encoders and GPT-2 add learned positions once, at
-    // the embedding: none in the blocks.
-    let rotary = if a.kind == ArchKind::EncoderOnly || a.quirks.unrotated_qkv_views {
+    // the embedding, and T5 a relative bias to its scores: none in the
+    // blocks.
+    let rotary = if a.kind != ArchKind::DecoderOnly || a.quirks.unrotated_qkv_views {
         0.0
     } else {
         10.0 * e * (qd + kvd)

@@ -390,29 +390,39 @@ pub fn optimizer_step_bytes(workload: &Workload, settings: &EngineeringSettings)
     plan::optimizer_step_bytes(workload, settings, &ModelOptions::default())
 }
 
-/// Whether the step's attention materialises its score matrices (eager
-/// attention, or an SDPA call that PyTorch runs with its math composite):
-/// what the throughput model runs at eager attention's speed.
+/// Which kernels the step runs, as the memory model counts them: what the
+/// throughput model times, so that the two never disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepKernels {
+    /// The dtype the blocks compute in: the training dtype, except fp32
+    /// under PEFT's k-bit (QLoRA) recipe without autocast, whose
+    /// bitsandbytes linears hand their fp32 inputs' dtype back (see
+    /// `storage::kbit_recipe`).
+    pub compute: Dtype,
+    /// The attention materialises its score matrices: eager attention, or
+    /// an SDPA call that PyTorch runs with its math composite.
+    pub scores_kept: bool,
+    /// transformers' SDPA call runs PyTorch's math composite (Falcon's one
+    /// shared K/V head with an explicit mask; fp32 q, k and v with grouped
+    /// K/V heads), which upcasts 16-bit q, k and v to fp32 and so
+    /// multiplies in fp32.
+    pub math_sdpa: bool,
+}
+
+/// The step's [`StepKernels`].
+pub fn step_kernels(workload: &Workload, settings: &EngineeringSettings) -> StepKernels {
+    let compute = activations::activation_dtype(workload, settings, &ModelOptions::default());
+    StepKernels {
+        compute,
+        scores_kept: activations::scores_materialized(workload, compute),
+        math_sdpa: activations::math_sdpa(workload, storage::compute_bytes(compute)),
+    }
+}
+
+/// Whether the step's attention materialises its score matrices (see
+/// [`StepKernels::scores_kept`]).
 pub fn attention_materializes_scores(workload: &Workload, settings: &EngineeringSettings) -> bool {
-    let dtype = activations::activation_dtype(workload, settings, &ModelOptions::default());
-    activations::scores_materialized(workload, dtype)
-}
-
-/// Whether transformers' SDPA call runs PyTorch's math composite (Falcon's
-/// one shared K/V head with an explicit mask; fp32 q, k and v with grouped
-/// K/V heads), which upcasts 16-bit q, k and v to fp32 and so multiplies
-/// in fp32: what the throughput model runs at the fp32 rate.
-pub fn attention_runs_math_sdpa(workload: &Workload, settings: &EngineeringSettings) -> bool {
-    let dtype = activations::activation_dtype(workload, settings, &ModelOptions::default());
-    activations::math_sdpa(workload, storage::compute_bytes(dtype))
-}
-
-/// The dtype the blocks compute in: the training dtype, except fp32 under
-/// PEFT's k-bit (QLoRA) recipe without autocast, whose bitsandbytes
-/// linears hand their fp32 inputs' dtype back (see `storage::kbit_recipe`):
-/// what the throughput model runs the head and the attention at.
-pub fn compute_dtype(workload: &Workload, settings: &EngineeringSettings) -> Dtype {
-    activations::activation_dtype(workload, settings, &ModelOptions::default())
+    step_kernels(workload, settings).scores_kept
 }
 
 /// Largest micro batch whose predicted peak is ≤ `budget_bytes`; None when

@@ -15,7 +15,7 @@
 //! saved input(s) and write the input gradient: counted as twice the
 //! forward's bytes. A checkpointed block runs its forward twice.
 
-use crate::core::memory::{attention_materializes_scores, compute_dtype};
+use crate::core::memory::StepKernels;
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{ArchKind, Attention, LoraTarget, Method, Workload};
 
@@ -49,19 +49,23 @@ pub const BANDWIDTH_EFFICIENCY: f64 = 0.85;
 pub const COMPILE_ELEMENTWISE_SHARE: f64 = 0.35;
 
 /// Bytes the step's element-wise kernels move per token: forward,
-/// backward and a checkpointed block's second forward.
-pub fn bytes_per_token(w: &Workload, s: &EngineeringSettings) -> f64 {
+/// backward and a checkpointed block's second forward. `kernels` is
+/// `memory::step_kernels(w, s)`.
+pub fn bytes_per_token(w: &Workload, s: &EngineeringSettings, kernels: StepKernels) -> f64 {
     let a = &w.model;
     let h = a.hidden_size as f64;
     let qd = a.num_attention_heads as f64 * a.head_dim as f64;
     let kvd = a.num_kv_heads as f64 * a.head_dim as f64;
     let active = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
     let i = a.intermediate_size as f64 * active;
-    let compute = compute_dtype(w, s);
     // Matmul outputs (q, k, v, the MLP's) are 16-bit unless the blocks
     // compute in fp32; the residual stream is fp32 under autocast too (the
     // weights, and so the embedding's output and every norm's, are fp32).
-    let e = if compute == Dtype::Fp32 { 4.0 } else { 2.0 };
+    let e = if kernels.compute == Dtype::Fp32 {
+        4.0
+    } else {
+        2.0
+    };
     let mixed = matches!(s.dtype, Dtype::Bf16Mixed | Dtype::Fp16Mixed);
     let r = if mixed { 4.0 } else { e };
     let classic = !a.gated_mlp;
@@ -144,7 +148,7 @@ pub fn bytes_per_token(w: &Workload, s: &EngineeringSettings) -> f64 {
     };
     let lora = 6.0 * e * adapters;
 
-    let forward = a.num_layers as f64 * (block + lora + scores_bytes(w, s, e, mixed));
+    let forward = a.num_layers as f64 * (block + lora + scores_bytes(w, kernels, e, mixed));
     let passes = 1.0 + BACKWARD_BYTES + if s.activation_checkpointing { 1.0 } else { 0.0 };
     let compiled = if s.compile {
         COMPILE_ELEMENTWISE_SHARE
@@ -166,8 +170,8 @@ pub fn bytes_per_token(w: &Workload, s: &EngineeringSettings) -> f64 {
 /// 16-bit dtype (2e). The math SDPA composite upcasts 16-bit q, k and v
 /// (its scores are fp32: e = 4 here), scales q and k before the product
 /// and adds the mask and runs the softmax in that dtype.
-fn scores_bytes(w: &Workload, s: &EngineeringSettings, e: f64, mixed: bool) -> f64 {
-    if !attention_materializes_scores(w, s) {
+fn scores_bytes(w: &Workload, kernels: StepKernels, e: f64, mixed: bool) -> f64 {
+    if !kernels.scores_kept {
         return 0.0;
     }
     let a = &w.model;

@@ -14,9 +14,7 @@
 pub mod elementwise;
 
 use crate::core::catalog::GpuSpec;
-use crate::core::memory::{
-    attention_materializes_scores, attention_runs_math_sdpa, compute_dtype, optimizer_step_bytes,
-};
+use crate::core::memory::{optimizer_step_bytes, step_kernels, StepKernels};
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{ArchKind, Method, ModelArch, Workload};
 
@@ -147,19 +145,26 @@ pub struct Flops {
 /// Matmul parameters a token passes through: every linear layer of the
 /// active experts and the LM head (an embedding lookup is no matmul).
 fn matmul_params(a: &ModelArch) -> f64 {
+    block_matmuls(a).iter().map(|k| k.0).sum::<f64>() + head_params(a)
+}
+
+/// The blocks' matmuls by weight shape, each as (the parameters a token
+/// passes through, summed over the blocks and the active experts; one
+/// weight's elements): q and o, k and v, the MLP's input projections
+/// (gate and up, or fc1) with its output projection.
+fn block_matmuls(a: &ModelArch) -> [(f64, f64); 3] {
     let h = a.hidden_size as f64;
     let qd = a.num_attention_heads as f64 * a.head_dim as f64;
     let kvd = a.num_kv_heads as f64 * a.head_dim as f64;
-    let attn = h * qd + 2.0 * h * kvd + qd * h;
     let i = a.intermediate_size as f64;
-    let mlp_one = if a.gated_mlp {
-        3.0 * h * i
-    } else {
-        2.0 * h * i
-    };
+    let layers = a.num_layers as f64;
     let active = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
-    let per_layer = attn + mlp_one * active;
-    a.num_layers as f64 * per_layer + head_params(a)
+    let mlp_in = if a.gated_mlp { 2.0 } else { 1.0 };
+    [
+        (layers * 2.0 * h * qd, h * qd),
+        (layers * 2.0 * h * kvd, h * kvd),
+        (layers * (mlp_in + 1.0) * h * i * active, h * i),
+    ]
 }
 
 /// The LM head's matmul parameters (hidden × vocabulary).
@@ -174,11 +179,11 @@ fn head_params(a: &ModelArch) -> f64 {
 /// (≈ one forward less in backward); checkpointing adds one forward
 /// of the blocks (not of the LM head, which no framework checkpoints).
 pub fn flops_per_token(w: &Workload, s: &EngineeringSettings) -> Flops {
-    flops_of(w, s, attention_materializes_scores(w, s))
+    flops_of(w, s, step_kernels(w, s).scores_kept)
 }
 
 /// [`flops_per_token`] with whether the attention keeps its scores
-/// (`memory::attention_materializes_scores`) already known.
+/// (`memory::StepKernels::scores_kept`) already known.
 fn flops_of(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> Flops {
     let head = 2.0 * head_params(&w.model);
     let blocks = 2.0 * matmul_params(&w.model) - head;
@@ -198,11 +203,11 @@ pub fn half_tokens(weight: f64) -> f64 {
 
 /// The matmuls of a step that run in fp32 on the CUDA cores beside a
 /// 16-bit step. PEFT's QLoRA recipe without autocast (`memory::
-/// compute_dtype` is fp32 while the training dtype is not) runs the LM
+/// StepKernels::compute` is fp32 while the training dtype is not) runs the LM
 /// head (its forward and its input gradient: the head is frozen) and the
 /// attention's score and value products in fp32; PyTorch's math SDPA
 /// composite (Falcon's shared K/V head) upcasts 16-bit q, k and v and
-/// multiplies in fp32 (`memory::attention_runs_math_sdpa`). The adapters
+/// multiplies in fp32 (`memory::StepKernels::math_sdpa`). The adapters
 /// are fp32 too, but rank r against the hidden size: left out.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Fp32Parts {
@@ -210,11 +215,11 @@ struct Fp32Parts {
     attention: bool,
 }
 
-fn fp32_parts(w: &Workload, s: &EngineeringSettings) -> Fp32Parts {
+fn fp32_parts(s: &EngineeringSettings, kernels: StepKernels) -> Fp32Parts {
     if s.dtype == Dtype::Fp32 {
         return Fp32Parts::default();
     }
-    if compute_dtype(w, s) == Dtype::Fp32 {
+    if kernels.compute == Dtype::Fp32 {
         return Fp32Parts {
             head: true,
             attention: true,
@@ -222,7 +227,7 @@ fn fp32_parts(w: &Workload, s: &EngineeringSettings) -> Fp32Parts {
     }
     Fp32Parts {
         head: false,
-        attention: attention_runs_math_sdpa(w, s),
+        attention: kernels.math_sdpa,
     }
 }
 
@@ -281,29 +286,15 @@ fn tensor_utilization(
     scores_kept: bool,
 ) -> f64 {
     let a = &w.model;
-    let h = a.hidden_size as f64;
     let qd = a.num_attention_heads as f64 * a.head_dim as f64;
-    let kvd = a.num_kv_heads as f64 * a.head_dim as f64;
-    let i = a.intermediate_size as f64;
-    let layers = a.num_layers as f64;
-    let active = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
-    let mlp_in = if a.gated_mlp { 2.0 } else { 1.0 };
     let (block, head, attn) = passes(w, s, scores_kept);
     let util = |weight: f64| MFU_MAX * tokens / (tokens + half_tokens(weight));
-    // (FLOPs per token over the step, the efficiency they run at)
-    let mut kinds = [
-        // q and o
-        (block * 2.0 * layers * 2.0 * h * qd, util(h * qd)),
-        // k and v
-        (block * 2.0 * layers * 2.0 * h * kvd, util(h * kvd)),
-        // the MLP's input projections (gate and up, or fc1) and its output
-        (
-            block * 2.0 * layers * (mlp_in + 1.0) * h * i * active,
-            util(h * i),
-        ),
-        (0.0, 1.0),
-        (0.0, 1.0),
-    ];
+    // (FLOPs per token over the step, the efficiency they run at): the
+    // blocks' matmuls, then the head and the attention where they are not
+    // fp32
+    let [qo, kv, mlp] =
+        block_matmuls(a).map(|(params, weight)| (block * 2.0 * params, util(weight)));
+    let mut kinds = [qo, kv, mlp, (0.0, 1.0), (0.0, 1.0)];
     if !fp32.head {
         kinds[3] = (head * 2.0 * head_params(a), util(head_params(a)));
     }
@@ -315,7 +306,10 @@ fn tensor_utilization(
         } else {
             1.0
         };
-        kinds[4] = (attn * attention_flops(w, scores_kept), util(h * qd) * eager);
+        kinds[4] = (
+            attn * attention_flops(w, scores_kept),
+            util(a.hidden_size as f64 * qd) * eager,
+        );
     }
     let flops: f64 = kinds.iter().map(|k| k.0).sum();
     let time: f64 = kinds.iter().map(|k| k.0 / k.1).sum();
@@ -337,14 +331,15 @@ fn attention_flops(w: &Workload, scores_kept: bool) -> f64 {
 
 /// Predicted tokens/s of one GPU for the workload and settings.
 pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f64 {
-    let scores_kept = attention_materializes_scores(w, s);
+    let kernels = step_kernels(w, s);
+    let scores_kept = kernels.scores_kept;
     let step_flops = flops_of(w, s, scores_kept).step;
     if step_flops <= 0.0 || gpu.bf16_tflops <= 0.0 {
         return 0.0;
     }
     // What runs as fp32 matmuls goes at the fp32 rate (see `Fp32Parts`),
     // the rest at the tensor cores' rate below.
-    let parts = fp32_parts(w, s);
+    let parts = fp32_parts(s, kernels);
     let fp32 = fp32_flops(w, s, parts, scores_kept).min(step_flops);
     let flops = step_flops - fp32;
     let tokens = s.micro_batch_size as f64 * w.seq_len as f64;
@@ -376,7 +371,7 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     // The element-wise kernels at the memory bandwidth (a GPU outside the
     // catalog has none: left out, as the optimizer step below).
     let elementwise = if gpu.memory_bandwidth_gbs > 0.0 {
-        elementwise::bytes_per_token(w, s)
+        elementwise::bytes_per_token(w, s, kernels)
             / (gpu.memory_bandwidth_gbs * 1e9 * elementwise::BANDWIDTH_EFFICIENCY)
     } else {
         0.0
@@ -389,7 +384,7 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     // micro batches slow: Llama-3.1-8B full bf16 at 1 × 512 tokens on the
     // H100 took 342 ms a step, 106 ms predicted without it
     // (bench/data/h100/peaks.csv).
-    let step_tokens = tokens * s.gradient_accumulation_steps.max(1) as f64;
+    let accumulation = s.gradient_accumulation_steps.max(1) as f64;
     let optimizer = if gpu.memory_bandwidth_gbs > 0.0 {
         optimizer_step_bytes(w, s) / (gpu.memory_bandwidth_gbs * 1e9)
     } else {
@@ -399,8 +394,7 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     // dispatch its kernels (see `dispatch_seconds`): the GPU waits for
     // the host below it.
     let micro = (tokens / rate).max(dispatch_seconds(w, s));
-    let accumulation = s.gradient_accumulation_steps.max(1) as f64;
-    step_tokens / (accumulation * micro + optimizer)
+    accumulation * tokens / (accumulation * micro + optimizer)
 }
 
 #[cfg(test)]
@@ -410,6 +404,16 @@ mod tests {
     use crate::core::workload::{
         Attention, Framework, LoraConfig, LoraTarget, Optimizer, Sharding,
     };
+
+    /// [`fp32_parts`] of a workload and settings.
+    fn parts_of(w: &Workload, st: &EngineeringSettings) -> Fp32Parts {
+        fp32_parts(st, step_kernels(w, st))
+    }
+
+    /// [`elementwise::bytes_per_token`] of a workload and settings.
+    fn ew(w: &Workload, st: &EngineeringSettings) -> f64 {
+        elementwise::bytes_per_token(w, st, step_kernels(w, st))
+    }
 
     fn w(model: &str, method: Method, seq: u32, attention: Attention) -> Workload {
         Workload {
@@ -569,13 +573,13 @@ mod tests {
         let sdpa = with(Attention::Sdpa);
         let eager = with(Attention::Eager);
         assert_eq!(
-            fp32_parts(&sdpa, &settings),
+            parts_of(&sdpa, &settings),
             Fp32Parts {
                 head: false,
                 attention: true
             }
         );
-        assert_eq!(fp32_parts(&eager, &settings), Fp32Parts::default());
+        assert_eq!(parts_of(&eager, &settings), Fp32Parts::default());
         let p_sdpa = tokens_per_sec(&sdpa, &h100, &settings);
         // eager multiplies in bf16: faster at the same settings
         assert!(tokens_per_sec(&eager, &h100, &settings) > 1.2 * p_sdpa);
@@ -681,17 +685,17 @@ mod tests {
             let err = plain / measured - 1.0;
             assert!(err.abs() < 0.25, "{model}: {plain:.0} against {measured}");
             let plain_settings = s(m, Dtype::Bf16, false);
-            let parts = fp32_parts(&q, &plain_settings);
+            let parts = parts_of(&q, &plain_settings);
             assert!(parts.head && parts.attention);
             assert!(fp32_flops(&q, &plain_settings, parts, false) > 0.0);
             // under autocast everything is on the tensor cores
             let mixed = s(m, Dtype::Bf16Mixed, false);
-            assert_eq!(fp32_parts(&q, &mixed), Fp32Parts::default());
+            assert_eq!(parts_of(&q, &mixed), Fp32Parts::default());
             assert!(tokens_per_sec(&q, &h200, &mixed) > 1.5 * plain, "{model}");
             // LoRA on a bf16 base has no fp32 part
             let l = w(model, Method::Lora, 2048, Attention::Sdpa);
             assert_eq!(
-                fp32_parts(&l, &s(m, Dtype::Bf16, false)),
+                parts_of(&l, &s(m, Dtype::Bf16, false)),
                 Fp32Parts::default()
             );
         }
@@ -728,8 +732,7 @@ mod tests {
             1024,
             Attention::Sdpa,
         );
-        let share =
-            |wl: &Workload| elementwise::bytes_per_token(wl, &st) / flops_per_token(wl, &st).step;
+        let share = |wl: &Workload| ew(wl, &st) / flops_per_token(wl, &st).step;
         assert!(
             share(&small) > 2.0 * share(&large),
             "{} vs {}",
@@ -746,17 +749,13 @@ mod tests {
             lora: None,
             ..lora.clone()
         };
-        assert!(
-            elementwise::bytes_per_token(&lora, &st)
-                > elementwise::bytes_per_token(&lora_frozen, &st)
-        );
+        assert!(ew(&lora, &st) > ew(&lora_frozen, &st));
         // compiled, the fused chains move about a third of the bytes
         let compiled = EngineeringSettings {
             compile: true,
             ..st.clone()
         };
-        let ratio = elementwise::bytes_per_token(&small, &compiled)
-            / elementwise::bytes_per_token(&small, &st);
+        let ratio = ew(&small, &compiled) / ew(&small, &st);
         assert!((ratio - elementwise::COMPILE_ELEMENTWISE_SHARE).abs() < 1e-9);
     }
 

@@ -50,7 +50,10 @@
 //! prints the throughput model's (`core::throughput`) predicted tokens/s
 //! against every measured step's, per card and attention kind (not a
 //! target of issue 11; its figures are what the advisor ranks first runs
-//! by). It exits
+//! by). The Trainer rows measured before `scripts/gpu_measure.py` timed
+//! the Trainer's steps 2..N (no `timed` column) divided the whole
+//! `train()` call, setup and first step included, by its steps: they are
+//! printed as their own group and left out of the figures. It exits
 //! non-zero when the advisor's stated margins
 //! (`src/core/advisor/margin.rs`) no longer cover the measured
 //! under-prediction, or when the advisor's first-run plan falls below a
@@ -1874,10 +1877,20 @@ fn read_gpu(path: &Path, source: &str) -> Result<Vec<Row>, String> {
             tokens: match (status, opt(&r, "tokens_per_sec", "")) {
                 ("ok", t) if !varlen && !t.is_empty() => {
                     let gpu = lookup_gpu(card.gpu()).map_err(|e| e.to_string())?;
+                    // The Trainer rows measured before scripts/gpu_measure.py
+                    // timed steps 2..N (no `timed` column) divided the whole
+                    // `train()` call, setup and first step included, by its
+                    // steps: not a training step's throughput.
+                    let untimed =
+                        opt(&r, "loop", "manual") == "trainer" && opt(&r, "timed", "").is_empty();
                     Some((
                         num::<f64>(&r, "tokens_per_sec")?,
                         tokens_per_sec(&w, &gpu, &s),
-                        throughput_group(card, &w, &s),
+                        if untimed {
+                            TRAINER_SETUP_TIMED.to_string()
+                        } else {
+                            throughput_group(card, &w, &s)
+                        },
                     ))
                 }
                 _ => None,
@@ -1887,6 +1900,10 @@ fn read_gpu(path: &Path, source: &str) -> Result<Vec<Row>, String> {
     }
     Ok(out)
 }
+
+/// The throughput report's group of steps whose measured tokens/s include
+/// the Trainer's setup and first step: printed, not scored.
+const TRAINER_SETUP_TIMED: &str = "Trainer, setup and first step in the timing (not scored)";
 
 /// The throughput report's groups: the card, then the model's factors
 /// that change speed (`core::throughput`: attention kind, compile).
@@ -1944,7 +1961,9 @@ fn throughput_report(rows: &[Row]) {
         };
         println!("    lowest: {}", ends(&mut v.iter()));
         println!("    highest: {}", ends(&mut v.iter().rev()));
-        all.extend(errors);
+        if *g != TRAINER_SETUP_TIMED {
+            all.extend(errors);
+        }
     }
     println!("  {}", signed_summary("all", &all));
 }

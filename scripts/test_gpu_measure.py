@@ -71,5 +71,29 @@ class PointsFromCsv(unittest.TestCase):
         self.assertTrue(all(p["method"] in ("qlora", "lora") for p in pts[1:]))
 
 
+class TrainerStepClock(unittest.TestCase):
+    """The Trainer's tokens/s time steps 2..N, like the manual loop's."""
+
+    def run_clock(self, times, steps):
+        ticks = iter(times)
+        synced = []
+        clock = gpu_measure.StepClock(lambda: synced.append(1), lambda: next(ticks))
+        for step in range(1, steps + 1):
+            clock.step_ended(step)
+        self.assertEqual(len(synced), steps)  # every reading waits for the GPU
+        return clock
+
+    def test_first_step_and_setup_are_left_out(self):
+        # a slow first step (12 s) then 0.25 s a step: 0.25, not (12+0.75)/4
+        clock = self.run_clock([12.0, 12.25, 12.5, 12.75], 4)
+        self.assertAlmostEqual(clock.seconds_per_step(), 0.25)
+        self.assertEqual((clock.first, clock.last), (1, 4))
+
+    def test_one_step_is_refused(self):
+        clock = self.run_clock([3.0], 1)
+        with self.assertRaises(ValueError):
+            clock.seconds_per_step()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1903,7 +1903,7 @@ fn read_gpu(path: &Path, source: &str) -> Result<Vec<Row>, String> {
 
 /// The throughput report's group of steps whose measured tokens/s include
 /// the Trainer's setup and first step: printed, not scored.
-const TRAINER_SETUP_TIMED: &str = "Trainer, setup and first step in the timing (not scored)";
+const TRAINER_SETUP_TIMED: &str = "Trainer: setup and first step timed too (not scored)";
 
 /// The throughput report's groups: the card, then the model's factors
 /// that change speed (`core::throughput`: attention kind, compile).

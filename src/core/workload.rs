@@ -152,6 +152,14 @@ pub struct ArchQuirks {
     /// a trained norm weight keeps the fp32 normalised value for its
     /// gradient, not a 16-bit one.
     pub norm_scale_fp32: bool,
+    /// Tokens a query attends back over (config `sliding_window`; 0 when
+    /// none): from a sequence that reaches it, transformers hands SDPA an
+    /// explicit mask, not `is_causal` (see `memory::StepKernels::
+    /// masked_sdpa_layers`).
+    pub sliding_window: u32,
+    /// Only every other layer has the window (Gemma 2's alternating
+    /// `sliding_attention` / `full_attention` layers).
+    pub alternating_sliding_window: bool,
 }
 
 /// How the model is trained.

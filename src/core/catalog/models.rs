@@ -645,6 +645,16 @@ fn family_quirks(id: &str) -> ArchQuirks {
         ArchQuirks {
             fused_qkv: true,
             fused_gate_up: true,
+            // Phi-3-mini-4k-instruct's config.json: "sliding_window": 2047
+            sliding_window: 2047,
+            ..ArchQuirks::default()
+        }
+    } else if id.starts_with("mistralai/Mistral-7B-v0.1")
+        || id.starts_with("mistralai/Mistral-7B-Instruct-v0.1")
+    {
+        // v0.1's config.json: "sliding_window": 4096 (v0.2 and v0.3: null)
+        ArchQuirks {
+            sliding_window: 4096,
             ..ArchQuirks::default()
         }
     } else if id.starts_with("google-bert/") {
@@ -658,6 +668,9 @@ fn family_quirks(id: &str) -> ArchQuirks {
             attn_softcapping: true,
             final_softcapping: true,
             norm_scale_fp32: true,
+            // "sliding_window": 4096 on every other layer
+            sliding_window: 4096,
+            alternating_sliding_window: true,
             ..ArchQuirks::default()
         }
     } else {
@@ -900,6 +913,26 @@ pub fn count_params(a: &ModelArch) -> u64 {
     embed + pos + a.num_layers as u64 * per_layer + cross + h
 }
 
+/// The attention window of a `config.json` (0: none). A key the file
+/// leaves out takes the config class's default: 4,096 for `MistralConfig`,
+/// none for the others; Qwen2's window is off unless `use_sliding_window`
+/// (its files carry a `sliding_window` they do not use). Gemma 3's
+/// pattern (five windowed layers in six) is counted as every layer.
+fn sliding_window(v: &Value, model_type: &str) -> u32 {
+    let window = match v.get("sliding_window") {
+        Some(w) => w.as_u64(),
+        None => (model_type == "mistral").then_some(4096),
+    };
+    let used = v
+        .get("use_sliding_window")
+        .and_then(Value::as_bool)
+        .unwrap_or(!model_type.starts_with("qwen2"));
+    match window {
+        Some(w) if used => u32::try_from(w).unwrap_or(u32::MAX),
+        _ => 0,
+    }
+}
+
 /// Parses a Hugging Face `config.json` text into an architecture.
 ///
 /// Understands the Llama/Mistral/Qwen/Gemma/Phi-3/Mixtral key names
@@ -1093,6 +1126,8 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
             "attn_pdrop",
             "attention_probs_dropout_prob",
         ]),
+        sliding_window: sliding_window(&v, &model_type),
+        alternating_sliding_window: model_type == "gemma2",
     };
     let mut arch = ModelArch {
         name: display,
@@ -1275,6 +1310,56 @@ mod tests {
         )
         .unwrap();
         assert!(distil.quirks.one_resid_dropout && !gpt2.quirks.one_resid_dropout);
+    }
+
+    /// The attention window, as each config.json gives it or its config
+    /// class defaults it: the catalog's published files and a file that
+    /// leaves the key out read the same way.
+    #[test]
+    fn sliding_windows_come_from_config_json() {
+        let window = |json: &str| arch_from_hf_config("c.json", json).unwrap().quirks;
+        let base = r#""hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 14336, "vocab_size": 32000"#;
+        // MistralConfig's default is 4,096; null is none
+        assert_eq!(
+            window(&format!(r#"{{"model_type": "mistral", {base}}}"#)).sliding_window,
+            4096
+        );
+        assert_eq!(
+            window(&format!(
+                r#"{{"model_type": "mistral", "sliding_window": null, {base}}}"#
+            ))
+            .sliding_window,
+            0
+        );
+        // Phi3Config's default is none; the published mini-4k file says 2,047
+        assert_eq!(
+            window(&format!(r#"{{"model_type": "phi3", {base}}}"#)).sliding_window,
+            0
+        );
+        assert_eq!(
+            window(&format!(
+                r#"{{"model_type": "phi3", "sliding_window": 2047, {base}}}"#
+            ))
+            .sliding_window,
+            2047
+        );
+        // Qwen2 files carry a window they do not use
+        let qwen = format!(
+            r#"{{"model_type": "qwen2", "sliding_window": 131072, "use_sliding_window": false, {base}}}"#
+        );
+        assert_eq!(window(&qwen).sliding_window, 0);
+        let gemma = window(&format!(
+            r#"{{"model_type": "gemma2", "sliding_window": 4096, {base}}}"#
+        ));
+        assert!(gemma.sliding_window == 4096 && gemma.alternating_sliding_window);
+        // the catalog: as the published files
+        let q = |id: &str| lookup_model(id).unwrap().arch.quirks;
+        assert_eq!(q("mistralai/Mistral-7B-v0.1").sliding_window, 4096);
+        assert_eq!(q("mistralai/Mistral-7B-Instruct-v0.1").sliding_window, 4096);
+        assert_eq!(q("mistralai/Mistral-7B-v0.3").sliding_window, 0);
+        assert_eq!(q("microsoft/Phi-3-mini-4k-instruct").sliding_window, 2047);
+        assert!(q("google/gemma-2-9b").alternating_sliding_window);
+        assert_eq!(q("Qwen/Qwen2.5-7B").sliding_window, 0);
     }
 
     #[test]

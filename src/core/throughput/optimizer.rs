@@ -52,18 +52,25 @@ pub fn trainable_tensors(w: &Workload) -> (f64, f64) {
     let experts = a.num_experts.max(1) as f64;
     if w.method != Method::Full {
         let targets = w.lora.as_ref().map_or(&[][..], |l| l.targets.as_slice());
-        let per_layer: f64 = targets
-            .iter()
-            .map(|t| {
-                use LoraTarget::*;
-                match t {
+        use LoraTarget::*;
+        let qkv = targets.iter().filter(|t| matches!(t, Q | K | V)).count() as f64;
+        // a fused projection (`quirks.fused_qkv`) carries one adapter for
+        // any of q, k and v
+        let qkv = if a.quirks.fused_qkv {
+            qkv.min(1.0)
+        } else {
+            qkv
+        };
+        let per_layer: f64 = qkv
+            + targets
+                .iter()
+                .map(|t| match t {
                     Gate if !a.gated_mlp => 0.0,
                     Gate | Up | Down => experts,
-                    LmHead => 0.0,
-                    _ => 1.0,
-                }
-            })
-            .sum();
+                    O => 1.0,
+                    _ => 0.0,
+                })
+                .sum::<f64>();
         let head = if targets.contains(&LoraTarget::LmHead) {
             2.0
         } else {
@@ -180,6 +187,14 @@ mod tests {
             vec![LoraTarget::Q, LoraTarget::V],
         );
         assert_eq!(trainable_tensors(&lora), (2.0 * 2.0 * 32.0, 0.0));
+        // Phi-3's fused qkv_proj: one adapter for q, k and v
+        let phi3 = w(
+            "microsoft/Phi-3-mini-4k-instruct",
+            Method::Lora,
+            Optimizer::Adamw,
+            vec![LoraTarget::Q, LoraTarget::K, LoraTarget::V],
+        );
+        assert_eq!(trainable_tensors(&phi3), (2.0 * 32.0, 0.0));
     }
 
     /// transformers' Adafactor loops over the tensors in Python: BERT-large

@@ -25,6 +25,8 @@ Two loops:
                 torch.autocast (fp16 with a GradScaler); "fp32" is plain fp32.
   loop=trainer  transformers' `Trainer` itself on an fp32-loaded model with
                 `bf16=True` (its default optimizer, recorded in optimizer_impl).
+Both time steps 2..N for tokens_per_sec (the Trainer's with a callback at
+each step's end), and write which steps they timed in `timed`.
 
 Points run one after another in one process. After each point returns (its
 frame, and with it every tensor it made, is gone), `gc.collect()` and

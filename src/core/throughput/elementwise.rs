@@ -43,7 +43,7 @@ pub const BANDWIDTH_EFFICIENCY: f64 = 0.85;
 /// Fitted on the H100's compiled steps (bench/data/h100/compile_accum.csv:
 /// Llama-3.2-1B full and Llama-3.1-8B LoRA): 0.35 puts the four within
 /// −6 … +5 %. With no dispatch floor for compiled steps (`super::
-/// dispatch_seconds`) it replaces a factor of 1.2 on the whole step (the
+/// dispatch::seconds`) it replaces a factor of 1.2 on the whole step (the
 /// four within −9 … −3 % with it); Qwen2.5-0.5B compiled stays 44 % under
 /// with either.
 pub const COMPILE_ELEMENTWISE_SHARE: f64 = 0.35;

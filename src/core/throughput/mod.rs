@@ -11,6 +11,7 @@
 //! ones fitted to `bench/data/h100/throughput.csv` (a real H100, HF training
 //! loop, see its README) say so.
 
+pub mod dispatch;
 pub mod elementwise;
 pub mod optimizer;
 
@@ -64,46 +65,6 @@ pub const MIXED_SPEED: f64 = 0.9;
 /// rate is taken as this share of its 16-bit tensor rate (V100 15.7 vs
 /// 125 TFLOP/s, T4 8.1 vs 65; H100 SXM 67 vs 989 is lower still).
 pub const FP32_SPEED_NO_TF32: f64 = 0.125;
-
-/// Host time eager PyTorch spends dispatching one transformer block's
-/// kernels in one pass (forward; the backward counts as two), in seconds:
-/// Python module calls, the dispatcher and autograd's bookkeeping for the
-/// block's 40–60 forward kernels at 20–30 µs each. The GPU cannot run
-/// ahead of it, so with few tokens per micro batch it, not the FLOPs,
-/// sets the step time: Llama-3.2-1B full bf16 at 1 × 512 tokens took
-/// 4.5–6.2 ms a block a step on the H100 (bench/data/h100/, against
-/// 0.6 ms of matmuls). Fitted with [`CHECKPOINT_DISPATCH_S`] to the H100's
-/// measured steps (`cargo bench --bench accuracy`): 1.0 ms gives a 90th
-/// percentile |error| of 36.6 %, 1.2 ms 29.7 %, 1.4 ms 27.4 %, 1.6 ms
-/// 27.5 % (none: 50.7 %; swept with a fused attention backward of 2
-/// forwards, [`FUSED_ATTENTION_BACKWARD`] since: 28.3 %).
-pub const DISPATCH_PER_BLOCK_PASS_S: f64 = 1.4e-3;
-
-/// What a checkpointed block adds to [`DISPATCH_PER_BLOCK_PASS_S`] beyond
-/// its recomputed forward (counted as one more pass): the non-reentrant
-/// checkpoint's saved-tensor hooks and its recomputation's Python frames.
-/// Checkpointed full fine-tunes at 512–1,024 tokens took 7–11 ms a block a
-/// step on the H100 and H200. Fitted with it (1, 2 and 3 ms: 28.5, 27.4
-/// and 27.1 % at the 90th percentile, with more rows under by 10 % as it
-/// grows; 2 ms chosen).
-pub const CHECKPOINT_DISPATCH_S: f64 = 2.0e-3;
-
-/// The host's dispatch time of one micro batch (see
-/// [`DISPATCH_PER_BLOCK_PASS_S`]); none under `torch.compile`, whose
-/// generated code launches the fused kernels without Python in between
-/// (Qwen2.5-0.5B full bf16 at 4 × 1,024 on the H100: 39,043 tokens/s
-/// eager, 76,335 compiled).
-fn dispatch_seconds(w: &Workload, s: &EngineeringSettings) -> f64 {
-    if s.compile {
-        return 0.0;
-    }
-    let (passes, extra) = if s.activation_checkpointing {
-        (4.0, CHECKPOINT_DISPATCH_S)
-    } else {
-        (3.0, 0.0)
-    };
-    w.model.num_layers as f64 * (passes * DISPATCH_PER_BLOCK_PASS_S + extra)
-}
 
 /// QLoRA dequantises every NF4 weight in every forward and backward pass
 /// (bitsandbytes kernels), which costs about a third of the step on current
@@ -445,9 +406,9 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     let accumulation = s.gradient_accumulation_steps.max(1) as f64;
     let optimizer = optimizer::step_seconds(w, s, gpu);
     // A micro batch takes at least the time eager PyTorch needs to
-    // dispatch its kernels (see `dispatch_seconds`): the GPU waits for
+    // dispatch its kernels (see `dispatch::seconds`): the GPU waits for
     // the host below it.
-    let micro = (tokens / rate).max(dispatch_seconds(w, s));
+    let micro = (tokens / rate).max(dispatch::seconds(w, s, kernels));
     accumulation * tokens / (accumulation * micro + optimizer)
 }
 
@@ -690,7 +651,7 @@ mod tests {
         let p = tokens_per_sec(&wl, &h100, &one);
         // The FLOPs alone: 4,844 tokens/s (+224 %). With the step: +66 %;
         // with the host's dispatch time, which 512 tokens cannot hide
-        // (`dispatch_seconds`), the rest.
+        // (`dispatch::seconds`), the rest.
         let err = (p - 1497.0) / 1497.0;
         assert!(err.abs() < 0.15, "{p:.0} vs 1,497 measured ({err:+.2})");
         // 42 bytes per bf16 parameter for foreach AdamW
@@ -934,8 +895,12 @@ mod tests {
         let one = s(1, Dtype::Bf16, false);
         let p = tokens_per_sec(&wl, &h100, &one);
         assert!((5_141.0 * 0.9..7_064.0 * 1.1).contains(&p), "{p:.0}");
+        let dispatch_seconds = |wl: &Workload, st: &EngineeringSettings| {
+            dispatch::seconds(wl, st, step_kernels(wl, st))
+        };
         let d = dispatch_seconds(&wl, &one);
-        assert!((d - 16.0 * 3.0 * DISPATCH_PER_BLOCK_PASS_S).abs() < 1e-12);
+        // a Llama block's forward is 51 operations (`dispatch::ops_per_block`)
+        assert!((d - 16.0 * 3.0 * 51.0 * dispatch::DISPATCH_PER_OP_S).abs() < 1e-12);
         // checkpointing adds a pass and its bookkeeping
         let ckpt = s(1, Dtype::Bf16, true);
         assert!(dispatch_seconds(&wl, &ckpt) > d * 4.0 / 3.0);
@@ -954,6 +919,84 @@ mod tests {
         };
         let tokens = 8.0 * 2048.0;
         assert!(tokens / tokens_per_sec(&wl2k, &h100, &big) > 1.2 * dispatch_seconds(&wl2k, &big));
+    }
+
+    /// The host's time follows the operations each family's eager block
+    /// issues: GPT-NeoX's fused LayerNorms and GELU against Llama's Python
+    /// RMSNorm and rotary, Gemma 2's four fp32-scaled norms above both.
+    /// Measured on the H200 (bench/data/h200/grid.csv): Pythia-1.4B full
+    /// bf16 at 2 × 1,024 ran 27,562 tokens/s, which one time a block for
+    /// every family put at 18,090.
+    #[test]
+    fn dispatch_follows_each_familys_operations() {
+        // Pythia is read from the config.json the measurement built it from
+        let pythia_arch = crate::core::catalog::arch_from_hf_config(
+            "EleutherAI/pythia-1.4b",
+            include_str!("../../../bench/data/configs/EleutherAI__pythia-1.4b.json"),
+        )
+        .unwrap();
+        let model = |id: &str, method: Method, attention: Attention| {
+            if id == "EleutherAI/pythia-1.4b" {
+                Workload {
+                    model: pythia_arch.clone(),
+                    ..w("meta-llama/Llama-3.2-1B", method, 1024, attention)
+                }
+            } else {
+                w(id, method, 1024, attention)
+            }
+        };
+        let ops = |id: &str, method: Method, attention: Attention, dtype: Dtype| {
+            let wl = model(id, method, attention);
+            let st = s(1, dtype, false);
+            dispatch::ops_per_block(&wl, &st, step_kernels(&wl, &st))
+        };
+        let llama = ops(
+            "meta-llama/Llama-3.2-1B",
+            Method::Full,
+            Attention::Sdpa,
+            Dtype::Bf16,
+        );
+        let pythia = ops(
+            "EleutherAI/pythia-1.4b",
+            Method::Full,
+            Attention::Sdpa,
+            Dtype::Bf16,
+        );
+        let gemma = ops(
+            "google/gemma-2-2b",
+            Method::Full,
+            Attention::Eager,
+            Dtype::Bf16,
+        );
+        assert_eq!(llama, 51.0);
+        assert!(
+            pythia < 0.8 * llama && gemma > 1.4 * llama,
+            "{pythia} {llama} {gemma}"
+        );
+        // autocast casts every weight; adapters add their own operations
+        assert!(
+            ops(
+                "meta-llama/Llama-3.2-1B",
+                Method::Full,
+                Attention::Sdpa,
+                Dtype::Bf16Mixed
+            ) > llama
+        );
+        assert!(
+            ops(
+                "meta-llama/Llama-3.2-1B",
+                Method::Lora,
+                Attention::Sdpa,
+                Dtype::Bf16
+            ) > llama
+        );
+        let h200 = lookup_gpu("NVIDIA H200").unwrap();
+        let p = tokens_per_sec(
+            &model("EleutherAI/pythia-1.4b", Method::Full, Attention::Sdpa),
+            &h200,
+            &s(2, Dtype::Bf16, false),
+        );
+        assert!((p / 27_562.0 - 1.0).abs() < 0.2, "{p:.0}");
     }
 
     /// Over the whole catalog (every model, GPU, method, precision,

@@ -29,7 +29,9 @@ pub const DISPATCH_PER_OP_S: f64 = 25e-6;
 /// 512–1,024 tokens took 7–11 ms a block a step on the H100 and H200.
 /// Fitted with the per-block time before it (1, 2 and 3 ms: 28.5, 27.4
 /// and 27.1 % at the 90th percentile of |error|, with more rows under by
-/// 10 % as it grows; 2 ms chosen).
+/// 10 % as it grows; 2 ms chosen), and swept again with the counted
+/// operations at 25 µs: 0, 1, 2, 3 and 4 ms give the H100's steps a 90th
+/// percentile of 24.7, 20.7, 19.1, 19.7 and 21.7 %.
 pub const CHECKPOINT_DISPATCH_S: f64 = 2.0e-3;
 
 /// Passes of a block's operations a step dispatches: the forward, and a

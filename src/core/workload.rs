@@ -81,6 +81,20 @@ pub struct ModelArch {
     pub quirks: ArchQuirks,
 }
 
+impl ModelArch {
+    /// Norms a block has: Gemma 2's four (before and after attention and
+    /// MLP), one shared by both branches (Phi, Falcon-7B), else two.
+    pub fn norms_per_block(&self) -> f64 {
+        if self.quirks.sandwich_norms {
+            4.0
+        } else if self.quirks.single_norm {
+            1.0
+        } else {
+            2.0
+        }
+    }
+}
+
 /// What some families do differently inside a block, read from their
 /// `config.json` (see `memory::layer_activations` for what each costs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -8,7 +8,7 @@
 
 use crate::core::memory::StepKernels;
 use crate::core::settings::{Dtype, EngineeringSettings};
-use crate::core::workload::{ArchKind, Attention, LoraTarget, Method, Workload};
+use crate::core::workload::{ArchKind, Attention, Workload};
 
 /// Host time of one operation of a block's forward, in seconds, with its
 /// share of the module calls around it and of autograd's bookkeeping; the
@@ -69,14 +69,10 @@ pub fn ops_per_block(w: &Workload, s: &EngineeringSettings, kernels: StepKernels
     } else {
         8.0
     };
-    let norms = if q.sandwich_norms {
-        4.0
-    } else if q.single_norm {
-        1.0
-    } else {
-        2.0
-    };
-    let experts = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
+    let norms = a.norms_per_block();
+    // transformers' MoE blocks loop over every expert that got tokens:
+    // all of them, at a training batch's token counts
+    let experts = a.num_experts.max(1) as f64;
     let attn_linears = if q.fused_qkv { 2.0 } else { 4.0 };
     let mlp_linears = if !a.gated_mlp || q.fused_gate_up {
         2.0
@@ -86,28 +82,7 @@ pub fn ops_per_block(w: &Workload, s: &EngineeringSettings, kernels: StepKernels
     let router = if a.num_experts > 1 { 1.0 } else { 0.0 };
     let mixed = matches!(s.dtype, Dtype::Bf16Mixed | Dtype::Fp16Mixed);
     let per_linear = 1.0 + if mixed { 1.0 } else { 0.0 };
-    let adapters = match (&w.lora, w.method) {
-        (Some(c), Method::Lora | Method::Qlora) => {
-            let qkv = c
-                .targets
-                .iter()
-                .filter(|t| matches!(t, LoraTarget::Q | LoraTarget::K | LoraTarget::V))
-                .count() as f64;
-            let qkv = if q.fused_qkv { qkv.min(1.0) } else { qkv };
-            let others = c
-                .targets
-                .iter()
-                .map(|t| match t {
-                    LoraTarget::O => 1.0,
-                    LoraTarget::Gate if !a.gated_mlp || q.fused_gate_up => 0.0,
-                    LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => experts,
-                    _ => 0.0,
-                })
-                .sum::<f64>();
-            4.0 * (qkv + others)
-        }
-        _ => 0.0,
-    };
+    let adapters = 4.0 * super::optimizer::adapted_linears_per_layer(w);
     let linears = (attn_linears + mlp_linears + router) * per_linear + adapters;
     let views = 9.0;
     let rotary = if a.kind != ArchKind::DecoderOnly || q.unrotated_qkv_views {

@@ -83,13 +83,7 @@ pub fn bytes_per_token(w: &Workload, s: &EngineeringSettings, kernels: StepKerne
     } else {
         28.0 + 4.0 * r
     };
-    let norms = if a.quirks.sandwich_norms {
-        4.0
-    } else if a.quirks.single_norm {
-        1.0
-    } else {
-        2.0
-    };
+    let norms = a.norms_per_block();
     // Residual adds: two a block (read two, write one).
     let residual = 2.0 * 3.0 * r;
     // Residual dropout (the classic blocks: GPT-2, BERT, GPT-NeoX, Phi;

@@ -431,7 +431,9 @@ mod tests {
         elementwise::bytes_per_token(w, st, step_kernels(w, st))
     }
 
-    fn w(model: &str, method: Method, seq: u32, attention: Attention) -> Workload {
+    /// An HF workload of a catalog model (AdamW; LoRA rank 16 on HF's
+    /// default targets); the optimizer's tests build on it too.
+    pub(super) fn w(model: &str, method: Method, seq: u32, attention: Attention) -> Workload {
         Workload {
             model: lookup_model(model).unwrap().arch,
             method,

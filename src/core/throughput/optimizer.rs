@@ -51,32 +51,12 @@ pub fn trainable_tensors(w: &Workload) -> (f64, f64) {
     let layers = a.num_layers as f64;
     let experts = a.num_experts.max(1) as f64;
     if w.method != Method::Full {
-        let targets = w.lora.as_ref().map_or(&[][..], |l| l.targets.as_slice());
-        use LoraTarget::*;
-        let qkv = targets.iter().filter(|t| matches!(t, Q | K | V)).count() as f64;
-        // a fused projection (`quirks.fused_qkv`) carries one adapter for
-        // any of q, k and v
-        let qkv = if a.quirks.fused_qkv {
-            qkv.min(1.0)
-        } else {
-            qkv
-        };
-        let per_layer: f64 = qkv
-            + targets
-                .iter()
-                .map(|t| match t {
-                    Gate if !a.gated_mlp => 0.0,
-                    Gate | Up | Down => experts,
-                    O => 1.0,
-                    _ => 0.0,
-                })
-                .sum::<f64>();
-        let head = if targets.contains(&LoraTarget::LmHead) {
-            2.0
-        } else {
-            0.0
-        };
-        return (2.0 * per_layer * layers + head, 0.0);
+        let head = w
+            .lora
+            .as_ref()
+            .is_some_and(|l| l.targets.contains(&LoraTarget::LmHead));
+        let head = if head { 2.0 } else { 0.0 };
+        return (2.0 * adapted_linears_per_layer(w) * layers + head, 0.0);
     }
     // the classic architectures (GPT-2, BERT, GPT-NeoX, Phi-2) have a bias on
     // every linear and LayerNorm's shift; the gated ones (Llama, Qwen,
@@ -85,13 +65,7 @@ pub fn trainable_tensors(w: &Workload) -> (f64, f64) {
     let attention = if a.quirks.fused_qkv { 2.0 } else { 4.0 };
     let mlp = if a.gated_mlp { 3.0 } else { 2.0 } * experts;
     let router = if experts > 1.0 { 1.0 } else { 0.0 };
-    let norms = if a.quirks.sandwich_norms {
-        4.0
-    } else if a.quirks.single_norm {
-        1.0
-    } else {
-        2.0
-    };
+    let norms = a.norms_per_block();
     let per_norm = if classic { 2.0 } else { 1.0 };
     let biases = if classic { attention + mlp } else { 0.0 };
     let embeddings = 1.0
@@ -104,6 +78,36 @@ pub fn trainable_tensors(w: &Workload) -> (f64, f64) {
     let matrices = layers * (attention + mlp + router) + embeddings;
     let vectors = layers * (norms * per_norm + biases) + per_norm;
     (matrices, vectors)
+}
+
+/// The linears of a block that carry an adapter (the output head aside):
+/// one for each of the targets, the MLP's in every expert (transformers'
+/// MoE blocks loop over the experts), and one for any of q, k and v where
+/// a fused projection computes them (`quirks.fused_qkv`: PEFT adapts
+/// `qkv_proj` as a whole; likewise Phi-3's `gate_up_proj`).
+pub(super) fn adapted_linears_per_layer(w: &Workload) -> f64 {
+    let a = &w.model;
+    let (Some(c), Method::Lora | Method::Qlora) = (&w.lora, w.method) else {
+        return 0.0;
+    };
+    let experts = a.num_experts.max(1) as f64;
+    use LoraTarget::*;
+    let qkv = c.targets.iter().filter(|t| matches!(t, Q | K | V)).count() as f64;
+    let qkv = if a.quirks.fused_qkv {
+        qkv.min(1.0)
+    } else {
+        qkv
+    };
+    qkv + c
+        .targets
+        .iter()
+        .map(|t| match t {
+            O => 1.0,
+            Gate if !a.gated_mlp || a.quirks.fused_gate_up => 0.0,
+            Gate | Up | Down => experts,
+            _ => 0.0,
+        })
+        .sum::<f64>()
 }
 
 /// Host seconds of one optimizer step: what the Python loop over the
@@ -136,23 +140,16 @@ pub fn step_seconds(w: &Workload, s: &EngineeringSettings, gpu: &GpuSpec) -> f64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::catalog::{lookup_gpu, lookup_model};
+    use crate::core::catalog::lookup_gpu;
     use crate::core::settings::Dtype;
     use crate::core::throughput::tokens_per_sec;
-    use crate::core::workload::{Attention, Framework, LoraConfig, Sharding};
+    use crate::core::workload::{Attention, LoraConfig};
 
     fn w(model: &str, method: Method, optimizer: Optimizer, targets: Vec<LoraTarget>) -> Workload {
         Workload {
-            model: lookup_model(model).unwrap().arch,
-            method,
-            lora: (method != Method::Full).then_some(LoraConfig { rank: 16, targets }),
-            seq_len: 512,
             optimizer,
-            global_batch: None,
-            gpus: 1,
-            sharding: Sharding::None,
-            framework: Framework::Hf,
-            attention: Attention::Sdpa,
+            lora: (method != Method::Full).then_some(LoraConfig { rank: 16, targets }),
+            ..super::super::tests::w(model, method, 512, Attention::Sdpa)
         }
     }
 

@@ -389,6 +389,18 @@ pub(super) fn layer_activations(
         if litgpt && a.num_kv_heads == a.num_attention_heads {
             saved += e * (qd + kvd);
         }
+        // Where the sequence reaches the sliding window, the layer passes
+        // SDPA a boolean mask (`masked_sdpa_layers`): PyTorch converts it to
+        // a bias in q's dtype, (batch, 1, seq, seq) (`convert_boolean_attn_
+        // mask`, aten/src/ATen/native/transformers/attention.cpp), and the
+        // memory-efficient kernel's backward takes that bias
+        // (`_scaled_dot_product_efficient_attention` in derivatives.yaml):
+        // one kept per such layer, e × seq a token. Counted from the code,
+        // not measured (the measured rows at a window are checkpointed,
+        // where only the recomputed layer holds one).
+        if a.num_layers > 0 {
+            per_seq += e * masked_sdpa_layers(w) as f64 / a.num_layers as f64;
+        }
     }
     if trains(LoraTarget::O) {
         if peft_cast {

@@ -1735,6 +1735,40 @@ mod compile_tests {
         }
     }
 
+    /// Phi-3-mini-4k's window is 2,047 tokens: from 2,048 on, each layer
+    /// hands SDPA a mask, whose converted (batch, 1, seq, seq) bias the
+    /// memory-efficient kernel keeps for backward; below it nothing
+    /// changes, and a checkpointed step keeps only the recomputed layer's.
+    #[test]
+    fn a_reached_sliding_window_keeps_one_mask_bias_a_layer() {
+        let st = EngineeringSettings {
+            micro_batch_size: 1,
+            dtype: Dtype::Bf16,
+            ..EngineeringSettings::default()
+        };
+        let allocated = |seq: u32, window: u32, ckpt: bool| {
+            let mut w = hf_workload("microsoft/Phi-3-mini-4k-instruct", Method::Lora, seq);
+            w.model.quirks.sliding_window = window;
+            let st = EngineeringSettings {
+                activation_checkpointing: ckpt,
+                ..st.clone()
+            };
+            estimate(&w, &st).unwrap().peak_allocated_bytes as f64
+        };
+        let bias = 32.0 * 4096.0 * 4096.0 * 2.0;
+        let extra = allocated(4096, 2047, false) - allocated(4096, 0, false);
+        assert!((extra / bias - 1.0).abs() < 0.05, "{extra} against {bias}");
+        assert_eq!(allocated(2046, 2047, false), allocated(2046, 0, false));
+        let ckpt_extra = allocated(4096, 2047, true) - allocated(4096, 0, true);
+        assert!(ckpt_extra < bias / 16.0, "{ckpt_extra}");
+        // eager attention keeps its scores whatever the window
+        let mut eager = hf_workload("microsoft/Phi-3-mini-4k-instruct", Method::Lora, 4096);
+        eager.attention = Attention::Eager;
+        let with = estimate(&eager, &st).unwrap().peak_allocated_bytes;
+        eager.model.quirks.sliding_window = 0;
+        assert_eq!(with, estimate(&eager, &st).unwrap().peak_allocated_bytes);
+    }
+
     /// The H100 rows of bench/data/h100/compile_accum.csv (reserved bytes):
     /// compiled and eager runs within the allocator gap's spread (the
     /// compiled rows' allocated bytes are what the two compile factors were

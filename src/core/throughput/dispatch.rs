@@ -15,7 +15,7 @@ use crate::core::workload::{ArchKind, Attention, Workload};
 /// backward counts as two forwards (`PASSES`). Fitted to the H100's
 /// measured steps (`cargo bench --bench accuracy`, tokens/s; the Trainer
 /// rows left out): 20, 24, 25, 26, 27.5 and 30 µs give a 90th percentile
-/// |error| of 25.3, 19.2, 19.1, 19.2, 19.2 and 20.0 %, and 22, 37, 30, 36,
+/// |error| of 25.3, 19.2, 19.1, 19.2, 19.2 and 20.0 %, and 22, 29, 30, 36,
 /// 43 and 61 steps under by more than 10 %. The H200's steps, the check:
 /// median |error| 7.0 → 6.2 %, 90th percentile 21.3 → 18.6 % against one
 /// time for every family's block. A Llama block's forward (51 operations,

@@ -63,7 +63,11 @@ pub fn trainable_tensors(w: &Workload) -> (f64, f64) {
     // Gemma, Mistral) RMSNorm and, but for a few, no biases
     let classic = !a.gated_mlp;
     let attention = if a.quirks.fused_qkv { 2.0 } else { 4.0 };
-    let mlp = if a.gated_mlp { 3.0 } else { 2.0 } * experts;
+    let mlp = if a.gated_mlp && !a.quirks.fused_gate_up {
+        3.0
+    } else {
+        2.0
+    } * experts;
     let router = if experts > 1.0 { 1.0 } else { 0.0 };
     let norms = a.norms_per_block();
     let per_norm = if classic { 2.0 } else { 1.0 };

@@ -64,7 +64,7 @@ pub const MIXED_SPEED: f64 = 0.9;
 /// A GPU outside the catalog has no fp32 (CUDA-core) figure: its fp32
 /// rate is taken as this share of its 16-bit tensor rate (V100 15.7 vs
 /// 125 TFLOP/s, T4 8.1 vs 65; H100 SXM 67 vs 989 is lower still).
-pub const FP32_SPEED_NO_TF32: f64 = 0.125;
+pub const FP32_FALLBACK_SHARE: f64 = 0.125;
 
 /// QLoRA dequantises every NF4 weight in every forward and backward pass
 /// (bitsandbytes kernels), which costs about a third of the step on current
@@ -381,7 +381,7 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     let fp32_rate = if gpu.fp32_tflops > 0.0 {
         gpu.fp32_tflops
     } else {
-        gpu.bf16_tflops * FP32_SPEED_NO_TF32
+        gpu.bf16_tflops * FP32_FALLBACK_SHARE
     } * 1e12
         * if s.dtype == Dtype::Fp32 {
             FP32_RUN_MATMUL_EFFICIENCY

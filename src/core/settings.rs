@@ -44,6 +44,11 @@ impl Dtype {
     pub fn needs_bf16(self) -> bool {
         matches!(self, Dtype::Bf16 | Dtype::Bf16Mixed)
     }
+
+    /// Autocast over fp32 weights (`bf16-mixed`, `fp16-mixed`).
+    pub fn is_mixed(self) -> bool {
+        matches!(self, Dtype::Bf16Mixed | Dtype::Fp16Mixed)
+    }
 }
 
 impl std::fmt::Display for Dtype {

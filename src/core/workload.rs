@@ -82,6 +82,11 @@ pub struct ModelArch {
 }
 
 impl ModelArch {
+    /// Experts a token passes through (1 for a dense model).
+    pub fn active_experts(&self) -> f64 {
+        self.experts_per_token.max(1).min(self.num_experts.max(1)) as f64
+    }
+
     /// Norms a block has: Gemma 2's four (before and after attention and
     /// MLP), one shared by both branches (Phi, Falcon-7B), else two.
     pub fn norms_per_block(&self) -> f64 {

@@ -6,7 +6,7 @@ use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{ArchKind, Attention, Framework, LoraTarget, Method, Workload};
 
 use super::plan::Plan;
-use super::storage::{base_quant, compute_bytes, is_mixed, kbit_recipe, param_bytes};
+use super::storage::{base_quant, compute_bytes, kbit_recipe, param_bytes};
 use super::t5::t5_layer;
 use super::{BaseQuant, Head, ModelOptions};
 
@@ -51,7 +51,7 @@ pub(super) fn activation_dtype(
     s: &EngineeringSettings,
     opts: &ModelOptions,
 ) -> Dtype {
-    if kbit_recipe(w, opts) && !is_mixed(s.dtype) {
+    if kbit_recipe(w, opts) && !s.dtype.is_mixed() {
         Dtype::Fp32
     } else {
         s.dtype
@@ -166,9 +166,9 @@ pub(super) fn layer_activations(
     // dtype, like the fp32 softmax below. PyTorch's math SDPA instead
     // upcasts 16-bit inputs to fp32 (`allow_fp16_bf16_reduction_math_sdp`
     // is off by default since torch 2.5), also like the fp32 softmax.
-    let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa && !is_mixed(dtype);
+    let softmax_16bit = a.quirks.attn_softmax_16bit && !math_sdpa && !dtype.is_mixed();
     // A plain softmax (BERT, GPT-2) stays 16-bit only outside autocast.
-    let no_upcast = a.quirks.attn_softmax_no_upcast && hf_code && !is_mixed(dtype) && e < 4.0;
+    let no_upcast = a.quirks.attn_softmax_no_upcast && hf_code && !dtype.is_mixed() && e < 4.0;
     // transformers' SDPA path (flash/efficient kernel, no mask in training)
     // passes `enable_gqa=True` instead of repeating K/V (`use_gqa_in_sdpa`,
     // torch ≥ 2.5), so k and v are saved at their own head count, and
@@ -191,14 +191,14 @@ pub(super) fn layer_activations(
     // 4 bytes wide without autocast, the 16-bit autocast cast with it; only
     // fp32 training shares the input. A fused qkv projection is one adapter.
     let peft_cast = hf_code && !full && e < 4.0;
-    let peft_input = if is_mixed(dtype) { e } else { 4.0 };
+    let peft_input = if dtype.is_mixed() { e } else { 4.0 };
     // Under autocast the residual stream and the norms' outputs are fp32
     // (fp32 parameters), and every linear casts its input to 16 bits
     // itself: autocast caches casts only of leaf tensors that require grad
     // (the weights; `cached_cast` in aten/src/ATen/autocast_mode.cpp), so
     // q, k and v (and gate and up) each keep their own 16-bit copy of the
     // same input for their weight's gradient.
-    let autocast_casts = full && is_mixed(dtype) && e < 4.0 && k == 1.0;
+    let autocast_casts = full && dtype.is_mixed() && e < 4.0 && k == 1.0;
     // Every litgpt `LoRALinear` runs its own `lora_dropout` on its input
     // (`self.lora_dropout(x) @ self.lora_A.T`, litgpt/lora.py; 0.05 in its
     // configs): each adapter keeps a bool mask plus the dropped copy that
@@ -230,7 +230,7 @@ pub(super) fn layer_activations(
     // litgpt's own LayerNorm blocks save the same (counted:
     // bench/data/saved_tensors.jsonl, StableLM and phi-1.5).
     let litgpt_classic = classic && litgpt;
-    let norm_input = if (hf_classic || litgpt_classic) && !is_mixed(dtype) {
+    let norm_input = if (hf_classic || litgpt_classic) && !dtype.is_mixed() {
         e
     } else {
         4.0f64.max(r)
@@ -321,7 +321,7 @@ pub(super) fn layer_activations(
         // math backend forced: Gemma-2B fp32, one K/V head).
         let gqa_math = fp32_gqa && !a.quirks.sdpa_math_fallback && w.attention == Attention::Sdpa;
         let kv_view = a.num_kv_heads == 1
-            && (!is_mixed(dtype) || a.quirks.rotary_in_value_dtype)
+            && (!dtype.is_mixed() || a.quirks.rotary_in_value_dtype)
             && !gqa_math;
         let kv_saved = if hf_code && kv_view { kvd } else { qd };
         if math_sdpa {
@@ -482,7 +482,7 @@ pub(super) fn layer_activations(
         // on fake CUDA tensors); BERT's exact GELU does not.
         saved += mlp_e * i * k;
         if a.quirks.composite_gelu && hf_code {
-            let composite = if is_mixed(dtype) { 4.0 } else { mlp_e };
+            let composite = if dtype.is_mixed() { 4.0 } else { mlp_e };
             saved += 3.0 * composite * i * k;
         }
         if trains(LoraTarget::Down) {
@@ -521,7 +521,7 @@ pub(super) fn layer_activations(
             let c = compute_bytes(s.dtype);
             let qkv_n = if a.quirks.fused_qkv { 1.0 } else { 3.0 };
             let mlp_n = if a.gated_mlp { 2.0 } else { 1.0 };
-            let o = if is_mixed(dtype) && hf_sdpa { 0.0 } else { qd };
+            let o = if dtype.is_mixed() && hf_sdpa { 0.0 } else { qd };
             saved += c * (qkv_n * h + o + (mlp_n * h + i) * k);
         } else {
             // q/k/v's input (the norm output), unless the shared-input term
@@ -647,7 +647,7 @@ fn logits_bytes_per_token_vocab(f: Framework, d: Dtype, seq: f64, full: bool) ->
         // it behaves like the HF path; with plain 16-bit or fp32 weights it
         // runs in the logits' dtype: saved log-probs + two gradients.
         Framework::Lightning | Framework::Generic => {
-            if is_mixed(d) {
+            if d.is_mixed() {
                 (pd + 4.0 + 4.0, 12.0)
             } else {
                 (2.0 * pd, 3.0 * pd)
@@ -666,7 +666,7 @@ fn logits_bytes_per_token_vocab(f: Framework, d: Dtype, seq: f64, full: bool) ->
 fn loss_buffer_bytes_per_token_vocab(f: Framework, d: Dtype) -> f64 {
     match f {
         Framework::Hf => 4.0,
-        Framework::Lightning | Framework::Generic if is_mixed(d) => 4.0,
+        Framework::Lightning | Framework::Generic if d.is_mixed() => 4.0,
         _ => compute_bytes(d),
     }
 }
@@ -780,7 +780,7 @@ pub(super) fn per_sample(
     // and Gemma 2 LoRA bf16-mixed, checkpointed: within 5 % without it,
     // up to 23 % over with it).
     if s.activation_checkpointing
-        && is_mixed(s.dtype)
+        && s.dtype.is_mixed()
         && w.method == Method::Full
         && opts.head == Head::LanguageModel
         && matches!(

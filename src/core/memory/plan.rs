@@ -8,8 +8,8 @@ use crate::core::workload::{Framework, Method, Sharding, Workload};
 use super::activations::per_sample;
 use super::allocator::{AllocatorShares, CACHING_ALLOCATOR, EXPANDABLE_SEGMENTS};
 use super::storage::{
-    compute_bytes, grad_blocks, gradients, is_mixed, lora_params, optimizer, param_bytes,
-    params_of, weights, Params,
+    compute_bytes, grad_blocks, gradients, lora_params, optimizer, param_bytes, params_of, weights,
+    Params,
 };
 use super::{ModelOptions, CUBLAS_WORKSPACES_BYTES, CUDA_CONTEXT_BYTES};
 
@@ -145,7 +145,7 @@ fn layout(w: &Workload, s: &EngineeringSettings) -> Layout {
     }
     let pb = param_bytes(s.dtype);
     let e = compute_bytes(s.dtype);
-    let mixed = is_mixed(s.dtype);
+    let mixed = s.dtype.is_mixed();
     let gpus = w.gpus.max(1) as f64;
     let deepspeed = matches!(
         w.sharding,

@@ -77,10 +77,6 @@ pub(super) fn compute_bytes(d: Dtype) -> f64 {
 /// (`lm_head_chunk_size=128`, litgpt/finetune/lora.py and adapter.py).
 pub(super) const LITGPT_LM_HEAD_CHUNK: f64 = 128.0;
 
-pub(super) fn is_mixed(d: Dtype) -> bool {
-    matches!(d, Dtype::Bf16Mixed | Dtype::Fp16Mixed)
-}
-
 /// Parameter groups of an architecture.
 pub(super) struct Params {
     /// Linear weights inside the transformer blocks (all experts).

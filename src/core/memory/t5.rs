@@ -12,7 +12,7 @@ use crate::core::settings::EngineeringSettings;
 use crate::core::workload::{Attention, LoraTarget, Method, Workload};
 
 use super::activations::{activation_dtype, LayerActs};
-use super::storage::{compute_bytes, is_mixed, param_bytes};
+use super::storage::{compute_bytes, param_bytes};
 use super::ModelOptions;
 
 /// One encoder block and one decoder block make the pair the terms below
@@ -25,7 +25,7 @@ pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOption
     let a = &w.model;
     let dtype = activation_dtype(w, s, opts);
     let e = compute_bytes(dtype);
-    let mixed = is_mixed(dtype);
+    let mixed = dtype.is_mixed();
     // the residual stream: fp32 under autocast (fp32 parameters)
     let r = param_bytes(dtype);
     let h = a.hidden_size as f64;

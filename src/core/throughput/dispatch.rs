@@ -7,7 +7,7 @@
 //! eight.
 
 use crate::core::memory::StepKernels;
-use crate::core::settings::{Dtype, EngineeringSettings};
+use crate::core::settings::EngineeringSettings;
 use crate::core::workload::{ArchKind, Attention, Workload};
 
 /// Host time of one operation of a block's forward, in seconds, with its
@@ -80,7 +80,7 @@ pub fn ops_per_block(w: &Workload, s: &EngineeringSettings, kernels: StepKernels
         3.0
     } * experts;
     let router = if a.num_experts > 1 { 1.0 } else { 0.0 };
-    let mixed = matches!(s.dtype, Dtype::Bf16Mixed | Dtype::Fp16Mixed);
+    let mixed = s.dtype.is_mixed();
     let per_linear = 1.0 + if mixed { 1.0 } else { 0.0 };
     let adapters = 4.0 * super::optimizer::adapted_linears_per_layer(w);
     let linears = (attn_linears + mlp_linears + router) * per_linear + adapters;

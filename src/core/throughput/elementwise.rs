@@ -56,7 +56,7 @@ pub fn bytes_per_token(w: &Workload, s: &EngineeringSettings, kernels: StepKerne
     let h = a.hidden_size as f64;
     let qd = a.num_attention_heads as f64 * a.head_dim as f64;
     let kvd = a.num_kv_heads as f64 * a.head_dim as f64;
-    let active = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
+    let active = a.active_experts();
     let i = a.intermediate_size as f64 * active;
     // Matmul outputs (q, k, v, the MLP's) are 16-bit unless the blocks
     // compute in fp32; the residual stream is fp32 under autocast too (the
@@ -66,7 +66,7 @@ pub fn bytes_per_token(w: &Workload, s: &EngineeringSettings, kernels: StepKerne
     } else {
         2.0
     };
-    let mixed = matches!(s.dtype, Dtype::Bf16Mixed | Dtype::Fp16Mixed);
+    let mixed = s.dtype.is_mixed();
     let r = if mixed { 4.0 } else { e };
     let classic = !a.gated_mlp;
 

@@ -130,7 +130,7 @@ fn block_matmuls(a: &ModelArch) -> [(f64, f64); 3] {
     let kvd = a.num_kv_heads as f64 * a.head_dim as f64;
     let i = a.intermediate_size as f64;
     let layers = a.num_layers as f64;
-    let active = a.experts_per_token.max(1).min(a.num_experts.max(1)) as f64;
+    let active = a.active_experts();
     let mlp_in = if a.gated_mlp { 2.0 } else { 1.0 };
     [
         (layers * 2.0 * h * qd, h * qd),
@@ -154,9 +154,9 @@ pub fn flops_per_token(w: &Workload, s: &EngineeringSettings) -> Flops {
     flops_of(w, s, step_kernels(w, s))
 }
 
-/// [`flops_per_token`] with whether the attention keeps its scores
-/// ([`StepKernels`]: whether the attention keeps its scores, which layers
-/// pass SDPA a mask) already known.
+/// [`flops_per_token`] with the step's kernels ([`StepKernels`]: whether
+/// the attention keeps its scores, which layers pass SDPA a mask) already
+/// known.
 fn flops_of(w: &Workload, s: &EngineeringSettings, kernels: StepKernels) -> Flops {
     let head = 2.0 * head_params(&w.model);
     let blocks = 2.0 * matmul_params(&w.model) - head;
@@ -174,31 +174,46 @@ pub fn half_tokens(weight: f64) -> f64 {
     HALF_TOKENS * (HALF_TOKENS_WEIGHT / weight.max(1.0)).powf(HALF_TOKENS_EXPONENT)
 }
 
-/// The matmuls of a step that run in fp32 on the CUDA cores beside a
-/// 16-bit step. PEFT's QLoRA recipe without autocast (`memory::
-/// StepKernels::compute` is fp32 while the training dtype is not) runs the LM
-/// head (its forward and its input gradient: the head is frozen) and the
-/// attention's score and value products in fp32; PyTorch's math SDPA
-/// composite (Falcon's shared K/V head) upcasts 16-bit q, k and v and
-/// multiplies in fp32 (`memory::StepKernels::math_sdpa`). The adapters
-/// are fp32 too, but rank r against the hidden size: left out.
+/// The matmuls of a step that run in fp32 on the CUDA cores. An fp32 run
+/// multiplies there throughout: PyTorch leaves TF32 off for matmuls
+/// (`torch.backends.cuda.matmul.allow_tf32` is False by default since
+/// 1.12; transformers' Trainer and Lightning keep that default). Measured
+/// on an H100 (bench/data/h100/families.csv, holdout.csv): BERT-large fp32
+/// at 16 × 512 ran 21,059 tokens/s, 41 TFLOP/s of its ~2 GFLOP a token,
+/// 0.62 of the 67 TFLOP/s fp32 line and a sixth of TF32's 495; counted at
+/// TF32 the model said 44,304. Beside a 16-bit step: PEFT's QLoRA recipe
+/// without autocast (`memory::StepKernels::compute` is fp32 while the
+/// training dtype is not) runs the LM head (its forward and its input
+/// gradient: the head is frozen) and the attention's score and value
+/// products in fp32; PyTorch's math SDPA composite (Falcon's shared K/V
+/// head) upcasts 16-bit q, k and v and multiplies in fp32
+/// (`memory::StepKernels::math_sdpa`). The adapters are fp32 too, but
+/// rank r against the hidden size: left out.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Fp32Parts {
+    /// Every matmul of the step (an fp32 run).
+    whole_step: bool,
     head: bool,
     attention: bool,
 }
 
 fn fp32_parts(s: &EngineeringSettings, kernels: StepKernels) -> Fp32Parts {
     if s.dtype == Dtype::Fp32 {
-        return Fp32Parts::default();
+        return Fp32Parts {
+            whole_step: true,
+            head: true,
+            attention: true,
+        };
     }
     if kernels.compute == Dtype::Fp32 {
         return Fp32Parts {
+            whole_step: false,
             head: true,
             attention: true,
         };
     }
     Fp32Parts {
+        whole_step: false,
         head: false,
         attention: kernels.math_sdpa,
     }
@@ -246,6 +261,9 @@ pub const FUSED_ATTENTION_BACKWARD: f64 = 2.5;
 /// FLOPs per token of the step that run as fp32 matmuls (see
 /// [`Fp32Parts`]); 0 when none do.
 fn fp32_flops(w: &Workload, s: &EngineeringSettings, fp32: Fp32Parts, kernels: StepKernels) -> f64 {
+    if fp32.whole_step {
+        return flops_of(w, s, kernels).step;
+    }
     let (_, head_passes, attn_passes) = passes(w, s, kernels.scores_kept);
     let head = if fp32.head {
         head_passes * 2.0 * head_params(&w.model)
@@ -344,15 +362,8 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     }
     // What runs as fp32 matmuls goes at the fp32 rate (see `Fp32Parts`),
     // the rest at the tensor cores' rate below.
-    // An fp32 run multiplies on the CUDA cores throughout: PyTorch leaves
-    // TF32 off for matmuls (`torch.backends.cuda.matmul.allow_tf32` is
-    // False by default since 1.12; transformers' Trainer and Lightning keep
-    // that default). Measured on an H100 (bench/data/h100/families.csv,
-    // holdout.csv): BERT-large fp32 at 16 × 512 ran 21,059 tokens/s, 41
-    // TFLOP/s of its ~2 GFLOP a token, 0.62 of the 67 TFLOP/s fp32 line
-    // and a sixth of TF32's 495; counted at TF32 the model said 44,304.
     let parts = fp32_parts(s, kernels);
-    let fp32 = if s.dtype == Dtype::Fp32 {
+    let fp32 = if parts.whole_step {
         step_flops
     } else {
         fp32_flops(w, s, parts, kernels).min(step_flops)
@@ -360,12 +371,7 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     let flops = step_flops - fp32;
     let tokens = s.micro_batch_size as f64 * w.seq_len as f64;
     let util = tensor_utilization(w, s, tokens, parts, kernels);
-    let precision = match s.dtype {
-        // no tensor-core FLOPs left (above)
-        Dtype::Fp32 => 1.0,
-        Dtype::Bf16Mixed | Dtype::Fp16Mixed => MIXED_SPEED,
-        Dtype::Bf16 | Dtype::Fp16 => 1.0,
-    };
+    let precision = if s.dtype.is_mixed() { MIXED_SPEED } else { 1.0 };
     let qlora = if w.method == Method::Qlora {
         QLORA_SPEED
     } else {
@@ -383,7 +389,7 @@ pub fn tokens_per_sec(w: &Workload, gpu: &GpuSpec, s: &EngineeringSettings) -> f
     } else {
         gpu.bf16_tflops * FP32_FALLBACK_SHARE
     } * 1e12
-        * if s.dtype == Dtype::Fp32 {
+        * if parts.whole_step {
             FP32_RUN_MATMUL_EFFICIENCY
         } else {
             FP32_MATMUL_EFFICIENCY
@@ -417,9 +423,8 @@ mod tests {
     use super::*;
     use crate::core::catalog::{lookup_gpu, lookup_model};
     use crate::core::memory::optimizer_step_bytes;
-    use crate::core::workload::{
-        Attention, Framework, LoraConfig, LoraTarget, Optimizer, Sharding,
-    };
+    use crate::core::request::{ModelRequest, WorkloadRequest};
+    use crate::core::workload::{Attention, Framework, LoraConfig, LoraTarget, Optimizer};
 
     /// [`fp32_parts`] of a workload and settings.
     fn parts_of(w: &Workload, st: &EngineeringSettings) -> Fp32Parts {
@@ -432,23 +437,20 @@ mod tests {
     }
 
     /// An HF workload of a catalog model (AdamW; LoRA rank 16 on HF's
-    /// default targets); the optimizer's tests build on it too.
+    /// default targets), resolved as a user's request is; the optimizer's
+    /// tests build on it too.
     pub(super) fn w(model: &str, method: Method, seq: u32, attention: Attention) -> Workload {
-        Workload {
-            model: lookup_model(model).unwrap().arch,
-            method,
-            lora: (method != Method::Full).then(|| LoraConfig {
-                rank: 16,
-                targets: crate::core::memory::default_lora_targets(Framework::Hf),
-            }),
-            seq_len: seq,
-            optimizer: Optimizer::Adamw,
-            global_batch: None,
-            gpus: 1,
-            sharding: Sharding::None,
-            framework: Framework::Hf,
-            attention,
+        WorkloadRequest {
+            model: Some(ModelRequest::Catalog(model.to_string())),
+            method: Some(method),
+            lora_rank: (method != Method::Full).then_some(16),
+            seq_len: Some(seq),
+            framework: Some(Framework::Hf),
+            attention: Some(attention),
+            ..WorkloadRequest::default()
         }
+        .resolve()
+        .unwrap()
     }
 
     fn s(m: u32, dtype: Dtype, ckpt: bool) -> EngineeringSettings {
@@ -593,6 +595,7 @@ mod tests {
         assert_eq!(
             parts_of(&sdpa, &settings),
             Fp32Parts {
+                whole_step: false,
                 head: false,
                 attention: true
             }

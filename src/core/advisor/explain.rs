@@ -289,22 +289,27 @@ impl<'a> Ctx<'a> {
 }
 
 /// "; 12,300 tokens/s measured with …, vs 9,500 predicted with … at micro
-/// batch 12": the trade-off that decided, in numbers.
+/// batch 12": the trade-off that decided, in numbers. Both sides name their
+/// settings, each with every switch either of them turns on, so two
+/// candidates that differ only in compile (or offloading) never read alike.
 fn speed_clause(e: &Eval<'_, '_>) -> String {
-    let mine = format!(
-        "; {} tokens/s {} at micro batch {}",
-        thousands(e.speed.tokens_per_sec),
-        e.speed.label(),
-        e.m
-    );
     match e.runner_up {
         Some((c, m, sp)) => format!(
-            "{mine}, vs {} tokens/s {} with {} at micro batch {m}",
+            "; {} tokens/s {} with {} at micro batch {}, vs {} tokens/s {} with {} at micro batch {m}",
+            thousands(e.speed.tokens_per_sec),
+            e.speed.label(),
+            describe_beside(e.cand, c),
+            e.m,
             thousands(sp.tokens_per_sec),
             sp.label(),
-            describe(c)
+            describe_beside(c, e.cand)
         ),
-        None => mine,
+        None => format!(
+            "; {} tokens/s {} at micro batch {}",
+            thousands(e.speed.tokens_per_sec),
+            e.speed.label(),
+            e.m
+        ),
     }
 }
 
@@ -333,6 +338,19 @@ pub(super) fn describe(c: Cand) -> String {
             (false, false) => "",
         }
     )
+}
+
+/// [`describe`] for `c` set against `other`: offloading and compile are
+/// named, "off" included, whenever either candidate turns them on.
+fn describe_beside(c: Cand, other: Cand) -> String {
+    let mut d = format!("{}, checkpointing {}", c.dtype, on_off(c.ckpt));
+    if c.offload || other.offload {
+        d.push_str(&format!(", offloading {}", on_off(c.offload)));
+    }
+    if c.compile || other.compile {
+        d.push_str(&format!(", compile {}", on_off(c.compile)));
+    }
+    d
 }
 
 pub(super) fn on_off(b: bool) -> &'static str {

@@ -1360,6 +1360,18 @@ fn balanced_tries_compile_once_the_uncompiled_speed_is_known_and_keeps_the_faste
         "predicted faster and safe: tried. {}",
         s.reasoning
     );
+    // The trade-off names both sides' settings: the compiled candidate and
+    // the uncompiled runner-up differ only in compile, and must not read
+    // alike ("… with bf16, checkpointing off …, vs … with bf16,
+    // checkpointing off …").
+    let speeds = s
+        .reasoning
+        .split("; ")
+        .find(|p| p.contains("tokens/s"))
+        .expect("a throughput clause");
+    let (mine, theirs) = speeds.split_once(", vs ").expect("a runner-up");
+    assert!(mine.contains("compile on"), "{}", s.reasoning);
+    assert!(theirs.contains("compile off"), "{}", s.reasoning);
     // Compiled measured slower: back to uncompiled, and it stays there.
     let slow = ok_speed(s.settings.micro_batch_size, false, true, 50.0, 9_500.0);
     let h = vec![base.clone(), slow.clone()];

@@ -4,14 +4,18 @@
 
 use super::evaluate::{Eval, Evidence};
 use super::margin::under_prediction_margin;
+use super::speed::SPEED_NOISE;
 use super::{
     AdvisorError, Cand, Ctx, Strategy, Suggestion, SuggestionSource, HEURISTIC_FIXED_MARGIN,
     HEURISTIC_SLOPE_MARGIN, MAX_CONFIDENCE,
 };
 use crate::core::learner::{self, CorrectionKind};
+use crate::core::memory;
 use crate::core::run::RunRecord;
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
+use crate::core::throughput;
 use crate::core::units::to_gib;
+use crate::core::workload::{Attention, Workload};
 
 impl<'a> Ctx<'a> {
     /// Source, confidence and reasoning for a picked candidate.
@@ -163,6 +167,9 @@ impl<'a> Ctx<'a> {
             compile: e.cand.compile,
             dataloader: self.dataloader(),
         };
+        if let Some(advice) = self.eager_attention_advice(&settings) {
+            warnings.push(advice);
+        }
         let predicted = e.predicted.max(0.0).round() as u64;
         Suggestion {
             settings,
@@ -285,6 +292,49 @@ impl<'a> Ctx<'a> {
             conf,
             reason,
         )))
+    }
+}
+
+impl Ctx<'_> {
+    /// Where transformers' SDPA call runs PyTorch's math composite (Falcon's
+    /// one K/V head with an explicit mask; fp32 q, k and v with grouped K/V
+    /// heads), the scores are materialised anyway and the eager code path
+    /// may be both faster and smaller. The attention implementation is the
+    /// job's code, not a setting gpufit injects, so this is advice: given
+    /// when the models predict eager faster (beyond the speed noise) and no
+    /// larger at the suggested settings. Measured on an H100 (bench/data/
+    /// h100/families.csv #25, holdout.csv #16): Falcon-7B LoRA bf16
+    /// 2 × 2,048 checkpointed ran 2,680 tokens/s in 23.30 GiB on SDPA and
+    /// 5,017 in 18.81 GiB eager.
+    fn eager_attention_advice(&self, s: &EngineeringSettings) -> Option<String> {
+        let w = self.w;
+        if w.attention != Attention::Sdpa || !memory::step_kernels(w, s).math_sdpa {
+            return None;
+        }
+        let eager = Workload {
+            attention: Attention::Eager,
+            ..w.clone()
+        };
+        let sdpa_peak = self.opts.model.estimate(w, s).ok()?.peak_bytes;
+        let eager_peak = self.opts.model.estimate(&eager, s).ok()?.peak_bytes;
+        let sdpa_tps = throughput::tokens_per_sec(w, self.req.gpu, s);
+        let eager_tps = throughput::tokens_per_sec(&eager, self.req.gpu, s);
+        if eager_tps <= sdpa_tps * (1.0 + SPEED_NOISE) || eager_peak > sdpa_peak {
+            return None;
+        }
+        let why = if w.model.quirks.sdpa_math_fallback {
+            "its one shared K/V head with an explicit mask"
+        } else {
+            "fp32 q, k and v with grouped K/V heads"
+        };
+        Some(format!(
+            "transformers' SDPA runs PyTorch's math kernel for {} ({why}): with attn_implementation=\"eager\" these settings are predicted at {} tokens/s instead of {} and {:.1} GiB instead of {:.1} (gpufit does not change the attention implementation)",
+            w.model.name,
+            thousands(eager_tps),
+            thousands(sdpa_tps),
+            to_gib(eager_peak),
+            to_gib(sdpa_peak),
+        ))
     }
 }
 

@@ -339,6 +339,19 @@ fn record_refuses_poison_naming_the_field() {
             &["--success", "true", "--micro-batch", "4294967295"],
             "micro_batch_size",
         ),
+        // the message quotes the figure as typed, not a saturated byte count
+        (
+            "a 1e30 GB peak",
+            "NVIDIA A100-SXM4-80GB",
+            &["--success", "true", "--peak-gb", "1e30"],
+            "(1e30 GB) is above 10000 GB",
+        ),
+        (
+            "1e300 tokens/s",
+            "NVIDIA A100-SXM4-80GB",
+            &["--success", "true", "--tokens-per-sec", "1e300"],
+            "tokens_per_sec = 1e300 is out of range",
+        ),
     ];
     for (what, gpu, extra, says) in cases {
         let out = gpufit(&db)

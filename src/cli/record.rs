@@ -12,7 +12,7 @@ use super::{Global, OutputFormat};
 use crate::core::logs::ParsedLog;
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, EngineeringSettings};
-use crate::core::units::{fmt_gib, gb, gib};
+use crate::core::units::{fmt_gib, fmt_given, gb, gib};
 use crate::core::workload::Method;
 use crate::history::jsonl::{Resolver, MAX_PEAK_BYTES};
 
@@ -262,16 +262,21 @@ fn result_of(
     parsed: Option<&ParsedLog>,
     notes: &mut Vec<String>,
 ) -> crate::Result<RunResult> {
+    // (bytes, the figure as given): the message quotes what was typed, not
+    // a conversion that saturated
     let peak_flag = match (a.peak_gb, a.peak_gib, a.peak_bytes) {
-        (Some(x), _, _) => finite_non_negative("--peak-gb", Some(x))?.map(gb),
-        (_, Some(x), _) => finite_non_negative("--peak-gib", Some(x))?.map(gib),
-        (_, _, b) => b,
+        (Some(x), _, _) => finite_non_negative("--peak-gb", Some(x))?
+            .map(|x| (gb(x), format!("{} GB", fmt_given(x)))),
+        (_, Some(x), _) => finite_non_negative("--peak-gib", Some(x))?
+            .map(|x| (gib(x), format!("{} GiB", fmt_given(x)))),
+        (_, _, b) => b.map(|b| (b, format!("{b} bytes"))),
     };
-    if let Some(b) = peak_flag.filter(|b| *b > MAX_PEAK_BYTES) {
+    if let Some((_, given)) = peak_flag.as_ref().filter(|(b, _)| *b > MAX_PEAK_BYTES) {
         return Err(usage(format!(
-            "the peak memory given ({b} bytes) is above 10000 GB: check the unit (--peak-gb, --peak-gib or --peak-bytes)"
+            "the peak memory given ({given}) is above 10000 GB: check the unit (--peak-gb, --peak-gib or --peak-bytes)"
         )));
     }
+    let peak_flag = peak_flag.map(|(b, _)| b);
     let samples = finite_non_negative("--samples-per-sec", a.samples_per_sec)?;
     let tokens = finite_non_negative("--tokens-per-sec", a.tokens_per_sec)?;
     let duration = finite_non_negative("--duration-sec", a.duration_sec)?;

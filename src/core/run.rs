@@ -521,7 +521,7 @@ impl RunRecord {
             Some(x) if !(x.is_finite() && (0.0..=max).contains(&x)) => {
                 Err(RecordError::OutOfRange {
                     field,
-                    value: x.to_string(),
+                    value: crate::core::units::fmt_given(x),
                     expected,
                 })
             }

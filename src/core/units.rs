@@ -22,7 +22,32 @@ pub fn gb(x: f64) -> u64 {
     (x * GB as f64).round().max(0.0) as u64
 }
 
+/// A user's number as they would write it back: plain below a billion,
+/// in exponent form above (Rust's plain form of 1e30 is 31 digits that
+/// were never typed).
+pub fn fmt_given(x: f64) -> String {
+    if x.is_finite() && x.abs() >= 1e9 {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 /// Human-readable GiB with two decimals, e.g. `"17.42 GiB"`.
 pub fn fmt_gib(bytes: u64) -> String {
     format!("{:.2} GiB", to_gib(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_numbers_print_as_typed() {
+        assert_eq!(fmt_given(52.3), "52.3");
+        assert_eq!(fmt_given(1e30), "1e30");
+        assert_eq!(fmt_given(1e300), "1e300");
+        assert_eq!(fmt_given(f64::NAN), "NaN");
+        assert_eq!(fmt_given(-2.5e12), "-2.5e12");
+    }
 }

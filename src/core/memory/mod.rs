@@ -84,7 +84,18 @@ pub enum MemoryError {
     Workload(#[from] WorkloadError),
     #[error("--micro-batch must be a positive number (got 0): use --micro-batch 1 or more")]
     ZeroMicroBatch,
+    /// The peak is past what a byte count can hold (an absurd micro batch
+    /// or sequence): printing it would print a saturated number as a
+    /// prediction.
+    #[error(
+        "micro batch {micro_batch} would need more than {limit_eib} EiB on one GPU, beyond any card and beyond what gpufit counts: give a micro batch in the ones to thousands"
+    )]
+    Overflow { micro_batch: u32, limit_eib: u64 },
 }
+
+/// The largest peak an estimate reports (4 EiB): below it every component
+/// and their sum fit a u64 exactly enough; above it no GPU exists.
+const MAX_ESTIMATE_BYTES: f64 = (1u64 << 62) as f64;
 
 /// Bytes per component at the peak of a training step.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -272,6 +283,13 @@ pub fn estimate_with(
         return Err(MemoryError::ZeroMicroBatch);
     }
     let pl = plan(workload, settings, opts);
+    let device = eval(&pl, settings.micro_batch_size as f64).device;
+    if !device.is_finite() || device >= MAX_ESTIMATE_BYTES {
+        return Err(MemoryError::Overflow {
+            micro_batch: settings.micro_batch_size,
+            limit_eib: (MAX_ESTIMATE_BYTES as u64) >> 60,
+        });
+    }
     Ok(build(&pl, settings.micro_batch_size))
 }
 
@@ -1210,6 +1228,24 @@ mod tests {
         let mut s = settings(1, Dtype::Bf16, false);
         s.micro_batch_size = 0;
         assert_eq!(estimate(&w, &s), Err(MemoryError::ZeroMicroBatch));
+        // an absurd micro batch is refused, not printed as a saturated peak
+        let huge = settings(u32::MAX, Dtype::Bf16, false);
+        let err = estimate(&workload("llama-3.1-8b", Method::Lora), &huge).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MemoryError::Overflow {
+                    micro_batch: u32::MAX,
+                    limit_eib: 4
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("micro batch 4294967295"), "{err}");
+        // while a large but real one is still estimated, its peak exactly
+        // the sum of its parts
+        let big = estimate(&w, &settings(100_000, Dtype::Bf16, false)).unwrap();
+        assert_eq!(big.breakdown.total(), big.peak_bytes);
     }
 
     #[test]

@@ -592,8 +592,8 @@ pub(super) fn layer_activations(
         // measured allocated peaks sit 1.00–1.07 of one (batch, heads, seq,
         // seq) fp32 tensor above that trace on all four Falcon-7B LoRA SDPA
         // rows, H100 and H200, checkpointed or not (1 × 2,048, 2 × 2,048,
-        // 4 × 1,024, 16 × 2,048; bf16 and bf16-mixed), and not on its eager
-        // row. Which kernel allocates it is not identified (BENCHMARKS.md,
+        // 4 × 1,024, 16 × 2,048; bf16 and bf16-mixed; fp32 is not measured
+        // and counted the same, the safe side), and not on its eager row. Which kernel allocates it is not identified (BENCHMARKS.md,
         // nineteenth session). The fp32 grouped-query runs through the same
         // composite (`enable_gqa`, no explicit mask; bench/data/h200/
         // qlora.csv) leave no room for one: it would put Llama-3.2-1B QLoRA

@@ -740,29 +740,21 @@ fn measured_replay_report(syn: &Synthetic) -> Result<(), String> {
         let (ma, mr): (f64, f64) = (num(m, "allocated_bytes")?, num(m, "reserved_bytes")?);
         let (ra, rr): (f64, f64) = (num(rec, "allocated_bytes")?, num(rec, "reserved_bytes")?);
         alloc_diff.push((ma - ra) / MIB as f64);
+        let label = format!(
+            "{file}:{line} {} {} {} {}×{}",
+            field(m, "model")?.rsplit('/').next().unwrap_or(""),
+            field(m, "method")?,
+            field(m, "dtype")?,
+            field(m, "micro_batch")?,
+            field(m, "seq_len")?,
+        );
         if ma - ra > CUDA_ONLY_BYTES {
-            cuda_only.push(format!(
-                "{file}:{line} {} {} {} {}×{} +{:.2} GiB",
-                field(m, "model")?.rsplit('/').next().unwrap_or(""),
-                field(m, "method")?,
-                field(m, "dtype")?,
-                field(m, "micro_batch")?,
-                field(m, "seq_len")?,
-                (ma - ra) / GIB as f64
-            ));
+            cuda_only.push(format!("{label} +{:.2} GiB", (ma - ra) / GIB as f64));
         }
         let e = (rr - mr) / mr;
         reserved_err.push(e);
         if e.abs() > 0.05 {
-            far.push(format!(
-                "{file}:{line} {} {} {} {}×{} {:+.1}%",
-                field(m, "model")?.rsplit('/').next().unwrap_or(""),
-                field(m, "method")?,
-                field(m, "dtype")?,
-                field(m, "micro_batch")?,
-                field(m, "seq_len")?,
-                100.0 * e
-            ));
+            far.push(format!("{label} {:+.1}%", 100.0 * e));
         }
     }
     alloc_diff.sort_by(|a, b| a.total_cmp(b));

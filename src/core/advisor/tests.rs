@@ -1563,11 +1563,7 @@ fn falcons_math_kernel_sdpa_gets_advice_to_run_eager_and_flash_models_do_not() {
     // (its one K/V head with an explicit mask): eager is predicted faster
     // and smaller (measured on an H100: 2,680 tokens/s in 23.30 GiB on SDPA,
     // 5,017 in 18.81 GiB eager, LoRA 2 × 2,048 checkpointed).
-    let arch = crate::core::catalog::models::arch_from_hf_config(
-        "tiiuae__falcon-7b.json",
-        include_str!("../../../bench/data/configs/tiiuae__falcon-7b.json"),
-    )
-    .unwrap();
+    let arch = crate::core::catalog::models::falcon_7b_measured();
     let falcon = Workload {
         model: arch,
         method: Method::Lora,

@@ -1152,6 +1152,17 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
 }
 
 /// Every model in the catalog.
+/// Falcon-7B as the measured rows built it (bench/data/configs): one shared
+/// K/V head, transformers' SDPA on PyTorch's math kernel. For tests.
+#[cfg(test)]
+pub(crate) fn falcon_7b_measured() -> ModelArch {
+    arch_from_hf_config(
+        "tiiuae__falcon-7b.json",
+        include_str!("../../../bench/data/configs/tiiuae__falcon-7b.json"),
+    )
+    .expect("the repository's Falcon-7B config.json")
+}
+
 pub fn all_models() -> Vec<ModelArch> {
     index().archs.clone()
 }

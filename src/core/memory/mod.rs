@@ -1439,11 +1439,7 @@ mod tests {
     /// Falcon-7B as the H100/H200 rows built it (bench/data/configs), LoRA
     /// on its fused query_key_value, transformers' SDPA (the math kernel).
     fn falcon_lora(m: u32) -> (Workload, EngineeringSettings) {
-        let arch = crate::core::catalog::models::arch_from_hf_config(
-            "tiiuae__falcon-7b.json",
-            include_str!("../../../bench/data/configs/tiiuae__falcon-7b.json"),
-        )
-        .unwrap();
+        let arch = crate::core::catalog::models::falcon_7b_measured();
         let w = Workload {
             model: arch,
             lora: Some(LoraConfig {

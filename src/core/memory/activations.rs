@@ -590,15 +590,16 @@ pub(super) fn layer_activations(
         // of the scores' shape than the same composite traced on the CPU
         // (`scripts/alloc_sim.py`, which matches the CPU's real run):
         // measured allocated peaks sit 1.00–1.07 of one (batch, heads, seq,
-        // seq) fp32 tensor above that trace on all four Falcon-7B LoRA SDPA
-        // rows, H100 and H200, checkpointed or not (1 × 2,048, 2 × 2,048,
-        // 4 × 1,024, 16 × 2,048; bf16 and bf16-mixed; fp32 is not measured
-        // and counted the same, the safe side), and not on its eager row. Which kernel allocates it is not identified (BENCHMARKS.md,
-        // nineteenth session). The fp32 grouped-query runs through the same
-        // composite (`enable_gqa`, no explicit mask; bench/data/h200/
-        // qlora.csv) leave no room for one: it would put Llama-3.2-1B QLoRA
-        // 4 × 2,048 at +11 % and Llama-3.1-8B 4 × 4,096 checkpointed at +12 %
-        // of their measured allocated bytes.
+        // seq) fp32 tensor above that trace on all six Falcon-7B LoRA SDPA
+        // rows, H100 and H200, checkpointed or not (1 × 2,048, 2 × 2,048
+        // twice, 4 × 1,024 in bf16 and bf16-mixed, 16 × 2,048), and not on
+        // its eager row; fp32 is not measured and counted the same (the
+        // safe side). Which kernel allocates it is not identified
+        // (BENCHMARKS.md, nineteenth session). The fp32 grouped-query runs
+        // through the same composite (`enable_gqa`, no explicit mask;
+        // bench/data/h200/qlora.csv) leave no room for one: it would put
+        // Llama-3.2-1B QLoRA 4 × 2,048 at +11 % and Llama-3.1-8B 4 × 4,096
+        // checkpointed at +12 % of their measured allocated bytes.
         4.0 * heads
     } else {
         0.0
@@ -832,8 +833,8 @@ pub(super) fn per_sample(
         // block among themselves, recompute after recompute, while the loss
         // buffers' blocks stay with the block's smaller tensors. Replayed
         // (scripts/alloc_sim.py) for Falcon-7B LoRA bf16 16 × 2,048
-        // checkpointed: 10.7 GiB reserved over allocated (the measured gap on
-        // the H200 is the same 10.7), where counting them gave 28.0; Llama-
+        // checkpointed: 10.7 GiB reserved over allocated (measured on the
+        // H200: 10.6), where counting them gave 28.0; Llama-
         // 3.1-8B QLoRA 4 × 4,096 checkpointed (32 heads × 4,096 over a
         // 128,256 vocabulary) goes from +9.1 % to −4.2 % of its measured
         // reserved bytes. Llama-3.2-1B QLoRA 8 × 2,048 (32 × 2,048 below

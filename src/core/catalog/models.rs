@@ -1151,7 +1151,6 @@ pub fn arch_from_hf_config(name: &str, json: &str) -> Result<ModelArch, CatalogE
     Ok(arch)
 }
 
-/// Every model in the catalog.
 /// Falcon-7B as the measured rows built it (bench/data/configs): one shared
 /// K/V head, transformers' SDPA on PyTorch's math kernel. For tests.
 #[cfg(test)]
@@ -1163,6 +1162,7 @@ pub(crate) fn falcon_7b_measured() -> ModelArch {
     .expect("the repository's Falcon-7B config.json")
 }
 
+/// Every model in the catalog.
 pub fn all_models() -> Vec<ModelArch> {
     index().archs.clone()
 }

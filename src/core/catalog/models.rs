@@ -533,6 +533,29 @@ const ROWS: &[Row] = &[
         false,
         4096,
     ),
+    // --- Falcon (tiiuae): config.json `multi_query: true` (one K/V head),
+    // `parallel_attn: true`, `new_decoder_architecture: false` (one
+    // LayerNorm a block), GELU MLP 4 × hidden, the head tied to the
+    // embedding (FalconConfig's `tie_word_embeddings` default), no biases;
+    // family details in `family_quirks` ---
+    Row {
+        names: &["tiiuae/falcon-7b", "falcon-7b", "tiiuae/falcon-7b-instruct"],
+        torchtune: None,
+        kind: ArchKind::DecoderOnly,
+        params: 6_921_720_704,
+        hidden: 4544,
+        layers: 32,
+        heads: 71,
+        kv_heads: 1,
+        head_dim: 64,
+        intermediate: 18176,
+        vocab: 65024,
+        tied: true,
+        gated: false,
+        experts: 1,
+        experts_per_token: 1,
+        max_pos: 2048,
+    },
     // --- GPT-2 (openai-community) ---
     gpt2(
         &["openai-community/gpt2", "gpt2", "gpt2-small"],
@@ -655,6 +678,24 @@ fn family_quirks(id: &str) -> ArchQuirks {
         // v0.1's config.json: "sliding_window": 4096 (v0.2 and v0.3: null)
         ArchQuirks {
             sliding_window: 4096,
+            ..ArchQuirks::default()
+        }
+    } else if id.starts_with("tiiuae/falcon-7b") {
+        // as `arch_from_hf_config` reads Falcon-7B's config.json (checked
+        // against it in the tests): transformers' SDPA falls to the math
+        // kernel for its one K/V head, its eager softmax stays in the
+        // activations' dtype, rotary keeps the value's dtype, one fused
+        // query_key_value, attention and MLP in parallel off one LayerNorm,
+        // and dropout 0 (FalconConfig's defaults)
+        ArchQuirks {
+            sdpa_math_fallback: true,
+            attn_softmax_16bit: true,
+            fused_qkv: true,
+            parallel_residual: true,
+            rotary_in_value_dtype: true,
+            single_norm: true,
+            no_resid_dropout: true,
+            no_attn_dropout: true,
             ..ArchQuirks::default()
         }
     } else if id.starts_with("google-bert/") {
@@ -904,8 +945,10 @@ pub fn count_params(a: &ModelArch) -> u64 {
     };
     let v = a.vocab_size as u64;
     let embed = v * h * if a.tied_embeddings { 1 } else { 2 };
-    // Learned positions (GPT-2 / BERT).
-    let pos = if !a.gated_mlp && a.kind != ArchKind::EncoderDecoder {
+    // Learned positions: BERT and GPT-2 (whose q, k and v go unrotated).
+    // The other classic decoders (GPT-NeoX, Phi, Falcon) rotate q and k
+    // and have no position table.
+    let pos = if a.kind == ArchKind::EncoderOnly || a.quirks.unrotated_qkv_views {
         a.max_position_embeddings as u64 * h
     } else {
         0
@@ -1272,6 +1315,25 @@ mod tests {
         assert!(!a.gated_mlp);
         assert_eq!(a.intermediate_size, 3072);
         assert!((a.params as f64 / 124_439_808.0 - 1.0).abs() < 0.02);
+    }
+
+    #[test]
+    fn the_catalogs_falcon_is_its_config_json() {
+        let catalog = lookup_model("tiiuae/falcon-7b").unwrap().arch;
+        let parsed = falcon_7b_measured();
+        assert_eq!(catalog.quirks, parsed.quirks);
+        assert_eq!(
+            ModelArch {
+                name: parsed.name.clone(),
+                params: parsed.params,
+                ..catalog.clone()
+            },
+            parsed
+        );
+        // the published count against the shapes' (which give its GELU MLP
+        // biases it does not have: 0.01 %); no position table (it rotates)
+        let rel = (parsed.params as f64 - catalog.params as f64).abs() / catalog.params as f64;
+        assert!(rel < 2e-4, "{} against {}", parsed.params, catalog.params);
     }
 
     #[test]

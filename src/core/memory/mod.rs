@@ -283,18 +283,19 @@ pub fn estimate_with(
         return Err(MemoryError::ZeroMicroBatch);
     }
     let pl = plan(workload, settings, opts);
-    let device = eval(&pl, settings.micro_batch_size as f64).device;
-    if !device.is_finite() || device >= MAX_ESTIMATE_BYTES {
+    let m = settings.micro_batch_size;
+    let ev = eval(&pl, m as f64);
+    if !ev.device.is_finite() || ev.device >= MAX_ESTIMATE_BYTES {
         return Err(MemoryError::Overflow {
-            micro_batch: settings.micro_batch_size,
+            micro_batch: m,
             limit_eib: (MAX_ESTIMATE_BYTES as u64) >> 60,
         });
     }
-    Ok(build(&pl, settings.micro_batch_size))
+    Ok(build(&pl, m, &ev))
 }
 
-fn build(pl: &Plan, m: u32) -> Estimate {
-    let ev = eval(pl, m as f64);
+/// The estimate of plan `pl` at micro batch `m`, whose evaluation is `ev`.
+fn build(pl: &Plan, m: u32, ev: &allocator::Eval) -> Estimate {
     let mf = m as f64;
     let persistent = pl.persistent();
     // Phase A as a line in m (its allocator share included).

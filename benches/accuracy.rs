@@ -647,22 +647,45 @@ fn main() -> ExitCode {
     ];
     throughput_report(&rows);
     println!("\ntargets (issue 11):");
+    let mut regressed = Vec::new();
     for (name, pass) in checks {
         println!("  {:<32} {}", name, if pass { "met" } else { "NOT met" });
+        if !pass && !NOT_YET_MET.contains(&name) {
+            regressed.push(name);
+        }
     }
-    // The targets are reported; what fails the run is a stated margin the
-    // data no longer support (the advisor would plan first runs too tight).
-    if stale.is_empty() {
-        ExitCode::SUCCESS
-    } else {
+    // What fails the run: a stated margin the data no longer support (the
+    // advisor would plan first runs too tight), or a target that was met
+    // and no longer is.
+    let mut ok = true;
+    if !stale.is_empty() {
         eprintln!(
             "accuracy: the stated margins in src/core/advisor/margin.rs are below the measured \
              99th percentile for: {}",
             stale.join(", ")
         );
+        ok = false;
+    }
+    if !regressed.is_empty() {
+        eprintln!(
+            "accuracy: targets met before are not met now: {}",
+            regressed.join(", ")
+        );
+        ok = false;
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
         ExitCode::FAILURE
     }
 }
+
+/// The issue-11 targets the model does not meet yet, and why
+/// (BENCHMARKS.md, "Issue 11, twentieth session"): Llama-3.2-1B full
+/// checkpointed rows keep a whole fp32 loss buffer reserved or not
+/// depending on the allocation order, which no closed form follows. Every
+/// other target failing fails the run.
+const NOT_YET_MET: &[&str] = &["H100 worst"];
 
 /// The default-allocator grid of `synthetic/` (the name its replays give).
 const GRID: &str = "synthetic/grid.csv";

@@ -34,7 +34,8 @@ cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 # Benchmarks are built (clippy --all-targets) but not run here: `cargo bench --bench NAME`.
 # Except the accuracy table: it fails when the advisor's stated margins
-# (src/core/advisor/margin.rs) no longer cover the measured under-prediction.
+# (src/core/advisor/margin.rs) no longer cover the measured under-prediction,
+# or when a memory-model target it met is missed.
 cargo test --bench accuracy --quiet > /dev/null
 # And the per-block terms against autograd's counted saved tensors.
 cargo test --bench saved_tensors --quiet > /dev/null

@@ -29,29 +29,31 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def edit(tree, rel, anchor, replacement, append=""):
+    """Replace `anchor` in `rel` once (and append `append`), or stop with
+    the file named: the script is out of date with the code it patches."""
+    path = os.path.join(tree, rel)
+    s = open(path).read()
+    if anchor not in s:
+        sys.exit(f"refit_shares.py: {rel} no longer has {anchor.strip()!r}")
+    open(path, "w").write(s.replace(anchor, replacement, 1) + append)
+
+
 def patch(tree):
     """Make the shares and the figures reachable from outside."""
-    plan = os.path.join(tree, "src/core/memory/plan.rs")
-    s = open(plan).read()
-    anchor = "        } else {\n            CACHING_ALLOCATOR\n        },"
-    if anchor not in s:
-        sys.exit("refit_shares.py: plan.rs no longer picks CACHING_ALLOCATOR as expected")
-    s = s.replace(anchor, "        } else {\n            refit_shares()\n        },", 1)
-    s += """
+    edit(tree, "src/core/memory/plan.rs",
+         "        } else {\n            CACHING_ALLOCATOR\n        },",
+         "        } else {\n            refit_shares()\n        },",
+         append="""
 fn refit_shares() -> AllocatorShares {
     let mut a = CACHING_ALLOCATOR;
     let g = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<f64>().ok());
     a.refit(g("GF_T"), g("GF_TL"), g("GF_RC"), g("GF_CPC"));
     a
 }
-"""
-    open(plan, "w").write(s)
-    alloc = os.path.join(tree, "src/core/memory/allocator.rs")
-    s = open(alloc).read()
+""")
     anchor = "/// The default caching allocator."
-    if anchor not in s:
-        sys.exit("refit_shares.py: allocator.rs has no CACHING_ALLOCATOR doc anchor")
-    s = s.replace(anchor, """impl AllocatorShares {
+    edit(tree, "src/core/memory/allocator.rs", anchor, """impl AllocatorShares {
     pub(super) fn refit(&mut self, t: Option<f64>, tl: Option<f64>, rc: Option<f64>, cpc: Option<f64>) {
         self.transient = t.unwrap_or(self.transient);
         self.transient_loss = tl.unwrap_or(self.transient_loss);
@@ -60,19 +62,13 @@ fn refit_shares() -> AllocatorShares {
     }
 }
 
-""" + anchor, 1)
-    open(alloc, "w").write(s)
-    bench = os.path.join(tree, "benches/accuracy.rs")
-    s = open(bench).read()
+""" + anchor)
     anchor = "    let (hm, hw) = median_worst(&h100);\n"
-    if anchor not in s:
-        sys.exit("refit_shares.py: benches/accuracy.rs has no median_worst(&h100) anchor")
-    s = s.replace(anchor, anchor + """    println!(
+    edit(tree, "benches/accuracy.rs", anchor, anchor + """    println!(
         "FIT am {} aw {} hm {} hw {} under {} fitwrong {}",
         100.0 * am, 100.0 * aw, 100.0 * hm, 100.0 * hw, 100.0 * worst_under, fit_wrong.len()
     );
-""", 1)
-    open(bench, "w").write(s)
+""")
 
 
 def build(tree):

@@ -84,8 +84,8 @@ pub(super) struct AllocatorShares {
 /// first leaves Gemma 2's eager LoRA bf16-mixed 4 × 1,024 checkpointed
 /// row 10.2 % below its measurement (31.72 GiB; 27.75 in another series,
 /// 28.85 replayed as a fresh job) and the second 9.8 % (28.60 GiB). The
-/// grid that chose them, and the figures, are in BENCHMARKS.md ("issue 11,
-/// twentieth session").
+/// grid that chose them: `python3 scripts/refit_shares.py`; its figures
+/// are in BENCHMARKS.md ("Issue 11, twentieth session").
 pub(super) const CACHING_ALLOCATOR: AllocatorShares = AllocatorShares {
     transient: 0.03,
     transient_loss: 0.12,

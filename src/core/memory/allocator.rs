@@ -74,12 +74,14 @@ pub(super) struct AllocatorShares {
 /// (holdout grid included) after the per-block terms were counted with
 /// autograd's saved-tensor hooks (bench/data/saved_tensors.jsonl): median
 /// 2.6 %. Refitted on all 507 scored rows of `cargo bench --bench accuracy`
-/// (H100 and H200 measurements and the published tables), minimising the
-/// median error under the bound that no row is predicted more than 10 %
-/// below its measurement (issue 11; under-prediction is what turns a
-/// suggestion into an OOM). The median is flat along a valley that trades
-/// the loss buffers' share (`transient_loss`) against the checkpointed
-/// turn-taking share (`recompute`): (0.10, 1.0) and (0.12, 0.9) both give
+/// (H100 and H200 measurements and the published tables) under the bound
+/// that no row is predicted more than 10 % below its measurement (issue
+/// 11; under-prediction is what turns a suggestion into an OOM): of the
+/// grid points that meet it, one whose median is lower than before over
+/// all rows and the same over the H100's. The median is flat along a
+/// valley that trades the loss buffers' share (`transient_loss`) against
+/// the checkpointed turn-taking share (`recompute`): (0.10, 1.0) and
+/// (0.12, 0.9) both give
 /// a median of 1.7 % over all rows and 2.0 % over the H100's, but the
 /// first leaves Gemma 2's eager LoRA bf16-mixed 4 × 1,024 checkpointed
 /// row 10.2 % below its measurement (31.72 GiB; 27.75 in another series,

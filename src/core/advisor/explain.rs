@@ -376,18 +376,10 @@ fn thousands(x: f64) -> String {
     out
 }
 
+/// A candidate's settings: dtype and checkpointing, and offloading and
+/// compile where they are on.
 pub(super) fn describe(c: Cand) -> String {
-    format!(
-        "{}, checkpointing {}{}",
-        c.dtype,
-        on_off(c.ckpt),
-        match (c.offload, c.compile) {
-            (true, true) => ", offloading on, compile on",
-            (true, false) => ", offloading on",
-            (false, true) => ", compile on",
-            (false, false) => "",
-        }
-    )
+    describe_beside(c, c)
 }
 
 /// [`describe`] for `c` set against `other`: offloading and compile are

@@ -767,6 +767,12 @@ pub(super) fn per_sample(
                 logits_bytes_per_token_vocab(w.framework, dtype, seq, w.method == Method::Full);
             pl.loss_buffer_per_sample = tv * loss_buffer_bytes_per_token_vocab(w.framework, dtype);
             pl.largest_loss_tensor_per_sample = pl.loss_buffer_per_sample;
+            if matches!(
+                w.framework,
+                Framework::Hf | Framework::Lightning | Framework::Generic
+            ) {
+                pl.head_output_per_sample = tv * e;
+            }
             (tv * (fwd + softcap), tv * (peak + softcap))
         }
         // classification: the pooled token and a few logits per sequence
@@ -881,6 +887,7 @@ pub(super) fn per_sample(
         // reserved over allocated, against 1.24 GiB eager
         // (bench/data/h100/expandable/families.csv).
         pl.loss_buffer_per_sample = 0.0;
+        pl.head_output_per_sample = 0.0;
     }
 }
 

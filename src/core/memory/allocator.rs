@@ -205,8 +205,7 @@ pub(super) struct Eval {
 
 pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     let persistent = pl.persistent();
-    let dyn_a = pl.act_per_sample * m + pl.logits_per_sample * m;
-    let a = persistent + pl.grads_in_a + pl.weights_transient_a + dyn_a;
+    let a = allocated_phase_a(pl, m);
     let b = persistent + pl.grads + pl.step_transient + pl.logits_held_per_sample * m;
     let phase_a = a >= b;
     // Allocated bytes: the forward's end (every cast, the forward's loss
@@ -217,52 +216,10 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
         .casts_freed_before_backward
         .min((pl.logits_per_sample - pl.logits_fwd_per_sample) * m);
     let allocated = a_allocated.max(b);
-    // The hidden-width activations' segment packing (see
-    // `segment_waste_share`): held while they are, in phase A.
-    let packing = if pl.shares.fixed_segments {
-        segment_waste_share(pl.hidden_tensor_per_sample * m) * pl.act_hidden_per_sample * m
-    } else {
-        0.0
-    };
-    // Where each loss buffer fits in the largest gradient's block (see
-    // `loss_fits_grad_blocks`), the loss buffers are cut from those cached
-    // blocks, as many as they hold.
-    let loss_in_grad_blocks = if loss_fits_grad_blocks(pl, m) {
-        (pl.logits_per_sample * m).min(pl.grad_blocks)
-    } else {
-        0.0
-    };
-    // The previous step's phase B left its freed gradients (set to None
-    // before this forward) and optimizer temporaries cached: blocks of
-    // parameter shapes, which this phase's activations and autocast weight
-    // copies reuse but its loss buffers (vocabulary-wide) cannot, unless
-    // they fit (above). Replayed (scripts/alloc_sim.py) for Qwen2.5-0.5B
-    // full bf16 at 1 × 512: 30 empty 20 MiB segments of AdamW's
-    // temporaries still cached at the next forward's peak. Checkpointed
-    // runs are left to `cross_phase_checkpointed`, whose recomputed blocks
-    // take them.
-    let reusing_act = activations_reusing_grad_blocks(pl, m, loss_in_grad_blocks);
-    let carried_b = if pl.shares.fixed_segments && !pl.checkpointing {
-        (pl.grads - pl.grads_in_a + pl.step_transient
-            - reusing_act
-            - pl.weights_transient_a
-            - loss_in_grad_blocks)
-            .max(0.0)
-    } else {
-        0.0
-    };
-    let loss_cache = pl.shares.transient_loss * pl.logits_per_sample * m
-        + pl.shares.recompute * pl.recompute_overlap_per_sample * m
-        + pl.shares.loss_holes * pl.loss_buffer_per_sample * m
-        + state_holes(pl);
-    let loss_cache = if pl.shares.fixed_segments {
-        loss_cache.max(pl.stranded_loss_buffer_per_sample * m)
-    } else {
-        loss_cache
-    };
-    // blocks split by tensors of other sizes in the same phase
-    let split = pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a);
-    let reserved_a = a + packing + carried_b + split + loss_cache;
+    let loss_in_grad_blocks = loss_in_grad_blocks(pl, m);
+    let dyn_a = (pl.act_per_sample + pl.logits_per_sample) * m;
+    let (reserved_a, kept_a) = reserved_phase_a(pl, m);
+    let reserved_a = through_the_dips(pl, m, reserved_a);
     // The tied embedding's second-use gradient is made in every backward
     // and freed before the optimizer step. Replayed (scripts/alloc_sim.py,
     // Qwen2.5-0.5B full bf16-mixed 1 × 512, checkpointed), its block is
@@ -296,7 +253,7 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     // measured 77.9; the same in bf16-mixed, and full fine-tunes, need their
     // unpressed peak).
     let least_reserved = if pl.cache_released_under_pressure {
-        (a + packing + split).max(b) + persistent_share
+        kept_a.max(b) + persistent_share
     } else {
         reserved
     };
@@ -307,6 +264,169 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
         least_device: least_reserved.min(reserved) + pl.cuda_context,
         phase_a,
     }
+}
+
+/// Phase A's allocated bytes at micro batch `m`: the persistent bytes,
+/// the gradients accumulation keeps, the autocast copies, activations and
+/// loss buffers.
+fn allocated_phase_a(pl: &Plan, m: f64) -> f64 {
+    pl.persistent()
+        + pl.grads_in_a
+        + pl.weights_transient_a
+        + pl.act_per_sample * m
+        + pl.logits_per_sample * m
+}
+
+/// Where each loss buffer fits in the largest gradient's block (see
+/// [`loss_fits_grad_blocks`]), the loss buffers are cut from those cached
+/// blocks, as many as they hold.
+fn loss_in_grad_blocks(pl: &Plan, m: f64) -> f64 {
+    if loss_fits_grad_blocks(pl, m) {
+        (pl.logits_per_sample * m).min(pl.grad_blocks)
+    } else {
+        0.0
+    }
+}
+
+/// Phase A's reserved bytes at micro batch `m`, before the persistent
+/// tensors' rounding (see [`eval`]), and the part of them a release under
+/// pressure cannot return (the allocation, the activations' segment
+/// packing and the blocks split among them).
+fn reserved_phase_a(pl: &Plan, m: f64) -> (f64, f64) {
+    let a = allocated_phase_a(pl, m);
+    // The hidden-width activations' segment packing (see
+    // `segment_waste_share`): held while they are, in phase A.
+    let packing = if pl.shares.fixed_segments {
+        segment_waste_share(pl.hidden_tensor_per_sample * m) * pl.act_hidden_per_sample * m
+    } else {
+        0.0
+    };
+    let loss_in_grad_blocks = loss_in_grad_blocks(pl, m);
+    // The previous step's phase B left its freed gradients (set to None
+    // before this forward) and optimizer temporaries cached: blocks of
+    // parameter shapes, which this phase's activations and autocast weight
+    // copies reuse but its loss buffers (vocabulary-wide) cannot, unless
+    // they fit (above). Replayed (scripts/alloc_sim.py) for Qwen2.5-0.5B
+    // full bf16 at 1 × 512: 30 empty 20 MiB segments of AdamW's
+    // temporaries still cached at the next forward's peak. Checkpointed
+    // runs are left to `cross_phase_checkpointed`, whose recomputed blocks
+    // take them.
+    let reusing_act = activations_reusing_grad_blocks(pl, m, loss_in_grad_blocks);
+    let carried_b = if pl.shares.fixed_segments && !pl.checkpointing {
+        (pl.grads - pl.grads_in_a + pl.step_transient
+            - reusing_act
+            - pl.weights_transient_a
+            - loss_in_grad_blocks)
+            .max(0.0)
+    } else {
+        0.0
+    };
+    let loss_cache = pl.shares.transient_loss * pl.logits_per_sample * m
+        + pl.shares.recompute * pl.recompute_overlap_per_sample * m
+        + pl.shares.loss_holes * pl.loss_buffer_per_sample * m
+        + state_holes(pl);
+    let loss_cache = if pl.shares.fixed_segments {
+        loss_cache.max(pl.stranded_loss_buffer_per_sample * m)
+    } else {
+        loss_cache
+    };
+    // The first step's optimizer states in the loss segments (see
+    // `first_step_states`): a whole buffer more per segment they cut,
+    // less the states that sit in the cache instead of beside it.
+    let loss_cache = match first_step_states(pl, m) {
+        Some((_, gain)) => (loss_cache + gain).max(0.0),
+        None => loss_cache,
+    };
+    // blocks split by tensors of other sizes in the same phase
+    let split = pl.shares.transient * (pl.act_per_sample * m + pl.weights_transient_a);
+    (
+        a + packing + carried_b + split + loss_cache,
+        a + packing + split,
+    )
+}
+
+/// The optimizer states a checkpointed full fine-tune makes in its first
+/// optimizer step, and the loss path's segments. The first step's forward
+/// runs without them (AdamW makes its states in the first `step()`), so
+/// its loss phase maps one segment per loss buffer — the head's 16-bit
+/// logits and the fp32 buffers — and the reserved bytes of that step are
+/// the step's allocation less the states plus the fitted loss cache. Then
+/// the loss buffers are freed and the states, weight-shaped requests
+/// served best fit, are cut from those cached segments, the smallest
+/// (the head's logits) first. Each fp32 segment a state is cut from can
+/// no longer hold the next step's buffer of its size, which maps a new
+/// one. So phase A's reserved bytes gain, beside the fitted loss cache,
+/// one loss buffer per segment cut less the states that sit inside the
+/// cache (they were counted beside it in `a`).
+///
+/// Replayed (scripts/alloc_sim.py --workspaces-mib 32) for Llama-3.2-1B
+/// full bf16 at m × 2,048, checkpointed (4.60 GiB of states, a 0.49·m GiB
+/// head segment, 0.98·m GiB buffers): at m = 8 the head segment holds
+/// 3.91 GiB, 0.69 GiB of states cut an fp32 segment and the second step
+/// maps a fourth: 39.90 GiB reserved over 31.74 allocated (measured
+/// 39.79–40.10 on H100s); at m = 12 the states fit in the 5.87 GiB head
+/// segment, the peak is the first step's: 46.89 over 44.12 (measured
+/// 46.75); at m = 9 35.80 — less than at m = 8. Measured gaps over the
+/// allocated bytes at m = 4, 6, 8, 12 and 16 were 0.45, 0.84, 1.05, 0.23
+/// and 0.33 loss buffers, where the fitted shares alone gave 0.65 each.
+///
+/// Returns the segments cut and what phase A's reserved bytes gain (less
+/// than 0 where the states fit in the head's segment), or None where the
+/// rule does not apply (see `Plan::first_step_states`).
+fn first_step_states(pl: &Plan, m: f64) -> Option<(f64, f64)> {
+    if !pl.shares.fixed_segments
+        || pl.first_step_states <= 0.0
+        || pl.loss_buffer_per_sample <= 0.0
+        || pl.head_output_per_sample <= 0.0
+    {
+        return None;
+    }
+    let states = pl.first_step_states;
+    let buffer = round_large(pl.loss_buffer_per_sample * m);
+    let head = round_large(pl.head_output_per_sample * m);
+    // the fp32 segments of the loss phase: its bytes over one buffer's
+    // (3 for transformers' upcast loss: the upcast, log-softmax, gradient)
+    let segments = (pl.logits_per_sample / pl.loss_buffer_per_sample + 1e-9).floor();
+    let cut = ((states - head).max(0.0) / buffer).ceil().min(segments);
+    let placed = states.min(head + cut * buffer);
+    Some((cut, cut * buffer - placed))
+}
+
+/// Phase A's reserved bytes `reserved_a` at micro batch `m`, kept at least
+/// at those of any smaller micro batch. Where a larger micro batch's head
+/// segment holds states that a smaller one's could not (see
+/// [`first_step_states`]), the reserved bytes fall by up to a loss buffer
+/// — replayed, Llama-3.2-1B full bf16 at 8 × 2,048 holds 39.90 GiB and at
+/// 9 × 2,048 35.80 — and the advisor's search for the largest micro batch
+/// that fits assumes they only grow: in such a dip the estimate keeps the
+/// smaller micro batch's figure (the safe side). Within a stretch of one
+/// number of cut segments they grow with `m`, so the maximum is at the
+/// last micro batch of each earlier stretch.
+fn through_the_dips(pl: &Plan, m: f64, reserved_a: f64) -> f64 {
+    let cuts = |x: f64| first_step_states(pl, x).map_or(0.0, |(cut, _)| cut);
+    let Some((cut_here, _)) = first_step_states(pl, m) else {
+        return reserved_a;
+    };
+    let below = m.ceil() - 1.0;
+    let most = cuts(1.0);
+    let mut reserved = reserved_a;
+    let mut k = cut_here + 1.0;
+    while below >= 1.0 && k <= most {
+        // the largest micro batch below m that cuts at least k segments
+        // (the count only falls as m grows): cuts(lo) >= k > cuts(hi)
+        let (mut lo, mut hi) = (1.0, below + 1.0);
+        while hi - lo > 1.0 {
+            let mid = ((lo + hi) / 2.0).floor();
+            if cuts(mid) >= k {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        reserved = reserved.max(reserved_phase_a(pl, lo).0);
+        k = cuts(lo) + 1.0;
+    }
+    reserved
 }
 
 /// The part of phase A's activations at micro batch `m` that can take the
@@ -344,7 +464,16 @@ fn activations_reusing_grad_blocks(pl: &Plan, m: f64, loss_in_grad_blocks: f64) 
 /// Phase A's allocator overhead on its fixed part (the line `fixed + slope × m`),
 /// the checkpointed optimizer states' holes included (as in [`eval`]).
 pub(super) fn allocator_overhead(pl: &Plan, persistent: f64, transient: f64) -> f64 {
+    // The first step's states counted inside the loss cache (see
+    // `first_step_states`: it takes back at most all of them), so the line
+    // stays a floor of the peak.
+    let states_in_cache = if first_step_states(pl, 1.0).is_some() {
+        pl.first_step_states
+    } else {
+        0.0
+    };
     ALLOCATOR_PERSISTENT_SHARE * persistent + pl.shares.transient * transient + state_holes(pl)
+        - states_in_cache
 }
 
 /// Phase A's reserved bytes per sample: activations and loss buffers with

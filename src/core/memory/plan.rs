@@ -63,6 +63,16 @@ pub(super) struct Plan {
     /// One loss buffer per sample that a full fine-tune's checkpointed
     /// autocast step strands (see `activations::per_sample`), else 0.
     pub(super) stranded_loss_buffer_per_sample: f64,
+    /// The output head's logits in the compute dtype per sample (seq ×
+    /// vocab × element): the smallest segment of the loss path, which the
+    /// first optimizer step's new states fill first (see
+    /// `allocator::first_step_states`). 0 where the loss path is not the
+    /// upcast loss of transformers (and Lightning's or a plain loop's).
+    pub(super) head_output_per_sample: f64,
+    /// Optimizer states the first optimizer step makes in the cached loss
+    /// segments (see `allocator::first_step_states`): a checkpointed full
+    /// fine-tune's, without autocast. 0 otherwise.
+    pub(super) first_step_states: f64,
     /// The hidden-width part of `act_per_sample` …
     pub(super) act_hidden_per_sample: f64,
     /// … and the bytes of one such tensor per sample (its size at micro
@@ -231,6 +241,14 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
     optimizer(w, opts, &l, &mut pl);
     (pl.grad_blocks, pl.second_use_block) = grad_blocks(w, &l, &pl);
     per_sample(w, s, opts, &mut pl);
+    // AdamW and the others make their states in the first `step()`, and a
+    // full fine-tune's are weight-shaped (large-pool blocks). Under
+    // autocast the replay shows another order (the fp32 gradients and the
+    // head's 16-bit copy take those segments first; see
+    // `stranded_loss_buffer_per_sample`): left to that rule.
+    if pl.checkpointing && w.method == Method::Full && !l.mixed && pl.head_output_per_sample > 0.0 {
+        pl.first_step_states = pl.opt_state;
+    }
     pl.cache_released_under_pressure = pl.checkpointing
         && pl.shares.fixed_segments
         && w.method != Method::Full

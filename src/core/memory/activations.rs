@@ -798,7 +798,9 @@ pub(super) fn per_sample(
     // Replayed (scripts/alloc_sim.py) for Llama-3.2-1B full bf16-mixed at
     // 12 × 2,048: three cached 11.74 GiB loss segments, one holding the
     // 0.49 GiB head copy, a fourth mapped in the loss backward; reserved
-    // 64.74 GiB over 53.04 allocated (measured 64.57 and 53.06). The
+    // 64.74 GiB over 53.04 allocated (measured 64.57 and 53.06). Where the
+    // first step's optimizer states cut a loss segment too (see
+    // `allocator::first_step_states`), the copy sits in that one; else the
     // allocator keeps the larger of this and its fitted loss shares.
     // Adapter runs under autocast do not show it (Qwen2.5-7B, Llama-3.1-8B
     // and Gemma 2 LoRA bf16-mixed, checkpointed: within 5 % without it,

@@ -325,16 +325,12 @@ fn reserved_phase_a(pl: &Plan, m: f64) -> (f64, f64) {
         + pl.shares.recompute * pl.recompute_overlap_per_sample * m
         + pl.shares.loss_holes * pl.loss_buffer_per_sample * m
         + state_holes(pl);
-    let loss_cache = if pl.shares.fixed_segments {
-        loss_cache.max(pl.stranded_loss_buffer_per_sample * m)
-    } else {
-        loss_cache
-    };
     // The first step's optimizer states in the loss segments (see
     // `first_step_states`): a whole buffer more per segment they cut,
     // less the states that sit in the cache instead of beside it.
     let loss_cache = match first_step_states(pl, m) {
         Some((_, gain)) => (loss_cache + gain).max(0.0),
+        None if pl.shares.fixed_segments => loss_cache.max(pl.stranded_loss_buffer_per_sample * m),
         None => loss_cache,
     };
     // blocks split by tensors of other sizes in the same phase
@@ -370,6 +366,14 @@ fn reserved_phase_a(pl: &Plan, m: f64) -> (f64, f64) {
 /// allocated bytes at m = 4, 6, 8, 12 and 16 were 0.45, 0.84, 1.05, 0.23
 /// and 0.33 loss buffers, where the fitted shares alone gave 0.65 each.
 ///
+/// Under autocast the states are fp32 (9.21 GiB for the same model) and
+/// the head's 16-bit weight copy, made in every forward, is cut from a
+/// free fp32 loss segment too (`Plan::stranded_loss_buffer_per_sample`):
+/// where the states cut one, the copy sits beside them in it (replayed at
+/// 8 × 2,048: 4.98 GiB of states and the 0.49 GiB copy in one 7.83 GiB
+/// segment, one buffer mapped in the second step, 44.82 GiB reserved;
+/// measured 45.27), so at least one segment counts as cut.
+///
 /// Returns the segments cut and what phase A's reserved bytes gain (less
 /// than 0 where the states fit in the head's segment), or None where the
 /// rule does not apply (see `Plan::first_step_states`).
@@ -388,6 +392,13 @@ fn first_step_states(pl: &Plan, m: f64) -> Option<(f64, f64)> {
     // (3 for transformers' upcast loss: the upcast, log-softmax, gradient)
     let segments = (pl.logits_per_sample / pl.loss_buffer_per_sample + 1e-9).floor();
     let cut = ((states - head).max(0.0) / buffer).ceil().min(segments);
+    // under autocast the head's 16-bit copy strands a segment of its own
+    // where the states cut none
+    let cut = if pl.stranded_loss_buffer_per_sample > 0.0 {
+        cut.max(1.0)
+    } else {
+        cut
+    };
     let placed = states.min(head + cut * buffer);
     Some((cut, cut * buffer - placed))
 }

@@ -1077,17 +1077,17 @@ mod tests {
             assert!(e.fixed_bytes + e.per_sample_bytes * m as u64 <= e.peak_bytes + m as u64 + 1);
         }
         // the rule is the full fine-tune's: adapters' states are small
-        // tensors of the small pool, and under autocast another order
-        // holds (the stranded buffer below)
-        for (method, dtype) in [
-            (Method::Lora, Dtype::Bf16),
-            (Method::Full, Dtype::Bf16Mixed),
-        ] {
-            let w = hf("meta-llama/Llama-3.2-1B", method, 2048);
-            let st = settings(8, dtype, true);
-            let pl = plan(&w, &st, &ModelOptions::default());
-            assert_eq!(pl.first_step_states, 0.0, "{method:?} {dtype:?}");
-        }
+        // tensors of the small pool
+        let lora = hf("meta-llama/Llama-3.2-1B", Method::Lora, 2048);
+        let pl = plan(&lora, &s(8), &ModelOptions::default());
+        assert_eq!(pl.first_step_states, 0.0);
+        // under autocast the fp32 states (9.21 GiB) overflow the head's
+        // segment at 8 and 12 sequences too, and the head's 16-bit copy
+        // sits in the segment they cut: 45.27 and 64.57 GiB measured (the
+        // stranded buffer alone gave 50.00 and 66.78)
+        let mixed = |m| settings(m, Dtype::Bf16Mixed, true);
+        assert_reserved_near(&w, &mixed(8), 45.27, 0.04);
+        assert_reserved_near(&w, &mixed(12), 64.57, 0.025);
     }
 
     #[test]

@@ -71,7 +71,7 @@ pub(super) struct Plan {
     pub(super) head_output_per_sample: f64,
     /// Optimizer states the first optimizer step makes in the cached loss
     /// segments (see `allocator::first_step_states`): a checkpointed full
-    /// fine-tune's, without autocast. 0 otherwise.
+    /// fine-tune's. 0 otherwise.
     pub(super) first_step_states: f64,
     /// The hidden-width part of `act_per_sample` …
     pub(super) act_hidden_per_sample: f64,
@@ -242,11 +242,9 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
     (pl.grad_blocks, pl.second_use_block) = grad_blocks(w, &l, &pl);
     per_sample(w, s, opts, &mut pl);
     // AdamW and the others make their states in the first `step()`, and a
-    // full fine-tune's are weight-shaped (large-pool blocks). Under
-    // autocast the replay shows another order (the fp32 gradients and the
-    // head's 16-bit copy take those segments first; see
-    // `stranded_loss_buffer_per_sample`): left to that rule.
-    if pl.checkpointing && w.method == Method::Full && !l.mixed && pl.head_output_per_sample > 0.0 {
+    // full fine-tune's are weight-shaped (large-pool blocks); an adapter's
+    // are small tensors of the small pool.
+    if pl.checkpointing && w.method == Method::Full && pl.head_output_per_sample > 0.0 {
         pl.first_step_states = pl.opt_state;
     }
     pl.cache_released_under_pressure = pl.checkpointing

@@ -107,8 +107,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="score only the old and the chosen shares")
     a = ap.parse_args()
     if a.quick:
-        grid = [dict(GF_T=0.04, GF_TL=0.10, GF_RC=1.0, GF_CPC=1.0),
-                dict(GF_T=0.03, GF_TL=0.12, GF_RC=0.9, GF_CPC=1.0)]
+        grid = [dict(GF_T=0.03, GF_TL=0.12, GF_RC=0.9, GF_CPC=1.0),
+                dict(GF_T=0.03, GF_TL=0.12, GF_RC=0.9, GF_CPC=0.95)]
     else:
         grid = [dict(GF_T=t, GF_TL=tl, GF_RC=rc, GF_CPC=c)
                 for t, tl, rc, c in itertools.product(

@@ -407,7 +407,11 @@ fn first_step_states(pl: &Plan, m: f64) -> Option<(f64, f64)> {
         cut
     };
     let placed = states.min(head + cut * buffer);
-    Some((cut, cut * buffer - placed))
+    // where they cut every fp32 segment, the head's logits find no free
+    // segment of their size either and map one too: the next loss phase
+    // maps all its segments anew, as if the states sat beside them
+    let remapped = if cut >= segments { head } else { 0.0 };
+    Some((cut, cut * buffer + remapped - placed))
 }
 
 /// Phase A's reserved bytes `reserved_a` at micro batch `m`, kept at least

@@ -1146,6 +1146,10 @@ mod tests {
                 (Method::Full, Dtype::Fp32, false, 128),
                 (Method::Lora, Dtype::Bf16Mixed, true, 1024),
                 (Method::Full, Dtype::Bf16, true, 256),
+                // where the first step's states cut the loss segments or
+                // not (`allocator::first_step_states`): dips kept out
+                (Method::Full, Dtype::Bf16, true, 2048),
+                (Method::Full, Dtype::Bf16Mixed, true, 1024),
             ] {
                 let mut w = workload("Qwen/Qwen2.5-0.5B", method);
                 w.model = arch.clone();

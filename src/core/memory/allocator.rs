@@ -392,11 +392,7 @@ fn reserved_phase_a(pl: &Plan, m: f64) -> (f64, f64) {
 /// than 0 where the states fit in the head's segment), or None where the
 /// rule does not apply (see `Plan::first_step_states`).
 fn first_step_states(pl: &Plan, m: f64) -> Option<(f64, f64)> {
-    if !pl.shares.fixed_segments
-        || pl.first_step_states <= 0.0
-        || pl.loss_buffer_per_sample <= 0.0
-        || pl.head_output_per_sample <= 0.0
-    {
+    if !first_step_states_apply(pl) {
         return None;
     }
     let states = pl.first_step_states;
@@ -419,6 +415,13 @@ fn first_step_states(pl: &Plan, m: f64) -> Option<(f64, f64)> {
     // maps all its segments anew, as if the states sat beside them
     let remapped = if cut >= segments { head } else { 0.0 };
     Some((cut, cut * buffer + remapped - placed))
+}
+
+/// Whether [`first_step_states`] applies to the plan: fixed segments and
+/// a plan that has such states (`Plan::first_step_states`, set only where
+/// the loss path has a head segment) and fp32 loss buffers to cut.
+fn first_step_states_apply(pl: &Plan) -> bool {
+    pl.shares.fixed_segments && pl.first_step_states > 0.0 && pl.loss_buffer_per_sample > 0.0
 }
 
 /// Phase A's reserved bytes `reserved_a` at micro batch `m`, kept at least
@@ -496,7 +499,7 @@ pub(super) fn allocator_overhead(pl: &Plan, persistent: f64, transient: f64) -> 
     // The first step's states counted inside the loss cache (see
     // `first_step_states`: it takes back at most all of them), so the line
     // stays a floor of the peak.
-    let states_in_cache = if first_step_states(pl, 1.0).is_some() {
+    let states_in_cache = if first_step_states_apply(pl) {
         pl.first_step_states
     } else {
         0.0

@@ -134,6 +134,19 @@ impl Default for HttpConfig {
     }
 }
 
+impl HttpConfig {
+    /// How [`crate::serve`] holds the sidecar's connections: this cap
+    /// (lowered to the descriptor limit less a reserve) and idle timeout.
+    pub fn serve_config(&self) -> crate::serve::ServeConfig {
+        crate::serve::ServeConfig {
+            name: "sidecar",
+            max_connections: self.max_connections,
+            idle_timeout: self.idle_timeout,
+            ..crate::serve::ServeConfig::default()
+        }
+    }
+}
+
 /// The default sampling interval: never slower than 200 ms, so a training
 /// step's peak is caught; PyTorch's caching allocator keeps reserved memory
 /// at its peak for the rest of the step, so 100 ms sees it.
@@ -455,7 +468,8 @@ pub struct RunningSidecar {
 }
 
 impl RunningSidecar {
-    /// Stops accepting connections and the sampler, and waits for the server task.
+    /// Stops accepting connections and the sampler, and waits for the server
+    /// to drain (requests in flight finish, idle connections close).
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -488,8 +502,13 @@ pub async fn start_with(
     let sampler = sidecar.spawn_sampler()?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let sc = Arc::clone(&sidecar);
+    let serve_cfg = sidecar.http_config().serve_config();
     let task = tokio::spawn(async move {
-        http::serve(listener, sc, async {
+        let handler = move |req| {
+            let sc = Arc::clone(&sc);
+            async move { http::handle(&sc, req).await }
+        };
+        crate::serve::serve(listener, &serve_cfg, None, handler, async {
             let _ = rx.await;
         })
         .await;

@@ -137,12 +137,14 @@ fn effective_cap(cfg: &ServeConfig, limit: Option<u64>) -> (usize, usize, bool) 
 
 // === the connections held, all servers of the process together ===
 
-/// One held connection: whether it is answering a request, and how to ask
-/// it to close.
+/// One held connection: whether it is answering a request, how to ask it
+/// to close, and whether it was asked (its descriptor is freed only when
+/// its task ends, so it still counts until then).
 struct Slot {
     server: u64,
     busy: Arc<AtomicUsize>,
     close: Arc<Notify>,
+    closing: bool,
 }
 
 #[derive(Default)]
@@ -150,35 +152,60 @@ struct Held {
     next_id: u64,
     /// By id, so oldest first.
     slots: BTreeMap<u64, Slot>,
+    /// Open slots (not closing) by server.
     per_server: HashMap<u64, usize>,
+    /// Slots asked to close whose descriptor is not yet freed.
+    closing: usize,
 }
 
 impl Held {
-    /// Closes the oldest idle connection (of `server` when given).
+    /// Asks the oldest idle connection (of `server` when given) to close.
     fn evict_oldest_idle(&mut self, server: Option<u64>) -> bool {
-        let victim = self
-            .slots
-            .iter()
-            .find(|(_, s)| {
-                server.is_none_or(|id| s.server == id) && s.busy.load(Ordering::Acquire) == 0
-            })
-            .map(|(id, _)| *id);
-        match victim.and_then(|id| self.remove(id)) {
+        let victim = self.slots.values_mut().find(|s| {
+            !s.closing
+                && server.is_none_or(|id| s.server == id)
+                && s.busy.load(Ordering::Acquire) == 0
+        });
+        match victim {
             Some(slot) => {
+                slot.closing = true;
                 slot.close.notify_one();
+                let server = slot.server;
+                self.closing += 1;
+                if let Some(n) = self.per_server.get_mut(&server) {
+                    *n = n.saturating_sub(1);
+                }
                 true
             }
             None => false,
         }
     }
 
-    fn remove(&mut self, id: u64) -> Option<Slot> {
-        let slot = self.slots.remove(&id)?;
-        if let Some(n) = self.per_server.get_mut(&slot.server) {
+    fn remove(&mut self, id: u64) {
+        let Some(slot) = self.slots.remove(&id) else {
+            return;
+        };
+        if slot.closing {
+            self.closing = self.closing.saturating_sub(1);
+        } else if let Some(n) = self.per_server.get_mut(&slot.server) {
             *n = n.saturating_sub(1);
         }
-        Some(slot)
     }
+
+    /// Open slots (not closing) of `server` and of all servers.
+    fn open(&self, server: u64) -> (usize, usize) {
+        let mine = self.per_server.get(&server).copied().unwrap_or(0);
+        (mine, self.slots.len().saturating_sub(self.closing))
+    }
+}
+
+/// What [`Registry::admit`] decided.
+enum Admit {
+    Yes(SlotGuard),
+    /// Every held connection is answering a request: refuse the newcomer.
+    Refused,
+    /// Too many connections are still closing: wait for their descriptors.
+    Wait,
 }
 
 /// Every connection the process's servers hold: descriptors are a
@@ -187,6 +214,8 @@ impl Held {
 #[derive(Default)]
 struct Registry {
     held: Mutex<Held>,
+    /// Signalled each time a connection's descriptor is freed.
+    released: Notify,
 }
 
 /// A held connection's place; dropping it gives the place back.
@@ -200,6 +229,7 @@ struct SlotGuard {
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         self.registry.lock().remove(self.id);
+        self.registry.released.notify_waiters();
     }
 }
 
@@ -214,16 +244,29 @@ impl Registry {
     }
 
     /// A place for a new connection of `server`: past the server's cap its
-    /// own oldest idle connection closes, past the process's budget the
-    /// oldest idle one of any server; None when no idle one can go.
-    fn admit(self: &Arc<Self>, server: u64, cap: usize, budget: usize) -> Option<SlotGuard> {
+    /// own oldest idle connection is asked to close, past the process's
+    /// budget the oldest idle one of any server. A closing connection keeps
+    /// its descriptor until its task ends, so at most `max_closing` may be
+    /// closing at once: past that the newcomer waits.
+    fn admit(
+        self: &Arc<Self>,
+        server: u64,
+        cap: usize,
+        budget: usize,
+        max_closing: usize,
+    ) -> Admit {
         let mut held = self.lock();
-        let mine = held.per_server.get(&server).copied().unwrap_or(0);
-        if mine >= cap && !held.evict_oldest_idle(Some(server)) {
-            return None;
+        let (mine, total) = held.open(server);
+        let over_cap = mine >= cap;
+        let over_budget = total >= budget;
+        if (over_cap || over_budget) && held.closing >= max_closing {
+            return Admit::Wait;
         }
-        if held.slots.len() >= budget && !held.evict_oldest_idle(None) {
-            return None;
+        if over_cap && !held.evict_oldest_idle(Some(server)) {
+            return Admit::Refused;
+        }
+        if over_budget && !over_cap && !held.evict_oldest_idle(None) {
+            return Admit::Refused;
         }
         held.next_id += 1;
         let id = held.next_id;
@@ -235,15 +278,37 @@ impl Registry {
                 server,
                 busy: busy.clone(),
                 close: close.clone(),
+                closing: false,
             },
         );
         *held.per_server.entry(server).or_default() += 1;
-        Some(SlotGuard {
+        Admit::Yes(SlotGuard {
             registry: self.clone(),
             id,
             busy,
             close,
         })
+    }
+
+    /// [`Self::admit`], waiting while connections are still closing.
+    async fn admit_or_wait(
+        self: &Arc<Self>,
+        server: u64,
+        cap: usize,
+        budget: usize,
+        max_closing: usize,
+    ) -> Option<SlotGuard> {
+        loop {
+            let released = self.released.notified();
+            match self.admit(server, cap, budget, max_closing) {
+                Admit::Yes(g) => return Some(g),
+                Admit::Refused => return None,
+                // The timeout covers a release between `admit` and the wait.
+                Admit::Wait => {
+                    let _ = tokio::time::timeout(Duration::from_millis(20), released).await;
+                }
+            }
+        }
     }
 }
 
@@ -331,6 +396,9 @@ pub async fn serve<H, F>(
         tracing::info!(server = name, %addr, cap, "listening");
     }
     let registry = Registry::global();
+    // Closing connections hold descriptors beyond the budget: half the
+    // reserve at most.
+    let max_closing = usize::try_from(cfg.fd_reserve / 2).unwrap_or(64).max(1);
     let server = next_server_id();
     let handler = Arc::new(handler);
     let graceful = GracefulShutdown::new();
@@ -344,7 +412,8 @@ pub async fn serve<H, F>(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     backoff = cfg.accept_backoff;
-                    let Some(slot) = registry.admit(server, cap, budget) else {
+                    let slot = registry.admit_or_wait(server, cap, budget, max_closing).await;
+                    let Some(slot) = slot else {
                         tracing::debug!(server = name, "every connection busy: refusing one");
                         continue; // drops the stream
                     };
@@ -413,11 +482,12 @@ async fn connection<H, F>(
         match tls {
             None => http.serve(TokioIo::new(stream)).await,
             Some(acceptor) => {
-                match tokio::time::timeout(cfg.tls_handshake_timeout, acceptor.accept(stream))
-                    .await
+                match tokio::time::timeout(cfg.tls_handshake_timeout, acceptor.accept(stream)).await
                 {
                     Ok(Ok(s)) => http.serve(TokioIo::new(s)).await,
-                    Ok(Err(e)) => tracing::debug!(server = cfg.name, error = %e, "TLS handshake failed"),
+                    Ok(Err(e)) => {
+                        tracing::debug!(server = cfg.name, error = %e, "TLS handshake failed")
+                    }
                     Err(_) => tracing::debug!(server = cfg.name, "TLS handshake timed out"),
                 }
             }
@@ -551,25 +621,35 @@ mod tests {
     #[test]
     fn past_the_cap_the_oldest_idle_connection_makes_room() {
         let reg = Arc::new(Registry::default());
-        let a = reg.admit(1, 2, 100).expect("first");
-        let b = reg.admit(1, 2, 100).expect("second");
+        let admit = |server, cap, budget| match reg.admit(server, cap, budget, 1) {
+            Admit::Yes(g) => Ok(g),
+            Admit::Refused => Err("refused"),
+            Admit::Wait => Err("wait"),
+        };
+        let a = admit(1, 2, 100).expect("first");
+        let b = admit(1, 2, 100).expect("second");
         b.busy.fetch_add(1, Ordering::AcqRel);
-        let c = reg.admit(1, 2, 100).expect("third takes the idle first's place");
+        let c = admit(1, 2, 100).expect("third takes the idle first's place");
         // The first was asked to close (a stored permit).
         let first_close = a.close.clone();
         assert!(futures::FutureExt::now_or_never(first_close.notified()).is_some());
-        // Both held ones busy: the next is refused.
         c.busy.fetch_add(1, Ordering::AcqRel);
-        assert!(reg.admit(1, 2, 100).is_none());
+        // The first still holds its descriptor: the next waits for it.
+        assert_eq!(admit(1, 2, 100).err(), Some("wait"));
+        drop(a);
+        // Both held ones busy: the next is refused.
+        assert_eq!(admit(1, 2, 100).err(), Some("refused"));
         // Another server under its own cap, but the process budget is
         // spent: the newcomer is refused while every held one is busy.
-        assert!(reg.admit(2, 10, 2).is_none());
+        assert_eq!(admit(2, 10, 2).err(), Some("refused"));
         c.busy.fetch_sub(1, Ordering::AcqRel);
-        let d = reg.admit(2, 10, 2).expect("an idle one of another server goes");
-        drop(a);
+        let d = admit(2, 10, 2).expect("an idle one of another server goes");
+        assert_eq!(reg.lock().slots.len(), 3, "the closing one still counts");
+        drop(c);
         assert_eq!(reg.lock().slots.len(), 2);
         drop((b, d));
-        assert_eq!(reg.lock().slots.len(), 0);
-        assert!(reg.lock().per_server.values().all(|n| *n == 0));
+        let held = reg.lock();
+        assert_eq!((held.slots.len(), held.closing), (0, 0));
+        assert!(held.per_server.values().all(|n| *n == 0));
     }
 }

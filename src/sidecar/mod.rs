@@ -113,7 +113,8 @@ pub struct SidecarConfig {
 /// How the HTTP server treats its clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
-    /// Connections held at once; past it the oldest idle one is closed (a
+    /// Connections held at once, lowered to the open-file limit less a
+    /// reserve ([`crate::serve`]); past it the oldest idle one is closed (a
     /// new one is refused only when every held one is busy).
     pub max_connections: usize,
     /// A connection that has not sent a complete request head this long

@@ -19,11 +19,15 @@
 //! * optimizer AdamW, 1 data-parallel GPU, no sharding, generic framework,
 //!   SDPA attention.
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
 use crate::core::catalog::lookup_model;
+use crate::core::catalog::models::count_params;
 use crate::core::memory::default_lora_targets;
 use crate::core::workload::{
-    Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding, Workload,
-    WorkloadError,
+    ArchKind, Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding,
+    Workload, WorkloadError,
 };
 
 /// The LoRA rank when none is given.
@@ -42,6 +46,186 @@ pub enum ModelRequest {
         arch: ModelArch,
         implied_method: Option<Method>,
     },
+    /// A model given by its architecture numbers: over `base` (the command
+    /// line's shape flags change the model `--model` names), or from
+    /// scratch (a CRD's, an annotation's or a JSON request's
+    /// `architecture`). The numbers are checked here, once, for every path.
+    Numbers {
+        base: Option<Box<ModelRequest>>,
+        numbers: ArchNumbers,
+    },
+}
+
+/// Architecture numbers as a user gives them, every one optional. From
+/// scratch, `name`, `params`, `hidden_size`, `layers`, `heads` and
+/// `vocab_size` are required; `kv_heads` defaults to `heads`,
+/// `intermediate_size` to 4 × `hidden_size` (a plain GPT MLP; a given one is
+/// taken to be a gated SwiGLU MLP, as in every Llama-family config).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArchNumbers {
+    /// Name recorded in the history (similar runs share it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediate_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_embeddings: Option<bool>,
+    /// Longest sequence the model supports (0 or unset: not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_seq_len: Option<u32>,
+}
+
+impl ArchNumbers {
+    /// Whether any number that changes the model's shape is given.
+    fn has_shape(&self) -> bool {
+        self.hidden_size.is_some()
+            || self.layers.is_some()
+            || self.heads.is_some()
+            || self.kv_heads.is_some()
+            || self.intermediate_size.is_some()
+            || self.vocab_size.is_some()
+    }
+
+    /// Every given number must be positive (`max_seq_len` 0 means unknown).
+    fn check_positive(&self) -> Result<(), ResolveError> {
+        use WorkloadField as F;
+        for (field, v) in [
+            (F::Params, self.params),
+            (F::HiddenSize, self.hidden_size.map(u64::from)),
+            (F::Layers, self.layers.map(u64::from)),
+            (F::Heads, self.heads.map(u64::from)),
+            (F::KvHeads, self.kv_heads.map(u64::from)),
+            (F::IntermediateSize, self.intermediate_size.map(u64::from)),
+            (F::VocabSize, self.vocab_size.map(u64::from)),
+        ] {
+            if v == Some(0) {
+                return Err(ResolveError::new(field, "must be a positive number"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The numbers over a known architecture: given numbers win; the head
+    /// dimension follows a given head count (which must divide the hidden
+    /// size); the parameter count is recounted when the shape changed and
+    /// no count is given.
+    fn over(&self, mut arch: ModelArch) -> Result<ModelArch, ResolveError> {
+        self.check_positive()?;
+        if let Some(n) = self
+            .name
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
+            arch.name = n.to_string();
+        }
+        if let Some(h) = self.hidden_size {
+            arch.hidden_size = h;
+        }
+        if let Some(l) = self.layers {
+            arch.num_layers = l;
+        }
+        if let Some(a) = self.heads {
+            if !arch.hidden_size.is_multiple_of(a) {
+                return Err(WorkloadError::HeadsNotDivisor {
+                    heads: a,
+                    hidden: arch.hidden_size,
+                }
+                .into());
+            }
+            arch.num_attention_heads = a;
+            arch.head_dim = arch.hidden_size / a;
+        }
+        if let Some(k) = self.kv_heads {
+            arch.num_kv_heads = k;
+        }
+        if let Some(i) = self.intermediate_size {
+            arch.intermediate_size = i;
+        }
+        if let Some(v) = self.vocab_size {
+            arch.vocab_size = v;
+        }
+        if self.tied_embeddings == Some(true) {
+            arch.tied_embeddings = true;
+        }
+        if let Some(m) = self.max_seq_len {
+            arch.max_position_embeddings = m;
+        }
+        if let Some(p) = self.params {
+            arch.params = p;
+        } else if self.has_shape() {
+            // Recount only a consistent shape (count_params divides nothing,
+            // but a zero head count would make it meaningless).
+            arch.check()?;
+            arch.params = count_params(&arch);
+        }
+        Ok(arch)
+    }
+
+    /// A model from its numbers alone.
+    fn build(&self) -> Result<ModelArch, ResolveError> {
+        use WorkloadField as F;
+        let Some(name) = self
+            .name
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        else {
+            return Err(ResolveError::new(
+                F::ArchName,
+                "missing: name the model so similar runs can be found in the history",
+            ));
+        };
+        self.check_positive()?;
+        let need = |field: F, v: Option<u64>| {
+            v.ok_or_else(|| {
+                ResolveError::new(
+                    field,
+                    "missing: give the number from the model's config.json",
+                )
+            })
+        };
+        let params = need(F::Params, self.params)?;
+        let hidden = need(F::HiddenSize, self.hidden_size.map(u64::from))? as u32;
+        let layers = need(F::Layers, self.layers.map(u64::from))? as u32;
+        let heads = need(F::Heads, self.heads.map(u64::from))? as u32;
+        let vocab = need(F::VocabSize, self.vocab_size.map(u64::from))? as u32;
+        let base = ModelArch {
+            name: name.to_string(),
+            kind: ArchKind::DecoderOnly,
+            params,
+            hidden_size: hidden,
+            num_layers: layers,
+            num_attention_heads: heads,
+            num_kv_heads: heads,
+            head_dim: 0,
+            // The GPT-style default of a 4× MLP when the config does not say.
+            intermediate_size: 4 * hidden,
+            vocab_size: vocab,
+            tied_embeddings: false,
+            gated_mlp: self.intermediate_size.is_some(),
+            num_experts: 1,
+            experts_per_token: 1,
+            max_position_embeddings: 0,
+            quirks: Default::default(),
+        };
+        // The remaining numbers (kv heads, intermediate size…) and the head
+        // dimension, as over any base; the count given is kept.
+        self.over(base)
+    }
 }
 
 /// A workload as users give it: every field optional.
@@ -74,6 +258,16 @@ pub enum WorkloadField {
     Sharding,
     Framework,
     Attention,
+    /// The architecture numbers of a model given by numbers.
+    ArchName,
+    Params,
+    HiddenSize,
+    Layers,
+    Heads,
+    KvHeads,
+    IntermediateSize,
+    VocabSize,
+    MaxSeqLen,
 }
 
 /// How a path names the fields in its messages.
@@ -92,7 +286,7 @@ pub enum Naming<'a> {
 }
 
 impl WorkloadField {
-    const ALL: [WorkloadField; 11] = [
+    const ALL: [WorkloadField; 20] = [
         WorkloadField::Model,
         WorkloadField::Method,
         WorkloadField::LoraRank,
@@ -104,7 +298,33 @@ impl WorkloadField {
         WorkloadField::Sharding,
         WorkloadField::Framework,
         WorkloadField::Attention,
+        WorkloadField::ArchName,
+        WorkloadField::Params,
+        WorkloadField::HiddenSize,
+        WorkloadField::Layers,
+        WorkloadField::Heads,
+        WorkloadField::KvHeads,
+        WorkloadField::IntermediateSize,
+        WorkloadField::VocabSize,
+        WorkloadField::MaxSeqLen,
     ];
+
+    /// A number of a model given by numbers (`architecture.*`).
+    fn is_arch(self) -> bool {
+        use WorkloadField as F;
+        matches!(
+            self,
+            F::ArchName
+                | F::Params
+                | F::HiddenSize
+                | F::Layers
+                | F::Heads
+                | F::KvHeads
+                | F::IntermediateSize
+                | F::VocabSize
+                | F::MaxSeqLen
+        )
+    }
 
     /// The snake_case name (JSON, Slurm comment keys).
     pub fn snake(self) -> &'static str {
@@ -120,6 +340,15 @@ impl WorkloadField {
             WorkloadField::Sharding => "sharding",
             WorkloadField::Framework => "framework",
             WorkloadField::Attention => "attention",
+            WorkloadField::ArchName => "name",
+            WorkloadField::Params => "params",
+            WorkloadField::HiddenSize => "hidden_size",
+            WorkloadField::Layers => "layers",
+            WorkloadField::Heads => "heads",
+            WorkloadField::KvHeads => "kv_heads",
+            WorkloadField::IntermediateSize => "intermediate_size",
+            WorkloadField::VocabSize => "vocab_size",
+            WorkloadField::MaxSeqLen => "max_seq_len",
         }
     }
 
@@ -129,6 +358,11 @@ impl WorkloadField {
             WorkloadField::LoraTargets => "loraTargets",
             WorkloadField::SeqLen => "seqLen",
             WorkloadField::GlobalBatch => "globalBatch",
+            WorkloadField::HiddenSize => "hiddenSize",
+            WorkloadField::KvHeads => "kvHeads",
+            WorkloadField::IntermediateSize => "intermediateSize",
+            WorkloadField::VocabSize => "vocabSize",
+            WorkloadField::MaxSeqLen => "maxSeqLen",
             other => other.snake(),
         }
     }
@@ -147,6 +381,16 @@ impl WorkloadField {
             WorkloadField::Gpus => "--gpus",
             WorkloadField::Framework => "--framework",
             WorkloadField::Attention => "--attention",
+            // The command line names a model (`--model`), never its name
+            // or context alone.
+            WorkloadField::ArchName | WorkloadField::MaxSeqLen => "--model",
+            WorkloadField::Params => "--params",
+            WorkloadField::HiddenSize => "--hidden-size",
+            WorkloadField::Layers => "--layers",
+            WorkloadField::Heads => "--heads",
+            WorkloadField::KvHeads => "--kv-heads",
+            WorkloadField::IntermediateSize => "--intermediate-size",
+            WorkloadField::VocabSize => "--vocab-size",
         }
     }
 
@@ -154,12 +398,21 @@ impl WorkloadField {
     pub fn name(self, naming: Naming<'_>) -> String {
         match naming {
             Naming::Cli => self.flag().to_string(),
+            Naming::Spec(prefix) if self.is_arch() => {
+                format!("{prefix}.architecture.{}", self.camel())
+            }
             Naming::Spec(prefix) => format!("{prefix}.{}", self.camel()),
+            Naming::Annotation if self.is_arch() => {
+                format!("gpufit.io/architecture: {}", self.snake())
+            }
             Naming::Annotation => format!("gpufit.io/{}", self.flag().trim_start_matches("--")),
+            // The Slurm hooks name catalog models only.
+            Naming::SlurmEnv if self.is_arch() => "GPUFIT_MODEL".into(),
             Naming::SlurmEnv => match self {
                 WorkloadField::Sharding => "GPUFIT_ZERO".into(),
                 other => format!("GPUFIT_{}", other.snake().to_ascii_uppercase()),
             },
+            Naming::Json if self.is_arch() => format!("workload.architecture.{}", self.snake()),
             Naming::Json => format!("workload.{}", self.snake()),
         }
     }
@@ -203,11 +456,6 @@ impl ResolveError {
             // Longest flags first, so no flag is replaced inside a longer one.
             let mut fields = WorkloadField::ALL;
             fields.sort_by_key(|f| std::cmp::Reverse(f.flag().len()));
-            let arch = match naming {
-                Naming::Spec(_) => "architecture.params/hiddenSize/layers",
-                _ => "the architecture numbers",
-            };
-            msg = msg.replace("--params/--hidden-size/--layers", arch);
             for f in fields {
                 let word = match naming {
                     // Inside a message the spec field's own name reads best.
@@ -236,13 +484,12 @@ impl From<WorkloadError> for ResolveError {
     /// The workload's own consistency checks, attributed to a field.
     fn from(e: WorkloadError) -> Self {
         let field = match &e {
-            WorkloadError::NotPositive { flag, .. } => match *flag {
-                "--seq-len" => WorkloadField::SeqLen,
-                "--gpus" => WorkloadField::Gpus,
-                "--global-batch" => WorkloadField::GlobalBatch,
-                "--lora-rank" => WorkloadField::LoraRank,
-                _ => WorkloadField::Model,
-            },
+            WorkloadError::NotPositive { flag, .. } => WorkloadField::ALL
+                .into_iter()
+                .find(|f| f.flag() == *flag)
+                .unwrap_or(WorkloadField::Model),
+            WorkloadError::KvHeadsNotDivisor { .. } => WorkloadField::KvHeads,
+            WorkloadError::HeadsNotDivisor { .. } => WorkloadField::Heads,
             WorkloadError::SeqTooLong { .. } => WorkloadField::SeqLen,
             WorkloadError::LoraRankTooLarge { .. } => WorkloadField::LoraRank,
             WorkloadError::GlobalBatchNotDivisible { .. } => WorkloadField::GlobalBatch,
@@ -253,6 +500,58 @@ impl From<WorkloadError> for ResolveError {
             field,
             message: e.to_string(),
             names_itself: true,
+        }
+    }
+}
+
+impl ModelRequest {
+    /// The model a request names: a catalog id, or architecture numbers —
+    /// never both (a CRD's, an annotation's or a JSON request's `model`
+    /// and `architecture`).
+    pub fn one_of(
+        model: Option<String>,
+        architecture: Option<ArchNumbers>,
+    ) -> Result<Option<ModelRequest>, ResolveError> {
+        match (model, architecture) {
+            (Some(_), Some(_)) => Err(ResolveError::new(
+                WorkloadField::Model,
+                "both `model` and `architecture` are set: give one of them",
+            )),
+            (Some(name), None) => Ok(Some(ModelRequest::Catalog(name))),
+            (None, Some(numbers)) => Ok(Some(ModelRequest::Numbers {
+                base: None,
+                numbers,
+            })),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The architecture and the method its name implies, if any.
+    fn resolve(&self) -> Result<(ModelArch, Option<Method>), ResolveError> {
+        match self {
+            ModelRequest::Catalog(name) if name.trim().is_empty() => {
+                Err(ResolveError::new(WorkloadField::Model, "is empty"))
+            }
+            ModelRequest::Catalog(name) => {
+                let r = lookup_model(name.trim())
+                    .map_err(|e| ResolveError::new(WorkloadField::Model, e.to_string()))?;
+                Ok((r.arch, r.method))
+            }
+            ModelRequest::Arch {
+                arch,
+                implied_method,
+            } => Ok((arch.clone(), *implied_method)),
+            ModelRequest::Numbers {
+                base: Some(base),
+                numbers,
+            } => {
+                let (arch, implied) = base.resolve()?;
+                Ok((numbers.over(arch)?, implied))
+            }
+            ModelRequest::Numbers {
+                base: None,
+                numbers,
+            } => Ok((numbers.build()?, None)),
         }
     }
 }
@@ -269,18 +568,7 @@ impl WorkloadRequest {
                     "missing: give a catalog model id (e.g. meta-llama/Llama-3.1-8B; `gpufit models` lists them) or the architecture numbers",
                 ))
             }
-            Some(ModelRequest::Catalog(name)) if name.trim().is_empty() => {
-                return Err(ResolveError::new(F::Model, "is empty"))
-            }
-            Some(ModelRequest::Catalog(name)) => {
-                let r = lookup_model(name.trim())
-                    .map_err(|e| ResolveError::new(F::Model, e.to_string()))?;
-                (r.arch, r.method)
-            }
-            Some(ModelRequest::Arch {
-                arch,
-                implied_method,
-            }) => (arch.clone(), *implied_method),
+            Some(m) => m.resolve()?,
         };
         // The user's statement wins over the hint a recipe name gives.
         let method = self.method.or(implied).unwrap_or(Method::Full);
@@ -415,6 +703,45 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert_eq!(e.field, WorkloadField::Model);
+    }
+
+    #[test]
+    fn every_catalog_model_passes_the_architecture_checks() {
+        for m in crate::core::catalog::all_models() {
+            assert_eq!(m.check(), Ok(()), "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn numbers_over_a_model_follow_its_heads_and_recount_the_params() {
+        let base = lookup_model("meta-llama/Llama-3.1-8B").unwrap().arch;
+        let numbers = ArchNumbers {
+            heads: Some(16),
+            kv_heads: Some(4),
+            ..Default::default()
+        };
+        let a = numbers.over(base.clone()).unwrap();
+        assert_eq!(a.head_dim, base.hidden_size / 16);
+        assert_eq!(a.params, count_params(&a));
+        let bad = ArchNumbers {
+            heads: Some(30),
+            ..Default::default()
+        };
+        assert_eq!(bad.over(base).unwrap_err().field, WorkloadField::Heads);
+    }
+
+    #[test]
+    fn a_model_and_its_numbers_together_are_refused() {
+        let e =
+            ModelRequest::one_of(Some("gpt2".into()), Some(ArchNumbers::default())).unwrap_err();
+        assert_eq!(e.field, WorkloadField::Model);
+        let e = ModelRequest::Numbers {
+            base: None,
+            numbers: ArchNumbers::default(),
+        }
+        .resolve()
+        .unwrap_err();
+        assert_eq!(e.field, WorkloadField::ArchName);
     }
 
     #[test]

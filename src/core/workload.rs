@@ -31,6 +31,10 @@ pub enum WorkloadError {
     },
     #[error("global batch {global} is not divisible by {gpus} data-parallel GPUs: choose --global-batch as a multiple of --gpus")]
     GlobalBatchNotDivisible { global: u32, gpus: u32 },
+    #[error("--kv-heads {kv_heads} does not divide --heads {heads}: grouped-query attention shares each key/value head among an equal number of attention heads")]
+    KvHeadsNotDivisor { kv_heads: u32, heads: u32 },
+    #[error("--heads {heads} does not divide --hidden-size {hidden}: each attention head gets hidden size / heads dimensions")]
+    HeadsNotDivisor { heads: u32, hidden: u32 },
     #[error("invalid {field}: {message}")]
     Invalid {
         field: &'static str,
@@ -82,6 +86,41 @@ pub struct ModelArch {
 }
 
 impl ModelArch {
+    /// The architecture's own consistency, whatever gave it (catalog,
+    /// config.json, numbers): positive sizes, and key/value heads that
+    /// divide the attention heads.
+    pub fn check(&self) -> Result<(), WorkloadError> {
+        for (flag, v) in [
+            ("--params", self.params),
+            ("--hidden-size", self.hidden_size as u64),
+            ("--layers", self.num_layers as u64),
+            ("--heads", self.num_attention_heads as u64),
+            ("--vocab-size", self.vocab_size as u64),
+        ] {
+            if v == 0 {
+                return Err(WorkloadError::NotPositive {
+                    flag,
+                    value: "0".into(),
+                    hint: "describe the model with positive numbers",
+                });
+            }
+        }
+        let (kv, heads) = (self.num_kv_heads, self.num_attention_heads);
+        if kv == 0 || kv > heads || !heads.is_multiple_of(kv) {
+            return Err(WorkloadError::KvHeadsNotDivisor {
+                kv_heads: kv,
+                heads,
+            });
+        }
+        if self.head_dim == 0 {
+            return Err(WorkloadError::HeadsNotDivisor {
+                heads,
+                hidden: self.hidden_size,
+            });
+        }
+        Ok(())
+    }
+
     /// Experts a token passes through (1 for a dense model).
     pub fn active_experts(&self) -> f64 {
         self.experts_per_token.max(1).min(self.num_experts.max(1)) as f64
@@ -519,13 +558,7 @@ impl Workload {
                 hint: "give the number of data-parallel GPUs, e.g. --gpus 1",
             });
         }
-        if self.model.params == 0 || self.model.hidden_size == 0 || self.model.num_layers == 0 {
-            return Err(WorkloadError::NotPositive {
-                flag: "--params/--hidden-size/--layers",
-                value: "0".into(),
-                hint: "describe the model with positive numbers",
-            });
-        }
+        self.model.check()?;
         if self.model.max_position_embeddings > 0
             && self.seq_len > self.model.max_position_embeddings
         {

@@ -43,9 +43,11 @@ pub fn canonical_model(name: &str) -> String {
 }
 
 /// A wire workload as a request for the core's one resolver.
-pub fn request_from_wire(spec: &WorkloadSpec) -> WorkloadRequest {
-    WorkloadRequest {
-        model: Some(ModelRequest::Catalog(spec.model.clone())),
+pub fn request_from_wire(spec: &WorkloadSpec) -> Result<WorkloadRequest, ResolveError> {
+    // An empty `model` is an unset one when the numbers give the model.
+    let named = !(spec.model.trim().is_empty() && spec.architecture.is_some());
+    Ok(WorkloadRequest {
+        model: ModelRequest::one_of(named.then(|| spec.model.clone()), spec.architecture.clone())?,
         method: spec.method,
         lora_rank: spec.lora_rank,
         lora_targets: spec.lora_targets.clone(),
@@ -56,7 +58,7 @@ pub fn request_from_wire(spec: &WorkloadSpec) -> WorkloadRequest {
         sharding: spec.sharding,
         framework: spec.framework,
         attention: spec.attention,
-    }
+    })
 }
 
 /// Resolves a wire workload with the core's one resolver (docs/design.md,
@@ -64,7 +66,7 @@ pub fn request_from_wire(spec: &WorkloadSpec) -> WorkloadRequest {
 /// and the webhook.
 pub fn resolve_workload(spec: &WorkloadSpec) -> Result<Workload, SuggestError> {
     request_from_wire(spec)
-        .resolve()
+        .and_then(|r| r.resolve())
         .map_err(SuggestError::Workload)
 }
 

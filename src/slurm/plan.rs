@@ -381,6 +381,7 @@ fn workload_spec(
     let sharding = parse_with(fields, "zero", |s| s.parse::<Sharding>())?;
     Ok(WorkloadSpec {
         model,
+        architecture: None,
         method: parse_with(fields, "method", |s| s.parse::<Method>())?,
         lora_rank: parse_num(fields, "lora_rank")?,
         lora_targets: parse_with(fields, "lora_targets", LoraTarget::parse_list)?,

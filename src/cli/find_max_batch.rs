@@ -616,7 +616,7 @@ fn pump(src: impl Read, into: Arc<Mutex<Captured>>) {
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 let text = String::from_utf8_lossy(&line);
-                let oom = is_oom_line(&text);
+                let oom = crate::core::logs::oom::is_oom_line(&text);
                 if let Ok(mut c) = into.lock() {
                     c.oom |= oom;
                     c.tail.extend_from_slice(&line);
@@ -628,11 +628,6 @@ fn pump(src: impl Read, into: Arc<Mutex<Captured>>) {
             }
         }
     }
-}
-
-/// PyTorch's CUDA / ROCm out-of-memory messages (the shared log parser's rule).
-fn is_oom_line(line: &str) -> bool {
-    crate::core::logs::oom::is_oom_line(line)
 }
 
 /// The peak memory the training output reports (the shared log parsers:
@@ -889,6 +884,7 @@ mod tests {
 
     #[test]
     fn pytorch_oom_messages_are_recognised() {
+        use crate::core::logs::oom::is_oom_line;
         assert!(is_oom_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB"));
         assert!(!is_oom_line("step 10 loss 1.23"));
     }

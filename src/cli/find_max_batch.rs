@@ -16,7 +16,10 @@ use super::suggest::AdviceArgs;
 use super::{print_json, Global, OutputFormat};
 use crate::core::advisor::{AdvisorError, Strategy};
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
-use crate::core::settings::{Dtype, EngineeringSettings};
+use crate::core::settings::{
+    Dtype, EngineeringSettings, SettingVar, ACTIVATION_CHECKPOINTING, COMPILE, DTYPE,
+    MICRO_BATCH_SIZE,
+};
 use crate::core::units::fmt_gib;
 
 #[derive(Debug, clap::Args)]
@@ -440,19 +443,16 @@ fn print_result(
 /// training script's own default, off, which is what gets recorded.
 fn told_settings(cmd: &str, from_env: bool, wish: EngineeringSettings) -> EngineeringSettings {
     let told =
-        |placeholder: &str, var: &str| from_env || cmd.contains(placeholder) || cmd.contains(var);
+        |v: &SettingVar| from_env || cmd.contains(&v.placeholder_text()) || cmd.contains(v.env);
     let default = EngineeringSettings::default();
     let mut s = wish;
-    if !told(
-        "{activation_checkpointing}",
-        "GPUFIT_ACTIVATION_CHECKPOINTING",
-    ) {
+    if !told(&ACTIVATION_CHECKPOINTING) {
         if s.activation_checkpointing {
             tracing::warn!("--cmd has no {{activation_checkpointing}} placeholder (nor --settings-from-env): trials run, and are recorded, with checkpointing off");
         }
         s.activation_checkpointing = default.activation_checkpointing;
     }
-    if !told("{compile}", "GPUFIT_COMPILE") {
+    if !told(&COMPILE) {
         if s.compile {
             tracing::warn!("--cmd has no {{compile}} placeholder (nor --settings-from-env): trials run, and are recorded, with compile off");
         }
@@ -711,6 +711,11 @@ fn run_trial(
     ))
 }
 
+/// The settings a trial passes to its command (the core's table): what the
+/// search varies and records. Accumulation and the data loader stay the
+/// script's own: a trial measures one micro batch's memory.
+const TRIAL_VARS: [SettingVar; 4] = [MICRO_BATCH_SIZE, DTYPE, ACTIVATION_CHECKPOINTING, COMPILE];
+
 /// The trial's `sh -c` command (the placeholders filled, the settings also
 /// in `GPUFIT_*` variables), in its own process group; answers its text too.
 fn trial_command(
@@ -719,28 +724,23 @@ fn trial_command(
     m: u32,
     trial: u32,
 ) -> (String, Command) {
-    let cmd = args
+    let trial_settings = EngineeringSettings {
+        micro_batch_size: m,
+        ..settings.clone()
+    };
+    let mut cmd = args
         .cmd
-        .replace("{micro_batch_size}", &m.to_string())
         .replace("{batch}", &m.to_string())
-        .replace("{steps}", &args.steps.to_string())
-        .replace("{dtype}", settings.dtype.as_str())
-        .replace(
-            "{activation_checkpointing}",
-            &settings.activation_checkpointing.to_string(),
-        )
-        .replace("{compile}", &settings.compile.to_string());
+        .replace("{steps}", &args.steps.to_string());
+    for v in &TRIAL_VARS {
+        cmd = cmd.replace(&v.placeholder_text(), &(v.render)(&trial_settings));
+    }
     let mut c = Command::new("sh");
-    c.arg("-c")
-        .arg(&cmd)
-        .env("GPUFIT_MICRO_BATCH_SIZE", m.to_string())
-        .env("GPUFIT_STEPS", args.steps.to_string())
-        .env("GPUFIT_DTYPE", settings.dtype.as_str())
-        .env(
-            "GPUFIT_ACTIVATION_CHECKPOINTING",
-            settings.activation_checkpointing.to_string(),
-        )
-        .env("GPUFIT_COMPILE", settings.compile.to_string())
+    c.arg("-c").arg(&cmd);
+    for v in &TRIAL_VARS {
+        c.env(v.env, (v.render)(&trial_settings));
+    }
+    c.env("GPUFIT_STEPS", args.steps.to_string())
         .env("GPUFIT_TRIAL", trial.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -10,7 +10,7 @@ use crate::core::settings::Pins;
 use crate::core::workload::Workload;
 
 use super::crd::{ArchitectureSpec, Mode, TrainingJobSpec, WorkloadSpec};
-use super::inject::PLACEHOLDERS;
+use crate::core::settings::SETTING_VARS;
 
 /// Default number of out-of-memory retries.
 pub const DEFAULT_OOM_RETRY_LIMIT: u32 = 2;
@@ -206,13 +206,14 @@ fn check_template(t: &PodTemplateSpec, mode: Mode) -> Result<(), ValidationError
         for c in &pod.containers {
             let words = c.command.iter().flatten().chain(c.args.iter().flatten());
             for w in words {
-                if let Some(p) = PLACEHOLDERS
+                if let Some(p) = SETTING_VARS
                     .iter()
-                    .find(|p| w.contains(&format!("{{{p}}}")))
+                    .map(|v| v.placeholder_text())
+                    .find(|p| w.contains(p))
                 {
                     return Err(ValidationError::new(
                         format!("spec.template.spec.containers[{}].args", c.name),
-                        format!("contains {{{p}}}, which Recommend mode leaves unfilled: use mode Inject or write the value"),
+                        format!("contains {p}, which Recommend mode leaves unfilled: use mode Inject or write the value"),
                     ));
                 }
             }

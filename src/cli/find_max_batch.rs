@@ -245,12 +245,7 @@ fn history_store(
     if args.no_record {
         return Ok(None);
     }
-    let url = args
-        .advice
-        .history
-        .clone()
-        .unwrap_or_else(crate::history::default_url);
-    Ok(Some(crate::history::open(&url)?))
+    Ok(Some(args.advice.store.open()?))
 }
 
 /// What the trials found.

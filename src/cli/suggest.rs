@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use super::common::{OnOff, WorkloadArgs};
+use super::history::StoreArgs;
 use super::{print_json, Global, OutputFormat};
 use crate::core::advisor::{
     self, AdviceRequest, AdvisorOptions, BuiltinModel, Strategy, StrategyTargets, Suggestion,
@@ -142,9 +143,8 @@ pub struct AdviceArgs {
     pub gpu: GpuArgs,
     #[command(flatten)]
     pub pins: PinArgs,
-    /// History store: `sqlite:PATH`, `postgres://…`; default: the per-user SQLite file.
-    #[arg(long, env = "GPUFIT_HISTORY")]
-    pub history: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Ignore the run history (memory model only).
     #[arg(long)]
     pub no_history: bool,
@@ -191,14 +191,14 @@ impl AdviceArgs {
                 &gpu.name,
                 workload.seq_len,
             );
-            match &self.history {
+            match self.store.given() {
                 // An explicitly named store must work.
-                Some(url) => crate::history::open(url)?.similar(&q)?,
+                Some(url) => self.store.open_url(url)?.similar(&q)?,
                 // The default store is a convenience: advice without it
                 // is still advice, so say so instead of failing.
                 None => {
                     let url = crate::history::default_url();
-                    match crate::history::open(&url).and_then(|s| s.similar(&q)) {
+                    match self.store.open_url(&url).and_then(|s| Ok(s.similar(&q)?)) {
                         Ok(h) => h,
                         Err(e) => {
                             tracing::warn!(%url, error = %e, "history unavailable");

@@ -364,7 +364,7 @@ fn ask_suggestion(
             }
         }
         Backend::Local(history) => {
-            let store = crate::history::open(history)
+            let store = crate::history::open_with(history, settings.history_sqlite)
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
             crate::service::suggest_blocking(store.as_ref(), StrategyTargets::default(), req)
                 .map_err(|e| match e {
@@ -670,7 +670,7 @@ fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError
             }
         }
         Backend::Local(history) => {
-            let store = crate::history::open(history)
+            let store = crate::history::open_with(history, settings.history_sqlite)
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
             let mut run = run.clone();
             run.model = crate::service::canonical_model(&run.model);

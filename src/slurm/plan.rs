@@ -28,6 +28,7 @@ use crate::core::advisor::{Strategy, Suggestion};
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, Pins};
 use crate::core::workload::{Attention, Framework, LoraTarget, Method, Optimizer, Sharding};
+use crate::history::sqlite::{SqliteOptions, BUSY_TIMEOUT_ENV, DEFAULT_BUSY_TIMEOUT_MS};
 use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
 
 /// A hook's environment (name → value).
@@ -105,6 +106,8 @@ pub struct HookSettings {
     pub strategy: Strategy,
     /// Total TaskProlog budget.
     pub timeout: Duration,
+    /// SQLite options of a local history (`GPUFIT_HISTORY_BUSY_TIMEOUT_MS`).
+    pub history_sqlite: SqliteOptions,
 }
 
 impl HookSettings {
@@ -135,14 +138,9 @@ impl HookSettings {
                 .map_err(|e: String| SlurmError::Job(format!("GPUFIT_STRATEGY: {e}")))?,
             None => Strategy::Balanced,
         };
-        let timeout_ms = match non_empty(env.get("GPUFIT_TIMEOUT_MS")) {
-            Some(v) => v.trim().parse::<u64>().map_err(|_| {
-                SlurmError::Job(format!(
-                    "GPUFIT_TIMEOUT_MS=`{v}` is not a number of milliseconds"
-                ))
-            })?,
-            None => file.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-        };
+        let timeout_ms = millis(env, "GPUFIT_TIMEOUT_MS")?
+            .unwrap_or_else(|| file.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS));
+        let busy_ms = millis(env, BUSY_TIMEOUT_ENV)?.unwrap_or(DEFAULT_BUSY_TIMEOUT_MS);
         Ok(HookSettings {
             backend,
             sidecar_url: pick("GPUFIT_SIDECAR_URL", &file.sidecar_url)
@@ -156,8 +154,22 @@ impl HookSettings {
                 .or_else(|| non_empty(env.get("SLURM_CLUSTER_NAME"))),
             strategy,
             timeout: Duration::from_millis(timeout_ms.clamp(100, MAX_TIMEOUT_MS)),
+            history_sqlite: SqliteOptions {
+                busy_timeout: Duration::from_millis(busy_ms),
+            },
         })
     }
+}
+
+/// A number of milliseconds from the environment, if set.
+fn millis(env: &Env, var: &str) -> Result<Option<u64>, SlurmError> {
+    non_empty(env.get(var))
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                SlurmError::Job(format!("{var}=`{v}` is not a number of milliseconds"))
+            })
+        })
+        .transpose()
 }
 
 fn non_empty(v: Option<&String>) -> Option<String> {

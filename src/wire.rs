@@ -190,7 +190,8 @@ pub mod api {
     use crate::core::request::ArchNumbers;
     use crate::core::settings::Pins;
     use crate::core::workload::{
-        Attention, Framework, LoraTarget, Method as TrainMethod, Optimizer, Sharding,
+        Attention, FieldNames, Framework, LoraTarget, Method as TrainMethod, Optimizer, Sharding,
+        WorkloadField,
     };
 
     /// A workload as the Slurm hooks describe it: a catalog model (or its
@@ -238,6 +239,16 @@ pub mod api {
     pub enum GpuRef {
         Name(String),
         Spec(GpuSpec),
+    }
+
+    /// The JSON request's names for the workload's fields:
+    /// `workload.lora_rank`, `workload.architecture.kv_heads`.
+    pub struct JsonNames;
+
+    impl FieldNames for JsonNames {
+        fn name(&self, field: WorkloadField) -> String {
+            format!("workload.{}", field.domain_name())
+        }
     }
 
     /// Body of `POST /v1/suggest`.

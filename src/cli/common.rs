@@ -6,7 +6,8 @@ use std::path::Path;
 use crate::core::catalog::{all_models, arch_from_hf_config, lookup_model};
 use crate::core::request::{ArchNumbers, ModelRequest, WorkloadRequest};
 use crate::core::workload::{
-    ArchKind, Attention, Framework, LoraTarget, Method, ModelArch, Optimizer, Sharding, Workload,
+    ArchKind, Attention, FieldNames, Framework, LoraTarget, Method, ModelArch, Optimizer, Sharding,
+    Workload, WorkloadField,
 };
 
 /// `on` / `off` switch for flags like `--checkpointing`.
@@ -164,6 +165,38 @@ impl WorkloadArgs {
                     .into(),
             )),
         }
+    }
+}
+
+/// The command line's names for the workload's fields: its flags.
+pub struct CliNames;
+
+impl FieldNames for CliNames {
+    fn name(&self, field: WorkloadField) -> String {
+        use WorkloadField as F;
+        match field {
+            F::Sharding => "--zero",
+            // The command line names a model (`--model`), not its name or
+            // context alone.
+            F::Model | F::ArchName | F::MaxSeqLen => "--model",
+            F::Method => "--method",
+            F::LoraRank => "--lora-rank",
+            F::LoraTargets => "--lora-targets",
+            F::SeqLen => "--seq-len",
+            F::Optimizer => "--optimizer",
+            F::GlobalBatch => "--global-batch",
+            F::Gpus => "--gpus",
+            F::Framework => "--framework",
+            F::Attention => "--attention",
+            F::Params => "--params",
+            F::HiddenSize => "--hidden-size",
+            F::Layers => "--layers",
+            F::Heads => "--heads",
+            F::KvHeads => "--kv-heads",
+            F::IntermediateSize => "--intermediate-size",
+            F::VocabSize => "--vocab-size",
+        }
+        .to_string()
     }
 }
 

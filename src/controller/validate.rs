@@ -5,9 +5,9 @@
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 
 use crate::core::advisor::Strategy;
-use crate::core::request::{ArchNumbers, ModelRequest, Naming, ResolveError, WorkloadRequest};
+use crate::core::request::{ArchNumbers, ModelRequest, WorkloadRequest};
 use crate::core::settings::Pins;
-use crate::core::workload::Workload;
+use crate::core::workload::{FieldNames, Workload, WorkloadError, WorkloadField};
 
 use super::crd::{ArchitectureSpec, Mode, TrainingJobSpec, WorkloadSpec};
 use crate::core::settings::SETTING_VARS;
@@ -104,9 +104,29 @@ pub fn workload_from_spec(w: &WorkloadSpec, at: &str) -> Result<Workload, Valida
         .map_err(|e| resolve_error(&e, at))
 }
 
-fn resolve_error(e: &ResolveError, at: &str) -> ValidationError {
-    let (field, message) = e.parts(Naming::Spec(at));
+fn resolve_error(e: &WorkloadError, at: &str) -> ValidationError {
+    let (field, message) = e.parts(&SpecNames(at));
     ValidationError::new(field, message)
+}
+
+/// The CRD's names for the workload's fields: spec paths under a prefix
+/// (`spec.workload.loraRank`, `spec.workload.architecture.kvHeads`).
+pub struct SpecNames<'a>(pub &'a str);
+
+impl FieldNames for SpecNames<'_> {
+    fn name(&self, field: WorkloadField) -> String {
+        let mut path = format!("{}.", self.0);
+        let mut upper = false;
+        for c in field.domain_name().chars() {
+            if c == '_' {
+                upper = true;
+            } else {
+                path.push(if upper { c.to_ascii_uppercase() } else { c });
+                upper = false;
+            }
+        }
+        path
+    }
 }
 
 /// The CRD's `architecture` as the core's numbers (its required numbers

@@ -27,8 +27,9 @@ use crate::core::catalog::models::count_params;
 use crate::core::memory::default_lora_targets;
 use crate::core::workload::{
     ArchKind, Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding,
-    Workload, WorkloadError,
+    Workload,
 };
+pub use crate::core::workload::{FieldNames, WorkloadError, WorkloadField};
 
 /// The LoRA rank when none is given.
 pub const DEFAULT_LORA_RANK: u32 = 8;
@@ -100,7 +101,7 @@ impl ArchNumbers {
     }
 
     /// Every given number must be positive (`max_seq_len` 0 means unknown).
-    fn check_positive(&self) -> Result<(), ResolveError> {
+    fn check_positive(&self) -> Result<(), WorkloadError> {
         use WorkloadField as F;
         for (field, v) in [
             (F::Params, self.params),
@@ -112,7 +113,7 @@ impl ArchNumbers {
             (F::VocabSize, self.vocab_size.map(u64::from)),
         ] {
             if v == Some(0) {
-                return Err(ResolveError::new(field, "must be a positive number"));
+                return Err(WorkloadError::NotPositive { field, value: 0 });
             }
         }
         Ok(())
@@ -122,7 +123,7 @@ impl ArchNumbers {
     /// dimension follows a given head count (which must divide the hidden
     /// size); the parameter count is recounted when the shape changed and
     /// no count is given.
-    fn over(&self, mut arch: ModelArch) -> Result<ModelArch, ResolveError> {
+    fn over(&self, mut arch: ModelArch) -> Result<ModelArch, WorkloadError> {
         self.check_positive()?;
         if let Some(n) = self
             .name
@@ -143,8 +144,7 @@ impl ArchNumbers {
                 return Err(WorkloadError::HeadsNotDivisor {
                     heads: a,
                     hidden: arch.hidden_size,
-                }
-                .into());
+                });
             }
             arch.num_attention_heads = a;
             arch.head_dim = arch.hidden_size / a;
@@ -176,7 +176,7 @@ impl ArchNumbers {
     }
 
     /// A model from its numbers alone.
-    fn build(&self) -> Result<ModelArch, ResolveError> {
+    fn build(&self) -> Result<ModelArch, WorkloadError> {
         use WorkloadField as F;
         let Some(name) = self
             .name
@@ -184,20 +184,10 @@ impl ArchNumbers {
             .map(str::trim)
             .filter(|n| !n.is_empty())
         else {
-            return Err(ResolveError::new(
-                F::ArchName,
-                "missing: name the model so similar runs can be found in the history",
-            ));
+            return Err(WorkloadError::Missing { field: F::ArchName });
         };
         self.check_positive()?;
-        let need = |field: F, v: Option<u64>| {
-            v.ok_or_else(|| {
-                ResolveError::new(
-                    field,
-                    "missing: give the number from the model's config.json",
-                )
-            })
-        };
+        let need = |field: F, v: Option<u64>| v.ok_or(WorkloadError::Missing { field });
         let params = need(F::Params, self.params)?;
         let hidden = need(F::HiddenSize, self.hidden_size.map(u64::from))? as u32;
         let layers = need(F::Layers, self.layers.map(u64::from))? as u32;
@@ -244,266 +234,6 @@ pub struct WorkloadRequest {
     pub attention: Option<Attention>,
 }
 
-/// A field of a workload request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WorkloadField {
-    Model,
-    Method,
-    LoraRank,
-    LoraTargets,
-    SeqLen,
-    Optimizer,
-    GlobalBatch,
-    Gpus,
-    Sharding,
-    Framework,
-    Attention,
-    /// The architecture numbers of a model given by numbers.
-    ArchName,
-    Params,
-    HiddenSize,
-    Layers,
-    Heads,
-    KvHeads,
-    IntermediateSize,
-    VocabSize,
-    MaxSeqLen,
-}
-
-/// How a path names the fields in its messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Naming<'a> {
-    /// `--seq-len`.
-    Cli,
-    /// A CRD path under the given prefix: `spec.workload.seqLen`.
-    Spec(&'a str),
-    /// `gpufit.io/seq-len`.
-    Annotation,
-    /// `GPUFIT_SEQ_LEN` (or `seq_len=` in a job comment).
-    SlurmEnv,
-    /// `workload.seq_len` in a JSON request.
-    Json,
-}
-
-impl WorkloadField {
-    const ALL: [WorkloadField; 20] = [
-        WorkloadField::Model,
-        WorkloadField::Method,
-        WorkloadField::LoraRank,
-        WorkloadField::LoraTargets,
-        WorkloadField::SeqLen,
-        WorkloadField::Optimizer,
-        WorkloadField::GlobalBatch,
-        WorkloadField::Gpus,
-        WorkloadField::Sharding,
-        WorkloadField::Framework,
-        WorkloadField::Attention,
-        WorkloadField::ArchName,
-        WorkloadField::Params,
-        WorkloadField::HiddenSize,
-        WorkloadField::Layers,
-        WorkloadField::Heads,
-        WorkloadField::KvHeads,
-        WorkloadField::IntermediateSize,
-        WorkloadField::VocabSize,
-        WorkloadField::MaxSeqLen,
-    ];
-
-    /// A number of a model given by numbers (`architecture.*`).
-    fn is_arch(self) -> bool {
-        use WorkloadField as F;
-        matches!(
-            self,
-            F::ArchName
-                | F::Params
-                | F::HiddenSize
-                | F::Layers
-                | F::Heads
-                | F::KvHeads
-                | F::IntermediateSize
-                | F::VocabSize
-                | F::MaxSeqLen
-        )
-    }
-
-    /// The snake_case name (JSON, Slurm comment keys).
-    pub fn snake(self) -> &'static str {
-        match self {
-            WorkloadField::Model => "model",
-            WorkloadField::Method => "method",
-            WorkloadField::LoraRank => "lora_rank",
-            WorkloadField::LoraTargets => "lora_targets",
-            WorkloadField::SeqLen => "seq_len",
-            WorkloadField::Optimizer => "optimizer",
-            WorkloadField::GlobalBatch => "global_batch",
-            WorkloadField::Gpus => "gpus",
-            WorkloadField::Sharding => "sharding",
-            WorkloadField::Framework => "framework",
-            WorkloadField::Attention => "attention",
-            WorkloadField::ArchName => "name",
-            WorkloadField::Params => "params",
-            WorkloadField::HiddenSize => "hidden_size",
-            WorkloadField::Layers => "layers",
-            WorkloadField::Heads => "heads",
-            WorkloadField::KvHeads => "kv_heads",
-            WorkloadField::IntermediateSize => "intermediate_size",
-            WorkloadField::VocabSize => "vocab_size",
-            WorkloadField::MaxSeqLen => "max_seq_len",
-        }
-    }
-
-    fn camel(self) -> &'static str {
-        match self {
-            WorkloadField::LoraRank => "loraRank",
-            WorkloadField::LoraTargets => "loraTargets",
-            WorkloadField::SeqLen => "seqLen",
-            WorkloadField::GlobalBatch => "globalBatch",
-            WorkloadField::HiddenSize => "hiddenSize",
-            WorkloadField::KvHeads => "kvHeads",
-            WorkloadField::IntermediateSize => "intermediateSize",
-            WorkloadField::VocabSize => "vocabSize",
-            WorkloadField::MaxSeqLen => "maxSeqLen",
-            other => other.snake(),
-        }
-    }
-
-    /// The command-line flag.
-    pub fn flag(self) -> &'static str {
-        match self {
-            WorkloadField::Sharding => "--zero",
-            WorkloadField::Model => "--model",
-            WorkloadField::Method => "--method",
-            WorkloadField::LoraRank => "--lora-rank",
-            WorkloadField::LoraTargets => "--lora-targets",
-            WorkloadField::SeqLen => "--seq-len",
-            WorkloadField::Optimizer => "--optimizer",
-            WorkloadField::GlobalBatch => "--global-batch",
-            WorkloadField::Gpus => "--gpus",
-            WorkloadField::Framework => "--framework",
-            WorkloadField::Attention => "--attention",
-            // The command line names a model (`--model`), never its name
-            // or context alone.
-            WorkloadField::ArchName | WorkloadField::MaxSeqLen => "--model",
-            WorkloadField::Params => "--params",
-            WorkloadField::HiddenSize => "--hidden-size",
-            WorkloadField::Layers => "--layers",
-            WorkloadField::Heads => "--heads",
-            WorkloadField::KvHeads => "--kv-heads",
-            WorkloadField::IntermediateSize => "--intermediate-size",
-            WorkloadField::VocabSize => "--vocab-size",
-        }
-    }
-
-    /// The field's name in a path's vocabulary.
-    pub fn name(self, naming: Naming<'_>) -> String {
-        match naming {
-            Naming::Cli => self.flag().to_string(),
-            Naming::Spec(prefix) if self.is_arch() => {
-                format!("{prefix}.architecture.{}", self.camel())
-            }
-            Naming::Spec(prefix) => format!("{prefix}.{}", self.camel()),
-            Naming::Annotation if self.is_arch() => {
-                format!("gpufit.io/architecture: {}", self.snake())
-            }
-            Naming::Annotation => format!("gpufit.io/{}", self.flag().trim_start_matches("--")),
-            // The Slurm hooks name catalog models only.
-            Naming::SlurmEnv if self.is_arch() => "GPUFIT_MODEL".into(),
-            Naming::SlurmEnv => match self {
-                WorkloadField::Sharding => "GPUFIT_ZERO".into(),
-                other => format!("GPUFIT_{}", other.snake().to_ascii_uppercase()),
-            },
-            Naming::Json if self.is_arch() => format!("workload.architecture.{}", self.snake()),
-            Naming::Json => format!("workload.{}", self.snake()),
-        }
-    }
-}
-
-/// What is wrong with a workload request: the field and what to do.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResolveError {
-    pub field: WorkloadField,
-    /// What is wrong and how to fix it. Core messages name command-line
-    /// flags; [`ResolveError::render`] puts them in a path's words.
-    pub message: String,
-    /// The message already starts with the field's name (the workload's
-    /// own checks: "--seq-len 9000 is longer than …").
-    names_itself: bool,
-}
-
-impl std::fmt::Display for ResolveError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.render(Naming::Cli))
-    }
-}
-
-impl std::error::Error for ResolveError {}
-
-impl ResolveError {
-    fn new(field: WorkloadField, message: impl Into<String>) -> Self {
-        ResolveError {
-            field,
-            message: message.into(),
-            names_itself: false,
-        }
-    }
-
-    /// The field's name (a CRD path in full: `spec.workload.loraRank`) and
-    /// the message in `naming`'s words (fields inside it named as the path
-    /// names them: `loraRank`, `gpufit.io/lora-rank`, `GPUFIT_LORA_RANK`).
-    pub fn parts(&self, naming: Naming<'_>) -> (String, String) {
-        let mut msg = self.message.clone();
-        if naming != Naming::Cli {
-            // Longest flags first, so no flag is replaced inside a longer one.
-            let mut fields = WorkloadField::ALL;
-            fields.sort_by_key(|f| std::cmp::Reverse(f.flag().len()));
-            for f in fields {
-                let word = match naming {
-                    // Inside a message the spec field's own name reads best.
-                    Naming::Spec(_) => f.camel().to_string(),
-                    other => f.name(other),
-                };
-                msg = msg.replace(f.flag(), &word);
-            }
-        }
-        (self.field.name(naming), msg)
-    }
-
-    /// `field: message` in `naming`'s words (the message alone when it
-    /// already starts with the field, as the workload's own checks do).
-    pub fn render(&self, naming: Naming<'_>) -> String {
-        let (name, msg) = self.parts(naming);
-        if self.names_itself {
-            msg
-        } else {
-            format!("{name}: {msg}")
-        }
-    }
-}
-
-impl From<WorkloadError> for ResolveError {
-    /// The workload's own consistency checks, attributed to a field.
-    fn from(e: WorkloadError) -> Self {
-        let field = match &e {
-            WorkloadError::NotPositive { flag, .. } => WorkloadField::ALL
-                .into_iter()
-                .find(|f| f.flag() == *flag)
-                .unwrap_or(WorkloadField::Model),
-            WorkloadError::KvHeadsNotDivisor { .. } => WorkloadField::KvHeads,
-            WorkloadError::HeadsNotDivisor { .. } => WorkloadField::Heads,
-            WorkloadError::SeqTooLong { .. } => WorkloadField::SeqLen,
-            WorkloadError::LoraRankTooLarge { .. } => WorkloadField::LoraRank,
-            WorkloadError::GlobalBatchNotDivisible { .. } => WorkloadField::GlobalBatch,
-            WorkloadError::Invalid { field, .. } if *field == "lora" => WorkloadField::LoraRank,
-            WorkloadError::Invalid { .. } => WorkloadField::Model,
-        };
-        ResolveError {
-            field,
-            message: e.to_string(),
-            names_itself: true,
-        }
-    }
-}
-
 impl ModelRequest {
     /// The model a request names: a catalog id, or architecture numbers —
     /// never both (a CRD's, an annotation's or a JSON request's `model`
@@ -511,12 +241,9 @@ impl ModelRequest {
     pub fn one_of(
         model: Option<String>,
         architecture: Option<ArchNumbers>,
-    ) -> Result<Option<ModelRequest>, ResolveError> {
+    ) -> Result<Option<ModelRequest>, WorkloadError> {
         match (model, architecture) {
-            (Some(_), Some(_)) => Err(ResolveError::new(
-                WorkloadField::Model,
-                "both `model` and `architecture` are set: give one of them",
-            )),
+            (Some(_), Some(_)) => Err(WorkloadError::ModelTwice),
             (Some(name), None) => Ok(Some(ModelRequest::Catalog(name))),
             (None, Some(numbers)) => Ok(Some(ModelRequest::Numbers {
                 base: None,
@@ -527,14 +254,15 @@ impl ModelRequest {
     }
 
     /// The architecture and the method its name implies, if any.
-    fn resolve(&self) -> Result<(ModelArch, Option<Method>), ResolveError> {
+    fn resolve(&self) -> Result<(ModelArch, Option<Method>), WorkloadError> {
         match self {
-            ModelRequest::Catalog(name) if name.trim().is_empty() => {
-                Err(ResolveError::new(WorkloadField::Model, "is empty"))
-            }
+            ModelRequest::Catalog(name) if name.trim().is_empty() => Err(WorkloadError::Empty {
+                field: WorkloadField::Model,
+            }),
             ModelRequest::Catalog(name) => {
-                let r = lookup_model(name.trim())
-                    .map_err(|e| ResolveError::new(WorkloadField::Model, e.to_string()))?;
+                let r = lookup_model(name.trim()).map_err(|e| WorkloadError::UnknownModel {
+                    message: e.to_string(),
+                })?;
                 Ok((r.arch, r.method))
             }
             ModelRequest::Arch {
@@ -559,15 +287,10 @@ impl ModelRequest {
 impl WorkloadRequest {
     /// Resolves the request with the model catalog and the defaults above,
     /// and checks the result ([`Workload::validate`]).
-    pub fn resolve(&self) -> Result<Workload, ResolveError> {
+    pub fn resolve(&self) -> Result<Workload, WorkloadError> {
         use WorkloadField as F;
         let (arch, implied) = match &self.model {
-            None => {
-                return Err(ResolveError::new(
-                    F::Model,
-                    "missing: give a catalog model id (e.g. meta-llama/Llama-3.1-8B; `gpufit models` lists them) or the architecture numbers",
-                ))
-            }
+            None => return Err(WorkloadError::Missing { field: F::Model }),
             Some(m) => m.resolve()?,
         };
         // The user's statement wins over the hint a recipe name gives.
@@ -581,10 +304,7 @@ impl WorkloadRequest {
                     } else {
                         F::LoraTargets
                     };
-                    return Err(ResolveError::new(
-                        field,
-                        "is set but the method is `full`: use --method lora or qlora, or drop --lora-rank/--lora-targets",
-                    ));
+                    return Err(WorkloadError::LoraWithFull { field });
                 }
                 None
             }
@@ -592,22 +312,18 @@ impl WorkloadRequest {
                 rank: self.lora_rank.unwrap_or(DEFAULT_LORA_RANK),
                 targets: match &self.lora_targets {
                     Some(t) if t.is_empty() => {
-                        return Err(ResolveError::new(
-                            F::LoraTargets,
-                            "is empty: list the layers that get adapters (q, k, v, o, gate, up, down, lm_head) or leave it out",
-                        ))
+                        return Err(WorkloadError::Empty {
+                            field: F::LoraTargets,
+                        })
                     }
                     Some(t) => t.clone(),
                     None => default_lora_targets(framework),
                 },
             }),
         };
-        let seq_len = self.seq_len.ok_or_else(|| {
-            ResolveError::new(
-                F::SeqLen,
-                "missing: give the training sequence length in tokens, e.g. 2048",
-            )
-        })?;
+        let seq_len = self
+            .seq_len
+            .ok_or(WorkloadError::Missing { field: F::SeqLen })?;
         let workload = Workload {
             model: arch,
             method,
@@ -628,6 +344,7 @@ impl WorkloadRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::workload::DomainNames;
 
     fn lora_request() -> WorkloadRequest {
         WorkloadRequest {
@@ -662,13 +379,19 @@ mod tests {
             ..lora_request()
         };
         let e = r.resolve().unwrap_err();
-        assert_eq!(e.field, WorkloadField::LoraRank);
-        assert!(e
-            .render(Naming::Annotation)
-            .starts_with("gpufit.io/lora-rank: "));
-        assert!(e
-            .render(Naming::Spec("spec.workload"))
-            .starts_with("spec.workload.loraRank: "));
+        assert_eq!(e.field(), WorkloadField::LoraRank);
+        assert!(e.render(&DomainNames).starts_with("lora_rank: "), "{e}");
+        // A path's own names, inside the message too.
+        struct Upper;
+        impl FieldNames for Upper {
+            fn name(&self, f: WorkloadField) -> String {
+                f.domain_name().to_ascii_uppercase()
+            }
+        }
+        assert_eq!(
+            e.render(&Upper),
+            "LORA_RANK: is set but the method is `full`: use METHOD lora or qlora, or drop LORA_RANK/LORA_TARGETS"
+        );
     }
 
     #[test]
@@ -679,10 +402,10 @@ mod tests {
         }
         .resolve()
         .unwrap_err();
-        assert_eq!(e.field, WorkloadField::SeqLen);
+        assert_eq!(e.field(), WorkloadField::SeqLen);
         assert_eq!(
-            e.render(Naming::SlurmEnv),
-            "GPUFIT_SEQ_LEN: missing: give the training sequence length in tokens, e.g. 2048"
+            e.to_string(),
+            "seq_len: missing: give the training sequence length in tokens, e.g. 2048"
         );
         let e = WorkloadRequest {
             seq_len: Some(1 << 30),
@@ -690,11 +413,10 @@ mod tests {
         }
         .resolve()
         .unwrap_err();
-        assert_eq!(e.field, WorkloadField::SeqLen);
+        assert_eq!(e.field(), WorkloadField::SeqLen);
         assert!(
-            e.render(Naming::Json).contains("workload.seq_len"),
-            "{}",
-            e.render(Naming::Json)
+            e.to_string().starts_with("seq_len 1073741824 is longer"),
+            "{e}"
         );
         let e = WorkloadRequest {
             model: None,
@@ -702,7 +424,7 @@ mod tests {
         }
         .resolve()
         .unwrap_err();
-        assert_eq!(e.field, WorkloadField::Model);
+        assert_eq!(e.field(), WorkloadField::Model);
     }
 
     #[test]
@@ -727,21 +449,21 @@ mod tests {
             heads: Some(30),
             ..Default::default()
         };
-        assert_eq!(bad.over(base).unwrap_err().field, WorkloadField::Heads);
+        assert_eq!(bad.over(base).unwrap_err().field(), WorkloadField::Heads);
     }
 
     #[test]
     fn a_model_and_its_numbers_together_are_refused() {
         let e =
             ModelRequest::one_of(Some("gpt2".into()), Some(ArchNumbers::default())).unwrap_err();
-        assert_eq!(e.field, WorkloadField::Model);
+        assert_eq!(e.field(), WorkloadField::Model);
         let e = ModelRequest::Numbers {
             base: None,
             numbers: ArchNumbers::default(),
         }
         .resolve()
         .unwrap_err();
-        assert_eq!(e.field, WorkloadField::ArchName);
+        assert_eq!(e.field(), WorkloadField::ArchName);
     }
 
     #[test]

@@ -6,11 +6,11 @@ use crate::core::advisor::{
     self, AdviceRequest, AdvisorError, Strategy, StrategyTargets, Suggestion,
 };
 use crate::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
-use crate::core::request::{ModelRequest, Naming, ResolveError, WorkloadRequest};
+use crate::core::request::{ModelRequest, WorkloadError, WorkloadRequest};
 use crate::core::similarity::HistoryQuery;
 use crate::core::workload::Workload;
 use crate::history::{HistoryError, HistoryStore};
-use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
+use crate::wire::api::{GpuRef, JsonNames, SuggestRequest, WorkloadSpec};
 
 /// Why a suggestion request got no suggestion. The messages name the
 /// request field at fault; the HTTP API maps the kinds to statuses.
@@ -18,8 +18,8 @@ use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
 pub enum SuggestError {
     /// The workload does not resolve; the message names the JSON field
     /// (`workload.lora_rank: …`).
-    #[error("{}", .0.render(Naming::Json))]
-    Workload(#[source] ResolveError),
+    #[error("{}", .0.render(&JsonNames))]
+    Workload(#[source] WorkloadError),
     /// `gpu` is unknown or has no memory.
     #[error("{0}")]
     Gpu(String),
@@ -43,7 +43,7 @@ pub fn canonical_model(name: &str) -> String {
 }
 
 /// A wire workload as a request for the core's one resolver.
-pub fn request_from_wire(spec: &WorkloadSpec) -> Result<WorkloadRequest, ResolveError> {
+pub fn request_from_wire(spec: &WorkloadSpec) -> Result<WorkloadRequest, WorkloadError> {
     // An empty `model` is an unset one when the numbers give the model.
     let named = !(spec.model.trim().is_empty() && spec.architecture.is_some());
     Ok(WorkloadRequest {

@@ -370,7 +370,7 @@ fn ask_suggestion(
                 .map_err(|e| match e {
                     // Name the field as the job set it: GPUFIT_LORA_RANK.
                     crate::service::SuggestError::Workload(r) => {
-                        SlurmError::Job(r.render(crate::core::request::Naming::SlurmEnv))
+                        SlurmError::Job(r.render(&crate::slurm::plan::SlurmEnvNames))
                     }
                     other => SlurmError::Service(format!("local suggestion: {other}")),
                 })

@@ -27,7 +27,9 @@ use super::SlurmError;
 use crate::core::advisor::{Strategy, Suggestion};
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, Pins};
-use crate::core::workload::{Attention, Framework, LoraTarget, Method, Optimizer, Sharding};
+use crate::core::workload::{
+    Attention, FieldNames, Framework, LoraTarget, Method, Optimizer, Sharding, WorkloadField,
+};
 use crate::history::sqlite::{SqliteOptions, BUSY_TIMEOUT_ENV, DEFAULT_BUSY_TIMEOUT_MS};
 use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
 
@@ -158,6 +160,21 @@ impl HookSettings {
                 busy_timeout: Duration::from_millis(busy_ms),
             },
         })
+    }
+}
+
+/// The Slurm hooks' names for the workload's fields: the job's
+/// `GPUFIT_*` variables (`GPUFIT_LORA_RANK`, `GPUFIT_ZERO`). A job names
+/// catalog models only, so the architecture numbers are its `GPUFIT_MODEL`.
+pub struct SlurmEnvNames;
+
+impl FieldNames for SlurmEnvNames {
+    fn name(&self, field: WorkloadField) -> String {
+        match field {
+            WorkloadField::Sharding => "GPUFIT_ZERO".into(),
+            f if f.domain_name().starts_with("architecture.") => "GPUFIT_MODEL".into(),
+            f => format!("GPUFIT_{}", f.domain_name().to_ascii_uppercase()),
+        }
     }
 }
 

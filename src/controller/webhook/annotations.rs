@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use crate::core::advisor::Strategy;
-use crate::core::request::{ArchNumbers, ModelRequest, Naming, WorkloadRequest};
+use crate::core::request::{ArchNumbers, ModelRequest, WorkloadRequest};
 use crate::core::settings::Pins;
 use crate::core::workload::{
-    Attention, Framework, LoraTarget, Method, Optimizer, Sharding, Workload,
+    Attention, FieldNames, Framework, LoraTarget, Method, Optimizer, Sharding, Workload,
+    WorkloadError, WorkloadField,
 };
 
 use super::super::crd::Mode;
@@ -41,6 +42,24 @@ pub(super) struct Denied(pub(super) String);
 
 pub(super) fn denied(key: &str, msg: impl std::fmt::Display) -> Denied {
     Denied(format!("gpufit: annotation {key}: {msg}"))
+}
+
+/// The annotations' names for the workload's fields: `gpufit.io/seq-len`;
+/// a number of `gpufit.io/architecture` by its key there.
+pub struct AnnotationNames;
+
+impl FieldNames for AnnotationNames {
+    fn name(&self, field: WorkloadField) -> String {
+        match field.domain_name().strip_prefix("architecture.") {
+            Some(key) => format!("gpufit.io/architecture: {key}"),
+            None => format!("gpufit.io/{}", field.domain_name().replace('_', "-")),
+        }
+    }
+}
+
+/// A workload the core refused, denied naming the annotation at fault.
+pub(super) fn denied_workload(e: &WorkloadError) -> Denied {
+    Denied(format!("gpufit: {}", e.render(&AnnotationNames)))
 }
 
 /// The `gpufit.io/` input annotations (prefix removed), or None when the
@@ -141,7 +160,7 @@ pub(super) fn parse_annotations(
         .map(|v| parse_architecture(v))
         .transpose()?;
     let model = ModelRequest::one_of(a.get("model").map(|s| s.trim().to_string()), architecture)
-        .map_err(|e| Denied(format!("gpufit: {}", e.render(Naming::Annotation))))?;
+        .map_err(|e| denied_workload(&e))?;
     let request = WorkloadRequest {
         model,
         method: parsed::<Method>(a, "method")?,
@@ -181,7 +200,7 @@ pub fn workload_from_annotations(
     request
         .resolve()
         .map(Some)
-        .map_err(|e| format!("gpufit: {}", e.render(Naming::Annotation)))
+        .map_err(|e| denied_workload(&e).0)
 }
 
 /// `name=tiny-gpt,params=124000000,hidden_size=768,layers=12,heads=12,vocab_size=50257`

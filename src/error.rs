@@ -17,8 +17,10 @@ pub enum Error {
     Workload(crate::core::workload::WorkloadError),
     #[error(transparent)]
     Memory(#[from] crate::core::memory::MemoryError),
-    #[error(transparent)]
-    Advisor(#[from] crate::core::advisor::AdvisorError),
+    /// What would fit said with the command line's flags (not a `source`,
+    /// as for `Workload`).
+    #[error("{}", .0.render(&crate::cli::common::CliChanges))]
+    Advisor(crate::core::advisor::AdvisorError),
     #[error(transparent)]
     LogParse(#[from] crate::core::logs::LogParseError),
     #[error(transparent)]
@@ -46,6 +48,12 @@ pub enum Error {
 impl From<crate::core::workload::WorkloadError> for Error {
     fn from(e: crate::core::workload::WorkloadError) -> Self {
         Error::Workload(e)
+    }
+}
+
+impl From<crate::core::advisor::AdvisorError> for Error {
+    fn from(e: crate::core::advisor::AdvisorError) -> Self {
+        Error::Advisor(e)
     }
 }
 

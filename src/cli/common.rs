@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::core::advisor::{Change, ChangeNames};
 use crate::core::catalog::{all_models, arch_from_hf_config, lookup_model};
 use crate::core::request::{ArchNumbers, ModelRequest, WorkloadRequest};
 use crate::core::workload::{
@@ -197,6 +198,25 @@ impl FieldNames for CliNames {
             F::VocabSize => "--vocab-size",
         }
         .to_string()
+    }
+}
+
+/// How the command line says to make a change that would fit: its flags.
+pub struct CliChanges;
+
+impl ChangeNames for CliChanges {
+    fn how(&self, change: Change) -> String {
+        match change {
+            Change::PureBf16 { dtype_pinned: true } => "--dtype bf16".into(),
+            Change::PureBf16 {
+                dtype_pinned: false,
+            } => "--pure-bf16 allow".into(),
+            Change::Checkpointing => "--checkpointing on".into(),
+            Change::Offloading => "--offloading on".into(),
+            Change::Optimizer8bit => "--optimizer adamw8bit".into(),
+            Change::Qlora { rank } => format!("--method qlora --lora-rank {rank}"),
+            Change::Zero3 { gpus } => format!("--zero 3 --gpus {gpus}"),
+        }
     }
 }
 

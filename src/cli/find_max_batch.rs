@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::suggest::AdviceArgs;
 use super::{print_json, Global, OutputFormat};
-use crate::core::advisor::{AdvisorError, Strategy};
+use crate::core::advisor::{AdvisorError, Alternative, Strategy};
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{
     Dtype, EngineeringSettings, SettingVar, ACTIVATION_CHECKPOINTING, COMPILE, DTYPE,
@@ -392,10 +392,10 @@ fn nothing_fits(
             .map(|s| crate::core::units::to_gib(s.predicted_peak_bytes))
             .unwrap_or(0.0),
         capacity_gib: crate::core::units::to_gib(r.gpu.memory_bytes),
-        alternatives: vec![format!(
+        alternatives: vec![Alternative::Note(format!(
             "even micro batch {} ran out of memory with {}: `gpufit suggest` lists what would fit (checkpointing, offloading, an 8-bit optimizer, QLoRA, ZeRO-3 over more GPUs)",
             smallest_oom, start.settings.dtype
-        )],
+        ))],
     }
 }
 

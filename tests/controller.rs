@@ -1152,6 +1152,76 @@ async fn a_stale_cached_training_job_does_not_finish_an_attempt_twice() {
     assert_eq!(st.attempts[1].outcome, AttemptOutcome::Running);
 }
 
+/// The other stale copy: one whose status lacks the attempt just started
+/// (the new Job's ADDED event raced our status patch). Its Job already
+/// exists, so it is the attempt already started: adopted, with no second
+/// event and no second count — for the first Job and for a retry.
+#[tokio::test]
+async fn a_stale_cached_training_job_announces_and_counts_each_job_once() {
+    let a100 = node(
+        "gpu-1",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+            ("nvidia.com/gpu.memory", "81920"),
+        ],
+    );
+    let (nodes, mut writer) = reflector::store::<Node>();
+    writer.apply_watcher_event(&watcher::Event::Apply(a100.clone()));
+    let s = Scenario::new(lora_tj(), nodes);
+    let replay = |stale: TrainingJob| {
+        let ctx = s.ctx.clone();
+        async move {
+            // The event, and a duplicate of it.
+            for _ in 0..2 {
+                tokio::time::timeout(
+                    Duration::from_secs(20),
+                    reconcile(Arc::new(stale.clone()), ctx.clone()),
+                )
+                .await
+                .expect("in time")
+                .expect("stale reconcile");
+            }
+        }
+    };
+
+    // The first Job.
+    let before_first = s.tj();
+    s.reconcile().await.expect("create");
+    replay(before_first).await;
+    // The retry: the OOM is written on a pass that cannot start it (the
+    // nodes' labels are gone for a moment), its Job created on the next.
+    s.finish_job("llama-3-1-8b-lora-1", false, OOM_MESSAGE);
+    writer.apply_watcher_event(&watcher::Event::Delete(a100.clone()));
+    s.reconcile().await.expect_err("no GPU known: retried");
+    let before_retry = s.tj();
+    writer.apply_watcher_event(&watcher::Event::Apply(a100));
+    s.reconcile().await.expect("retry");
+    replay(before_retry).await;
+
+    s.assert_no_unexpected_requests();
+    assert_eq!(s.api.lock().unwrap().jobs.len(), 2, "two Jobs");
+    let reasons = s.api.lock().unwrap().event_reasons();
+    let count = |r: &str| reasons.iter().filter(|x| x.as_str() == r).count();
+    assert_eq!(count("JobCreated"), 1, "{reasons:?}");
+    assert_eq!(count("RetryCreated"), 1, "{reasons:?}");
+    // Summed over every label set (the retry's source differs).
+    let suggestions: f64 = s
+        .ctx
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("gpufit_controller_suggestions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(suggestions, 2.0, "one suggestion counted per Job");
+    assert_eq!(s.ctx.metrics.suggestion_confidence.get_sample_count(), 2);
+    let st = s.status();
+    assert_eq!(st.attempts.len(), 2);
+    assert_eq!(st.attempts[0].outcome, AttemptOutcome::Oom);
+    assert_eq!(st.attempts[1].outcome, AttemptOutcome::Running);
+    assert_eq!(s.history.all().len(), 1, "the OOM recorded once");
+}
+
 #[tokio::test]
 async fn when_oom_retries_are_exhausted_the_training_job_fails() {
     let mut tj = lora_tj();

@@ -8,8 +8,7 @@ use kube::ResourceExt;
 
 use crate::controller::build::{self, build_job};
 use crate::controller::crd::{
-    Attempt, AttemptOutcome, Mode, Phase, SettingsStatus, SuggestionStatus, TrainingJob,
-    TrainingJobStatus,
+    Attempt, Mode, Phase, SettingsStatus, SuggestionStatus, TrainingJob, TrainingJobStatus,
 };
 use crate::controller::gpu;
 use crate::controller::metrics::Via;
@@ -157,25 +156,14 @@ fn record_attempt(
     generation: Option<i64>,
 ) {
     st.attempts.push(Attempt {
-        index,
-        job_name: job_name.to_string(),
-        settings: SettingsStatus::from(&suggestion.settings),
-        outcome: AttemptOutcome::Running,
         predicted_peak_bytes: Some(suggestion.predicted_peak_bytes),
-        measured_peak_bytes: None,
-        peak_source: None,
-        prediction_error: None,
-        tokens_per_sec: None,
-        run_id: None,
-        message: None,
-        last_peak_lookup: None,
-        job_uid: None,
-        generation,
-        mode: Some(v.mode),
-        node: None,
-        started_at: None,
-        finished_at: None,
-        peak_lookups: 0,
+        ..Attempt::started(
+            index,
+            job_name.to_string(),
+            SettingsStatus::from(&suggestion.settings),
+            generation,
+            v.mode,
+        )
     });
     st.job_name = Some(job_name.to_string());
     st.gpu = Some(gpu.name.clone());

@@ -79,11 +79,6 @@ impl Pipeline {
         self
     }
 
-    /// The memory targets the advisor plans for.
-    pub fn targets(&self) -> StrategyTargets {
-        self.targets
-    }
-
     /// Step 1: the runs of the history similar to this workload on this GPU
     /// (same model, method and GPU model; sequence length nearby).
     pub fn similar_runs(

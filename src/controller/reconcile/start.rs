@@ -88,7 +88,7 @@ async fn advise(ctx: &Context, v: &Validated, gpu: &GpuSpec) -> Result<Suggestio
     let pipeline = Pipeline::new(ctx.targets);
     let (workload, pins, strategy, gpu) =
         (v.workload.clone(), v.pins.clone(), v.strategy, gpu.clone());
-    let ask = move || {
+    let suggest = move || {
         let ask = Ask {
             workload: &workload,
             gpu: &gpu,
@@ -97,7 +97,7 @@ async fn advise(ctx: &Context, v: &Validated, gpu: &GpuSpec) -> Result<Suggestio
         };
         pipeline.suggest(store.as_ref(), &ask)
     };
-    tokio::task::spawn_blocking(ask)
+    tokio::task::spawn_blocking(suggest)
         .await
         .map_err(|e| {
             StartError::Retry("HistoryUnavailable", ControllerError::Other(e.to_string()))

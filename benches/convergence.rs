@@ -38,7 +38,7 @@ use gpufit::core::advisor::{suggest, AdviceRequest, Strategy, StrategyTargets, M
 use gpufit::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
 use gpufit::core::learner::{error_stats_of, percentile};
 use gpufit::core::memory::estimate;
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
 use gpufit::core::throughput;
 use gpufit::core::workload::{
@@ -260,31 +260,17 @@ fn record(
     predicted: Option<u64>,
 ) -> RunRecord {
     let ok = peak.is_some();
-    RunRecord {
-        id: None,
-        timestamp: Utc::now(),
-        cluster: None,
-        node: None,
-        source: RunSource::Cli,
-        job_id: None,
-        model: c.w.model.name.clone(),
-        method: c.w.method,
-        gpu_model: c.gpu.name.clone(),
-        seq_len: c.w.seq_len,
-        lora_rank: c.w.lora.as_ref().map(|l| l.rank),
-        gpus: 1,
-        global_batch: None,
-        settings: s.clone(),
-        result: RunResult {
-            success: ok,
-            failure_reason: (!ok).then_some(FailureReason::Oom),
-            peak_memory_bytes: peak,
-            samples_per_sec: None,
-            tokens_per_sec: ok.then(|| throughput::tokens_per_sec(&c.w, &c.gpu, s)),
-            duration_sec: None,
-        },
-        predicted_peak_bytes: predicted,
-    }
+    let result = RunResult {
+        success: ok,
+        failure_reason: (!ok).then_some(FailureReason::Oom),
+        peak_memory_bytes: peak,
+        samples_per_sec: None,
+        tokens_per_sec: ok.then(|| throughput::tokens_per_sec(&c.w, &c.gpu, s)),
+        duration_sec: None,
+    };
+    let origin = RunOrigin::new(RunSource::Cli, Utc::now());
+    RunRecord::new(origin, RunKey::of(&c.w, &c.gpu.name), s.clone(), result)
+        .with_prediction(predicted)
 }
 
 /// What a method suggests next: settings and gpufit's predicted peak.

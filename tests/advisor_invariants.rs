@@ -20,12 +20,10 @@ use gpufit::core::advisor::{
     CACHE_FILLED_SHARE,
 };
 use gpufit::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
-use gpufit::core::memory::{default_lora_targets, estimate};
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::memory::estimate;
+use gpufit::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
-use gpufit::core::workload::{
-    Attention, Framework, LoraConfig, Method, Optimizer, Sharding, Workload,
-};
+use gpufit::core::workload::{Framework, Method, Workload};
 
 #[test]
 fn every_catalog_suggestion_keeps_every_invariant() {
@@ -88,21 +86,7 @@ impl Truth {
     fn new(case: usize, u: f64, v: f64) -> Truth {
         let (model, method, framework, seq, gpu) = CASES[case % CASES.len()];
         let arch = lookup_model(model).expect("catalog model").arch;
-        let w = Workload {
-            model: arch,
-            method,
-            lora: (method != Method::Full).then(|| LoraConfig {
-                rank: 16,
-                targets: default_lora_targets(framework),
-            }),
-            seq_len: seq,
-            optimizer: Optimizer::Adamw,
-            global_batch: None,
-            gpus: 1,
-            sharding: Sharding::None,
-            framework,
-            attention: Attention::Sdpa,
-        };
+        let w = sweep::one_gpu_workload(&arch, method, framework, seq, None);
         let gpu = lookup_gpu(gpu).expect("catalog GPU");
         Truth { w, gpu, u, v }
     }
@@ -131,31 +115,16 @@ impl Truth {
     fn run(&self, s: EngineeringSettings, noise: f64) -> RunRecord {
         let peak = self.peak(&s) * (1.0 + noise);
         let ok = peak <= self.capacity();
-        RunRecord {
-            id: None,
-            timestamp: Utc::now(),
-            cluster: None,
-            node: None,
-            source: RunSource::Cli,
-            job_id: None,
-            model: self.w.model.name.clone(),
-            method: self.w.method,
-            gpu_model: self.gpu.name.clone(),
-            seq_len: self.w.seq_len,
-            lora_rank: self.w.lora.as_ref().map(|l| l.rank),
-            gpus: 1,
-            global_batch: None,
-            settings: s,
-            result: RunResult {
-                success: ok,
-                failure_reason: (!ok).then_some(FailureReason::Oom),
-                peak_memory_bytes: ok.then_some(peak as u64),
-                samples_per_sec: None,
-                tokens_per_sec: ok.then_some(1000.0),
-                duration_sec: None,
-            },
-            predicted_peak_bytes: None,
-        }
+        let result = RunResult {
+            success: ok,
+            failure_reason: (!ok).then_some(FailureReason::Oom),
+            peak_memory_bytes: ok.then_some(peak as u64),
+            samples_per_sec: None,
+            tokens_per_sec: ok.then_some(1000.0),
+            duration_sec: None,
+        };
+        let origin = RunOrigin::new(RunSource::Cli, Utc::now());
+        RunRecord::new(origin, RunKey::of(&self.w, &self.gpu.name), s, result)
     }
 
     /// A measured peak that is the allocator's cache filling the card (the

@@ -219,6 +219,17 @@ pub struct Measured {
     pub peak_bytes: f64,
 }
 
+impl Measured {
+    /// A measured peak and a model prediction, both positive and finite.
+    fn usable(&self) -> bool {
+        self.micro_batch > 0
+            && self.peak_bytes.is_finite()
+            && self.peak_bytes > 0.0
+            && self.model_bytes.is_finite()
+            && self.model_bytes > 0.0
+    }
+}
+
 /// How measurements correct the memory model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -278,17 +289,7 @@ pub const OUTLIER_CONSISTENT: f64 = 0.05;
 /// left out (one bad record must not move a learned suggestion). None when
 /// there is no usable measurement.
 pub fn correct(points: &[Measured]) -> Option<Correction> {
-    let mut pts: Vec<Measured> = points
-        .iter()
-        .copied()
-        .filter(|p| {
-            p.micro_batch > 0
-                && p.peak_bytes.is_finite()
-                && p.peak_bytes > 0.0
-                && p.model_bytes.is_finite()
-                && p.model_bytes > 0.0
-        })
-        .collect();
+    let mut pts: Vec<Measured> = points.iter().copied().filter(Measured::usable).collect();
     if pts.is_empty() {
         return None;
     }
@@ -571,11 +572,7 @@ pub fn worst_split(points: &[Measured], range: ErrorRange) -> Option<Split> {
     let pts: Vec<&Measured> = points
         .iter()
         .filter(|p| {
-            p.micro_batch > 0
-                && p.peak_bytes.is_finite()
-                && p.peak_bytes > 0.0
-                && p.model_bytes.is_finite()
-                && p.model_bytes > 0.0
+            p.usable()
                 && p.model_slope.is_finite()
                 && p.model_slope > 0.0
                 && p.model_fixed.is_finite()

@@ -203,56 +203,55 @@ impl SettingVar {
     }
 }
 
-pub const MICRO_BATCH_SIZE: SettingVar = SettingVar {
-    placeholder: "micro_batch_size",
-    env: "GPUFIT_MICRO_BATCH_SIZE",
-    render: |s| s.micro_batch_size.to_string(),
-};
-pub const GRADIENT_ACCUMULATION_STEPS: SettingVar = SettingVar {
-    placeholder: "gradient_accumulation_steps",
-    env: "GPUFIT_GRAD_ACCUM_STEPS",
-    render: |s| s.gradient_accumulation_steps.to_string(),
-};
-pub const DTYPE: SettingVar = SettingVar {
-    placeholder: "dtype",
-    env: "GPUFIT_DTYPE",
-    render: |s| s.dtype.as_str().to_string(),
-};
-pub const ACTIVATION_CHECKPOINTING: SettingVar = SettingVar {
-    placeholder: "activation_checkpointing",
-    env: "GPUFIT_ACTIVATION_CHECKPOINTING",
-    render: |s| s.activation_checkpointing.to_string(),
-};
-pub const ACTIVATION_OFFLOADING: SettingVar = SettingVar {
-    placeholder: "activation_offloading",
-    env: "GPUFIT_ACTIVATION_OFFLOADING",
-    render: |s| s.activation_offloading.to_string(),
-};
-pub const COMPILE: SettingVar = SettingVar {
-    placeholder: "compile",
-    env: "GPUFIT_COMPILE",
-    render: |s| s.compile.to_string(),
-};
-pub const NUM_WORKERS: SettingVar = SettingVar {
-    placeholder: "num_workers",
-    env: "GPUFIT_DATALOADER_NUM_WORKERS",
-    render: |s| s.dataloader.num_workers.to_string(),
-};
-pub const PIN_MEMORY: SettingVar = SettingVar {
-    placeholder: "pin_memory",
-    env: "GPUFIT_DATALOADER_PIN_MEMORY",
-    render: |s| s.dataloader.pin_memory.to_string(),
-};
-pub const PERSISTENT_WORKERS: SettingVar = SettingVar {
-    placeholder: "persistent_workers",
-    env: "GPUFIT_DATALOADER_PERSISTENT_WORKERS",
-    render: |s| s.dataloader.persistent_workers.to_string(),
-};
-pub const PREFETCH_FACTOR: SettingVar = SettingVar {
-    placeholder: "prefetch_factor",
-    env: "GPUFIT_DATALOADER_PREFETCH_FACTOR",
-    render: |s| s.dataloader.prefetch_factor.to_string(),
-};
+/// A table row (a `const fn`, so the rows below stay one line each).
+const fn var(
+    placeholder: &'static str,
+    env: &'static str,
+    render: fn(&EngineeringSettings) -> String,
+) -> SettingVar {
+    SettingVar {
+        placeholder,
+        env,
+        render,
+    }
+}
+
+pub const MICRO_BATCH_SIZE: SettingVar = var("micro_batch_size", "GPUFIT_MICRO_BATCH_SIZE", |s| {
+    s.micro_batch_size.to_string()
+});
+pub const GRADIENT_ACCUMULATION_STEPS: SettingVar = var(
+    "gradient_accumulation_steps",
+    "GPUFIT_GRAD_ACCUM_STEPS",
+    |s| s.gradient_accumulation_steps.to_string(),
+);
+pub const DTYPE: SettingVar = var("dtype", "GPUFIT_DTYPE", |s| s.dtype.as_str().to_string());
+pub const ACTIVATION_CHECKPOINTING: SettingVar = var(
+    "activation_checkpointing",
+    "GPUFIT_ACTIVATION_CHECKPOINTING",
+    |s| s.activation_checkpointing.to_string(),
+);
+pub const ACTIVATION_OFFLOADING: SettingVar = var(
+    "activation_offloading",
+    "GPUFIT_ACTIVATION_OFFLOADING",
+    |s| s.activation_offloading.to_string(),
+);
+pub const COMPILE: SettingVar = var("compile", "GPUFIT_COMPILE", |s| s.compile.to_string());
+pub const NUM_WORKERS: SettingVar = var("num_workers", "GPUFIT_DATALOADER_NUM_WORKERS", |s| {
+    s.dataloader.num_workers.to_string()
+});
+pub const PIN_MEMORY: SettingVar = var("pin_memory", "GPUFIT_DATALOADER_PIN_MEMORY", |s| {
+    s.dataloader.pin_memory.to_string()
+});
+pub const PERSISTENT_WORKERS: SettingVar = var(
+    "persistent_workers",
+    "GPUFIT_DATALOADER_PERSISTENT_WORKERS",
+    |s| s.dataloader.persistent_workers.to_string(),
+);
+pub const PREFETCH_FACTOR: SettingVar = var(
+    "prefetch_factor",
+    "GPUFIT_DATALOADER_PREFETCH_FACTOR",
+    |s| s.dataloader.prefetch_factor.to_string(),
+);
 
 /// Every setting a script can receive, in the order they are injected.
 pub const SETTING_VARS: [SettingVar; 10] = [

@@ -30,6 +30,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
+use super::metrics::{RunOutcome, Via};
 use super::ControllerError;
 use crate::core::advisor::{StrategyTargets, Suggestion};
 use crate::core::run::RunRecord;
@@ -67,6 +68,8 @@ pub fn suggest_blocking(
 pub struct ApiConfig {
     pub listen: SocketAddr,
     pub history_url: String,
+    /// SQLite options for the history (read by the command line).
+    pub history_sqlite: crate::history::sqlite::SqliteOptions,
     pub token_file: Option<PathBuf>,
 }
 
@@ -147,9 +150,10 @@ impl ApiState {
                 None
             }
         };
-        let store = crate::history::open(&cfg.history_url).map_err(|e| {
-            ControllerError::Other(format!("cannot open the history for the HTTP API: {e}"))
-        })?;
+        let store =
+            crate::history::open_with(&cfg.history_url, cfg.history_sqlite).map_err(|e| {
+                ControllerError::Other(format!("cannot open the history for the HTTP API: {e}"))
+            })?;
         Ok(ApiState::new(Arc::from(store), token))
     }
 
@@ -337,10 +341,7 @@ where
     let st = state.clone();
     let s = blocking(move || suggest_blocking(st.history.as_ref(), st.targets, &body)).await??;
     if let Some(m) = &state.metrics {
-        m.suggestions
-            .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "slurm_api"])
-            .inc();
-        m.suggestion_confidence.observe(s.confidence);
+        m.count_suggestion(Via::SlurmApi, &s);
     }
     Ok(json_response(StatusCode::OK, &s))
 }
@@ -395,13 +396,13 @@ fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
         .map(|r| r.gpu_model)
         .unwrap_or_else(|_| run.gpu_model.clone());
     let outcome = if run.result.success {
-        "success"
+        RunOutcome::Success
     } else if run.is_oom() {
-        "oom"
+        RunOutcome::Oom
     } else {
-        "other_error"
+        RunOutcome::OtherError
     };
-    m.count_run("slurm_api", &gpu, outcome);
+    m.count_run(Via::SlurmApi, &gpu, outcome);
     if run.is_oom() {
         m.ooms.inc();
     }

@@ -162,14 +162,13 @@ async fn serve_slurm_api(api_cfg: ApiConfig) -> Result<(), crate::controller::Co
         .ready
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let listener = crate::controller::metrics::bind(api_cfg.listen).await?;
-    crate::controller::metrics::serve_on(
-        listener,
-        metrics.clone(),
+    let routes = crate::controller::metrics::Routes {
+        metrics: metrics.clone(),
         health,
-        Some(std::sync::Arc::new(state.with_metrics(metrics))),
-        shutdown_signal(),
-    )
-    .await
+        api: Some(std::sync::Arc::new(state.with_metrics(metrics))),
+    };
+    routes.serve(listener, shutdown_signal()).await;
+    Ok(())
 }
 
 /// The Kubernetes-mode configuration from the flags.

@@ -201,14 +201,13 @@ async fn serve_api(
         }
     };
     let api_state = Arc::new(ApiState::new(history.clone(), token).with_metrics(metrics.clone()));
-    let (m, h, s) = (metrics.clone(), health.clone(), stop.stopped());
-    let listen = cfg.api.listen;
-    let listener = metrics::bind(listen).await?;
-    tokio::spawn(async move {
-        if let Err(e) = metrics::serve_on(listener, m, h, Some(api_state), s).await {
-            tracing::error!(error = %e, "HTTP server stopped");
-        }
-    });
+    let routes = metrics::Routes {
+        metrics: metrics.clone(),
+        health: health.clone(),
+        api: Some(api_state),
+    };
+    let listener = metrics::bind(cfg.api.listen).await?;
+    tokio::spawn(routes.serve(listener, stop.stopped()));
     Ok(())
 }
 

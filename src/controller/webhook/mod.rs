@@ -54,7 +54,7 @@ mod server;
 
 pub use admission::review;
 pub use annotations::workload_from_annotations;
-pub use server::{review_json, serve, tls_config, WebhookServer};
+pub use server::{review_json, tls_config, WebhookServer};
 
 /// The path the webhook answers on.
 pub const PATH: &str = "/mutate";

@@ -109,6 +109,7 @@ fn comments_point_only_at_documents_in_the_repository() {
                 "docs/slurm.md",
                 "docs/sidecar-api.md",
                 "docs/controller.md",
+                "docs/memory-model.md",
             ] {
                 if comment.contains(doc) && !root.join(doc).exists() {
                     bad.push(format!("{}:{}: {doc} is missing", f.display(), n + 1));

@@ -52,7 +52,7 @@ pub struct EstimateArgs {
     #[arg(long)]
     pub old_torch: bool,
     /// The job runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
-    /// (less allocator cache beside the tensors; see docs/design.md).
+    /// (less allocator cache beside the tensors; see docs/memory-model.md).
     #[arg(long)]
     pub expandable_segments: bool,
     /// GPU to compare with (NVML name such as `NVIDIA A100-SXM4-80GB`, see

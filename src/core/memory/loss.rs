@@ -1,6 +1,5 @@
 //! The loss path's buffers per sample: the logits, the loss's
-//! intermediates and their gradients, per framework (docs/memory-model.md,
-//! "The loss path").
+//! intermediates and their gradients, per framework (docs/memory-model.md).
 
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{Framework, Method, Workload};

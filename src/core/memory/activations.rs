@@ -713,23 +713,11 @@ fn mlp_body(b: &Block, acc: &mut Saved) -> f64 {
 /// NF4 linears (torchao `linear_nf4`) keep only the weight.
 fn old_bitsandbytes_inputs(b: &Block, acc: &mut Saved) {
     let a = b.a;
-    let Dims {
-        hidden: h,
-        q_width: qd,
-        intermediate: i,
-        routed: k,
-        ..
-    } = b.dims;
+    let (h, qd) = (b.dims.hidden, b.dims.q_width);
+    let (i, k) = (b.dims.intermediate, b.dims.routed);
     let (e, dtype) = (b.bytes.act, b.bytes.dtype);
-    let Inputs {
-        peft_cast,
-        litgpt_lora,
-        litgpt_dropout,
-        qkv_trains,
-        up_trains,
-        mlp_in_adapters,
-        ..
-    } = b.inputs;
+    let inputs = &b.inputs;
+    let (peft_cast, litgpt_lora) = (inputs.peft_cast, inputs.litgpt_lora);
     let hf_sdpa = b.attn.hf_sdpa;
     if b.kbit {
         // fp32 inputs (see `kbit_recipe`): every linear keeps its own
@@ -746,7 +734,7 @@ fn old_bitsandbytes_inputs(b: &Block, acc: &mut Saved) {
     // q/k/v's input (the norm output), unless the shared-input term
     // above holds it (PEFT's adapters save their own casts, litgpt's
     // their dropped copies, instead).
-    if !qkv_trains || peft_cast || litgpt_lora {
+    if !inputs.qkv_trains || peft_cast || litgpt_lora {
         acc.saved += e * h;
     }
     // o_proj's input: a view of SDPA's saved output in transformers'
@@ -757,7 +745,8 @@ fn old_bitsandbytes_inputs(b: &Block, acc: &mut Saved) {
     }
     // The MLP's input (the second norm's output; Phi/Falcon share the
     // attention's), unless saved as the plain shared input above.
-    let mlp_input_counted = up_trains && !peft_cast && !(litgpt_dropout && mlp_in_adapters > 0.0);
+    let mlp_input_counted =
+        inputs.up_trains && !peft_cast && !(inputs.litgpt_dropout && inputs.mlp_in_adapters > 0.0);
     if !a.quirks.single_norm && !mlp_input_counted {
         acc.saved += e * h * k;
     }
@@ -795,21 +784,11 @@ fn adapter_outputs(b: &Block, acc: &mut Saved) {
 /// gradients of the product and of the two branches (3·e·I); in eager
 /// attention the score gradient (fp32 softmax backward + 16-bit copy).
 fn backward_transients(b: &Block) -> (f64, f64) {
-    let Dims {
-        hidden: h,
-        heads,
-        intermediate: i,
-        routed: k,
-        ..
-    } = b.dims;
+    let (h, i, k) = (b.dims.hidden, b.dims.intermediate, b.dims.routed);
+    let heads = b.dims.heads;
     let (e, r, mlp_e) = (b.bytes.act, b.bytes.residual, b.bytes.mlp);
-    let AttentionPath {
-        scores_kept: eager,
-        softmax_16bit,
-        softmax_no_upcast: no_upcast,
-        math_sdpa,
-        ..
-    } = b.attn;
+    let (eager, softmax_16bit) = (b.attn.scores_kept, b.attn.softmax_16bit);
+    let (no_upcast, math_sdpa) = (b.attn.softmax_no_upcast, b.attn.math_sdpa);
     let mlp_bt = if b.code.classic { 2.0 } else { 3.0 } * mlp_e * i * k;
     let bt = 2.0 * r * h + mlp_bt;
     let bt_seq = match (eager, softmax_16bit) {

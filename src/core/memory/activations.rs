@@ -294,8 +294,9 @@ impl<'a> Block<'a> {
     }
 }
 
-/// What a block saves per token, summed step by step (in the order the
-/// terms were always added, so the sums stay bit for bit the same).
+/// What a block saves per token, summed step by step. The steps add their
+/// terms in a fixed order: a floating-point sum depends on it, and the
+/// accuracy benchmark's figures on the sum.
 #[derive(Default)]
 struct Saved {
     /// Bytes per token.

@@ -23,6 +23,8 @@ const BLOCKS_PER_PAIR: f64 = 2.0;
 /// Two self-attentions and one cross-attention over the pair.
 const ATTENTIONS_PER_PAIR: f64 = 3.0;
 
+/// A T5 layer's [`LayerActs`]: the terms of an encoder block and a
+/// decoder block, halved.
 pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> LayerActs {
     let a = &w.model;
     let dtype = activation_dtype(w, s, opts);

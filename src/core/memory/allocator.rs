@@ -98,12 +98,10 @@ fn round_large(bytes: f64) -> f64 {
 /// segment holds ⌊segment / size⌋ of them and the rest of it stays empty
 /// unless a smaller request fits there. Hidden-width activations are such
 /// a crowd (every block saves several), and at a few thousand tokens they
-/// are 1–10 MiB: the replay of BERT-large in fp32 at 4 × 512 tokens
-/// (scripts/alloc_sim.py) holds 120 segments of 20 MiB with two 8 MiB
-/// tensors each and the 4 MiB tail free (0.47 GiB of its 0.83 GiB gap over
-/// the tensors; measured gap 0.85 GiB). The tails are counted as lost:
-/// the replay leaves them free, the activations' other sizes being larger
-/// or landing in the small pool.
+/// are 1–10 MiB (replayed with scripts/alloc_sim.py and measured: the test
+/// `bert_large_fp32_at_2048_tokens_keeps_its_segment_tails`). The tails
+/// are counted as lost: the replay leaves them free, the activations'
+/// other sizes being larger or landing in the small pool.
 pub(super) fn segment_waste_share(bytes: f64) -> f64 {
     if bytes <= 0.0 {
         return 0.0;

@@ -265,7 +265,7 @@ pub(super) struct LossBuffers {
     /// upcast loss of transformers (and Lightning's or a plain loop's).
     pub(super) head_output: f64,
     /// One loss buffer that a full fine-tune's checkpointed autocast step
-    /// strands (see `loss::stranded_buffer`), else 0.
+    /// strands (see `loss::strands_a_buffer`), else 0.
     pub(super) stranded_buffer: f64,
 }
 

@@ -529,7 +529,8 @@ fn eager_attention(b: &Block, acc: &mut Saved) {
         // softmax_saves_input`): the masked scores, whose dtype is the
         // mask's, made in the parameters' dtype (fp32 under autocast);
         // checked against the Hugging Face docs' BERT-large runs
-        // (bench/data/published_peaks.csv, docs/memory-model.md).
+        // (bench/data/published_peaks.csv; docs/memory-model.md, "Older
+        // releases").
         acc.per_seq += r * heads;
     }
     if softmax_16bit || math_sdpa {
@@ -809,7 +810,7 @@ fn backward_transients(b: &Block) -> (f64, f64) {
         // which kernel allocates it is not identified. Measured on every
         // Falcon-7B LoRA SDPA row of bench/data/h100 and h200, not on the
         // fp32 grouped-query runs of the same composite
-        // (docs/memory-model.md, "Falcon's extra score tensor").
+        // (docs/memory-model.md, "Families and attention kernels").
         4.0 * heads
     } else {
         0.0

@@ -25,7 +25,8 @@ use crate::core::units;
 /// that no row is predicted more than 10 % below its measurement
 /// (under-prediction is what turns a suggestion into an OOM). The grid
 /// that chose them: `python3 scripts/refit_shares.py`; the fit and its
-/// trade-offs are in docs/memory-model.md ("The allocator's shares").
+/// trade-offs are in docs/memory-model.md ("The caching allocator", "The
+/// default allocator's shares").
 pub(super) const CACHING_ALLOCATOR: AllocatorShares = AllocatorShares {
     transient: 0.03,
     transient_loss: 0.12,
@@ -54,8 +55,8 @@ pub(super) const CACHING_ALLOCATOR: AllocatorShares = AllocatorShares {
 ///   cannot use.
 ///
 /// Both shares were chosen on the expandable-segments rows of
-/// `cargo bench --bench accuracy` (docs/memory-model.md, "The allocator's
-/// shares").
+/// `cargo bench --bench accuracy` (docs/memory-model.md, "Expandable
+/// segments").
 pub(super) const EXPANDABLE_SEGMENTS: AllocatorShares = AllocatorShares {
     transient: 0.0,
     transient_loss: 0.0,
@@ -286,7 +287,7 @@ fn reserved_phase_a(pl: &Plan, m: f64) -> (f64, f64) {
 /// Under autocast the head's 16-bit weight copy is cut from a free fp32
 /// loss segment too (`LossBuffers::stranded_buffer`), so at least one
 /// segment counts as cut. The replays and measurements behind the rule are
-/// in docs/memory-model.md ("The first step's optimizer states") and the
+/// in docs/memory-model.md ("The caching allocator") and the
 /// test `the_first_steps_states_cut_a_loss_segment_only_when_the_heads_is_too_small`.
 ///
 /// Returns the segments cut and what phase A's reserved bytes gain (less

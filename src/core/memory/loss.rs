@@ -62,8 +62,8 @@ fn upcast_loss_path(f: Framework) -> bool {
 /// segment and the next loss backward maps one more (replayed with
 /// scripts/alloc_sim.py; the test
 /// `a_checkpointed_autocast_full_fine_tune_strands_one_loss_buffer`).
-/// Adapter runs under autocast do not show it (docs/memory-model.md,
-/// "The stranded loss buffer").
+/// Adapter runs under autocast do not show it (docs/memory-model.md, "The
+/// caching allocator").
 fn strands_a_buffer(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> bool {
     s.activation_checkpointing
         && s.dtype.is_mixed()

@@ -430,8 +430,11 @@ fn main() {
     let db: PathBuf = std::env::var("GPUFIT_BENCH_DB")
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("target/bench-data/webhook-{records}.db"))
+            // Cargo's target directory, wherever CARGO_TARGET_DIR puts it.
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+                .join(format!("bench-data/webhook-{records}.db"))
         });
     if let Some(d) = db.parent() {
         std::fs::create_dir_all(d).expect("bench data dir");

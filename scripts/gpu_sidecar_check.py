@@ -152,7 +152,8 @@ class Checks:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpufit", default=os.path.join(REPO, "target", "release", "gpufit"))
+    target_dir = os.environ.get("CARGO_TARGET_DIR") or os.path.join(REPO, "target")
+    ap.add_argument("--gpufit", default=os.path.join(target_dir, "release", "gpufit"))
     ap.add_argument("--gib", type=float, default=8.0, help="GiB the PyTorch process allocates at its peak")
     ap.add_argument("--gpu", type=int, default=0, help="GPU index (as nvidia-smi numbers it)")
     ap.add_argument("--interval", default="100ms", help="sidecar sampling interval")

@@ -44,5 +44,6 @@ python3 scripts/test_alloc_sim.py
 # The measuring script's grid files (stdlib only).
 python3 scripts/test_gpu_measure.py
 cargo test --lib --bins --tests -- --test-threads 2
-# The GPU loop's suggest -> record wiring, with the binary the tests built.
-python3 scripts/test_gpu_loop.py target/debug/gpufit
+# The GPU loop's suggest -> record wiring, with the binary the tests built
+# (in cargo's target directory, wherever CARGO_TARGET_DIR puts it).
+python3 scripts/test_gpu_loop.py "${CARGO_TARGET_DIR:-target}/debug/gpufit"

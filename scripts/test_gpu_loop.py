@@ -5,7 +5,7 @@ It checks that what the loop records is what gpufit suggested, that a
 recorded run changes the next suggestion, and that an OOM is recorded as
 one (the next round does not repeat the settings that ran out of memory).
 
-Run: python3 scripts/test_gpu_loop.py [PATH_TO_GPUFIT]  (default target/debug/gpufit)
+Run: python3 scripts/test_gpu_loop.py [PATH_TO_GPUFIT]  (default $CARGO_TARGET_DIR/debug/gpufit, else target/debug/gpufit)
 """
 
 import contextlib
@@ -20,8 +20,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gpu_loop  # noqa: E402
 
+# Cargo builds into $CARGO_TARGET_DIR when it is set (relative to the
+# current directory, as cargo reads it), else into the repository's target/.
+TARGET_DIR = os.environ.get("CARGO_TARGET_DIR") or os.path.join(HERE, "..", "target")
 GPUFIT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
-                         os.path.join(HERE, "..", "target", "debug", "gpufit"))
+                         os.path.join(TARGET_DIR, "debug", "gpufit"))
 H100 = "NVIDIA H100 80GB HBM3"
 
 

@@ -4,6 +4,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{args, text, Env, A100, MODEL};
+
 const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
 
 const TORCHTUNE: &str = "\
@@ -165,4 +169,63 @@ fn the_framework_is_read_from_the_file_and_a_mismatch_is_refused() {
     assert!(err.contains("hf config"), "{err}");
     assert_eq!(std::fs::read_to_string(&hf2).unwrap(), HF);
     assert!(!dir.path().join("hf2.yaml.bak").exists());
+}
+
+#[test]
+fn apply_writes_the_settings_and_keeps_a_backup() {
+    let env = Env::new();
+    let cfg = env.path("lora.yaml");
+    let original = "\
+# torchtune LoRA config
+model:
+  _component_: torchtune.models.llama3_1.lora_llama3_1_8b
+  lora_rank: 16
+optimizer:
+  lr: 3e-4
+batch_size: 2
+gradient_accumulation_steps: 1
+dtype: bf16
+enable_activation_checkpointing: True
+seed: 1234
+";
+    std::fs::write(&cfg, original).unwrap();
+    let s = env.json(
+        &args(
+            &["suggest"],
+            &args(
+                MODEL,
+                &["--gpu", A100, "--global-batch", "64", "-o", "json"],
+            ),
+        ),
+        &[],
+    );
+    let sug = env.path("s.json");
+    std::fs::write(&sug, s.to_string()).unwrap();
+    let out = env.run(
+        &[
+            "apply",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--framework",
+            "torchtune",
+            "--suggestion",
+            sug.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let bak = std::fs::read_to_string(env.path("lora.yaml.bak")).unwrap();
+    assert_eq!(bak, original);
+    let new: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    assert_eq!(new["batch_size"].as_u64(), s["micro_batch_size"].as_u64());
+    assert_eq!(
+        new["gradient_accumulation_steps"].as_u64(),
+        s["gradient_accumulation_steps"].as_u64()
+    );
+    assert_eq!(new["model"]["lora_rank"].as_u64(), Some(16));
+    assert_eq!(new["seed"].as_u64(), Some(1234));
+    assert!(std::fs::read_to_string(&cfg)
+        .unwrap()
+        .starts_with("# torchtune LoRA config"));
 }

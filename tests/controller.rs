@@ -1,564 +1,32 @@
-//! The Kubernetes controller: the CRD in sync with `gpufit crd`, the pure
-//! validate / build / GPU / failure-classification steps over YAML fixtures,
-//! and reconcile I/O against kube's `Client` over `tower_test::mock`, where a
-//! small in-memory API server answers each request as Kubernetes would and
-//! records it for the assertions.
+//! The TrainingJob reconciler: reconcile I/O against kube's `Client` over
+//! `tower_test::mock`, where a small in-memory API server answers each
+//! request as Kubernetes would and records it for the assertions.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpufit::controller::build::{build_job, job_name, LABEL_TRAINING_JOB};
 use gpufit::controller::crd::{AttemptOutcome, Mode, Phase, TrainingJob, TrainingJobStatus};
-use gpufit::controller::gpu::{resolve_from_nodes, GpuError};
-use gpufit::controller::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
+use gpufit::controller::inject::ANN_RECOMMENDATION;
 use gpufit::controller::metrics::Metrics;
 use gpufit::controller::reconcile::{
-    classify_failure, reconcile, Context, MeasuredPeak, PeakQuery, PeakReader, MAX_PEAK_LOOKUPS,
+    reconcile, Context, MeasuredPeak, PeakQuery, PeakReader, MAX_PEAK_LOOKUPS,
 };
-use gpufit::controller::validate::validate;
-use gpufit::core::advisor::{Strategy, Suggestion, SuggestionSource};
 use gpufit::core::run::RunRecord;
-use gpufit::core::settings::{DataLoaderSettings, Dtype, EngineeringSettings};
 use gpufit::core::similarity::HistoryQuery;
 use gpufit::core::workload::Method;
 use gpufit::history::{HistoryError, HistoryStore, ListFilter};
 use http::{Request, Response};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::client::Body;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::Client;
 use serde_json::{json, Value};
 
-const EXAMPLE_LORA: &str = include_str!("../examples/llama-3.1-8b-lora-a100.yaml");
-const EXAMPLE_RECOMMEND: &str = include_str!("../examples/recommend-mode.yaml");
-
-fn tj_from_yaml(yaml: &str) -> TrainingJob {
-    serde_yaml::from_str(yaml).expect("fixture is a TrainingJob")
-}
-
-/// A fixture as the API server returns it: with uid, generation, namespace.
-fn served(mut tj: TrainingJob) -> TrainingJob {
-    tj.metadata.uid = Some("0b5c1f7e-uid".into());
-    tj.metadata.generation = Some(1);
-    tj.metadata.resource_version = Some("1".into());
-    if tj.metadata.namespace.is_none() {
-        tj.metadata.namespace = Some("default".into());
-    }
-    tj
-}
-
-fn suggestion(micro: u32, accum: u32) -> Suggestion {
-    Suggestion {
-        settings: EngineeringSettings {
-            micro_batch_size: micro,
-            gradient_accumulation_steps: accum,
-            dtype: Dtype::Bf16,
-            activation_checkpointing: true,
-            activation_offloading: false,
-            compile: false,
-            dataloader: DataLoaderSettings::default(),
-        },
-        predicted_peak_bytes: 40 << 30,
-        memory_fraction: 0.5,
-        confidence: 0.4,
-        source: SuggestionSource::Heuristic,
-        strategy: Strategy::Balanced,
-        gpu: "NVIDIA A100-SXM4-80GB".into(),
-        reasoning: "the memory model predicts 40 GiB at micro batch 8".into(),
-        warnings: vec![],
-        predicted_tokens_per_sec: 0.0,
-        measured_tokens_per_sec: None,
-    }
-}
-
-// === CRD ===
-
-#[test]
-fn checked_in_crd_matches_what_gpufit_crd_prints() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpufit"))
-        .arg("crd")
-        .output()
-        .expect("run gpufit crd");
-    assert!(
-        out.status.success(),
-        "gpufit crd failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed = String::from_utf8(out.stdout).expect("utf-8 YAML");
-    let checked_in = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/crds/trainingjob.yaml"
-    ))
-    .expect("read crds/trainingjob.yaml");
-    assert!(
-        printed == checked_in,
-        "crds/trainingjob.yaml is out of date: run `cargo run -- crd > crds/trainingjob.yaml`"
-    );
-    assert!(
-        printed.contains("shortNames:\n    - tj"),
-        "short name tj missing"
-    );
-    for col in [
-        "Phase",
-        "GPU",
-        "Micro Batch",
-        "Dtype",
-        "Confidence",
-        "Peak GiB",
-        "Age",
-    ] {
-        assert!(
-            printed.contains(&format!("name: {col}\n")),
-            "printer column {col} missing"
-        );
-    }
-}
-
-// === validate ===
-
-#[test]
-fn llama_lora_example_validates_to_a_lora_workload_with_its_global_batch() {
-    let tj = tj_from_yaml(EXAMPLE_LORA);
-    let v = validate(&tj.spec, None).expect("the example is valid");
-    assert_eq!(v.workload.method, Method::Lora);
-    assert_eq!(v.workload.lora.as_ref().map(|l| l.rank), Some(16));
-    assert_eq!(v.workload.seq_len, 2048);
-    assert_eq!(v.workload.global_batch, Some(64));
-    assert_eq!(v.mode, Mode::Inject);
-    assert_eq!(v.oom_retry_limit, 2);
-}
-
-#[test]
-fn recommend_example_validates_in_recommend_mode_with_its_pin() {
-    let tj = tj_from_yaml(EXAMPLE_RECOMMEND);
-    let v = validate(&tj.spec, None).expect("the example is valid");
-    assert_eq!(v.mode, Mode::Recommend);
-    assert_eq!(v.pins.dtype, Some(Dtype::Bf16Mixed));
-    assert_eq!(v.strategy, Strategy::Conservative);
-}
-
-const MINIMAL: &str = r#"
-apiVersion: gpufit.io/v1alpha1
-kind: TrainingJob
-metadata: {name: t, namespace: default}
-spec:
-  workload:
-    architecture: {name: tiny-gpt, params: 124000000, hiddenSize: 768, layers: 12, heads: 12, vocabSize: 50257}
-    seqLen: 1024
-  template:
-    spec:
-      containers: [{name: train, image: train:1, args: ["--batch", "{micro_batch_size}"]}]
-"#;
-
-fn minimal_with(edit: impl FnOnce(&mut Value)) -> TrainingJob {
-    let mut v: Value = serde_yaml::from_str(MINIMAL).expect("fixture");
-    edit(&mut v);
-    serde_json::from_value(v).expect("still a TrainingJob")
-}
-
-fn invalid_field(tj: &TrainingJob, mode: Option<Mode>) -> String {
-    let e = validate(&tj.spec, mode).expect_err("must be invalid");
-    assert!(!e.message.is_empty());
-    e.field
-}
-
-#[test]
-fn inline_architecture_validates_without_the_catalog() {
-    let v = validate(&minimal_with(|_| {}).spec, None).expect("valid");
-    assert_eq!(v.workload.model.name, "tiny-gpt");
-    assert_eq!(v.workload.model.head_dim, 64);
-    assert_eq!(v.workload.method, Method::Full);
-}
-
-#[test]
-fn missing_model_and_architecture_fails_validation() {
-    let tj = minimal_with(|v| {
-        v["spec"]["workload"]
-            .as_object_mut()
-            .unwrap()
-            .remove("architecture");
-    });
-    assert_eq!(invalid_field(&tj, None), "spec.workload.model");
-}
-
-#[test]
-fn model_and_architecture_together_fail_validation() {
-    let tj = minimal_with(|v| v["spec"]["workload"]["model"] = json!("meta-llama/Llama-3.1-8B"));
-    assert_eq!(invalid_field(&tj, None), "spec.workload.model");
-}
-
-/// One resolver for every path (docs/design.md, "Workload resolution"):
-/// the CRD's LoRA rank defaults to 8 as on the command line and the Slurm
-/// API, and the targets follow the framework.
-#[test]
-fn lora_method_without_rank_gets_rank_8_and_the_frameworks_targets() {
-    let tj = minimal_with(|v| v["spec"]["workload"]["method"] = json!("lora"));
-    let v = validate(&tj.spec, None).expect("valid");
-    let lora = v.workload.lora.expect("LoRA config");
-    assert_eq!(lora.rank, 8);
-    assert_eq!(
-        lora.targets,
-        gpufit::core::memory::default_lora_targets(v.workload.framework)
-    );
-}
-
-#[test]
-fn lora_rank_with_full_method_fails_validation() {
-    let tj = minimal_with(|v| {
-        v["spec"]["workload"]["method"] = json!("full");
-        v["spec"]["workload"]["loraRank"] = json!(16);
-    });
-    assert_eq!(invalid_field(&tj, None), "spec.workload.loraRank");
-}
-
-#[test]
-fn pins_that_contradict_the_global_batch_fail_validation() {
-    let tj = minimal_with(|v| {
-        v["spec"]["workload"]["globalBatch"] = json!(64);
-        v["spec"]["pins"] = json!({"microBatchSize": 4, "gradientAccumulationSteps": 4});
-    });
-    assert_eq!(
-        invalid_field(&tj, None),
-        "spec.pins.gradientAccumulationSteps"
-    );
-}
-
-#[test]
-fn a_global_batch_not_divisible_by_the_gpus_fails_validation() {
-    let tj = minimal_with(|v| {
-        v["spec"]["workload"]["globalBatch"] = json!(10);
-        v["spec"]["workload"]["gpus"] = json!(4);
-    });
-    let e = validate(&tj.spec, None).expect_err("invalid");
-    assert!(e.message.contains("not divisible"), "{e}");
-}
-
-#[test]
-fn recommend_mode_with_placeholders_in_args_fails_validation() {
-    let tj = minimal_with(|_| {});
-    let field = invalid_field(&tj, Some(Mode::Recommend));
-    assert!(field.contains("args"), "{field}");
-}
-
-#[test]
-fn restart_policy_always_fails_validation() {
-    let tj = minimal_with(|v| v["spec"]["template"]["spec"]["restartPolicy"] = json!("Always"));
-    assert_eq!(invalid_field(&tj, None), "spec.template.spec.restartPolicy");
-}
-
-#[test]
-fn a_template_without_containers_fails_validation() {
-    let tj = minimal_with(|v| v["spec"]["template"]["spec"]["containers"] = json!([]));
-    assert_eq!(invalid_field(&tj, None), "spec.template.spec.containers");
-}
-
-#[test]
-fn spec_mode_wins_over_the_namespace_default() {
-    let tj = minimal_with(|v| {
-        v["spec"]["mode"] = json!("Inject");
-    });
-    let v = validate(&tj.spec, Some(Mode::Recommend)).expect("valid");
-    assert_eq!(v.mode, Mode::Inject);
-}
-
-// === build ===
-
-fn two_container_tj() -> TrainingJob {
-    served(minimal_with(|v| {
-        v["spec"]["template"]["spec"]["containers"] = json!([
-            {"name": "rank0", "image": "train:1",
-             "args": ["--micro-batch={micro_batch_size}", "--accum", "{gradient_accumulation_steps}", "--lr=3e-4", "--dtype={dtype}"],
-             "env": [{"name": "GPUFIT_MICRO_BATCH_SIZE", "value": "999"}, {"name": "SEED", "value": "42"}]},
-            {"name": "rank1", "image": "train:1", "command": ["python", "train.py", "--checkpointing={activation_checkpointing}"]}
-        ]);
-    }))
-}
-
-fn env_of(job: &Job, container: usize) -> BTreeMap<String, String> {
-    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    pod.containers[container]
-        .env
-        .iter()
-        .flatten()
-        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
-        .collect()
-}
-
-#[test]
-fn built_job_gives_every_container_the_same_settings_and_an_owner_reference() {
-    let tj = two_container_tj();
-    let job = build_job(&tj, 1, &suggestion(8, 8), Mode::Inject).expect("builds");
-    assert_eq!(job.metadata.name.as_deref(), Some("t-1"));
-    let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!(owner.kind, "TrainingJob");
-    assert_eq!(owner.api_version, "gpufit.io/v1alpha1");
-    assert_eq!(owner.uid, "0b5c1f7e-uid");
-    assert_eq!(owner.controller, Some(true));
-    for c in 0..2 {
-        let env = env_of(&job, c);
-        assert_eq!(env["GPUFIT_MICRO_BATCH_SIZE"], "8", "container {c}");
-        assert_eq!(env["GPUFIT_GRAD_ACCUM_STEPS"], "8");
-        assert_eq!(env["GPUFIT_DTYPE"], "bf16");
-        assert_eq!(env["GPUFIT_ACTIVATION_CHECKPOINTING"], "true");
-        assert_eq!(env["GPUFIT_ACTIVATION_OFFLOADING"], "false");
-        assert_eq!(env["GPUFIT_COMPILE"], "false");
-        assert_eq!(env["GPUFIT_DATALOADER_NUM_WORKERS"], "4");
-    }
-    // The user's own variable is kept; the stale gpufit one is replaced, not duplicated.
-    assert_eq!(env_of(&job, 0)["SEED"], "42");
-    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    let n = pod.containers[0]
-        .env
-        .iter()
-        .flatten()
-        .filter(|e| e.name == "GPUFIT_MICRO_BATCH_SIZE")
-        .count();
-    assert_eq!(n, 1);
-    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
-    assert_eq!(job.spec.as_ref().unwrap().backoff_limit, Some(0));
-    assert_eq!(
-        pod.containers[1].termination_message_policy.as_deref(),
-        Some("FallbackToLogsOnError")
-    );
-}
-
-#[test]
-fn placeholders_are_substituted_and_scientific_args_are_left_alone() {
-    let job = build_job(&two_container_tj(), 1, &suggestion(4, 16), Mode::Inject).expect("builds");
-    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    assert_eq!(
-        pod.containers[0].args.as_deref().unwrap(),
-        [
-            "--micro-batch=4",
-            "--accum",
-            "16",
-            "--lr=3e-4",
-            "--dtype=bf16"
-        ]
-    );
-    assert_eq!(
-        pod.containers[1].command.as_deref().unwrap(),
-        ["python", "train.py", "--checkpointing=true"]
-    );
-}
-
-#[test]
-fn built_job_says_what_was_set_and_why_in_annotations() {
-    let job = build_job(&two_container_tj(), 2, &suggestion(4, 16), Mode::Inject).expect("builds");
-    let anns = job.metadata.annotations.as_ref().unwrap();
-    let applied: Value = serde_json::from_str(&anns[ANN_APPLIED]).expect("JSON annotation");
-    assert_eq!(applied["settings"]["microBatchSize"], 4);
-    assert_eq!(applied["source"], "heuristic");
-    assert!(anns[ANN_REASON].contains("40 GiB"));
-    assert_eq!(
-        job.metadata.labels.as_ref().unwrap()[LABEL_TRAINING_JOB],
-        "t"
-    );
-    assert_eq!(job.metadata.name.as_deref(), Some("t-2"));
-}
-
-#[test]
-fn recommend_mode_builds_the_template_as_written_with_only_annotations_added() {
-    let tj = served(tj_from_yaml(EXAMPLE_RECOMMEND));
-    let job = build_job(&tj, 1, &suggestion(4, 1), Mode::Recommend).expect("builds");
-    let anns = job.metadata.annotations.as_ref().unwrap();
-    assert!(anns.contains_key(ANN_RECOMMENDATION));
-    assert!(!anns.contains_key(ANN_APPLIED));
-    let built = &job
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .containers[0];
-    let written = &tj.spec.template.spec.as_ref().unwrap().containers[0];
-    assert_eq!(built.args, written.args);
-    assert_eq!(built.env, written.env);
-    assert!(built
-        .env
-        .iter()
-        .flatten()
-        .all(|e| !e.name.starts_with("GPUFIT_")));
-}
-
-#[test]
-fn job_names_stay_within_63_characters() {
-    let long = "a".repeat(80);
-    let name = job_name(&long, 12);
-    assert!(name.len() <= 63, "{name}");
-    assert!(name.ends_with("-12"));
-}
-
-// === GPU from node labels ===
-
-fn node(name: &str, labels: &[(&str, &str)]) -> Node {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()}
-    }))
-    .expect("node")
-}
-
-fn pod_spec(v: Value) -> k8s_openapi::api::core::v1::PodSpec {
-    serde_json::from_value(v).expect("pod spec")
-}
-
-#[test]
-fn nodes_matching_the_node_selector_decide_the_gpu() {
-    let nodes = [
-        node(
-            "a100",
-            &[
-                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
-                ("nvidia.com/gpu.memory", "81920"),
-                ("pool", "train"),
-            ],
-        ),
-        node(
-            "t4",
-            &[
-                ("nvidia.com/gpu.product", "Tesla-T4"),
-                ("nvidia.com/gpu.memory", "15360"),
-                ("pool", "infer"),
-            ],
-        ),
-        node("cpu", &[("pool", "train")]),
-    ];
-    let pod = pod_spec(json!({"containers": [], "nodeSelector": {"pool": "train"}}));
-    let gpu = resolve_from_nodes(nodes.iter(), Some(&pod)).expect("one GPU model");
-    assert_eq!(gpu.memory_bytes, 81920 << 20);
-    assert!(gpu.name.contains("A100"), "{}", gpu.name);
-}
-
-#[test]
-fn required_node_affinity_narrows_the_nodes() {
-    let nodes = [
-        node(
-            "a100",
-            &[
-                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
-                ("nvidia.com/gpu.memory", "81920"),
-            ],
-        ),
-        node(
-            "t4",
-            &[
-                ("nvidia.com/gpu.product", "Tesla-T4"),
-                ("nvidia.com/gpu.memory", "15360"),
-            ],
-        ),
-    ];
-    let pod = pod_spec(
-        json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]}]}]}}}}),
-    );
-    let gpu = resolve_from_nodes(nodes.iter(), Some(&pod)).expect("one GPU model");
-    assert_eq!(gpu.memory_bytes, 15360 << 20);
-}
-
-#[test]
-fn nodes_with_different_gpus_are_an_error_that_names_them() {
-    let nodes = [
-        node("a", &[("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")]),
-        node("b", &[("nvidia.com/gpu.product", "Tesla-T4")]),
-    ];
-    match resolve_from_nodes(nodes.iter(), None) {
-        Err(GpuError::Mixed(list)) => assert!(list.contains("Tesla-T4") && list.contains("A100")),
-        other => panic!("expected Mixed, got {other:?}"),
-    }
-}
-
-#[test]
-fn an_unknown_gpu_product_uses_the_memory_label() {
-    let nodes = [node(
-        "x",
-        &[
-            ("nvidia.com/gpu.product", "Acme-Tensor-9000"),
-            ("nvidia.com/gpu.memory", "49152"),
-        ],
-    )];
-    let gpu = resolve_from_nodes(nodes.iter(), None).expect("memory label suffices");
-    assert_eq!(gpu.memory_bytes, 49152 << 20);
-    assert!(!gpu.bf16, "no capability is claimed for an unknown GPU");
-}
-
-#[test]
-fn an_unknown_gpu_product_without_memory_is_an_error() {
-    let nodes = [node("x", &[("nvidia.com/gpu.product", "Acme-Tensor-9000")])];
-    assert!(matches!(
-        resolve_from_nodes(nodes.iter(), None),
-        Err(GpuError::Unknown { .. })
-    ));
-}
-
-#[test]
-fn no_labelled_nodes_is_an_error_that_says_to_set_spec_gpu() {
-    let e = resolve_from_nodes([node("cpu", &[])].iter(), None).expect_err("no GPU");
-    assert!(e.to_string().contains("spec.gpu"), "{e}");
-}
-
-// === failure classification ===
-
-fn failed_job() -> Job {
-    serde_json::from_value(json!({"metadata": {"name": "t-1"}, "status": {"conditions": [
-        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}}))
-    .expect("job")
-}
-
-fn pod_terminated(exit_code: i32, reason: &str, message: &str) -> Pod {
-    serde_json::from_value(
-        json!({"metadata": {"name": "t-1-abcde"}, "status": {"containerStatuses": [{
-        "name": "train", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
-        "state": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}}}]}}),
-    )
-    .expect("pod")
-}
-
-#[test]
-fn a_cuda_out_of_memory_termination_message_is_an_oom() {
-    let msg = "Traceback (most recent call last):\n  File \"train.py\", line 9\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.2 GiB is free.\n";
-    let (outcome, why) = classify_failure(&failed_job(), &[pod_terminated(1, "Error", msg)]);
-    assert_eq!(outcome, AttemptOutcome::Oom);
-    assert!(why.contains("CUDA out of memory"), "{why}");
-}
-
-#[test]
-fn a_host_memory_kill_is_not_a_gpu_oom() {
-    let (outcome, why) = classify_failure(&failed_job(), &[pod_terminated(137, "OOMKilled", "")]);
-    assert_eq!(outcome, AttemptOutcome::Failed);
-    assert!(why.contains("host memory"), "{why}");
-}
-
-#[test]
-fn another_error_reports_the_exit_code_and_last_log_line() {
-    let (outcome, why) = classify_failure(
-        &failed_job(),
-        &[pod_terminated(
-            2,
-            "Error",
-            "loading data\nFileNotFoundError: /data/train.jsonl\n",
-        )],
-    );
-    assert_eq!(outcome, AttemptOutcome::Failed);
-    assert!(
-        why.contains("code 2") && why.contains("FileNotFoundError"),
-        "{why}"
-    );
-}
-
-#[test]
-fn a_failed_job_without_pods_reports_the_job_condition() {
-    let (outcome, why) = classify_failure(&failed_job(), &[]);
-    assert_eq!(outcome, AttemptOutcome::Failed);
-    assert!(why.contains("backoff limit"), "{why}");
-}
-
-// === reconcile over tower_test::mock ===
+#[path = "common/controller.rs"]
+mod fixtures;
+use fixtures::*;
 
 /// One request the fake API server saw.
 #[derive(Debug, Clone)]
@@ -601,13 +69,6 @@ impl FakeApi {
             .filter_map(|s| s.body["reason"].as_str().map(str::to_string))
             .collect()
     }
-}
-
-fn status_404(what: &str) -> (u16, Value) {
-    (
-        404,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")}),
-    )
 }
 
 fn merge(target: &mut Value, patch: &Value) {
@@ -1152,6 +613,76 @@ async fn a_stale_cached_training_job_does_not_finish_an_attempt_twice() {
     assert_eq!(st.attempts[1].outcome, AttemptOutcome::Running);
 }
 
+/// The other stale copy: one whose status lacks the attempt just started
+/// (the new Job's ADDED event raced our status patch). Its Job already
+/// exists, so it is the attempt already started: adopted, with no second
+/// event and no second count — for the first Job and for a retry.
+#[tokio::test]
+async fn a_stale_cached_training_job_announces_and_counts_each_job_once() {
+    let a100 = node(
+        "gpu-1",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+            ("nvidia.com/gpu.memory", "81920"),
+        ],
+    );
+    let (nodes, mut writer) = reflector::store::<Node>();
+    writer.apply_watcher_event(&watcher::Event::Apply(a100.clone()));
+    let s = Scenario::new(lora_tj(), nodes);
+    let replay = |stale: TrainingJob| {
+        let ctx = s.ctx.clone();
+        async move {
+            // The event, and a duplicate of it.
+            for _ in 0..2 {
+                tokio::time::timeout(
+                    Duration::from_secs(20),
+                    reconcile(Arc::new(stale.clone()), ctx.clone()),
+                )
+                .await
+                .expect("in time")
+                .expect("stale reconcile");
+            }
+        }
+    };
+
+    // The first Job.
+    let before_first = s.tj();
+    s.reconcile().await.expect("create");
+    replay(before_first).await;
+    // The retry: the OOM is written on a pass that cannot start it (the
+    // nodes' labels are gone for a moment), its Job created on the next.
+    s.finish_job("llama-3-1-8b-lora-1", false, OOM_MESSAGE);
+    writer.apply_watcher_event(&watcher::Event::Delete(a100.clone()));
+    s.reconcile().await.expect_err("no GPU known: retried");
+    let before_retry = s.tj();
+    writer.apply_watcher_event(&watcher::Event::Apply(a100));
+    s.reconcile().await.expect("retry");
+    replay(before_retry).await;
+
+    s.assert_no_unexpected_requests();
+    assert_eq!(s.api.lock().unwrap().jobs.len(), 2, "two Jobs");
+    let reasons = s.api.lock().unwrap().event_reasons();
+    let count = |r: &str| reasons.iter().filter(|x| x.as_str() == r).count();
+    assert_eq!(count("JobCreated"), 1, "{reasons:?}");
+    assert_eq!(count("RetryCreated"), 1, "{reasons:?}");
+    // Summed over every label set (the retry's source differs).
+    let suggestions: f64 = s
+        .ctx
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("gpufit_controller_suggestions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(suggestions, 2.0, "one suggestion counted per Job");
+    assert_eq!(s.ctx.metrics.suggestion_confidence.get_sample_count(), 2);
+    let st = s.status();
+    assert_eq!(st.attempts.len(), 2);
+    assert_eq!(st.attempts[0].outcome, AttemptOutcome::Oom);
+    assert_eq!(st.attempts[1].outcome, AttemptOutcome::Running);
+    assert_eq!(s.history.all().len(), 1, "the OOM recorded once");
+}
+
 #[tokio::test]
 async fn when_oom_retries_are_exhausted_the_training_job_fails() {
     let mut tj = lora_tj();
@@ -1335,136 +866,6 @@ async fn without_gpu_labels_the_training_job_waits_with_a_condition_and_backs_of
     let first = s.ctx.next_backoff("default/llama-3-1-8b-lora");
     let second = s.ctx.next_backoff("default/llama-3-1-8b-lora");
     assert!(second > first && second <= Duration::from_secs(300));
-}
-
-// === leader election over tower_test::mock ===
-
-/// A fake API server holding one Lease, with optimistic concurrency on
-/// `resourceVersion` as the real one has.
-fn lease_client(lease: Arc<Mutex<Option<Value>>>) -> Client {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let path = req.uri().path().to_string();
-            let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let base = "/apis/coordination.k8s.io/v1/namespaces/gpufit/leases";
-            let (code, out) = {
-                let mut l = lease.lock().unwrap();
-                match (method.as_str(), path.as_str()) {
-                    ("GET", p) if p == format!("{base}/gpufit-controller") => match l.as_ref() {
-                        Some(v) => (200, v.clone()),
-                        None => status_404("lease"),
-                    },
-                    ("POST", p) if p == base => {
-                        let mut v = body.clone();
-                        v["metadata"]["resourceVersion"] = json!("1");
-                        *l = Some(v.clone());
-                        (201, v)
-                    }
-                    ("PUT", p) if p == format!("{base}/gpufit-controller") => {
-                        let current = l
-                            .as_ref()
-                            .and_then(|v| v["metadata"]["resourceVersion"].as_str())
-                            .unwrap_or("");
-                        if body["metadata"]["resourceVersion"].as_str() != Some(current) {
-                            (
-                                409,
-                                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "conflict"}),
-                            )
-                        } else {
-                            let mut v = body.clone();
-                            let next = current.parse::<u64>().unwrap_or(0) + 1;
-                            v["metadata"]["resourceVersion"] = json!(next.to_string());
-                            *l = Some(v.clone());
-                            (200, v)
-                        }
-                    }
-                    _ => (
-                        500,
-                        json!({"kind": "Status", "code": 500, "message": format!("unexpected {method} {path}")}),
-                    ),
-                }
-            };
-            send.send_response(
-                Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&out).unwrap()))
-                    .unwrap(),
-            );
-        }
-    });
-    Client::new(svc, "gpufit")
-}
-
-fn lease_cfg(identity: &str) -> gpufit::controller::leader::LeaderConfig {
-    gpufit::controller::leader::LeaderConfig {
-        lease_name: "gpufit-controller".into(),
-        namespace: "gpufit".into(),
-        identity: identity.into(),
-        lease_duration: Duration::from_secs(15),
-        renew_every: Duration::from_secs(5),
-    }
-}
-
-#[tokio::test]
-async fn the_first_replica_takes_the_lease_and_a_second_waits_until_it_expires() {
-    use gpufit::controller::leader::{release, try_acquire};
-    use k8s_openapi::api::coordination::v1::Lease;
-    let lease = Arc::new(Mutex::new(None));
-    let api: kube::Api<Lease> = kube::Api::namespaced(lease_client(lease.clone()), "gpufit");
-
-    assert!(
-        try_acquire(&api, &lease_cfg("replica-a"))
-            .await
-            .expect("api"),
-        "a takes the free lease"
-    );
-    assert!(
-        try_acquire(&api, &lease_cfg("replica-a"))
-            .await
-            .expect("api"),
-        "a renews its lease"
-    );
-    assert!(
-        !try_acquire(&api, &lease_cfg("replica-b"))
-            .await
-            .expect("api"),
-        "b must not take a live lease"
-    );
-    assert_eq!(
-        lease.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"],
-        "replica-a"
-    );
-
-    // a stops renewing: the lease expires and b takes over.
-    lease.lock().unwrap().as_mut().unwrap()["spec"]["renewTime"] =
-        json!("2020-01-01T00:00:00.000000Z");
-    assert!(
-        try_acquire(&api, &lease_cfg("replica-b"))
-            .await
-            .expect("api"),
-        "b takes the expired lease"
-    );
-    let held = lease.lock().unwrap().clone().unwrap();
-    assert_eq!(held["spec"]["holderIdentity"], "replica-b");
-    assert_eq!(held["spec"]["leaseTransitions"], 1);
-    assert!(
-        !try_acquire(&api, &lease_cfg("replica-a"))
-            .await
-            .expect("api"),
-        "a is follower now"
-    );
-
-    // b releases on shutdown; a takes over at once.
-    release(&api, &lease_cfg("replica-b"))
-        .await
-        .expect("release");
-    assert!(try_acquire(&api, &lease_cfg("replica-a"))
-        .await
-        .expect("api"));
 }
 
 #[tokio::test]

@@ -1,10 +1,17 @@
-//! `gpufit find-max-batch` against fake trial scripts: a signal mid-trial
+//! `gpufit find-max-batch` against fake trial scripts: the search from the
+//! prediction against a script that simulates a memory curve and prints
+//! PyTorch's OOM message (trials recorded, and what suggest learns from
+//! them), a failure that is not an OOM, the time limit; a signal mid-trial
 //! stops the trial's whole process group, and trials are recorded with the
 //! checkpointing / compile they were really told.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{args, text, Env, A100, MODEL};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
 
@@ -202,4 +209,219 @@ fn trials_are_recorded_with_the_settings_the_command_was_told() {
             .all(|c| *c),
         "{runs:?}"
     );
+}
+
+/// The model's own line for the pinned settings on a made-up GPU, read
+/// through `suggest --micro-batch` (so the test holds for any estimator).
+fn model_line(env: &Env, gpu: &[&str]) -> (f64, f64) {
+    let at = |m: &str| {
+        let v = env.json(
+            &args(
+                &["suggest", "--no-history"],
+                &args(
+                    MODEL,
+                    &args(
+                        gpu,
+                        &[
+                            "--dtype",
+                            "bf16",
+                            "--checkpointing",
+                            "off",
+                            "--micro-batch",
+                            m,
+                            "-o",
+                            "json",
+                        ],
+                    ),
+                ),
+            ),
+            &[],
+        );
+        v["predicted_peak_bytes"].as_f64().unwrap()
+    };
+    let (p1, p2) = (at("1"), at("2"));
+    (p1 - (p2 - p1), p2 - p1)
+}
+
+#[test]
+fn find_max_batch_searches_from_the_prediction_records_trials_and_teaches_suggest() {
+    let env = Env::new();
+    // A true curve 10 % above the model's fixed part and 30 % above its
+    // slope, with capacity for exactly 20 samples.
+    let probe = ["--gpu", "Test GPU", "--gpu-memory", "80"];
+    let (fixed, slope) = model_line(&env, &probe);
+    assert!(fixed > 0.0 && slope > 0.0, "{fixed} {slope}");
+    let (tf, ts) = (fixed * 1.1 / 1e6, slope * 1.3 / 1e6);
+    let cap_mb = tf + ts * 20.5;
+    let gpu_gib = format!("{:.4}", cap_mb * 1e6 / (1u64 << 30) as f64);
+    let gpu = ["--gpu", "Test GPU", "--gpu-memory", gpu_gib.as_str()];
+    let trials = env.path("trials.txt");
+    let fake = [
+        ("FAKE_FIXED_MB", format!("{}", tf.round() as u64)),
+        ("FAKE_PER_SAMPLE_MB", format!("{}", ts.round() as u64)),
+        ("FAKE_CAPACITY_MB", format!("{}", cap_mb.round() as u64)),
+        ("FAKE_TRIALS", trials.display().to_string()),
+    ];
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_train.sh");
+    let cmd = format!("sh {} {{micro_batch_size}}", script.display());
+    let pins = [
+        "--dtype",
+        "bf16",
+        "--checkpointing",
+        "off",
+        "--compile",
+        "off",
+    ];
+    let predicted = env.json(
+        &args(
+            &["suggest", "--strategy", "aggressive"],
+            &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
+        ),
+        &[],
+    )["micro_batch_size"]
+        .as_u64()
+        .unwrap();
+
+    let v = env.json(
+        &args(
+            &[
+                "find-max-batch",
+                "--cmd",
+                cmd.as_str(),
+                "--steps",
+                "3",
+                "--timeout",
+                "20s",
+            ],
+            &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
+        ),
+        &fake,
+    );
+    assert_eq!(v["max_micro_batch"], 20, "{v}");
+    assert_eq!(v["smallest_oom"], 21, "{v}");
+    let tried: Vec<u64> = std::fs::read_to_string(&trials)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(
+        tried[0], predicted,
+        "starts from the advisor's prediction, not 1: {tried:?}"
+    );
+    let n = v["trials"].as_array().unwrap().len();
+    assert_eq!(n, tried.len());
+    assert_eq!(v["recorded"].as_u64().unwrap() as usize, n);
+    // Each successful trial's throughput (samples/s × seq 2048) is kept.
+    for t in v["trials"].as_array().unwrap() {
+        if t["outcome"] == "success" {
+            let b = t["micro_batch_size"].as_u64().unwrap();
+            let tps = t["tokens_per_sec"].as_f64().expect("tokens_per_sec");
+            assert_eq!(tps, (1000 * b / (b + 4)) as f64 * 2048.0, "{t}");
+        }
+    }
+    assert!(v["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["outcome"] == "oom"));
+
+    // The recorded trials now drive suggest: measured peaks, OOM boundary.
+    let s = env.json(
+        &args(
+            &["suggest"],
+            &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
+        ),
+        &[],
+    );
+    // The largest success (20) already peaked above the balanced target:
+    // nothing to extrapolate, so plain history, no memory analysis.
+    assert_eq!(s["source"], "historical_data", "{s}");
+    assert!(s["reasoning"].as_str().unwrap().contains("already peaked"));
+    // The largest success (20, found by the search) was measured over the
+    // balanced target, so balanced suggests the largest batch that meets
+    // it instead (issue 40), below 20 and the OOM at 21.
+    let m = s["micro_batch_size"].as_u64().unwrap();
+    assert!((1..20).contains(&m), "{s}");
+    assert!(s["memory_fraction"].as_f64().unwrap() <= 0.85, "{s}");
+    // Conservative (70 %) follows the learned line, not the model's.
+    let c = env.json(
+        &args(
+            &["suggest", "--strategy", "conservative"],
+            &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
+        ),
+        &[],
+    );
+    let mc = c["micro_batch_size"].as_u64().unwrap();
+    let expected = ((0.70 * cap_mb - tf) / ts).floor() as u64;
+    assert!(
+        mc <= expected && mc + 1 >= expected,
+        "learned line gives {expected} at 70 %, got {mc}: {c}"
+    );
+    // Aggressive, 93 % target, is capped by the recorded OOM at 21 and the
+    // largest success 20.
+    let a = env.json(
+        &args(
+            &["suggest", "--strategy", "aggressive"],
+            &args(MODEL, &args(&gpu, &args(&pins, &["-o", "json"]))),
+        ),
+        &[],
+    );
+    assert!(a["micro_batch_size"].as_u64().unwrap() <= 20);
+    assert!(a["micro_batch_size"].as_u64().unwrap() >= m);
+}
+
+#[test]
+fn find_max_batch_stops_on_a_failure_that_is_not_an_oom() {
+    let env = Env::new();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_train.sh");
+    let cmd = format!("sh {} {{batch}}", script.display());
+    let out = env.run(
+        &args(
+            &[
+                "find-max-batch",
+                "--cmd",
+                cmd.as_str(),
+                "--steps",
+                "1",
+                "--no-record",
+            ],
+            &args(MODEL, &["--gpu", A100]),
+        ),
+        &[("FAKE_MODE", "crash".to_string())],
+    );
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(t.contains("without a CUDA out-of-memory error"), "{t}");
+    assert!(
+        t.contains("FileNotFoundError"),
+        "the output tail is shown: {t}"
+    );
+}
+
+#[test]
+fn find_max_batch_kills_a_trial_over_its_time_limit() {
+    let env = Env::new();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_train.sh");
+    let cmd = format!("sh {} {{batch}}", script.display());
+    let started = Instant::now();
+    let out = env.run(
+        &args(
+            &[
+                "find-max-batch",
+                "--cmd",
+                cmd.as_str(),
+                "--timeout",
+                "1s",
+                "--no-record",
+            ],
+            &args(MODEL, &["--gpu", A100]),
+        ),
+        &[("FAKE_MODE", "hang".to_string())],
+    );
+    assert!(!out.status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "killed at the limit"
+    );
+    assert!(text(&out).contains("raise --timeout"), "{}", text(&out));
 }

@@ -2,20 +2,20 @@
 //! memory model and the run history.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use super::common::{OnOff, WorkloadArgs};
 use super::{print_json, Global, OutputFormat};
-use crate::core::advisor::{
-    self, AdviceRequest, AdvisorOptions, BuiltinModel, Strategy, StrategyTargets, Suggestion,
-};
+use crate::core::advisor::{Strategy, StrategyTargets, Suggestion};
 use crate::core::catalog::{lookup_gpu, GpuSpec};
 use crate::core::run::RunRecord;
 use crate::core::settings::{Dtype, Pins};
-use crate::core::similarity::HistoryQuery;
 use crate::core::units::{fmt_gib, gib};
 use crate::core::workload::Workload;
+use crate::history::HistoryStore;
+use crate::service::{Ask, Pipeline};
 
 /// Which GPU: a catalog name, or `auto` for the local one.
 #[derive(Debug, Clone, clap::Args)]
@@ -165,7 +165,7 @@ pub struct Resolved {
     pub gpu: GpuSpec,
     pub pins: Pins,
     pub targets: StrategyTargets,
-    pub history: Vec<RunRecord>,
+    pub history: Arc<Vec<RunRecord>>,
     /// Problems with the history store that did not stop the suggestion.
     pub notes: Vec<String>,
 }
@@ -183,29 +183,26 @@ impl AdviceArgs {
         targets.validate()?;
         let mut notes = Vec::new();
         let history = if self.no_history {
-            Vec::new()
+            Arc::default()
         } else {
-            let q = HistoryQuery::new(
-                &workload.model.name,
-                workload.method,
-                &gpu.name,
-                workload.seq_len,
-            );
+            let similar = |store: Box<dyn HistoryStore>| {
+                Pipeline::similar_runs(store.as_ref(), &workload, &gpu)
+            };
             match &self.history {
                 // An explicitly named store must work.
-                Some(url) => crate::history::open(url)?.similar(&q)?,
+                Some(url) => similar(crate::history::open(url)?)?,
                 // The default store is a convenience: advice without it
                 // is still advice, so say so instead of failing.
                 None => {
                     let url = crate::history::default_url();
-                    match crate::history::open(&url).and_then(|s| s.similar(&q)) {
+                    match crate::history::open(&url).and_then(similar) {
                         Ok(h) => h,
                         Err(e) => {
                             tracing::warn!(%url, error = %e, "history unavailable");
                             notes.push(format!(
                                 "history store {url} unavailable ({e}): advice from the memory model only"
                             ));
-                            Vec::new()
+                            Arc::default()
                         }
                     }
                 }
@@ -230,21 +227,17 @@ pub fn cpus_per_gpu(gpus: u32) -> Option<u32> {
 }
 
 impl Resolved {
-    /// One strategy's suggestion.
+    /// One strategy's suggestion, through the one pipeline.
     pub fn suggest(&self, strategy: Strategy) -> crate::Result<Suggestion> {
-        let req = AdviceRequest {
+        let ask = Ask {
             workload: &self.workload,
             gpu: &self.gpu,
             strategy,
-            targets: self.targets,
             pins: &self.pins,
-            history: &self.history,
         };
-        let opts = AdvisorOptions {
-            model: &BuiltinModel,
-            cpus_per_gpu: cpus_per_gpu(self.workload.gpus),
-        };
-        let mut s = advisor::suggest_with(&req, &opts)?;
+        let mut s = Pipeline::new(self.targets)
+            .with_cpus_per_gpu(cpus_per_gpu(self.workload.gpus))
+            .advise(&ask, &self.history)?;
         s.warnings.extend(self.notes.iter().cloned());
         Ok(s)
     }

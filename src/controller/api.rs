@@ -31,6 +31,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
+use super::metrics::{RunOutcome, Via};
 use super::ControllerError;
 use crate::core::advisor::{StrategyTargets, Suggestion};
 use crate::core::run::RunRecord;
@@ -338,10 +339,7 @@ where
     let st = state.clone();
     let s = blocking(move || suggest_blocking(st.history.as_ref(), st.targets, &body)).await??;
     if let Some(m) = &state.metrics {
-        m.suggestions
-            .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "slurm_api"])
-            .inc();
-        m.suggestion_confidence.observe(s.confidence);
+        m.count_suggestion(Via::SlurmApi, &s);
     }
     Ok(json_response(StatusCode::OK, &s))
 }
@@ -396,13 +394,13 @@ fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
         .map(|r| r.gpu_model)
         .unwrap_or_else(|_| run.gpu_model.clone());
     let outcome = if run.result.success {
-        "success"
+        RunOutcome::Success
     } else if run.is_oom() {
-        "oom"
+        RunOutcome::Oom
     } else {
-        "other_error"
+        RunOutcome::OtherError
     };
-    m.count_run("slurm_api", &gpu, outcome);
+    m.count_run(Via::SlurmApi, &gpu, outcome);
     if run.is_oom() {
         m.ooms.inc();
     }

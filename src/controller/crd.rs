@@ -471,6 +471,39 @@ pub struct Attempt {
     pub peak_lookups: u32,
 }
 
+impl Attempt {
+    /// A Job just created: running, nothing measured or recorded yet.
+    pub fn started(
+        index: u32,
+        job_name: String,
+        settings: SettingsStatus,
+        generation: Option<i64>,
+        mode: Mode,
+    ) -> Self {
+        Attempt {
+            index,
+            job_name,
+            settings,
+            outcome: AttemptOutcome::Running,
+            predicted_peak_bytes: None,
+            measured_peak_bytes: None,
+            peak_source: None,
+            prediction_error: None,
+            tokens_per_sec: None,
+            run_id: None,
+            message: None,
+            last_peak_lookup: None,
+            job_uid: None,
+            generation,
+            mode: Some(mode),
+            node: None,
+            started_at: None,
+            finished_at: None,
+            peak_lookups: 0,
+        }
+    }
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }

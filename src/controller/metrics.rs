@@ -19,6 +19,62 @@ use prometheus::{
 use super::api::ApiState;
 use super::ControllerError;
 
+/// The name of every metric the controller exports, in one place (the
+/// dashboards, alerts and docs use them as written here).
+pub mod names {
+    pub const RECONCILES: &str = "gpufit_controller_reconciles_total";
+    pub const RECONCILE_DURATION: &str = "gpufit_controller_reconcile_duration_seconds";
+    pub const ERRORS: &str = "gpufit_controller_errors_total";
+    pub const SUGGESTIONS: &str = "gpufit_controller_suggestions_total";
+    pub const SUGGESTION_CONFIDENCE: &str = "gpufit_controller_suggestion_confidence";
+    pub const OOMS: &str = "gpufit_controller_ooms_total";
+    pub const PREDICTION_ERROR: &str = "gpufit_controller_prediction_error_ratio";
+    pub const RUNS: &str = "gpufit_controller_runs_total";
+    pub const PREDICTION_ERROR_BY_GPU: &str = "gpufit_controller_prediction_error_by_gpu_ratio";
+    pub const THROUGHPUT_VS_BEST: &str = "gpufit_controller_throughput_vs_best_ratio";
+    pub const WEBHOOK_REQUESTS: &str = "gpufit_webhook_requests_total";
+    pub const WEBHOOK_DURATION: &str = "gpufit_webhook_duration_seconds";
+}
+
+/// Which way a suggestion or a run came in: the `path` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The TrainingJob reconciler.
+    Kubernetes,
+    /// The admission webhook.
+    Webhook,
+    /// The HTTP API the Slurm hooks call.
+    SlurmApi,
+}
+
+impl Via {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Kubernetes => "kubernetes",
+            Via::Webhook => "webhook",
+            Via::SlurmApi => "slurm_api",
+        }
+    }
+}
+
+/// A recorded run's `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    Success,
+    Oom,
+    OtherError,
+}
+
+impl RunOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Success => "success",
+            RunOutcome::Oom => "oom",
+            RunOutcome::OtherError => "other_error",
+        }
+    }
+}
+
 /// Every metric the controller exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -58,16 +114,13 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let reconciles = IntCounterVec::new(
-            Opts::new(
-                "gpufit_controller_reconciles_total",
-                "TrainingJob reconciles by result",
-            ),
+            Opts::new(names::RECONCILES, "TrainingJob reconciles by result"),
             &["result"],
         )
         .expect("static metric definition");
         let reconcile_duration = Histogram::with_opts(
             HistogramOpts::new(
-                "gpufit_controller_reconcile_duration_seconds",
+                names::RECONCILE_DURATION,
                 "Time spent in one TrainingJob reconcile",
             )
             .buckets(vec![
@@ -76,13 +129,13 @@ impl Metrics {
         )
         .expect("static metric definition");
         let errors = IntCounterVec::new(
-            Opts::new("gpufit_controller_errors_total", "Reconcile errors by kind"),
+            Opts::new(names::ERRORS, "Reconcile errors by kind"),
             &["error"],
         )
         .expect("static metric definition");
         let suggestions = IntCounterVec::new(
             Opts::new(
-                "gpufit_controller_suggestions_total",
+                names::SUGGESTIONS,
                 "Suggestions made, by source, strategy and path (kubernetes, webhook, slurm_api)",
             ),
             &["source", "strategy", "path"],
@@ -90,7 +143,7 @@ impl Metrics {
         .expect("static metric definition");
         let suggestion_confidence = Histogram::with_opts(
             HistogramOpts::new(
-                "gpufit_controller_suggestion_confidence",
+                names::SUGGESTION_CONFIDENCE,
                 "Confidence (0-1) of the suggestions made",
             )
             // The advisor caps confidence at 0.95 and keeps heuristic
@@ -99,13 +152,13 @@ impl Metrics {
         )
         .expect("static metric definition");
         let ooms = IntCounter::new(
-            "gpufit_controller_ooms_total",
+            names::OOMS,
             "CUDA out-of-memory failures seen in finished Jobs",
         )
         .expect("static metric definition");
         let prediction_error = Histogram::with_opts(
             HistogramOpts::new(
-                "gpufit_controller_prediction_error_ratio",
+                names::PREDICTION_ERROR,
                 "(predicted - measured) / measured peak GPU memory of finished Jobs",
             )
             .buckets(vec![
@@ -115,7 +168,7 @@ impl Metrics {
         .expect("static metric definition");
         let runs = IntCounterVec::new(
             Opts::new(
-                "gpufit_controller_runs_total",
+                names::RUNS,
                 "Runs recorded, by path (kubernetes, slurm_api), GPU model and outcome (success, oom, other_error)",
             ),
             &["path", "gpu_model", "outcome"],
@@ -123,7 +176,7 @@ impl Metrics {
         .expect("static metric definition");
         let prediction_error_by_gpu = HistogramVec::new(
             HistogramOpts::new(
-                "gpufit_controller_prediction_error_by_gpu_ratio",
+                names::PREDICTION_ERROR_BY_GPU,
                 "(predicted - measured) / measured peak GPU memory of recorded runs, by GPU model",
             )
             .buckets(vec![
@@ -134,7 +187,7 @@ impl Metrics {
         .expect("static metric definition");
         let throughput_vs_best = HistogramVec::new(
             HistogramOpts::new(
-                "gpufit_controller_throughput_vs_best_ratio",
+                names::THROUGHPUT_VS_BEST,
                 "Tokens/s of a recorded run over the best known for its workload and GPU model",
             )
             .buckets(vec![0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99, 1.0]),
@@ -143,7 +196,7 @@ impl Metrics {
         .expect("static metric definition");
         let webhook_requests = IntCounterVec::new(
             Opts::new(
-                "gpufit_webhook_requests_total",
+                names::WEBHOOK_REQUESTS,
                 "Admission requests by kind and result",
             ),
             &["kind", "result"],
@@ -151,7 +204,7 @@ impl Metrics {
         .expect("static metric definition");
         let webhook_duration = HistogramVec::new(
             HistogramOpts::new(
-                "gpufit_webhook_duration_seconds",
+                names::WEBHOOK_DURATION,
                 "Time to answer one admission request",
             )
             .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1]),
@@ -191,10 +244,19 @@ impl Metrics {
         }
     }
 
-    /// Counts a recorded run (`path`: kubernetes or slurm_api).
-    pub fn count_run(&self, path: &str, gpu_model: &str, outcome: &str) {
+    /// Counts a suggestion made (a Job created, an object mutated, an API
+    /// answer), labelled with the core's own names of its source and strategy.
+    pub fn count_suggestion(&self, via: Via, s: &crate::core::advisor::Suggestion) {
+        self.suggestions
+            .with_label_values(&[s.source.as_str(), s.strategy.as_str(), via.as_str()])
+            .inc();
+        self.suggestion_confidence.observe(s.confidence);
+    }
+
+    /// Counts a recorded run.
+    pub fn count_run(&self, via: Via, gpu_model: &str, outcome: RunOutcome) {
         self.runs
-            .with_label_values(&[path, gpu_model, outcome])
+            .with_label_values(&[via.as_str(), gpu_model, outcome.as_str()])
             .inc();
     }
 

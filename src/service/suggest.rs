@@ -1,16 +1,15 @@
-//! One suggestion from a wire request: resolve the workload and GPU, read
-//! the similar runs, ask the advisor. Shared by `POST /v1/suggest` and the
+//! One suggestion from a wire request: resolve the workload and GPU, then
+//! the one pipeline ([`super::pipeline`]). Shared by `POST /v1/suggest` and the
 //! Slurm TaskProlog without a controller.
 
-use crate::core::advisor::{
-    self, AdviceRequest, AdvisorError, Strategy, StrategyTargets, Suggestion,
-};
+use crate::core::advisor::{AdvisorError, Strategy, StrategyTargets, Suggestion};
 use crate::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
 use crate::core::request::{ModelRequest, Naming, ResolveError, WorkloadRequest};
-use crate::core::similarity::HistoryQuery;
 use crate::core::workload::Workload;
 use crate::history::{HistoryError, HistoryStore};
 use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
+
+use super::pipeline::{Ask, Pipeline, PipelineError};
 
 /// Why a suggestion request got no suggestion. The messages name the
 /// request field at fault; the HTTP API maps the kinds to statuses.
@@ -79,7 +78,7 @@ pub fn resolve_gpu(gpu: &GpuRef) -> Result<GpuSpec, SuggestError> {
     }
 }
 
-/// The whole suggestion: resolve, read similar runs, ask the advisor.
+/// The whole suggestion: resolve, then [`Pipeline::suggest`].
 /// Blocking (reads the history): async callers use `spawn_blocking`.
 pub fn suggest_blocking(
     history: &dyn HistoryStore,
@@ -88,23 +87,19 @@ pub fn suggest_blocking(
 ) -> Result<Suggestion, SuggestError> {
     let workload = resolve_workload(&req.workload)?;
     let gpu = resolve_gpu(&req.gpu)?;
-    let query = HistoryQuery::new(
-        &workload.model.name,
-        workload.method,
-        &gpu.name,
-        workload.seq_len,
-    );
-    let runs = history.similar(&query).map_err(SuggestError::History)?;
-    let advice = AdviceRequest {
+    let ask = Ask {
         workload: &workload,
         gpu: &gpu,
         strategy: req.strategy.unwrap_or(Strategy::Balanced),
-        targets,
         pins: &req.pins,
-        history: &runs,
     };
-    advisor::suggest(&advice).map_err(|e| match e {
-        AdvisorError::DoesNotFit { .. } => SuggestError::DoesNotFit(e),
-        other => SuggestError::Advisor(other),
-    })
+    Pipeline::new(targets)
+        .suggest(history, &ask)
+        .map_err(|e| match e {
+            PipelineError::History(e) => SuggestError::History(e),
+            PipelineError::Advisor(e @ AdvisorError::DoesNotFit { .. }) => {
+                SuggestError::DoesNotFit(e)
+            }
+            PipelineError::Advisor(e) => SuggestError::Advisor(e),
+        })
 }

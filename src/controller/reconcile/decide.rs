@@ -110,28 +110,17 @@ mod tests {
 
     fn attempt(index: u32, outcome: AttemptOutcome, generation: i64, mode: Mode) -> Attempt {
         Attempt {
-            index,
-            job_name: format!("tj-{index}"),
-            settings: SettingsStatus {
-                micro_batch_size: 4,
-                ..Default::default()
-            },
             outcome,
-            predicted_peak_bytes: None,
-            measured_peak_bytes: None,
-            peak_source: None,
-            prediction_error: None,
-            tokens_per_sec: None,
-            run_id: None,
-            message: None,
-            last_peak_lookup: None,
-            job_uid: None,
-            generation: Some(generation),
-            mode: Some(mode),
-            node: None,
-            started_at: None,
-            finished_at: None,
-            peak_lookups: 0,
+            ..Attempt::started(
+                index,
+                format!("tj-{index}"),
+                SettingsStatus {
+                    micro_batch_size: 4,
+                    ..Default::default()
+                },
+                Some(generation),
+                mode,
+            )
         }
     }
 

@@ -3,6 +3,7 @@
 //! run in status; it is recorded on a later pass.
 
 use crate::controller::crd::{Attempt, AttemptOutcome, Mode, TrainingJobStatus};
+use crate::controller::metrics::{RunOutcome, Via};
 use crate::controller::validate::Validated;
 use crate::controller::ControllerError;
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
@@ -112,11 +113,11 @@ pub(super) async fn record_runs(
         .map_err(|e| RecordError::Task(e.to_string()))??;
         a.run_id = Some(id);
         let outcome = match a.outcome {
-            AttemptOutcome::Succeeded => "success",
-            AttemptOutcome::Oom => "oom",
-            _ => "other_error",
+            AttemptOutcome::Succeeded => RunOutcome::Success,
+            AttemptOutcome::Oom => RunOutcome::Oom,
+            _ => RunOutcome::OtherError,
         };
-        ctx.metrics.count_run("kubernetes", &gpu, outcome);
+        ctx.metrics.count_run(Via::Kubernetes, &gpu, outcome);
     }
     Ok(())
 }

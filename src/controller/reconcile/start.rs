@@ -8,15 +8,15 @@ use kube::ResourceExt;
 
 use crate::controller::build::{self, build_job};
 use crate::controller::crd::{
-    Attempt, AttemptOutcome, Mode, Phase, SettingsStatus, SuggestionStatus, TrainingJob,
-    TrainingJobStatus,
+    Attempt, Mode, Phase, SettingsStatus, SuggestionStatus, TrainingJob, TrainingJobStatus,
 };
 use crate::controller::gpu;
+use crate::controller::metrics::Via;
 use crate::controller::validate::Validated;
 use crate::controller::ControllerError;
-use crate::core::advisor::{self, AdviceRequest, Suggestion};
+use crate::core::advisor::{AdvisorError, Suggestion};
 use crate::core::catalog::GpuSpec;
-use crate::core::similarity::HistoryQuery;
+use crate::service::{Ask, Pipeline, PipelineError};
 
 use super::context::Context;
 use super::status::set_condition;
@@ -44,10 +44,18 @@ pub(super) async fn start_attempt(
     let gpu = target_gpu(ctx, tj, v)?;
     let suggestion = advise(ctx, v, &gpu).await?;
     let index = st.attempts.iter().map(|a| a.index).max().unwrap_or(0) + 1;
-    let job_name = create_job(ctx, tj, ns, v, index, &suggestion).await?;
+    let (job_name, created) = create_job(ctx, tj, ns, v, index, &suggestion).await?;
     record_attempt(st, v, index, &job_name, &gpu, &suggestion, generation);
     let msg = created_message(v, index, &job_name, &gpu, &suggestion);
     set_condition(st, "Ready", true, "JobCreated", &msg, generation);
+    // A Job that already exists is the attempt already started (this pass
+    // replays a stale cached TrainingJob whose status lacks it): it was
+    // announced and counted when it was created.
+    if created == Created::AlreadyExisted {
+        tracing::debug!(job = %job_name, "attempt's Job already exists; adopted");
+        return Ok(());
+    }
+    ctx.metrics.count_suggestion(Via::Kubernetes, &suggestion);
     let reason = if index > 1 {
         "RetryCreated"
     } else {
@@ -73,51 +81,48 @@ fn target_gpu(ctx: &Context, tj: &TrainingJob, v: &Validated) -> Result<GpuSpec,
     .map_err(|e| StartError::Retry("GpuUnknown", ControllerError::Gpu(e.to_string())))
 }
 
-/// The advisor's suggestion with this job's history (read off the async
-/// threads), counted in the metrics.
+/// The one pipeline's suggestion with this job's history, off the async
+/// threads (it reads the history).
 async fn advise(ctx: &Context, v: &Validated, gpu: &GpuSpec) -> Result<Suggestion, StartError> {
-    let query = HistoryQuery::new(
-        &v.workload.model.name,
-        v.workload.method,
-        &gpu.name,
-        v.workload.seq_len,
-    );
     let store = ctx.history.clone();
-    let history = tokio::task::spawn_blocking(move || store.similar(&query))
+    let pipeline = Pipeline::new(ctx.targets);
+    let (workload, pins, strategy, gpu) =
+        (v.workload.clone(), v.pins.clone(), v.strategy, gpu.clone());
+    let suggest = move || {
+        let ask = Ask {
+            workload: &workload,
+            gpu: &gpu,
+            strategy,
+            pins: &pins,
+        };
+        pipeline.suggest(store.as_ref(), &ask)
+    };
+    tokio::task::spawn_blocking(suggest)
         .await
         .map_err(|e| {
             StartError::Retry("HistoryUnavailable", ControllerError::Other(e.to_string()))
         })?
-        .map_err(|e| StartError::Retry("HistoryUnavailable", ControllerError::History(e)))?;
-
-    let suggestion: Suggestion = advisor::suggest(&AdviceRequest {
-        workload: &v.workload,
-        gpu,
-        strategy: v.strategy,
-        targets: ctx.targets,
-        pins: &v.pins,
-        history: &history,
-    })
-    .map_err(|e| match e {
-        // The spec asks for a global batch its pins cannot keep: invalid.
-        advisor::AdvisorError::GlobalBatch { .. } => StartError::InvalidSpec(e.to_string()),
-        _ => StartError::Invalid(e.to_string()),
-    })?;
-    ctx.metrics
-        .suggestions
-        .with_label_values(&[
-            source_label(&suggestion),
-            strategy_label(&suggestion),
-            "kubernetes",
-        ])
-        .inc();
-    ctx.metrics
-        .suggestion_confidence
-        .observe(suggestion.confidence);
-    Ok(suggestion)
+        .map_err(|e| match e {
+            PipelineError::History(e) => {
+                StartError::Retry("HistoryUnavailable", ControllerError::History(e))
+            }
+            // The spec asks for a global batch its pins cannot keep: invalid.
+            PipelineError::Advisor(e @ AdvisorError::GlobalBatch { .. }) => {
+                StartError::InvalidSpec(e.to_string())
+            }
+            PipelineError::Advisor(e) => StartError::Invalid(e.to_string()),
+        })
 }
 
-/// Builds and creates attempt `index`'s Job; answers its name.
+/// Whether [`create_job`] created the Job or found it there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Created {
+    New,
+    AlreadyExisted,
+}
+
+/// Builds and creates attempt `index`'s Job; answers its name and whether
+/// it is new.
 async fn create_job(
     ctx: &Context,
     tj: &TrainingJob,
@@ -125,18 +130,19 @@ async fn create_job(
     v: &Validated,
     index: u32,
     suggestion: &Suggestion,
-) -> Result<String, StartError> {
+) -> Result<(String, Created), StartError> {
     let job = build_job(tj, index, suggestion, v.mode)
         .map_err(|e| StartError::Retry("BuildFailed", ControllerError::Other(e.to_string())))?;
     let job_name = build::job_name(&tj.name_any(), index);
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    match jobs.create(&PostParams::default(), &job).await {
-        Ok(_) => {}
-        // Created on an earlier pass whose status patch was lost: adopt it.
-        Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+    let created = match jobs.create(&PostParams::default(), &job).await {
+        Ok(_) => Created::New,
+        // Created on an earlier pass (a stale cached TrainingJob, or a
+        // status patch that was lost): adopt it.
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Created::AlreadyExisted,
         Err(e) => return Err(StartError::Retry("JobCreateFailed", e.into())),
-    }
-    Ok(job_name)
+    };
+    Ok((job_name, created))
 }
 
 /// The new attempt, running, and the status that points at it.
@@ -150,25 +156,14 @@ fn record_attempt(
     generation: Option<i64>,
 ) {
     st.attempts.push(Attempt {
-        index,
-        job_name: job_name.to_string(),
-        settings: SettingsStatus::from(&suggestion.settings),
-        outcome: AttemptOutcome::Running,
         predicted_peak_bytes: Some(suggestion.predicted_peak_bytes),
-        measured_peak_bytes: None,
-        peak_source: None,
-        prediction_error: None,
-        tokens_per_sec: None,
-        run_id: None,
-        message: None,
-        last_peak_lookup: None,
-        job_uid: None,
-        generation,
-        mode: Some(v.mode),
-        node: None,
-        started_at: None,
-        finished_at: None,
-        peak_lookups: 0,
+        ..Attempt::started(
+            index,
+            job_name.to_string(),
+            SettingsStatus::from(&suggestion.settings),
+            generation,
+            v.mode,
+        )
     });
     st.job_name = Some(job_name.to_string());
     st.gpu = Some(gpu.name.clone());
@@ -197,27 +192,8 @@ fn created_message(
         suggestion.settings.gradient_accumulation_steps,
         suggestion.settings.dtype,
         gpu.name,
-        source_label(suggestion),
+        suggestion.source.as_str(),
         suggestion.confidence,
         suggestion.reasoning
     )
-}
-
-fn source_label(s: &Suggestion) -> &'static str {
-    use crate::core::advisor::SuggestionSource::*;
-    match s.source {
-        Heuristic => "heuristic",
-        HistoricalData => "historical_data",
-        HistoricalDataWithMemory => "historical_data_with_memory",
-        LearnedFromFailures => "learned_from_failures",
-    }
-}
-
-fn strategy_label(s: &Suggestion) -> &'static str {
-    use crate::core::advisor::Strategy::*;
-    match s.strategy {
-        Conservative => "conservative",
-        Balanced => "balanced",
-        Aggressive => "aggressive",
-    }
 }

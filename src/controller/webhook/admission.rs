@@ -3,6 +3,7 @@
 //! Job) or denied (a bad annotation) out.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, PodSpec};
@@ -11,19 +12,23 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::Value;
 
-use crate::core::advisor::{self, AdviceRequest, Strategy, Suggestion};
+use crate::core::advisor::{AdvisorError, Strategy, Suggestion};
 use crate::core::catalog::GpuSpec;
+use crate::core::run::RunRecord;
 use crate::core::settings::Pins;
 use crate::core::similarity::HistoryQuery;
 use crate::core::workload::Workload;
+use crate::history::{HistoryError, HistoryStore};
+use crate::service::{Ask, Pipeline, PipelineError, SimilarRuns};
 
 use super::super::crd::Mode;
 use super::super::gpu;
 use super::super::inject;
+use super::super::metrics::Via;
 use super::super::reconcile::MODE_KEY;
 use super::super::validate::check_pins;
 use super::annotations::{denied, input_annotations, parse_annotations, Denied};
-use super::WebhookState;
+use super::{HistoryCache, WebhookState};
 use crate::core::request::Naming;
 
 /// Answers one AdmissionReview (JSON bytes as the API server sends them).
@@ -189,8 +194,9 @@ fn target_gpu(
     )
 }
 
-/// The advisor's suggestion for this workload on this GPU, counted in the
-/// metrics; `Ok(Err(warning))` when history or advisor cannot answer.
+/// The one pipeline's suggestion for this workload on this GPU (the history
+/// read through the webhook's cache), counted in the metrics;
+/// `Ok(Err(warning))` when history or advisor cannot answer.
 fn advise(
     workload: &Workload,
     gpu: &GpuSpec,
@@ -198,41 +204,39 @@ fn advise(
     pins: &Pins,
     state: &WebhookState,
 ) -> Result<Result<Suggestion, String>, Denied> {
-    let query = HistoryQuery::new(
-        &workload.model.name,
-        workload.method,
-        &gpu.name,
-        workload.seq_len,
-    );
-    let history = match state.cache.similar(state.history.as_ref(), &query) {
-        Ok(h) => h,
-        Err(e) => {
-            return Ok(Err(format!(
-                "gpufit did not change this object: history store unavailable: {e}"
-            )))
-        }
-    };
-    match advisor::suggest(&AdviceRequest {
+    let ask = Ask {
         workload,
         gpu,
         strategy,
-        targets: state.targets,
         pins,
-        history: &history,
-    }) {
+    };
+    let history = Cached {
+        cache: &state.cache,
+        store: state.history.as_ref(),
+    };
+    match Pipeline::new(state.targets).suggest(&history, &ask) {
         Ok(s) => {
-            state
-                .metrics
-                .suggestions
-                .with_label_values(&[s.source.as_str(), s.strategy.as_str(), "webhook"])
-                .inc();
-            state.metrics.suggestion_confidence.observe(s.confidence);
+            state.metrics.count_suggestion(Via::Webhook, &s);
             Ok(Ok(s))
         }
         // The global batch is scientific: settings that cannot keep it
         // exactly are refused with the reason, not silently let through.
-        Err(e @ advisor::AdvisorError::GlobalBatch { .. }) => Err(Denied(format!("gpufit: {e}"))),
+        Err(PipelineError::Advisor(e @ AdvisorError::GlobalBatch { .. })) => {
+            Err(Denied(format!("gpufit: {e}")))
+        }
         Err(e) => Ok(Err(format!("gpufit did not change this object: {e}"))),
+    }
+}
+
+/// The history as the webhook reads it: through its short-lived cache.
+struct Cached<'a> {
+    cache: &'a HistoryCache,
+    store: &'a dyn HistoryStore,
+}
+
+impl SimilarRuns for Cached<'_> {
+    fn similar_runs(&self, q: &HistoryQuery) -> Result<Arc<Vec<RunRecord>>, HistoryError> {
+        self.cache.similar(self.store, q)
     }
 }
 

@@ -1,0 +1,262 @@
+//! The controller's HTTP API that the Slurm hooks call, served in process:
+//! the bearer token on writes, JSON errors that say what is wrong, the
+//! body-size limit.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpufit::controller::api::{self, ApiState};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
+use gpufit::core::settings::EngineeringSettings;
+use gpufit::core::workload::Method;
+
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::{agent, call};
+
+/// An API server on a free port, stopped on drop.
+struct ApiServer {
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+    rt: Option<tokio::runtime::Runtime>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ApiServer {
+    fn start(token: Option<&str>) -> ApiServer {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = gpufit::history::open(&format!("sqlite:{}/h.db", dir.path().display()))
+            .expect("a SQLite history in a temp dir");
+        let state = Arc::new(ApiState::new(Arc::from(store), token.map(str::to_string)));
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        rt.spawn(api::serve_on(listener, state, async {
+            let _ = rx.await;
+        }));
+        ApiServer {
+            addr,
+            _dir: dir,
+            rt: Some(rt),
+            stop: Some(tx),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+fn run_record(job: &str) -> RunRecord {
+    RunRecord {
+        id: None,
+        timestamp: chrono::Utc::now(),
+        cluster: Some("test".into()),
+        node: Some("n1".into()),
+        source: RunSource::Slurm,
+        job_id: Some(job.into()),
+        model: "my-org/custom-model".into(),
+        method: Method::Full,
+        gpu_model: "NVIDIA A100-SXM4-80GB".into(),
+        seq_len: 2048,
+        lora_rank: None,
+        gpus: 1,
+        global_batch: Some(16),
+        settings: EngineeringSettings {
+            micro_batch_size: 4,
+            gradient_accumulation_steps: 4,
+            ..EngineeringSettings::default()
+        },
+        result: RunResult {
+            success: true,
+            failure_reason: None,
+            peak_memory_bytes: Some(50_000_000_000),
+            samples_per_sec: None,
+            tokens_per_sec: None,
+            duration_sec: Some(60.0),
+        },
+        predicted_peak_bytes: Some(48_000_000_000),
+    }
+}
+
+#[test]
+fn writes_need_the_bearer_token_and_reads_do_not() {
+    let srv = ApiServer::start(Some("s3cret-token"));
+    let a = agent();
+    let body = serde_json::to_string(&run_record("1")).unwrap();
+
+    let (status, err) = call(a.post(&srv.url("/v1/runs")), Some(&body));
+    assert_eq!(status, 401, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Bearer"),
+        "{err}"
+    );
+
+    let (status, err) = call(
+        a.post(&srv.url("/v1/runs"))
+            .set("Authorization", "Bearer wrong"),
+        Some(&body),
+    );
+    assert_eq!(status, 401, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("wrong bearer token"),
+        "{err}"
+    );
+
+    let (status, ok) = call(
+        a.post(&srv.url("/v1/runs"))
+            .set("Authorization", "Bearer s3cret-token"),
+        Some(&body),
+    );
+    assert_eq!(status, 201, "{ok}");
+    assert_eq!(ok["id"], 1);
+
+    let (status, runs) = call(
+        a.get(&srv.url("/v1/runs?gpu=NVIDIA+A100-SXM4-80GB&limit=5")),
+        None,
+    );
+    assert_eq!(status, 200);
+    let runs: Vec<RunRecord> = serde_json::from_value(runs).unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].job_id.as_deref(), Some("1"));
+    assert_eq!(runs[0].settings.micro_batch_size, 4);
+
+    let (status, runs) = call(a.get(&srv.url("/v1/runs?gpu=Tesla+T4")), None);
+    assert_eq!((status, runs.as_array().map(Vec::len)), (200, Some(0)));
+}
+
+#[test]
+fn without_a_token_file_writes_are_refused() {
+    let srv = ApiServer::start(None);
+    let body = serde_json::to_string(&run_record("1")).unwrap();
+    let (status, err) = call(
+        agent()
+            .post(&srv.url("/v1/runs"))
+            .set("Authorization", "Bearer anything"),
+        Some(&body),
+    );
+    assert_eq!(status, 403, "{err}");
+    assert!(
+        err["error"].as_str().unwrap().contains("--token-file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_requests_get_json_errors_that_say_what_is_wrong() {
+    let srv = ApiServer::start(Some("t"));
+    let a = agent();
+    let cases: Vec<(ureq::Request, Option<&str>, u16, &str)> = vec![
+        (
+            a.post(&srv.url("/v1/suggest")),
+            Some("{not json"),
+            400,
+            "invalid JSON body",
+        ),
+        (
+            a.post(&srv.url("/v1/suggest")),
+            Some(""),
+            400,
+            "empty request body",
+        ),
+        (
+            a.post(&srv.url("/v1/suggest")),
+            Some(r#"{"workload":{"model":"x","seq_len":8},"gpu":"T4","colour":1}"#),
+            400,
+            "unknown field `colour`",
+        ),
+        (
+            a.post(&srv.url("/v1/runs"))
+                .set("Authorization", "Bearer t"),
+            Some(r#"{"model":"x"}"#),
+            400,
+            "missing field",
+        ),
+        (a.get(&srv.url("/v1/runs?limit=0")), None, 400, "limit=0"),
+        (
+            a.get(&srv.url("/v1/nothing")),
+            None,
+            404,
+            "no route /v1/nothing",
+        ),
+        (a.get(&srv.url("/v1/suggest")), None, 405, "use POST"),
+    ];
+    for (req, body, want_status, want_msg) in cases {
+        let (status, err) = call(req, body);
+        assert_eq!(status, want_status, "{err}");
+        assert_eq!(err["status"], want_status);
+        assert!(
+            err["error"].as_str().unwrap().contains(want_msg),
+            "want `{want_msg}` in {err}"
+        );
+    }
+    let (status, ok) = call(a.get(&srv.url("/healthz")), None);
+    assert_eq!((status, ok["status"].as_str()), (200, Some("ok")));
+}
+
+#[test]
+fn a_body_over_the_size_limit_is_refused_with_413() {
+    let srv = ApiServer::start(Some("t"));
+    // A declared Content-Length over the limit is refused before the body is
+    // read. (A client that writes the whole body may see its write cut short
+    // by the early 413, so this side sends only the headers.)
+    let mut s = std::net::TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/suggest HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        200 * 1024
+    )
+    .unwrap();
+    let mut resp = vec![0u8; 4096];
+    let n = s.read(&mut resp).unwrap();
+    let text = String::from_utf8_lossy(&resp[..n]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("limit"), "{text}");
+
+    // Without a Content-Length (chunked), the limit still holds.
+    let mut s = std::net::TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/suggest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .unwrap();
+    let chunk = "y".repeat(32 * 1024);
+    for _ in 0..4 {
+        if write!(s, "{:x}\r\n{chunk}\r\n", chunk.len()).is_err() {
+            break;
+        }
+    }
+    let _ = write!(s, "0\r\n\r\n");
+    let mut resp = vec![0u8; 4096];
+    let n = s.read(&mut resp).unwrap();
+    let head = String::from_utf8_lossy(&resp[..n]);
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+}

@@ -352,7 +352,7 @@ impl ModelArch {
 }
 
 /// What some families do differently inside a block, read from their
-/// `config.json` (see `memory::layer_activations` for what each costs).
+/// `config.json` (see `memory::activations::layer_activations` for what each costs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, rename_all = "camelCase")]
 pub struct ArchQuirks {

@@ -57,26 +57,50 @@
 //! * DeepSpeed ZeRO stages keep 16-bit module weights and a separate fp32
 //!   master copy in the (sharded) optimizer (ZeRO paper: 2 + 2 + 12 bytes
 //!   per parameter); FSDP shards the parameters in their own dtype.
+//!
+//! # Modules
+//!
+//! Each arrow points at what a module imports; there is no cycle:
+//!
+//! ```text
+//! types, constants                       leaves: the plan's parts, the figures
+//!   ← precision                          element sizes, the activations' dtype
+//!   ← storage, loss, t5                  weights/gradients/optimizer, loss buffers, T5 blocks
+//!   ← activations (← t5)                 what a block saves, the activations per sample
+//!   ← allocator                          the caching allocator, the plan at a micro batch
+//!   ← plan (← storage, loss, activations, allocator)
+//!   ← mod                                the public API: estimate, max_micro_batch, …
+//! ```
+//!
+//! The derivations behind the terms, with the measurements that checked
+//! them, are in docs/memory-model.md.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::core::settings::{Dtype, EngineeringSettings};
-use crate::core::units::MIB;
 use crate::core::workload::{Workload, WorkloadError};
 
 mod activations;
 mod allocator;
+mod constants;
+mod loss;
 mod plan;
+mod precision;
 mod storage;
 mod t5;
+mod types;
 
-pub use activations::{COMPILE_BLOCK_FACTOR, COMPILE_LOSS_FACTOR};
+pub use constants::{
+    COMPILE_BLOCK_FACTOR, COMPILE_LOSS_FACTOR, CUBLAS_WORKSPACES_BYTES, CUDA_CONTEXT_BYTES,
+};
 pub use storage::{default_lora_targets, lora_params};
+pub use types::{BaseQuant, Head, ModelOptions, OptimizerImpl};
 
-use allocator::{allocator_overhead, eval, reserved_slope};
-use plan::{plan, Plan};
+use allocator::{eval, line};
+use plan::plan;
+use types::Plan;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum MemoryError {
@@ -158,110 +182,6 @@ pub struct Estimate {
     pub breakdown: Breakdown,
 }
 
-/// How the frozen base of a LoRA model is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum BaseQuant {
-    /// The base in the training dtype.
-    None,
-    /// bitsandbytes LLM.int8 (`load_in_8bit`): 1 byte per weight.
-    Int8,
-    /// bitsandbytes NF4 with double quantization (QLoRA's default).
-    Nf4,
-    /// NF4 without double quantization (`bnb_4bit_use_double_quant=False`,
-    /// litgpt `bnb.nf4`): fp32 absmax per 64 weights.
-    Nf4NoDoubleQuant,
-}
-
-/// What sits on top of the transformer blocks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum Head {
-    /// A language-model head over the vocabulary (causal LM, MLM): the
-    /// logits buffer is batch × seq × vocab.
-    #[default]
-    LanguageModel,
-    /// A sequence-classification head (`AutoModelForSequenceClassification`):
-    /// a handful of logits per sequence.
-    Classifier,
-}
-
-/// How the optimizer step is executed, which decides its temporaries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum OptimizerImpl {
-    /// torch `foreach=True` (the default on CUDA): whole-model temporaries.
-    Foreach,
-    /// torch `fused=True` / bitsandbytes kernels: no model-sized temporaries.
-    Fused,
-    /// A Python loop over parameters (transformers' legacy `AdamW`,
-    /// `optim="adamw_hf"`): one parameter's temporary at a time.
-    PerParameter,
-}
-
-/// Knobs beyond the workload and settings that change memory. The
-/// defaults are what current framework releases do; the others describe
-/// older releases or non-default code paths, so published measurements can
-/// be compared like with like.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct ModelOptions {
-    /// Frozen-base storage; `None` means what the method implies (NF4 for
-    /// QLoRA, the training dtype otherwise).
-    pub base_quant: Option<BaseQuant>,
-    pub head: Head,
-    /// `None`: the framework's default (torchtune fused, others foreach).
-    pub optimizer_impl: Option<OptimizerImpl>,
-    /// Gradients stay allocated between steps: PyTorch < 2.0
-    /// `zero_grad(set_to_none=False)`, which HF Trainer used until 2023.
-    pub grads_kept_between_steps: bool,
-    /// bitsandbytes before 0.43.2 (#1270, July 2024): its 4-bit matmul
-    /// keeps every quantized linear's input for a backward that never reads
-    /// it (litgpt pinned 0.41–0.42 through 2024; see `activations.rs`).
-    #[serde(default)]
-    pub bnb_keeps_matmul_inputs: bool,
-    /// PyTorch before 1.11 (March 2022): `softmax` saved its input for
-    /// backward as well as its output (derivatives.yaml passed `self` to
-    /// `_softmax_backward_data`, which never reads it; pytorch#64000, fixed
-    /// by #65242 for 1.11), so eager attention keeps one more score-sized
-    /// tensor per layer.
-    #[serde(default)]
-    pub softmax_saves_input: bool,
-    /// CUDA context + kernel images of the machine, when measured; `None`
-    /// uses [`CUDA_CONTEXT_BYTES`]. CUDA < 11.7 loads every kernel eagerly
-    /// and takes 1–1.4 GiB (the HF "model memory anatomy" page measures
-    /// 1343 MiB on a V100 with CUDA 11.2).
-    pub cuda_context_bytes: Option<u64>,
-    /// The job runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`:
-    /// the allocator grows segments in place instead of caching
-    /// differently-sized ones, which removes most of the reserved-over-
-    /// allocated gap (see `EXPANDABLE_SEGMENTS`).
-    #[serde(default)]
-    pub expandable_segments: bool,
-}
-
-// === constants (each with its source) ===
-
-/// CUDA context + PyTorch's kernel images as nvidia-smi shows them for a
-/// process that did `torch.zeros(1, device="cuda")`: about 500 MiB on
-/// A100/H100 with CUDA 12 lazy module loading (PyTorch docs, "CUDA
-/// semantics → Memory management": the context is outside
-/// `memory_reserved()`; figures of 300–600 MiB are reported across PyTorch
-/// forum threads and the torch memory-snapshot tutorial).
-pub const CUDA_CONTEXT_BYTES: u64 = 500 * MIB;
-
-/// cuBLAS's workspaces, which PyTorch allocates from the caching allocator
-/// (so they are in `max_memory_allocated`) at the first matmul of each
-/// thread that runs one, and keeps for the process: the main thread
-/// (forward, optimizer step) and autograd's device thread (backward), one
-/// each. Each is `CUBLAS_WORKSPACE_CONFIG`'s default: 32 MiB on compute
-/// capability 9.0 (`4096 * 8 * 1024`), 8.125 MiB before it
-/// (`4096 * 1024 * 2 + 16 * 1024 * 8`; aten/src/ATen/cuda/
-/// CublasHandlePool.cpp, `parseChosenWorkspaceSize`). The Hopper size is
-/// counted everywhere (48 MiB too many on older cards). The 468 measured
-/// allocated peaks (bench/data/h100, h200: H100 and H200) sat a median
-/// 66 MiB above the model without them.
-pub const CUBLAS_WORKSPACES_BYTES: u64 = 2 * 32 * MIB;
-
 // === the model ===
 
 /// Predicts the peak memory of one training step.
@@ -297,36 +217,30 @@ pub fn estimate_with(
 /// The estimate of plan `pl` at micro batch `m`, whose evaluation is `ev`.
 fn build(pl: &Plan, m: u32, ev: &allocator::Eval) -> Estimate {
     let mf = m as f64;
-    let persistent = pl.persistent();
-    // Phase A as a line in m (its allocator share included).
-    let fixed_alloc = persistent + pl.grads_in_a + pl.weights_transient_a;
-    let slope = reserved_slope(pl);
-    let fixed = fixed_alloc
-        + allocator_overhead(pl, persistent + pl.grads, pl.weights_transient_a)
-        + pl.cuda_context;
+    let (fixed, slope) = line(pl);
 
     let breakdown = if ev.phase_a {
         Breakdown {
-            weights: (pl.weights_stored + pl.weights_transient_a) as u64,
-            gradients: pl.grads_in_a as u64,
-            optimizer_state: pl.opt_state as u64,
-            master_weights: pl.master as u64,
-            activations: (pl.act_per_sample * mf) as u64,
-            logits: (pl.logits_per_sample * mf) as u64,
-            cuda_context: pl.cuda_context as u64,
-            cublas_workspaces: pl.workspaces as u64,
+            weights: (pl.weights.stored + pl.weights.phase_a_copies) as u64,
+            gradients: pl.gradients.kept_in_phase_a as u64,
+            optimizer_state: pl.optimizer.states as u64,
+            master_weights: pl.weights.master as u64,
+            activations: (pl.activations.total * mf) as u64,
+            logits: (pl.loss.peak * mf) as u64,
+            cuda_context: pl.overheads.cuda_context as u64,
+            cublas_workspaces: pl.overheads.cublas_workspaces as u64,
             allocator_overhead: 0,
         }
     } else {
         Breakdown {
-            weights: pl.weights_stored as u64,
-            gradients: pl.grads as u64,
-            optimizer_state: (pl.opt_state + pl.step_transient) as u64,
-            master_weights: pl.master as u64,
+            weights: pl.weights.stored as u64,
+            gradients: pl.gradients.total as u64,
+            optimizer_state: (pl.optimizer.states + pl.optimizer.step_temporaries) as u64,
+            master_weights: pl.weights.master as u64,
             activations: 0,
-            logits: (pl.logits_held_per_sample * mf) as u64,
-            cuda_context: pl.cuda_context as u64,
-            cublas_workspaces: pl.workspaces as u64,
+            logits: (pl.loss.held_through_step * mf) as u64,
+            cuda_context: pl.overheads.cuda_context as u64,
+            cublas_workspaces: pl.overheads.cublas_workspaces as u64,
             allocator_overhead: 0,
         }
     };
@@ -363,7 +277,7 @@ pub struct PhaseTerms {
     pub recompute_overlap: f64,
     /// The loss path's largest tensor at this micro batch.
     pub largest_loss_tensor: f64,
-    /// The largest gradient's block (see `Plan::largest_grad_block`).
+    /// The largest gradient's block (see `Gradients::largest_block`).
     pub largest_grad_block: f64,
     pub opt_state: f64,
 }
@@ -388,16 +302,16 @@ pub fn phase_terms(
     let m = settings.micro_batch_size.max(1) as f64;
     PhaseTerms {
         persistent: pl.persistent(),
-        grads: pl.grads,
-        grads_in_a: pl.grads_in_a,
-        weights_transient_a: pl.weights_transient_a,
-        activations: pl.act_per_sample * m,
-        logits: pl.logits_per_sample * m,
-        step_transient: pl.step_transient,
-        recompute_overlap: pl.recompute_overlap_per_sample * m,
-        largest_loss_tensor: pl.largest_loss_tensor_per_sample * m,
-        largest_grad_block: pl.largest_grad_block,
-        opt_state: pl.opt_state,
+        grads: pl.gradients.total,
+        grads_in_a: pl.gradients.kept_in_phase_a,
+        weights_transient_a: pl.weights.phase_a_copies,
+        activations: pl.activations.total * m,
+        logits: pl.loss.peak * m,
+        step_transient: pl.optimizer.step_temporaries,
+        recompute_overlap: pl.activations.recompute_overlap * m,
+        largest_loss_tensor: pl.loss.largest_tensor * m,
+        largest_grad_block: pl.gradients.largest_block,
+        opt_state: pl.optimizer.states,
     }
 }
 
@@ -416,7 +330,7 @@ pub struct StepKernels {
     /// The dtype the blocks compute in: the training dtype, except fp32
     /// under PEFT's k-bit (QLoRA) recipe without autocast, whose
     /// bitsandbytes linears hand their fp32 inputs' dtype back (see
-    /// `storage::kbit_recipe`).
+    /// `precision::kbit_recipe`).
     pub compute: Dtype,
     /// The attention materialises its score matrices: eager attention, or
     /// an SDPA call that PyTorch runs with its math composite.
@@ -435,12 +349,12 @@ pub struct StepKernels {
 
 /// The step's [`StepKernels`].
 pub fn step_kernels(workload: &Workload, settings: &EngineeringSettings) -> StepKernels {
-    let compute = activations::activation_dtype(workload, settings, &ModelOptions::default());
+    let compute = precision::activation_dtype(workload, settings, &ModelOptions::default());
     let scores_kept = activations::scores_materialized(workload, compute);
     StepKernels {
         compute,
         scores_kept,
-        math_sdpa: activations::math_sdpa(workload, storage::compute_bytes(compute)),
+        math_sdpa: activations::math_sdpa(workload, precision::compute_bytes(compute)),
         masked_sdpa_layers: if scores_kept {
             0
         } else {
@@ -484,13 +398,7 @@ fn max_batch_of_plan(pl: &Plan, budget: u64) -> Option<u32> {
     if !fits(1) {
         return None;
     }
-    let persistent = pl.persistent();
-    let fixed = persistent
-        + pl.grads_in_a
-        + pl.weights_transient_a
-        + allocator_overhead(pl, persistent + pl.grads, pl.weights_transient_a)
-        + pl.cuda_context;
-    let slope = reserved_slope(pl);
+    let (fixed, slope) = line(pl);
     const CAP: u32 = 1 << 20;
     let mut guess = if slope <= 0.0 {
         CAP
@@ -515,7 +423,7 @@ mod tests {
     use super::*;
     use crate::core::catalog::lookup_model;
     use crate::core::settings::Dtype;
-    use crate::core::units::GIB;
+    use crate::core::units::{GIB, MIB};
     use crate::core::workload::{
         Attention, Framework, LoraConfig, LoraTarget, Method, Optimizer, Sharding,
     };
@@ -958,7 +866,7 @@ mod tests {
                 optimizer_impl: Some(imp),
                 ..ModelOptions::default()
             };
-            plan::plan(w, &s, &o).grad_blocks / block
+            plan::plan(w, &s, &o).gradients.largest_size_blocks / block
         };
         let hf_w = hf("meta-llama/Llama-3.2-1B", Method::Full, 2048);
         // the gradient, its second use's gradient, foreach AdamW's temporary
@@ -1080,7 +988,7 @@ mod tests {
         // tensors of the small pool
         let lora = hf("meta-llama/Llama-3.2-1B", Method::Lora, 2048);
         let pl = plan(&lora, &s(8), &ModelOptions::default());
-        assert_eq!(pl.first_step_states, 0.0);
+        assert_eq!(pl.optimizer.first_step_states, 0.0);
         // under autocast the fp32 states (9.21 GiB) overflow the head's
         // segment at 8 and 12 sequences too, and the head's 16-bit copy
         // sits in the segment they cut: 45.27 and 64.57 GiB measured (the
@@ -1730,7 +1638,7 @@ mod tests {
         // transformers' loop drops its output with the loss
         w.framework = Framework::Hf;
         let o = ModelOptions::default();
-        assert_eq!(plan::plan(&w, &s, &o).logits_held_per_sample, 0.0);
+        assert_eq!(plan::plan(&w, &s, &o).loss.held_through_step, 0.0);
     }
 
     #[test]

@@ -1,15 +1,17 @@
-//! What is stored: parameter groups, bytes per element, frozen and
-//! trainable weights, gradients, optimizer state and the optimizer step's
-//! temporaries — the persistent terms of the plan (docs/design.md, "The
-//! memory model").
+//! What is stored: parameter groups, frozen and trainable weights,
+//! gradients, optimizer state and the optimizer step's temporaries — the
+//! persistent parts of the plan (docs/memory-model.md).
 
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::workload::{
     ArchKind, Framework, LoraTarget, Method, ModelArch, Optimizer, Sharding, Workload,
 };
 
-use super::plan::{Layout, Plan};
-use super::{BaseQuant, ModelOptions, OptimizerImpl};
+use super::constants::LITGPT_LM_HEAD_CHUNK;
+use super::precision::{base_quant, compute_bytes, kbit_recipe, param_bytes};
+use super::types::{
+    BaseQuant, Gradients, Layout, ModelOptions, OptimizerImpl, OptimizerTerms, Params, Weights,
+};
 
 /// NF4 storage per weight: 4 bits plus double-quantized block constants
 /// (blocksize 64 with 8-bit absmax and a second-level fp32 constant per
@@ -31,64 +33,73 @@ const INT8_BYTES_PER_PARAM: f64 = 1.0;
 /// Block-wise Quantization", §2): 2 + 8/2048 bytes per parameter.
 const ADAMW8BIT_BYTES_PER_PARAM: f64 = 2.0 + 8.0 / 2048.0;
 
-/// Bytes of one element of a dtype's *stored* parameters.
-pub(super) fn param_bytes(d: Dtype) -> f64 {
-    match d {
-        Dtype::Fp32 | Dtype::Bf16Mixed | Dtype::Fp16Mixed => 4.0,
-        Dtype::Bf16 | Dtype::Fp16 => 2.0,
+/// The parameter groups, element sizes and sharding of a workload.
+pub(super) fn layout(w: &Workload, s: &EngineeringSettings) -> Layout {
+    let a = &w.model;
+    let mut params = params_of(a);
+    let mut total = a.params as f64;
+    // litgpt never ties the output head to the embedding: its `GPT` builds
+    // `lm_head` and `transformer.wte` as separate modules and the checkpoint
+    // converter copies a tied embedding into both (litgpt/model.py,
+    // `GPT.__init__`), so tied models (Gemma, Llama 3.2) carry it twice.
+    if w.framework == Framework::Litgpt && a.tied_embeddings {
+        params.rest += params.head;
+        total += params.head;
     }
-}
-
-/// The frozen base's storage: the option, or what the method implies (NF4
-/// for QLoRA, the training dtype otherwise).
-pub(super) fn base_quant(w: &Workload, opts: &ModelOptions) -> BaseQuant {
-    opts.base_quant.unwrap_or(if w.method == Method::Qlora {
-        BaseQuant::Nf4
+    let param_elem_bytes = param_bytes(s.dtype);
+    let mixed = s.dtype.is_mixed();
+    let gpus = w.gpus.max(1) as f64;
+    let deepspeed = matches!(
+        w.sharding,
+        Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
+    );
+    let shards_if = |sharded: bool| if sharded { gpus } else { 1.0 };
+    let trainable_params = match w.method {
+        Method::Full => total,
+        Method::Lora | Method::Qlora => w
+            .lora
+            .as_ref()
+            .map(|l| lora_params(a, l.rank, &l.targets) as f64)
+            .unwrap_or(0.0),
+    };
+    // Trainable parameters' storage: DeepSpeed ZeRO keeps 16-bit module
+    // params plus a separate fp32 master copy in the optimizer (Rajbhandari
+    // et al. 2020, "ZeRO", §3: 2Ψ + 2Ψ + KΨ with K = 12). PEFT keeps LoRA
+    // adapters in fp32 even on a 16-bit base (`autocast_adapter_dtype=True`).
+    let (trainable_elem_bytes, master_elem_bytes) = if deepspeed && s.dtype != Dtype::Fp32 {
+        (2.0, 4.0)
+    } else if w.method != Method::Full && w.framework == Framework::Hf {
+        (4.0, 0.0)
     } else {
-        BaseQuant::None
-    })
-}
-
-/// PEFT's QLoRA recipe (`prepare_model_for_kbit_training`,
-/// peft/utils/other.py), which transformers' quantized LoRA runs: every
-/// parameter that is not quantized — embeddings, norms, output head — is
-/// cast to fp32 (stored so in `weights`), and a bitsandbytes linear returns
-/// its output in its input's dtype (`Linear4bit.forward`:
-/// `x.to(compute_dtype)` … `out.to(inp_dtype)`), so the residual stream
-/// and every projection's output are fp32 (`activations::activation_dtype`).
-/// Counted on the CPU (bench/data/saved_tensors.jsonl): Llama-3.2-1B with
-/// q/v adapters keeps 143,560 bytes per token and block this way against
-/// 92,360 for LoRA on a bf16 base.
-pub(super) fn kbit_recipe(w: &Workload, opts: &ModelOptions) -> bool {
-    w.framework == Framework::Hf
-        && w.method != Method::Full
-        && base_quant(w, opts) != BaseQuant::None
-}
-
-/// Bytes of one activation element (matmul outputs): 16-bit except fp32.
-pub(super) fn compute_bytes(d: Dtype) -> f64 {
-    match d {
-        Dtype::Fp32 => 4.0,
-        _ => 2.0,
+        (param_elem_bytes, 0.0)
+    };
+    let grad_elem_bytes = if deepspeed && s.dtype != Dtype::Fp32 {
+        2.0
+    } else if mixed {
+        4.0
+    } else {
+        trainable_elem_bytes
+    };
+    Layout {
+        params,
+        param_elem_bytes,
+        compute_elem_bytes: compute_bytes(s.dtype),
+        mixed,
+        deepspeed,
+        optimizer_shards: shards_if(w.sharding != Sharding::None),
+        gradient_shards: shards_if(matches!(
+            w.sharding,
+            Sharding::Zero2 | Sharding::Zero3 | Sharding::Fsdp
+        )),
+        param_shards: shards_if(matches!(w.sharding, Sharding::Zero3 | Sharding::Fsdp)),
+        trainable_params,
+        trainable_elem_bytes,
+        master_elem_bytes,
+        grad_elem_bytes,
     }
 }
-
-/// Tokens per head chunk in litgpt's fine-tuning loops
-/// (`lm_head_chunk_size=128`, litgpt/finetune/lora.py and adapter.py).
-pub(super) const LITGPT_LM_HEAD_CHUNK: f64 = 128.0;
 
 /// Parameter groups of an architecture.
-pub(super) struct Params {
-    /// Linear weights inside the transformer blocks (all experts).
-    pub(super) body_linear: f64,
-    /// Everything else: embeddings, untied head, norms, positions.
-    pub(super) rest: f64,
-    /// The output head (its own matrix, or the tied embedding).
-    pub(super) head: f64,
-    /// Largest single linear weight (for one-at-a-time dequantization).
-    pub(super) largest_linear: f64,
-}
-
 pub(super) fn params_of(a: &ModelArch) -> Params {
     let h = a.hidden_size as f64;
     let qd = a.num_attention_heads as f64 * a.head_dim as f64;
@@ -108,13 +119,6 @@ pub(super) fn params_of(a: &ModelArch) -> Params {
         rest: (total - body_linear).max(0.0),
         head: a.vocab_size as f64 * h,
         largest_linear: (h * i).max(h * qd).max(a.vocab_size as f64 * h * 0.0),
-    }
-}
-
-impl Params {
-    /// The largest single parameter tensor (embedding or one linear).
-    fn largest_param(&self) -> f64 {
-        self.head.max(self.largest_linear)
     }
 }
 
@@ -243,33 +247,54 @@ pub(super) fn weights(
     s: &EngineeringSettings,
     opts: &ModelOptions,
     l: &Layout,
-    pl: &mut Plan,
-) {
+) -> Weights {
     let a = &w.model;
-    let Layout {
-        ref p,
-        pb,
-        e,
-        mixed,
-        deepspeed,
-        shard_opt,
-        shard_param,
-        trainable,
-        train_store,
-        master_bytes,
-        ..
-    } = *l;
+    let p = &l.params;
+    let frozen = frozen_weights(w, opts, l);
+    let trained_store = l.trainable_params * l.trainable_elem_bytes / l.param_shards;
+    let mut weights = Weights::default();
+    // In -mixed the stored fp32 trainable params *are* the master weights;
+    // the breakdown shows them as such and counts the 16-bit copies autocast
+    // caches for the step (torch autocast weight cache, kept until the
+    // autocast region exits and saved by the matmuls for backward) as weights.
+    if l.mixed && !l.deepspeed {
+        weights.master = trained_store;
+        weights.stored = frozen;
+        (
+            weights.phase_a_copies,
+            weights.casts_freed_before_loss_backward,
+        ) = autocast_casts(w, s, l);
+    } else {
+        weights.stored = frozen + trained_store;
+        weights.master = l.trainable_params * l.master_elem_bytes / l.optimizer_shards;
+    }
+
+    // ZeRO-3 / FSDP all-gather one block's full weights at a time and
+    // prefetch the next (FSDP `forward_prefetch`/`backward_prefetch`
+    // defaults; DeepSpeed `stage3_prefetch_bucket_size`): two blocks.
+    if l.param_shards > 1.0 {
+        let block = p.body_linear / a.num_layers.max(1) as f64;
+        weights.phase_a_copies += 2.0 * block * l.compute_elem_bytes;
+    }
+    // Quantized bases are dequantized one linear at a time into the compute
+    // dtype for the matmul (bitsandbytes `dequantize_4bit`).
+    if base_quant(w, opts) != BaseQuant::None && w.method != Method::Full {
+        weights.phase_a_copies += p.largest_linear * l.compute_elem_bytes;
+    }
+    weights
+}
+
+/// The frozen base's bytes on this GPU: quantized block linears; the
+/// embeddings, head and norms in the compute dtype (bitsandbytes and
+/// torchtune quantize only the block linears), or in fp32 under PEFT's
+/// k-bit recipe ([`kbit_recipe`]).
+fn frozen_weights(w: &Workload, opts: &ModelOptions, l: &Layout) -> f64 {
+    let (pb, e) = (l.param_elem_bytes, l.compute_elem_bytes);
     let (frozen_body, frozen_rest) = match w.method {
         Method::Full => (0.0, 0.0),
-        Method::Lora | Method::Qlora => (p.body_linear, p.rest),
+        Method::Lora | Method::Qlora => (l.params.body_linear, l.params.rest),
     };
     let quant = base_quant(w, opts);
-    // Frozen bases: quantized linear weights; embeddings, head and norms
-    // stay in the compute dtype (bitsandbytes and torchtune quantize only
-    // the block linears).
-    // PEFT's `prepare_model_for_kbit_training` (the HF QLoRA recipe) casts
-    // every parameter that is not quantized — embeddings, output head, norms —
-    // to fp32 (peft/utils/other.py).
     let frozen_rest_bytes = match quant {
         BaseQuant::None => pb,
         _ if kbit_recipe(w, opts) => 4.0,
@@ -284,7 +309,7 @@ pub(super) fn weights(
         _ if w.framework == Framework::Torchtune => w
             .lora
             .as_ref()
-            .map(|l| targeted_linear_params(a, &l.targets))
+            .map(|lora| targeted_linear_params(&w.model, &lora.targets))
             .unwrap_or(0.0)
             .min(frozen_body),
         _ => frozen_body,
@@ -297,146 +322,122 @@ pub(super) fn weights(
         BaseQuant::Nf4 => NF4_BYTES_PER_PARAM,
         BaseQuant::Nf4NoDoubleQuant => NF4_NO_DQ_BYTES_PER_PARAM,
     };
-    let frozen = (quantized_body * frozen_body_bytes
+    (quantized_body * frozen_body_bytes
         + unquantized_body * unquantized_body_bytes
         + frozen_rest * frozen_rest_bytes)
-        / shard_param;
-
-    let trained_store = trainable * train_store / shard_param;
-
-    // In -mixed the stored fp32 trainable params *are* the master weights;
-    // the breakdown shows them as such and counts the 16-bit copies autocast
-    // caches for the step (torch autocast weight cache, kept until the
-    // autocast region exits and saved by the matmuls for backward) as weights.
-    if mixed && !deepspeed {
-        pl.master = trained_store;
-        pl.weights_stored = frozen;
-        // Every matmul weight is cast once per forward; the casts of frozen
-        // weights are not cached but are saved by their matmul for backward,
-        // so all of them are alive at the boundary.
-        // With checkpointing, a frozen (LoRA) block's casts are dropped when
-        // its checkpointed forward ends and remade one block at a time in
-        // backward; autocast caches only casts of weights that need a
-        // gradient, so a full fine-tune keeps them all either way.
-        let body_casts = if w.method != Method::Full && s.activation_checkpointing {
-            p.body_linear / a.num_layers.max(1) as f64
-        } else {
-            p.body_linear
-        };
-        // litgpt's LoRA loop runs the head in 128-token chunks
-        // (`model(input_ids, lm_head_chunk_size=128)`, litgpt/finetune/
-        // lora.py): a frozen head is cast once per chunk, and each chunk's
-        // matmul saves its own cast.
-        let head_casts = if w.framework == Framework::Litgpt && w.method != Method::Full {
-            (w.seq_len as f64 / LITGPT_LM_HEAD_CHUNK).ceil().max(1.0)
-        } else {
-            1.0
-        };
-        pl.weights_transient_a = 2.0 * (body_casts + head_casts * p.head) / shard_param;
-        // A full fine-tune caches every weight's cast until the autocast
-        // region exits after the forward; checkpointed blocks saved nothing,
-        // so their casts are freed before the loss's backward (recomputation
-        // casts one block at a time again).
-        if w.method == Method::Full && s.activation_checkpointing {
-            pl.casts_freed_before_backward = 2.0 * p.body_linear / shard_param;
-        }
-    } else {
-        pl.weights_stored = frozen + trained_store;
-        pl.master = trainable * master_bytes / shard_opt;
-    }
-
-    // ZeRO-3 / FSDP all-gather one block's full weights at a time and
-    // prefetch the next (FSDP `forward_prefetch`/`backward_prefetch`
-    // defaults; DeepSpeed `stage3_prefetch_bucket_size`): two blocks.
-    if shard_param > 1.0 {
-        let block = p.body_linear / a.num_layers.max(1) as f64;
-        pl.weights_transient_a += 2.0 * block * e;
-    }
-    // Quantized bases are dequantized one linear at a time into the compute
-    // dtype for the matmul (bitsandbytes `dequantize_4bit`).
-    if quant != BaseQuant::None && w.method != Method::Full {
-        pl.weights_transient_a += p.largest_linear * e;
-    }
+        / l.param_shards
 }
 
-/// Gradients, and whether they are alive in phase A.
+/// Under autocast: the 16-bit weight casts alive at the forward/backward
+/// boundary, and those of them freed before the loss's backward.
+fn autocast_casts(w: &Workload, s: &EngineeringSettings, l: &Layout) -> (f64, f64) {
+    let p = &l.params;
+    // Every matmul weight is cast once per forward; the casts of frozen
+    // weights are not cached but are saved by their matmul for backward,
+    // so all of them are alive at the boundary. With checkpointing, a
+    // frozen (LoRA) block's casts are dropped when its checkpointed forward
+    // ends and remade one block at a time in backward; autocast caches only
+    // casts of weights that need a gradient, so a full fine-tune keeps them
+    // all either way.
+    let body_casts = if w.method != Method::Full && s.activation_checkpointing {
+        p.body_linear / w.model.num_layers.max(1) as f64
+    } else {
+        p.body_linear
+    };
+    // litgpt's LoRA loop runs the head in chunks (`LITGPT_LM_HEAD_CHUNK`):
+    // a frozen head is cast once per chunk, and each chunk's matmul saves
+    // its own cast.
+    let head_casts = if w.framework == Framework::Litgpt && w.method != Method::Full {
+        (w.seq_len as f64 / LITGPT_LM_HEAD_CHUNK).ceil().max(1.0)
+    } else {
+        1.0
+    };
+    let casts = 2.0 * (body_casts + head_casts * p.head) / l.param_shards;
+    // A full fine-tune caches every weight's cast until the autocast region
+    // exits after the forward; checkpointed blocks saved nothing, so their
+    // casts are freed before the loss's backward (recomputation casts one
+    // block at a time again).
+    let freed = if w.method == Method::Full && s.activation_checkpointing {
+        2.0 * p.body_linear / l.param_shards
+    } else {
+        0.0
+    };
+    (casts, freed)
+}
+
+/// Gradients, and whether they are alive in phase A. The blocks of the
+/// largest gradient's size are filled in by [`largest_size_blocks`].
 pub(super) fn gradients(
     w: &Workload,
     s: &EngineeringSettings,
     opts: &ModelOptions,
     l: &Layout,
-    pl: &mut Plan,
-) {
-    let Layout {
-        ref p,
-        deepspeed,
-        shard_grad,
-        trainable,
-        grad_bytes,
-        ..
-    } = *l;
-    // --- gradients: same dtype as the stored trainable params (see
-    // `Layout::grad_bytes`) ---
-    pl.grads = trainable * grad_bytes / shard_grad;
+) -> Gradients {
+    let p = &l.params;
+    let (trainable, grad_bytes) = (l.trainable_params, l.grad_elem_bytes);
+    let mut g = Gradients {
+        total: trainable * grad_bytes / l.gradient_shards,
+        ..Gradients::default()
+    };
     if w.gpus > 1 && w.sharding == Sharding::None {
         // DDP's reducer keeps flat bucket buffers as large as all gradients
         // unless `gradient_as_bucket_view=True` (torch DDP docs).
-        pl.grads += trainable * grad_bytes;
+        g.total += trainable * grad_bytes;
     }
     if optimizer_in_backward(w) {
         // Only the gradient being applied exists: the largest tensor.
-        pl.grads = p.head.max(p.largest_linear) * grad_bytes;
+        g.total = p.head.max(p.largest_linear) * grad_bytes;
     }
     // One tensor per parameter (torch's `AccumulateGrad`): the largest is
     // the embedding's or the head's. Sharded and bucketed gradients are
     // flat buffers of other sizes, and adapters are small: none counted.
-    pl.largest_grad_block = if w.method == Method::Full
-        && shard_grad == 1.0
-        && !deepspeed
+    if w.method == Method::Full
+        && l.gradient_shards == 1.0
+        && !l.deepspeed
         && w.gpus <= 1
         && !optimizer_in_backward(w)
     {
-        p.largest_param() * grad_bytes
-    } else {
-        0.0
-    };
-    pl.mlp_grad_block = if pl.largest_grad_block > 0.0 {
-        p.largest_linear * grad_bytes
-    } else {
-        0.0
-    };
+        g.largest_block = p.largest_param() * grad_bytes;
+    }
+    if g.largest_block > 0.0 {
+        g.mlp_block = p.largest_linear * grad_bytes;
+    }
     // Gradients exist during the next forward when accumulation keeps them
     // between micro steps, or when zero_grad only zeroes them (torch < 2.0
     // default `set_to_none=False`).
-    pl.grads_in_a = if s.gradient_accumulation_steps > 1 || opts.grads_kept_between_steps {
-        pl.grads
-    } else {
-        0.0
-    };
+    if s.gradient_accumulation_steps > 1 || opts.grads_kept_between_steps {
+        g.kept_in_phase_a = g.total;
+    }
+    g
 }
 
 /// The bytes phase B caches in blocks of the largest gradient's size
-/// (`Plan::largest_grad_block`), which the loss buffers can take when each
+/// (`Gradients::largest_block`), which the loss buffers can take when each
 /// fits in one: per parameter of that size its gradient, and the
 /// optimizer's temporary of its shape where the step makes one (foreach
 /// AdamW makes all at once, transformers' per-parameter AdamW one at a
 /// time); a tied embedding adds the gradient of its second use, which
 /// autograd sums into the first and frees. Returns all of them and the
 /// second use's alone.
-pub(super) fn grad_blocks(w: &Workload, l: &Layout, pl: &Plan) -> (f64, f64) {
-    let block = pl.largest_grad_block;
+pub(super) fn largest_size_blocks(
+    w: &Workload,
+    l: &Layout,
+    largest_block: f64,
+    step_temporaries: f64,
+) -> (f64, f64) {
+    let block = largest_block;
     if block <= 0.0 {
         return (0.0, 0.0);
     }
-    let head_largest = l.p.head >= l.p.largest_linear;
-    // litgpt unties the head (see `plan::layout`)
+    let head_largest = l.params.head >= l.params.largest_linear;
+    // litgpt unties the head (see `layout`)
     let tied = head_largest && w.model.tied_embeddings && w.framework != Framework::Litgpt;
     let params = match (head_largest, tied) {
         (true, true) => 1.0,
         (true, false) => 2.0,
         (false, _) => w.model.num_layers as f64,
     };
-    let temporaries = (pl.step_transient / block).floor().min(params);
+    let temporaries = (step_temporaries / block).floor().min(params);
     let second_use = if tied { 1.0 } else { 0.0 };
     (
         (params + temporaries + second_use) * block,
@@ -444,23 +445,31 @@ pub(super) fn grad_blocks(w: &Workload, l: &Layout, pl: &Plan) -> (f64, f64) {
     )
 }
 
-/// Optimizer state and the optimizer step's temporaries (phase B).
-pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout, pl: &mut Plan) {
-    let Layout {
-        ref p,
-        mixed,
-        deepspeed,
-        shard_opt,
-        trainable,
-        train_store,
-        ..
-    } = *l;
-    // --- optimizer state ---
+/// The optimizer implementation: the option, or the framework's default
+/// (torchtune's configs set `fused: True`, DeepSpeed ZeRO runs its own
+/// fused Adam; torch defaults to foreach on CUDA).
+fn optimizer_impl(w: &Workload, opts: &ModelOptions, l: &Layout) -> OptimizerImpl {
+    opts.optimizer_impl
+        .unwrap_or(if w.framework == Framework::Torchtune || l.deepspeed {
+            OptimizerImpl::Fused
+        } else {
+            OptimizerImpl::Foreach
+        })
+}
+
+/// Optimizer state, the optimizer step's temporaries (phase B) and the
+/// bytes the step moves.
+pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout) -> OptimizerTerms {
+    let trainable = l.trainable_params;
     // torch optimizers create state like the parameter (`zeros_like(p)`),
     // so AdamW on bf16 params keeps bf16 moments; DeepSpeed keeps fp32.
-    let state_elem = if deepspeed || mixed { 4.0 } else { train_store };
+    let state_elem = if l.deepspeed || l.mixed {
+        4.0
+    } else {
+        l.trainable_elem_bytes
+    };
     let adafactor_elems = adafactor_state_elems(w);
-    let opt = match w.optimizer {
+    let states = match w.optimizer {
         // exp_avg + exp_avg_sq (Loshchilov & Hutter 2019; torch.optim.AdamW).
         Optimizer::Adamw => trainable * 2.0 * state_elem,
         Optimizer::Adamw8bit => trainable * ADAMW8BIT_BYTES_PER_PARAM,
@@ -469,38 +478,42 @@ pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout, pl: &mut 
         // factored second moment: a row and a column vector per matrix
         // (Shazeer & Stern 2018, "Adafactor", §3); HF Adafactor, beta1=None.
         Optimizer::Adafactor => adafactor_elems * state_elem,
-    };
-    pl.opt_state = opt / shard_opt;
+    } / l.optimizer_shards;
 
-    // --- optimizer-step temporaries ---
-    // torch's default foreach AdamW (`_multi_tensor_adamw`) materialises
+    // torch's foreach AdamW (`_multi_tensor_adamw`) materialises
     // `exp_avg_sq.sqrt()` for every parameter at once: one more state-sized
-    // buffer. torchtune's configs set `fused: True` and DeepSpeed ZeRO uses
-    // its own fused Adam kernel (no temporaries); bitsandbytes and SGD
-    // update in place.
-    let imp = opts
-        .optimizer_impl
-        .unwrap_or(if w.framework == Framework::Torchtune || deepspeed {
-            OptimizerImpl::Fused
-        } else {
-            OptimizerImpl::Foreach
-        });
-    pl.step_transient = match (w.optimizer, imp) {
+    // buffer. Fused kernels make none; bitsandbytes and SGD update in place.
+    let imp = optimizer_impl(w, opts, l);
+    let step_temporaries = match (w.optimizer, imp) {
         _ if optimizer_in_backward(w) => 0.0,
-        (Optimizer::Adamw, OptimizerImpl::Foreach) => trainable * state_elem / shard_opt,
+        (Optimizer::Adamw, OptimizerImpl::Foreach) => trainable * state_elem / l.optimizer_shards,
         // transformers' legacy AdamW: `exp_avg_sq.sqrt()` of one parameter.
-        (Optimizer::Adamw, OptimizerImpl::PerParameter) => p.largest_param() * state_elem,
+        (Optimizer::Adamw, OptimizerImpl::PerParameter) => l.params.largest_param() * state_elem,
         _ => 0.0,
     };
+    OptimizerTerms {
+        states,
+        step_temporaries,
+        step_traffic: step_traffic(w, l, imp, states),
+        first_step_states: 0.0,
+    }
+}
 
-    // --- bytes the optimizer step reads and writes (its time: element-wise
-    // kernels run at the memory bandwidth, see `core::throughput`) ---
-    // Per GPU: the shard of parameters it updates (the fp32 master copy
-    // where there is one), their gradients and the states.
-    let param = trainable * if deepspeed { 4.0 } else { train_store } / shard_opt;
-    let grad = trainable * l.grad_bytes / shard_opt;
-    let state = pl.opt_state;
-    pl.optimizer_step_bytes = match (w.optimizer, imp) {
+/// Bytes the optimizer step reads and writes on this GPU (its time:
+/// element-wise kernels run at the memory bandwidth, see
+/// `core::throughput`): the shard of parameters it updates (the fp32
+/// master copy where there is one), their gradients and the states.
+fn step_traffic(w: &Workload, l: &Layout, imp: OptimizerImpl, state: f64) -> f64 {
+    let trainable = l.trainable_params;
+    let param = trainable
+        * if l.deepspeed {
+            4.0
+        } else {
+            l.trainable_elem_bytes
+        }
+        / l.optimizer_shards;
+    let grad = trainable * l.grad_elem_bytes / l.optimizer_shards;
+    match (w.optimizer, imp) {
         // `_multi_tensor_adam` with decoupled weight decay (torch/optim/
         // adam.py), element accesses per parameter: `_foreach_mul_(params)`
         // 2, `_foreach_lerp_(exp_avgs, grads)` 3, `_foreach_mul_(exp_avg_sqs)`
@@ -527,6 +540,8 @@ pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout, pl: &mut 
         // about eight passes over parameter-sized temporaries (squared
         // gradient, its factored estimate, the update and its RMS clip);
         // its factored state is small. Not measured.
-        (Optimizer::Adafactor, _) => 2.0 * param + grad + 8.0 * trainable * 4.0 / shard_opt,
-    };
+        (Optimizer::Adafactor, _) => {
+            2.0 * param + grad + 8.0 * trainable * 4.0 / l.optimizer_shards
+        }
+    }
 }

@@ -11,9 +11,8 @@
 use crate::core::settings::EngineeringSettings;
 use crate::core::workload::{Attention, LoraTarget, Method, Workload};
 
-use super::activations::{activation_dtype, LayerActs};
-use super::storage::{compute_bytes, param_bytes};
-use super::ModelOptions;
+use super::precision::{activation_dtype, compute_bytes, param_bytes};
+use super::types::{LayerActs, ModelOptions};
 
 /// One encoder block and one decoder block make the pair the terms below
 /// add up; a layer is half of it. Every released T5 config has
@@ -21,6 +20,11 @@ use super::ModelOptions;
 /// on each residual branch: its masks are counted throughout.
 const BLOCKS_PER_PAIR: f64 = 2.0;
 
+/// Two self-attentions and one cross-attention over the pair.
+const ATTENTIONS_PER_PAIR: f64 = 3.0;
+
+/// A T5 layer's [`LayerActs`]: the terms of an encoder block and a
+/// decoder block, halved.
 pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> LayerActs {
     let a = &w.model;
     let dtype = activation_dtype(w, s, opts);
@@ -76,7 +80,7 @@ pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOption
     }
 
     // --- three attentions (two self, one cross), each over `seq` keys ---
-    let attn = 3.0;
+    let attn = ATTENTIONS_PER_PAIR;
     if w.attention == Attention::Eager {
         // q·kᵀ saves q and k, PV saves v …
         pair += attn * 3.0 * e * qd;
@@ -104,51 +108,11 @@ pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOption
     pair += BLOCKS_PER_PAIR
         * ((act * e + 1.0) * i + if trains(LoraTarget::Down) { e * i } else { 0.0 });
 
-    // --- LoRA adapters (PEFT matches q and v in all three attentions) ---
     if !full {
-        let per_attn = [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O]
-            .iter()
-            .filter(|t| targets.contains(t))
-            .count() as f64;
-        let adapters = attn * per_attn;
-        if peft_cast {
-            // every adapter's own fp32 cast of its input
-            pair += adapters * adapter_input * h;
-        } else {
-            // the norm outputs the q adapters share (the cross-attention's
-            // k and v read the encoder output, kept once for all layers)
-            let self_inputs = if targets
-                .iter()
-                .any(|t| matches!(t, LoraTarget::Q | LoraTarget::K | LoraTarget::V))
-            {
-                2.0
-            } else {
-                0.0
-            };
-            let cross_q = if targets.contains(&LoraTarget::Q) {
-                1.0
-            } else {
-                0.0
-            };
-            pair += (self_inputs + cross_q) * adapter_input * h;
-        }
-        // each adapter's A output (rank wide, fp32) is saved by B
-        pair += adapters * 4.0 * rank;
+        adapters(targets, peft_cast, adapter_input, h, rank, &mut pair);
     }
 
-    // Backward of one block: the residual gradient (twice while the
-    // branches add), the feed-forward gradients, and in eager attention the
-    // probabilities' gradients (softmax's and dropout's backward).
-    let bt = 2.0 * r * h + 2.0 * e * i;
-    let bt_seq = if w.attention == Attention::Eager {
-        if mixed {
-            (4.0 + 2.0 * e) * heads
-        } else {
-            2.0 * e * heads
-        }
-    } else {
-        0.0
-    };
+    let (bt, bt_seq) = backward_transients(w, mixed, e, r, h, i, heads);
     LayerActs {
         saved: pair / BLOCKS_PER_PAIR,
         saved_per_seq: pair_per_seq / BLOCKS_PER_PAIR,
@@ -160,6 +124,73 @@ pub(super) fn t5_layer(w: &Workload, s: &EngineeringSettings, opts: &ModelOption
         // nor tested against the cached gradient blocks (`allocator::eval`)
         wide_tensor: 0.0,
     }
+}
+
+/// Adds the LoRA adapters' saved inputs and A outputs over the pair to
+/// `pair` (PEFT matches q and v in all three attentions); an adapter's
+/// input is `input` bytes per element, `h` elements per token.
+fn adapters(
+    targets: &[LoraTarget],
+    peft_cast: bool,
+    input: f64,
+    h: f64,
+    rank: f64,
+    pair: &mut f64,
+) {
+    let attn = ATTENTIONS_PER_PAIR;
+    let per_attn = [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O]
+        .iter()
+        .filter(|t| targets.contains(t))
+        .count() as f64;
+    let adapters = attn * per_attn;
+    if peft_cast {
+        // every adapter's own fp32 cast of its input
+        *pair += adapters * input * h;
+    } else {
+        // the norm outputs the q adapters share (the cross-attention's
+        // k and v read the encoder output, kept once for all layers)
+        let self_inputs = if targets
+            .iter()
+            .any(|t| matches!(t, LoraTarget::Q | LoraTarget::K | LoraTarget::V))
+        {
+            2.0
+        } else {
+            0.0
+        };
+        let cross_q = if targets.contains(&LoraTarget::Q) {
+            1.0
+        } else {
+            0.0
+        };
+        *pair += (self_inputs + cross_q) * input * h;
+    }
+    // each adapter's A output (rank wide, fp32) is saved by B
+    *pair += adapters * 4.0 * rank;
+}
+
+/// Backward of one block: the residual gradient (twice while the
+/// branches add), the feed-forward gradients, and in eager attention the
+/// probabilities' gradients (softmax's and dropout's backward).
+fn backward_transients(
+    w: &Workload,
+    mixed: bool,
+    e: f64,
+    r: f64,
+    h: f64,
+    i: f64,
+    heads: f64,
+) -> (f64, f64) {
+    let bt = 2.0 * r * h + 2.0 * e * i;
+    let bt_seq = if w.attention == Attention::Eager {
+        if mixed {
+            (4.0 + 2.0 * e) * heads
+        } else {
+            2.0 * e * heads
+        }
+    } else {
+        0.0
+    };
+    (bt, bt_seq)
 }
 
 #[cfg(test)]

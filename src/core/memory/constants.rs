@@ -11,14 +11,13 @@ use crate::core::units::MIB;
 
 /// CUDA context + PyTorch's kernel images, which nvidia-smi shows beside
 /// `memory_reserved()` (PyTorch docs, "CUDA semantics → Memory
-/// management"), for a machine whose own was not measured: 500 MiB, CUDA
-/// 12's lazy module loading on A100/H100. This repository's H100 and H200
-/// (driver 580, PyTorch 2.11, CUDA 13) measured 610 MiB
-/// (bench/data/h100/README.md; `context_bytes` in bench/data/h100/peaks.csv,
-/// `cuda_context_mib` in the other files of bench/data/h100 and h200); the
-/// accuracy benchmark passes each row's measured context instead
-/// (`ModelOptions::cuda_context_bytes`).
-pub const CUDA_CONTEXT_BYTES: u64 = 500 * MIB;
+/// management"), for a machine whose own was not measured: the 610 MiB this
+/// repository measured on its H100 and H200 (driver 580, PyTorch 2.11,
+/// CUDA 13, lazy module loading; bench/data/h100/README.md, `context_bytes`
+/// in bench/data/h100/peaks.csv, `cuda_context_mib` in the other files of
+/// bench/data/h100 and h200). The accuracy benchmark passes each row's
+/// measured context instead (`ModelOptions::cuda_context_bytes`).
+pub const CUDA_CONTEXT_BYTES: u64 = 610 * MIB;
 
 /// cuBLAS's workspaces, which PyTorch allocates from the caching allocator
 /// (so they are in `max_memory_allocated`) at the first matmul of each

@@ -202,7 +202,34 @@ impl RunRecord {
         }
         Some((predicted - measured) / measured)
     }
+
+    /// How the run reached the history (the fleet view's `path`):
+    /// `trainingjob` (the reconciler), `webhook` (a Job, PyTorchJob … the
+    /// admission webhook configured: its job id reads `Kind:ns/name/uid`),
+    /// `slurm`, `cli` (`gpufit record`, `find-max-batch`) or `import`.
+    pub fn path(&self) -> &'static str {
+        match self.source {
+            RunSource::Kubernetes => {
+                let webhook = self
+                    .job_id
+                    .as_deref()
+                    .and_then(|j| j.split('/').next())
+                    .is_some_and(|first| first.contains(':'));
+                if webhook {
+                    "webhook"
+                } else {
+                    "trainingjob"
+                }
+            }
+            RunSource::Slurm => "slurm",
+            RunSource::Cli | RunSource::FindMaxBatch => "cli",
+            RunSource::Import => "import",
+        }
+    }
 }
+
+/// Every value of [`RunRecord::path`], in report order.
+pub const RUN_PATHS: [&str; 5] = ["trainingjob", "webhook", "slurm", "cli", "import"];
 
 // === identity ===
 

@@ -208,23 +208,27 @@ impl RunRecord {
     /// admission webhook configured: its job id reads `Kind:ns/name/uid`),
     /// `slurm`, `cli` (`gpufit record`, `find-max-batch`) or `import`.
     pub fn path(&self) -> &'static str {
-        match self.source {
-            RunSource::Kubernetes => {
-                let webhook = self
-                    .job_id
-                    .as_deref()
-                    .and_then(|j| j.split('/').next())
-                    .is_some_and(|first| first.contains(':'));
-                if webhook {
-                    "webhook"
-                } else {
-                    "trainingjob"
-                }
+        run_path(self.source, self.job_id.as_deref())
+    }
+}
+
+/// [`RunRecord::path`] from the two columns it reads (the report streams
+/// them without building a record).
+pub fn run_path(source: RunSource, job_id: Option<&str>) -> &'static str {
+    match source {
+        RunSource::Kubernetes => {
+            let webhook = job_id
+                .and_then(|j| j.split('/').next())
+                .is_some_and(|first| first.contains(':'));
+            if webhook {
+                "webhook"
+            } else {
+                "trainingjob"
             }
-            RunSource::Slurm => "slurm",
-            RunSource::Cli | RunSource::FindMaxBatch => "cli",
-            RunSource::Import => "import",
         }
+        RunSource::Slurm => "slurm",
+        RunSource::Cli | RunSource::FindMaxBatch => "cli",
+        RunSource::Import => "import",
     }
 }
 

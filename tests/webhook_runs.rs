@@ -19,14 +19,15 @@ use gpufit::controller::webhook::{review, WebhookState};
 use gpufit::core::advisor::StrategyTargets;
 use gpufit::core::run::{FailureReason, RunRecord};
 use gpufit::history::{HistoryStore, ListFilter};
-use http::{Request, Response};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::client::Body;
 use kube::runtime::reflector;
 use kube::runtime::watcher;
 use kube::Client;
 use serde_json::{json, Value};
+
+#[path = "common/mock_api.rs"]
+mod mock_api;
 
 /// The scripted API server: objects by `plural/name`, pods, unexpected requests.
 #[derive(Default)]
@@ -81,24 +82,7 @@ fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value)
 }
 
 fn fake_client(api: Arc<Mutex<FakeApi>>) -> Client {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let path = req.uri().path().to_string();
-            let query = req.uri().query().unwrap_or("").to_string();
-            let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let (code, out) = answer(&mut api.lock().unwrap(), &method, &path, &query, body);
-            let resp = Response::builder()
-                .status(code)
-                .header("content-type", "application/json")
-                .body(Body::from(serde_json::to_vec(&out).expect("json")))
-                .expect("response");
-            send.send_response(resp);
-        }
-    });
-    Client::new(svc, "default")
+    mock_api::mock_client(api, answer)
 }
 
 /// A peak reader double that keeps every query (to check all pods are asked).
@@ -227,6 +211,14 @@ impl World {
     }
 }
 
+/// What the webhook applied (`gpufit.io/applied-settings`) to an admitted object.
+fn applied(obj: &Value) -> Value {
+    let text = obj["metadata"]["annotations"][ANN_APPLIED]
+        .as_str()
+        .expect("the applied-settings annotation");
+    serde_json::from_str(text).expect("JSON")
+}
+
 async fn reconcile(obj: &Value, c: &Arc<WorkloadContext>) {
     let dynobj: DynamicObject = serde_json::from_value(obj.clone()).expect("object");
     tokio::time::timeout(
@@ -318,12 +310,7 @@ async fn a_pytorchjob_whose_one_worker_ran_out_of_memory_is_one_oom_record_acros
             [LABEL_CONFIGURED],
         "true"
     );
-    let first: Value = serde_json::from_str(
-        job["metadata"]["annotations"][ANN_APPLIED]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let first: Value = applied(&job);
     let c1 = w.controller(PYTORCHJOB);
     *w.peaks.bytes.lock().unwrap() = Some(70 << 30);
 
@@ -401,12 +388,7 @@ async fn a_pytorchjob_whose_one_worker_ran_out_of_memory_is_one_oom_record_acros
     // The same workload again: it learned from the OOM.
     w.later();
     let again = w.submit(PYTORCHJOB, pytorchjob("ddp-2"));
-    let second: Value = serde_json::from_str(
-        again["metadata"]["annotations"][ANN_APPLIED]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let second: Value = applied(&again);
     assert_eq!(second["source"], "learned_from_failures", "{second}");
     assert!(
         second["settings"]["microBatchSize"].as_u64()
@@ -428,34 +410,19 @@ fn batch_job(name: &str) -> Value {
 async fn a_finished_job_is_recorded_once_and_the_next_submission_uses_its_measured_peak() {
     let mut w = World::new();
     let job = w.submit(JOB, batch_job("finetune"));
-    let first: Value = serde_json::from_str(
-        job["metadata"]["annotations"][ANN_APPLIED]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let first: Value = applied(&job);
     assert_eq!(first["source"], "heuristic");
     let predicted = first["predictedPeakBytes"].as_u64().unwrap();
     // It used far less than predicted.
     *w.peaks.bytes.lock().unwrap() = Some(predicted / 2);
     let c = w.controller(JOB);
-    let uid = job["metadata"]["uid"].as_str().unwrap();
-    let tmpl_labels = job["spec"]["template"]["metadata"]["labels"].clone();
-    let mut labels = tmpl_labels;
-    labels["batch.kubernetes.io/controller-uid"] = json!(uid);
-    labels["batch.kubernetes.io/job-name"] = json!("finetune");
-    labels["controller-uid"] = json!(uid);
-    labels["job-name"] = json!("finetune");
-    w.api.lock().unwrap().pods = vec![json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "finetune-x7k2p", "namespace": "ml", "labels": labels,
-            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "finetune",
-                "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
-        "spec": {"nodeName": "gpu-1", "containers": job["spec"]["template"]["spec"]["containers"].clone()},
-        "status": {"phase": "Succeeded", "containerStatuses": [{"name": "train", "image": "x", "imageID": "",
-            "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-            "message": "{'train_runtime': 100.0, 'train_samples_per_second': 6.25, 'train_steps_per_second': 0.8, 'train_loss': 1.2, 'epoch': 1.0}"}}}]}
-    })];
+    w.api.lock().unwrap().pods = vec![job_pod(
+        &job,
+        "finetune-x7k2p",
+        "Succeeded",
+        json!({"terminated": {"exitCode": 0, "reason": "Completed",
+            "message": "{'train_runtime': 100.0, 'train_samples_per_second': 6.25, 'train_steps_per_second': 0.8, 'train_loss': 1.2, 'epoch': 1.0}"}}),
+    )];
     let done = w.set_status(
         "jobs/finetune",
         json!({"startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:10:00Z",
@@ -474,15 +441,88 @@ async fn a_finished_job_is_recorded_once_and_the_next_submission_uses_its_measur
 
     w.later();
     let again = w.submit(JOB, batch_job("finetune-2"));
-    let second: Value = serde_json::from_str(
-        again["metadata"]["annotations"][ANN_APPLIED]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let second: Value = applied(&again);
     assert_eq!(second["source"], "historical_data_with_memory", "{second}");
     assert_ne!(
         second["settings"]["microBatchSize"], first["settings"]["microBatchSize"],
         "the measurement moved the micro batch: {first} → {second}"
     );
+}
+
+/// A Job's pods as the Job controller creates them (from the admitted template).
+fn job_pod(job: &Value, name: &str, phase: &str, state: Value) -> Value {
+    let uid = job["metadata"]["uid"].as_str().unwrap();
+    let owner = job["metadata"]["name"].as_str().unwrap();
+    let mut labels = job["spec"]["template"]["metadata"]["labels"].clone();
+    labels["batch.kubernetes.io/controller-uid"] = json!(uid);
+    labels["batch.kubernetes.io/job-name"] = json!(owner);
+    labels["controller-uid"] = json!(uid);
+    labels["job-name"] = json!(owner);
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "labels": labels,
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": owner,
+                "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"nodeName": "gpu-1", "containers": job["spec"]["template"]["spec"]["containers"].clone()},
+        "status": {"phase": phase, "containerStatuses": [{"name": "train", "image": "x", "imageID": "",
+            "ready": false, "restartCount": 0, "state": state}]}
+    })
+}
+
+fn job_failed() -> Value {
+    json!({"startTime": "2026-01-01T00:00:00Z", "failed": 1, "conditions": [
+        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"},
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "Job has reached the specified backoff limit",
+         "lastTransitionTime": "2026-01-01T00:05:00Z"}]})
+}
+
+#[tokio::test]
+async fn a_peak_missing_when_the_job_ends_is_filled_in_later_and_a_host_oomkill_is_other_error() {
+    let w = World::new();
+    let job = w.submit(JOB, batch_job("late"));
+    w.api.lock().unwrap().pods = vec![job_pod(
+        &job,
+        "late-abcde",
+        "Failed",
+        json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}),
+    )];
+    let c = w.controller(JOB);
+    let failed = w.set_status("jobs/late", job_failed());
+    reconcile(&failed, &c).await;
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        runs[0].result.failure_reason,
+        Some(FailureReason::OtherError)
+    );
+    assert_eq!(
+        runs[0].result.peak_memory_bytes, None,
+        "not in Prometheus yet"
+    );
+
+    // The peak reaches Prometheus; the next due lookup fills it in.
+    *w.peaks.bytes.lock().unwrap() = Some(33 << 30);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let annotated = w.api.lock().unwrap().objects["jobs/late"].clone();
+    assert!(annotated["metadata"]["annotations"]["gpufit.io/peak-pending"].is_string());
+    reconcile(&annotated, &c).await;
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].result.peak_memory_bytes, Some(33 << 30));
+    let done = w.api.lock().unwrap().objects["jobs/late"].clone();
+    assert!(done["metadata"]["annotations"]["gpufit.io/peak-pending"].is_null());
+}
+
+#[tokio::test]
+async fn a_workload_deleted_before_it_ended_is_not_recorded() {
+    let w = World::new();
+    w.submit(JOB, batch_job("gone"));
+    let c = w.controller(JOB);
+    // The watch saw it end, but it is gone from the API server by the time
+    // the leader looks (deleted; its status no longer trusted).
+    let seen = w.set_status("jobs/gone", job_failed());
+    w.api.lock().unwrap().objects.remove("jobs/gone");
+    reconcile(&seen, &c).await;
+    assert!(w.runs().is_empty());
 }

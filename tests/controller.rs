@@ -16,9 +16,7 @@ use gpufit::core::run::RunRecord;
 use gpufit::core::similarity::HistoryQuery;
 use gpufit::core::workload::Method;
 use gpufit::history::{HistoryError, HistoryStore, ListFilter};
-use http::{Request, Response};
 use k8s_openapi::api::core::v1::{Namespace, Node};
-use kube::client::Body;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::Client;
@@ -26,6 +24,8 @@ use serde_json::{json, Value};
 
 #[path = "common/controller.rs"]
 mod fixtures;
+#[path = "common/mock_api.rs"]
+mod mock_api;
 use fixtures::*;
 
 /// One request the fake API server saw.
@@ -148,34 +148,17 @@ fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value)
     )
 }
 
-/// Starts the fake API server; returns a client talking to it.
+/// Starts the fake API server; returns a client talking to it. Every
+/// request is kept in `seen` for the assertions.
 fn fake_client(api: Arc<Mutex<FakeApi>>) -> Client {
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let path = req.uri().path().to_string();
-            let query = req.uri().query().unwrap_or("").to_string();
-            let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let (code, out) = {
-                let mut api = api.lock().expect("fake api lock");
-                api.seen.push(Seen {
-                    method: method.clone(),
-                    path: path.clone(),
-                    body: body.clone(),
-                });
-                answer(&mut api, &method, &path, &query, body)
-            };
-            let resp = Response::builder()
-                .status(code)
-                .header("content-type", "application/json")
-                .body(Body::from(serde_json::to_vec(&out).expect("json")))
-                .expect("response");
-            send.send_response(resp);
-        }
-    });
-    Client::new(svc, "default")
+    mock_api::mock_client(api, |api, method, path, query, body| {
+        api.seen.push(Seen {
+            method: method.to_string(),
+            path: path.to_string(),
+            body: body.clone(),
+        });
+        answer(api, method, path, query, body)
+    })
 }
 
 /// A history store double: in memory, or down.

@@ -610,3 +610,63 @@ fn the_html_report_renders_its_plots_in_headless_chromium() {
         std::fs::copy(&shot, &keep).expect("keep the screenshot");
     }
 }
+
+/// The fleet view's `path` dimension: a run of each way into the history,
+/// told apart by source and job id, counted in the JSON and the table.
+#[test]
+fn report_counts_the_runs_of_each_path() {
+    let dir = tmp();
+    let url = format!("sqlite:{}", dir.path().join("h.db").display());
+    let with = |source: RunSource, job: &str, ok: bool| RunRecord {
+        source,
+        job_id: Some(job.into()),
+        ..run(
+            1,
+            A100_80,
+            Method::Lora,
+            2,
+            ok,
+            Some(60),
+            None,
+            None,
+            3600.0,
+        )
+    };
+    fill(
+        &url,
+        &[
+            with(RunSource::Kubernetes, "ml/finetune-a1/uid-1", true),
+            with(RunSource::Kubernetes, "PyTorchJob:ml/ddp/uid-2", false),
+            with(RunSource::Kubernetes, "Job:ml/finetune/uid-3", true),
+            with(RunSource::Slurm, "4242", true),
+            with(RunSource::Cli, "x", true),
+        ],
+    );
+    let r = report_json(&url, "24h");
+    let by: Vec<(String, u64, u64)> = r["by_path"]
+        .as_array()
+        .expect("by_path")
+        .iter()
+        .map(|p| {
+            (
+                p["path"].as_str().unwrap_or_default().to_string(),
+                p["runs"].as_u64().unwrap_or(0),
+                p["oom_runs"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        by,
+        vec![
+            ("trainingjob".to_string(), 1, 0),
+            ("webhook".to_string(), 2, 1),
+            ("slurm".to_string(), 1, 0),
+            ("cli".to_string(), 1, 0),
+        ]
+    );
+    let out = gpufit(&["report", "--history", &url, "--since", "24h"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    for want in ["path", "trainingjob", "webhook", "slurm"] {
+        assert!(s.contains(want), "table lacks `{want}`:\n{s}");
+    }
+}

@@ -212,6 +212,27 @@ fn print_tables(r: &FleetReport, url: &str) {
         })
         .collect();
     println!("{}", table(&["GPU", "model", "method"], rows, 3));
+    let rows: Vec<Vec<String>> = r
+        .by_path
+        .iter()
+        .map(|p| {
+            vec![
+                p.path.clone(),
+                p.runs.to_string(),
+                p.succeeded.to_string(),
+                p.oom_runs.to_string(),
+                p.other_failures.to_string(),
+                hours(p.gpu_hours),
+            ]
+        })
+        .collect();
+    let mut paths = Table::new();
+    paths.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    paths.set_header(["path", "runs", "ok", "OOM", "other", "GPU-h"]);
+    for r in rows {
+        paths.add_row(r);
+    }
+    println!("{paths}");
     let t = &r.total;
     println!(
         "err: |predicted − measured| / measured peak over {} run(s) with both; unused: (capacity − peak) × duration × GPUs of {} successful run(s){}; tok/s vs best: tokens/s per GPU against the best known run of the same GPU, model, method and sequence length ({} run(s))",

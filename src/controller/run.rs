@@ -258,7 +258,7 @@ async fn reconcile_while_leading(
                 if r.is_err() { return; }
             }
         }
-        tracing::info!("leading: reconciling TrainingJobs");
+        tracing::info!("leading: reconciling TrainingJobs and recording webhook-configured runs");
         let controller = Controller::new(tjs.clone(), watcher::Config::default())
             .owns(
                 jobs.clone(),
@@ -271,6 +271,13 @@ async fn reconcile_while_leading(
                 }
                 futures::future::ready(())
             });
+        // Jobs and PyTorchJobs the webhook configured: their runs too.
+        let workloads = reconcile::workloads::run_workload_controllers(
+            client.clone(),
+            ctx.clone(),
+            cfg.watch_namespace.clone(),
+        );
+        let controller = futures::future::join(controller, workloads);
         tokio::select! {
             _ = &mut stopping => return,
             _ = controller => {

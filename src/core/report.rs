@@ -46,6 +46,8 @@ pub struct ReportRow<'a> {
     pub predicted_peak_bytes: Option<u64>,
     pub tokens_per_sec: Option<f64>,
     pub duration_sec: Option<f64>,
+    /// How the run reached the history ([`crate::core::run::run_path`]).
+    pub path: &'static str,
 }
 
 impl<'a> ReportRow<'a> {
@@ -64,6 +66,7 @@ impl<'a> ReportRow<'a> {
             predicted_peak_bytes: r.predicted_peak_bytes,
             tokens_per_sec: r.result.tokens_per_sec,
             duration_sec: r.result.duration_sec,
+            path: r.path(),
         }
     }
 }
@@ -127,6 +130,19 @@ pub struct GroupStats {
     pub throughput: ThroughputStats,
 }
 
+/// Runs by how they reached the history: `trainingjob`, `webhook`,
+/// `slurm`, `cli`, `import` (the fleet view's `path` dimension).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PathStats {
+    pub path: String,
+    pub runs: u64,
+    pub succeeded: u64,
+    pub oom_runs: u64,
+    pub other_failures: u64,
+    /// Σ duration × GPUs of its runs with a duration, hours.
+    pub gpu_hours: f64,
+}
+
 /// One UTC day of the window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DayStats {
@@ -154,6 +170,9 @@ pub struct FleetReport {
     pub by_model: Vec<GroupStats>,
     /// Oldest first; days without runs are left out.
     pub daily: Vec<DayStats>,
+    /// In [`crate::core::run::RUN_PATHS`] order; paths without runs left out.
+    #[serde(default)]
+    pub by_path: Vec<PathStats>,
 }
 
 /// Sums for one group while rows stream in.
@@ -270,6 +289,8 @@ pub struct ReportBuilder {
     best: Vec<f64>,
     days: BTreeMap<i64, DayAcc>,
     rows: u64,
+    /// Runs by path (in the window).
+    paths: BTreeMap<&'static str, PathStats>,
 }
 
 fn catalog_capacity(name: &str) -> Option<u64> {
@@ -307,6 +328,7 @@ impl ReportBuilder {
             best: Vec::new(),
             days: BTreeMap::new(),
             rows: 0,
+            paths: BTreeMap::new(),
         }
     }
 
@@ -379,6 +401,18 @@ impl ReportBuilder {
                 self.groups.len() - 1
             }
         };
+        let p = self.paths.entry(r.path).or_default();
+        p.runs += 1;
+        if r.success {
+            p.succeeded += 1;
+        } else if r.oom {
+            p.oom_runs += 1;
+        } else {
+            p.other_failures += 1;
+        }
+        if let Some(d) = r.duration_sec.filter(|d| d.is_finite() && *d >= 0.0) {
+            p.gpu_hours += d * gpus / 3600.0;
+        }
         let a = &mut self.groups[gi].1;
         let day = self
             .days
@@ -489,6 +523,14 @@ impl ReportBuilder {
             by_gpu,
             by_model,
             daily,
+            by_path: crate::core::run::RUN_PATHS
+                .iter()
+                .filter_map(|p| {
+                    let mut s = self.paths.get(p)?.clone();
+                    s.path = p.to_string();
+                    Some(s)
+                })
+                .collect(),
         }
     }
 
@@ -637,6 +679,7 @@ mod tests {
             predicted_peak_bytes: predicted_gib.map(|g| g * GIB),
             tokens_per_sec: tps,
             duration_sec: dur,
+            path: "cli",
         }
     }
 

@@ -240,7 +240,38 @@ impl RunRecord {
         }
         Some((predicted - measured) / measured)
     }
+
+    /// How the run reached the history (the fleet view's `path`):
+    /// `trainingjob` (the reconciler), `webhook` (a Job, PyTorchJob … the
+    /// admission webhook configured: its job id reads `Kind:ns/name/uid`),
+    /// `slurm`, `cli` (`gpufit record`, `find-max-batch`) or `import`.
+    pub fn path(&self) -> &'static str {
+        run_path(self.source, self.job_id.as_deref())
+    }
 }
+
+/// [`RunRecord::path`] from the two columns it reads (the report streams
+/// them without building a record).
+pub fn run_path(source: RunSource, job_id: Option<&str>) -> &'static str {
+    match source {
+        RunSource::Kubernetes => {
+            let webhook = job_id
+                .and_then(|j| j.split('/').next())
+                .is_some_and(|first| first.contains(':'));
+            if webhook {
+                "webhook"
+            } else {
+                "trainingjob"
+            }
+        }
+        RunSource::Slurm => "slurm",
+        RunSource::Cli | RunSource::FindMaxBatch => "cli",
+        RunSource::Import => "import",
+    }
+}
+
+/// Every value of [`RunRecord::path`], in report order.
+pub const RUN_PATHS: [&str; 5] = ["trainingjob", "webhook", "slurm", "cli", "import"];
 
 // === identity ===
 

@@ -20,7 +20,15 @@ use crate::core::workload::Method;
 pub type RowSink<'f> = dyn FnMut(&ReportRow<'_>) -> Result<(), HistoryError> + 'f;
 
 const COLUMNS: &str = "timestamp_us, gpu_model, model, method, seq_len, gpus, success, \
-    failure_reason, peak_memory_bytes, predicted_peak_bytes, tokens_per_sec, duration_sec";
+    failure_reason, peak_memory_bytes, predicted_peak_bytes, tokens_per_sec, duration_sec, \
+    source, job_id";
+
+/// The run's path from its stored source and job id.
+fn path(source: &str, job_id: Option<&str>) -> &'static str {
+    schema::parse_source(source)
+        .map(|s| crate::core::run::run_path(s, job_id))
+        .unwrap_or("import")
+}
 
 /// Spellings seen per run are few (`lora`, `OOM`): parse without allocating.
 fn method(s: &str) -> Option<Method> {
@@ -88,6 +96,12 @@ pub(crate) fn sqlite_rows(
             predicted_peak_bytes: row.get::<_, Option<i64>>(9).map_err(err)?.map(u),
             tokens_per_sec: row.get(10).map_err(err)?,
             duration_sec: row.get(11).map_err(err)?,
+            path: path(
+                text(12)?,
+                row.get_ref(13)
+                    .and_then(|v| v.as_str_or_null().map_err(rusqlite::Error::from))
+                    .map_err(err)?,
+            ),
         };
         f(&r)?;
         n += 1;
@@ -126,6 +140,7 @@ pub(crate) fn postgres_rows(
             predicted_peak_bytes: row.try_get::<_, Option<i64>>(9).map_err(err)?.map(u),
             tokens_per_sec: row.try_get(10).map_err(err)?,
             duration_sec: row.try_get(11).map_err(err)?,
+            path: path(row.try_get(12).map_err(err)?, row.try_get(13).map_err(err)?),
         };
         f(&r)?;
         n += 1;

@@ -412,6 +412,7 @@ mod tests {
             predicted_peak_bytes: None,
             tokens_per_sec: None,
             duration_sec: Some(3600.0),
+            path: "cli",
         };
         b.add(&row);
         b.finish()
@@ -471,6 +472,7 @@ mod tests {
                 predicted_peak_bytes: None,
                 tokens_per_sec: None,
                 duration_sec: Some(3600.0 * (i + 1) as f64),
+                path: "cli",
             });
         }
         let page = render(&b.finish(), "sqlite:h.db").unwrap();

@@ -40,9 +40,10 @@ mod peaks;
 mod record;
 mod start;
 mod status;
+pub mod workloads;
 
 pub use context::{Context, MeasuredPeak, PeakQuery, PeakReader, PodRef, PromThenSidecar};
-pub use observe::{classify_failure, reported_tokens_per_sec};
+pub use observe::{classify_failure, classify_pods, reported_tokens_per_sec};
 pub use record::run_record;
 
 use context::key;

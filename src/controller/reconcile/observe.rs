@@ -184,6 +184,29 @@ fn job_state(job: &Job) -> JobProgress {
 /// termination messages (with `terminationMessagePolicy:
 /// FallbackToLogsOnError` that is the log's tail) and exit codes.
 pub fn classify_failure(job: &Job, pods: &[Pod]) -> (AttemptOutcome, String) {
+    if let Some(found) = classify_pods(pods) {
+        return found;
+    }
+    let cond = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Failed"))
+        .and_then(|c| c.message.clone().or(c.reason.clone()));
+    (
+        AttemptOutcome::Failed,
+        format!(
+            "the Job failed: {}",
+            cond.unwrap_or_else(|| "no reason given".into())
+        ),
+    )
+}
+
+/// What the pods of a failed workload say: a GPU out-of-memory failure in
+/// any container of any pod first (one OOM anywhere fails the whole
+/// workload), else the first other failure; `None` when no container says.
+/// The one set of rules for TrainingJobs and webhook-configured workloads.
+pub fn classify_pods(pods: &[Pod]) -> Option<(AttemptOutcome, String)> {
     let mut other: Option<String> = None;
     for pod in pods {
         let statuses = pod
@@ -202,7 +225,7 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (AttemptOutcome, String) {
                 let msg = t.message.as_deref().unwrap_or("");
                 // The same markers as the log parser and the Slurm Epilog.
                 if let Some(line) = crate::core::logs::oom::first_oom_line(msg) {
-                    return (
+                    return Some((
                         AttemptOutcome::Oom,
                         format!(
                             "container {} ran out of GPU memory (exit code {}): {}",
@@ -210,7 +233,7 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (AttemptOutcome, String) {
                             t.exit_code,
                             truncate(line.trim(), 300)
                         ),
-                    );
+                    ));
                 }
                 if other.is_none() {
                     other = Some(
@@ -243,26 +266,14 @@ pub fn classify_failure(job: &Job, pods: &[Pod]) -> (AttemptOutcome, String) {
             }
         }
     }
-    let msg = other.unwrap_or_else(|| {
-        let cond = job
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "Failed"))
-            .and_then(|c| c.message.clone().or(c.reason.clone()));
-        format!(
-            "the Job failed: {}",
-            cond.unwrap_or_else(|| "no reason given".into())
-        )
-    });
-    (AttemptOutcome::Failed, msg)
+    other.map(|msg| (AttemptOutcome::Failed, msg))
 }
 
 fn time_str(t: Option<&Time>) -> Option<String> {
     t.map(|t| t.0.to_string())
 }
 
-pub(super) fn unix(s: Option<&str>) -> Option<f64> {
+pub(crate) fn unix(s: Option<&str>) -> Option<f64> {
     let ts: Timestamp = s?.parse().ok()?;
     Some(ts.as_millisecond() as f64 / 1000.0)
 }

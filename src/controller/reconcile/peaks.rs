@@ -25,7 +25,10 @@ pub(super) enum PeakError {
 }
 
 /// One lookup through the context's readers (blocking, off the runtime).
-async fn read_peak(ctx: &Context, q: PeakQuery) -> Result<Option<MeasuredPeak>, PeakError> {
+pub(super) async fn read_peak(
+    ctx: &Context,
+    q: PeakQuery,
+) -> Result<Option<MeasuredPeak>, PeakError> {
     let reader = ctx.peaks.clone();
     tokio::task::spawn_blocking(move || reader.job_peak(&q))
         .await

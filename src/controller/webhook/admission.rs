@@ -25,7 +25,7 @@ use super::super::crd::Mode;
 use super::super::gpu;
 use super::super::inject;
 use super::super::metrics::Via;
-use super::super::reconcile::MODE_KEY;
+use super::super::reconcile::{workloads, MODE_KEY};
 use super::super::validate::check_pins;
 use super::annotations::{denied, denied_workload, input_annotations, parse_annotations, Denied};
 use super::{HistoryCache, WebhookState};
@@ -166,7 +166,11 @@ fn decide(
         Ok(s) => s,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
-    let mutated = with_suggestion(original, &templates, &suggestion, mode);
+    let mut mutated = with_suggestion(original, &templates, &suggestion, mode);
+    if mode == Mode::Inject {
+        // What recording the run later needs travels on the object.
+        workloads::mark_for_recording(&mut mutated, &templates, &workload);
+    }
     Ok(Decision::Mutate(mutated, suggestion.warnings.clone()))
 }
 

@@ -1,0 +1,641 @@
+//! Workloads the admission webhook configured (a `batch/v1` Job, a Kubeflow
+//! `PyTorchJob`): when one ends, its run is recorded once, with the same
+//! rules as a TrainingJob's attempt, so the next submission learns from it.
+//!
+//! At admission the webhook labels the object and its pod templates
+//! ([`LABEL_CONFIGURED`]) and writes the resolved workload
+//! ([`ANN_WORKLOAD`]) next to the applied settings (`gpufit.io/applied-settings`:
+//! settings, predicted peak, GPU). The leader watches only labelled objects,
+//! so its memory grows with what gpufit configured, not with the cluster.
+//!
+//! - Outcome: the owner's end condition (`Complete`/`Failed` for a Job,
+//!   `Succeeded`/`Failed` for a PyTorchJob); a failure is classified from
+//!   every pod by [`classify_pods`] (one CUDA OOM anywhere: the workload
+//!   ran out of GPU memory; a host `OOMKilled`: `other_error`).
+//! - Peak: the maximum over all its pods and GPUs (one query over every
+//!   pod); a peak not there yet is filled in later, paced like a
+//!   TrainingJob's ([`MAX_PEAK_LOOKUPS`]).
+//! - Tokens/s: as the job printed it, read from the lowest rank that
+//!   printed one (the master first) — not summed over ranks, like the
+//!   single-pod TrainingJob, whose one pod prints what its rank 0 prints.
+//! - Exactly once: the run's identity is (source, cluster, `Kind:ns/name/uid`),
+//!   so recording again updates the same row; the object is then annotated
+//!   [`ANN_RECORDED`], read fresh from the API server before recording so a
+//!   stale cached copy records nothing.
+//! - A workload deleted before it ended is **not recorded** (what it would
+//!   have done is unknown); nothing is retried on this path — the owner's
+//!   controller restarts its pods, and the next submission learns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::{json, Value};
+
+use crate::controller::crd::{AttemptOutcome, SettingsStatus};
+use crate::controller::inject::ANN_APPLIED;
+use crate::controller::metrics::{RunOutcome, Via};
+use crate::controller::ControllerError;
+use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use crate::core::workload::Workload;
+
+use super::context::{Context, PeakQuery, PodRef};
+use super::observe::{classify_pods, reported_tokens_per_sec, unix};
+use super::peaks::read_peak;
+use super::MAX_PEAK_LOOKUPS;
+
+/// Label on every object (and its pod templates) the webhook configured.
+pub const LABEL_CONFIGURED: &str = "gpufit.io/configured";
+/// The resolved workload (JSON), written at admission.
+pub const ANN_WORKLOAD: &str = "gpufit.io/workload";
+/// The history's run id, written once the run is recorded.
+pub const ANN_RECORDED: &str = "gpufit.io/recorded";
+/// `<lookups> <RFC 3339 time of the last>` while the peak is still unknown.
+pub const ANN_PEAK_PENDING: &str = "gpufit.io/peak-pending";
+
+/// Labels the object and its pod templates and writes the resolved
+/// workload, so the leader can record the run when it ends.
+pub fn mark_for_recording(obj: &mut Value, templates: &[String], workload: &Workload) {
+    fn label(meta: Option<&mut Value>) {
+        let Some(meta) = meta.and_then(Value::as_object_mut) else {
+            return;
+        };
+        let labels = meta.entry("labels").or_insert_with(|| json!({}));
+        if !labels.is_object() {
+            *labels = json!({});
+        }
+        if let Some(l) = labels.as_object_mut() {
+            l.insert(LABEL_CONFIGURED.into(), Value::String("true".into()));
+        }
+    }
+    for ptr in templates {
+        if let Some(t) = obj.pointer_mut(ptr).and_then(Value::as_object_mut) {
+            label(Some(t.entry("metadata").or_insert_with(|| json!({}))));
+        }
+    }
+    label(obj.get_mut("metadata"));
+    if let (Some(meta), Ok(w)) = (obj.get_mut("metadata"), serde_json::to_string(workload)) {
+        crate::controller::inject::add_annotations(
+            meta,
+            &[(ANN_WORKLOAD.to_string(), w)].into_iter().collect(),
+        );
+    }
+}
+
+/// The kinds whose runs are recorded (read-only watches, plus the
+/// annotation patch).
+pub fn kinds() -> Vec<ApiResource> {
+    vec![
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("batch", "v1", "Job"), "jobs"),
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubeflow.org", "v1", "PyTorchJob"),
+            "pytorchjobs",
+        ),
+    ]
+}
+
+/// Where a workload stands, from its `status.conditions`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    Running,
+    /// Ended; `at` is when (RFC 3339), when the object says.
+    Ended {
+        success: bool,
+        at: Option<String>,
+    },
+}
+
+/// The end condition of a Job (`Complete`/`Failed`), a PyTorchJob
+/// (`Succeeded`/`Failed`) or a JobSet (`Completed`/`Failed`).
+pub fn progress(obj: &DynamicObject) -> Progress {
+    let status = &obj.data["status"];
+    for c in status["conditions"].as_array().into_iter().flatten() {
+        if c["status"].as_str() != Some("True") {
+            continue;
+        }
+        let success = match c["type"].as_str() {
+            Some("Complete" | "Succeeded" | "Completed") => true,
+            Some("Failed") => false,
+            _ => continue,
+        };
+        let at = status["completionTime"]
+            .as_str()
+            .filter(|_| success)
+            .or(c["lastTransitionTime"].as_str())
+            .map(str::to_string);
+        return Progress::Ended { success, at };
+    }
+    Progress::Running
+}
+
+/// A workload's annotations could not be read back.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{kind} {name}: {message}")]
+pub struct Unreadable {
+    kind: String,
+    name: String,
+    message: String,
+}
+
+/// The run record of an ended webhook-configured workload (pure): `None`
+/// while it runs, when it is not one gpufit configured in inject mode, or
+/// when it is already recorded. `pods` are its pods (any order); the peak
+/// is left unknown (the caller looks it up).
+pub fn run_record(
+    obj: &DynamicObject,
+    pods: &[Pod],
+    cluster: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<Option<RunRecord>, Unreadable> {
+    let anns = obj.annotations();
+    let (Some(applied), Some(workload)) = (anns.get(ANN_APPLIED), anns.get(ANN_WORKLOAD)) else {
+        return Ok(None);
+    };
+    if anns.contains_key(ANN_RECORDED) {
+        return Ok(None);
+    }
+    let Progress::Ended { success, at } = progress(obj) else {
+        return Ok(None);
+    };
+    let kind = obj
+        .types
+        .as_ref()
+        .map(|t| t.kind.clone())
+        .unwrap_or_default();
+    let bad = |message: String| Unreadable {
+        kind: kind.clone(),
+        name: obj.name_any(),
+        message,
+    };
+    let uid = obj.uid().ok_or_else(|| bad("no metadata.uid".into()))?;
+    let w: Workload = serde_json::from_str(workload)
+        .map_err(|e| bad(format!("annotation {ANN_WORKLOAD}: {e}")))?;
+    let applied: Value =
+        serde_json::from_str(applied).map_err(|e| bad(format!("annotation {ANN_APPLIED}: {e}")))?;
+    let settings = serde_json::from_value::<SettingsStatus>(applied["settings"].clone())
+        .ok()
+        .and_then(|s| s.to_settings())
+        .ok_or_else(|| bad(format!("annotation {ANN_APPLIED}: no readable settings")))?;
+    let gpu = applied["gpu"].as_str().unwrap_or_default();
+
+    let pods = ranked(pods);
+    let outcome = if success {
+        AttemptOutcome::Succeeded
+    } else {
+        classify_pods(&pods).map_or(AttemptOutcome::Failed, |(o, _)| o)
+    };
+    let start = unix(obj.data["status"]["startTime"].as_str());
+    let duration = match (start, unix(at.as_deref())) {
+        (Some(s), Some(e)) if e >= s => Some(e - s),
+        _ => None,
+    };
+    let tokens = reported_tokens_per_sec(&pods, settings.micro_batch_size, w.seq_len);
+    let origin = RunOrigin::new(RunSource::Kubernetes, now)
+        .cluster(cluster.map(str::to_string))
+        .node(pods.iter().find_map(|p| p.spec.as_ref()?.node_name.clone()))
+        .job_id(Some(webhook_job_id(
+            &kind,
+            &obj.namespace().unwrap_or_default(),
+            &obj.name_any(),
+            &uid,
+        )));
+    let record = RunRecord::new(
+        origin,
+        RunKey::of(&w, gpu),
+        settings,
+        RunResult {
+            success,
+            failure_reason: match outcome {
+                AttemptOutcome::Succeeded => None,
+                AttemptOutcome::Oom => Some(FailureReason::Oom),
+                _ => Some(FailureReason::OtherError),
+            },
+            peak_memory_bytes: None,
+            samples_per_sec: tokens.map(|t| t / w.seq_len.max(1) as f64),
+            tokens_per_sec: tokens,
+            duration_sec: duration,
+        },
+    )
+    .with_prediction(applied["predictedPeakBytes"].as_u64());
+    Ok(Some(record))
+}
+
+/// The job id of a webhook-path run: `Kind:namespace/name/uid` (the
+/// TrainingJob path writes `namespace/job/uid`; the `Kind:` prefix is how
+/// [`RunRecord::path`] tells them apart).
+pub fn webhook_job_id(kind: &str, ns: &str, name: &str, uid: &str) -> String {
+    format!("{kind}:{ns}/{name}/{uid}")
+}
+
+/// The pods, lowest rank first: the master (or a Job's index 0), then by name.
+fn ranked(pods: &[Pod]) -> Vec<Pod> {
+    let mut pods = pods.to_vec();
+    let rank = |p: &Pod| {
+        let l = p.labels();
+        let master = l
+            .get("training.kubeflow.org/replica-type")
+            .is_some_and(|t| t.eq_ignore_ascii_case("master"));
+        let index = l
+            .get("training.kubeflow.org/replica-index")
+            .or(l.get("batch.kubernetes.io/job-completion-index"))
+            .and_then(|i| i.parse::<u32>().ok())
+            .unwrap_or(u32::MAX);
+        (!master, index, p.name_any())
+    };
+    pods.sort_by_key(rank);
+    pods
+}
+
+/// The pods this workload owns, among the labelled ones of its namespace.
+fn owned(pods: Vec<Pod>, uid: &str) -> Vec<Pod> {
+    pods.into_iter()
+        .filter(|p| p.owner_references().iter().any(|o| o.uid == uid))
+        .collect()
+}
+
+/// What the workload controllers share.
+pub struct WorkloadContext {
+    pub ctx: Arc<Context>,
+    pub resource: ApiResource,
+}
+
+/// Records an ended workload once; fills a late peak. The controller's
+/// reconciler, thin around [`run_record`].
+pub async fn reconcile_workload(
+    obj: Arc<DynamicObject>,
+    wctx: Arc<WorkloadContext>,
+) -> Result<Action, ControllerError> {
+    let (ctx, ar) = (&wctx.ctx, &wctx.resource);
+    let ns = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, ar);
+    if obj.annotations().contains_key(ANN_RECORDED) {
+        return fill_late_peak(ctx, &api, &obj).await;
+    }
+    if !matches!(progress(&obj), Progress::Ended { .. }) {
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+    // The cache may be stale (our own annotation not seen yet): the API
+    // server's copy decides. Deleted meanwhile: not recorded.
+    let Some(fresh) = api.get_opt(&name).await? else {
+        return Ok(Action::await_change());
+    };
+    let uid = fresh.uid().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods = owned(
+        pods.list(&ListParams::default().labels(LABEL_CONFIGURED))
+            .await?
+            .items,
+        &uid,
+    );
+    let rec = match run_record(&fresh, &pods, ctx.cluster.as_deref(), Utc::now()) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(Action::await_change()),
+        Err(e) => {
+            tracing::warn!(error = %e, "webhook-configured workload ended; not recorded");
+            return Ok(Action::await_change());
+        }
+    };
+    let q = PeakQuery {
+        namespace: ns.clone(),
+        job: name.clone(),
+        pods: pods.iter().map(pod_ref).collect(),
+        start: unix(fresh.data["status"]["startTime"].as_str()),
+        end: match progress(&fresh) {
+            Progress::Ended { at, .. } => unix(at.as_deref()),
+            Progress::Running => None,
+        },
+    };
+    let mut rec = rec;
+    let peak = read_peak(ctx, q).await.ok().flatten();
+    rec.result.peak_memory_bytes = peak.as_ref().map(|p| p.bytes);
+    let gpu = rec.gpu_model.clone();
+    let outcome = match rec.result.failure_reason {
+        None => RunOutcome::Success,
+        Some(FailureReason::Oom) => RunOutcome::Oom,
+        Some(FailureReason::OtherError) => RunOutcome::OtherError,
+    };
+    let (store, metrics, r) = (ctx.history.clone(), ctx.metrics.clone(), rec.clone());
+    let id = tokio::task::spawn_blocking(move || {
+        let id = store.record(&r)?;
+        metrics.observe_throughput(store.as_ref(), &r);
+        Ok::<_, crate::history::HistoryError>(id)
+    })
+    .await
+    .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
+    ctx.metrics.count_run(Via::Webhook, &gpu, outcome);
+    if outcome == RunOutcome::Oom {
+        ctx.metrics.ooms.inc();
+    }
+    observe_error(ctx, &rec, rec.result.peak_memory_bytes);
+    let pending = peak
+        .is_none()
+        .then(|| format!("1 {}", Utc::now().to_rfc3339()));
+    annotate(&api, &name, id.to_string().as_str(), pending).await?;
+    tracing::info!(kind = %ar.kind, workload = %format!("{ns}/{name}"), run = id, "webhook-configured run recorded");
+    Ok(match peak {
+        Some(_) => Action::await_change(),
+        None => Action::requeue(ctx.peak_retry),
+    })
+}
+
+fn pod_ref(p: &Pod) -> PodRef {
+    PodRef {
+        name: p.name_any(),
+        node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        host_ip: p.status.as_ref().and_then(|s| s.host_ip.clone()),
+    }
+}
+
+fn observe_error(ctx: &Context, rec: &RunRecord, peak: Option<u64>) {
+    if let (Some(pred), Some(p)) = (rec.predicted_peak_bytes, peak.filter(|p| *p > 0)) {
+        let err = (pred as f64 - p as f64) / p as f64;
+        ctx.metrics.observe_prediction_error(&rec.gpu_model, err);
+    }
+}
+
+/// Writes `gpufit.io/recorded` and the pending-peak mark (`None` removes it).
+async fn annotate(
+    api: &Api<DynamicObject>,
+    name: &str,
+    recorded: &str,
+    pending: Option<String>,
+) -> Result<(), kube::Error> {
+    let patch = json!({"metadata": {"annotations": {
+        ANN_RECORDED: recorded,
+        ANN_PEAK_PENDING: pending,
+    }}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
+/// A recorded run whose peak was unknown: looked up again when due
+/// (`peak_retry` doubled per lookup), up to [`MAX_PEAK_LOOKUPS`].
+async fn fill_late_peak(
+    ctx: &Context,
+    api: &Api<DynamicObject>,
+    obj: &DynamicObject,
+) -> Result<Action, ControllerError> {
+    let anns = obj.annotations();
+    let (Some(id), Some(pending)) = (
+        anns.get(ANN_RECORDED).and_then(|v| v.parse::<i64>().ok()),
+        anns.get(ANN_PEAK_PENDING),
+    ) else {
+        return Ok(Action::await_change());
+    };
+    let (lookups, last) = pending.split_once(' ').unwrap_or((pending, ""));
+    let lookups: u32 = lookups.parse().unwrap_or(MAX_PEAK_LOOKUPS);
+    if lookups >= MAX_PEAK_LOOKUPS {
+        return Ok(Action::await_change());
+    }
+    if let Ok(last) = DateTime::parse_from_rfc3339(last) {
+        let due = last.with_timezone(&Utc)
+            + chrono::Duration::from_std(ctx.peak_retry * (1u32 << (lookups - 1).min(10)))
+                .unwrap_or_default();
+        if let Ok(wait) = (due - Utc::now()).to_std() {
+            return Ok(Action::requeue(wait.max(Duration::from_millis(100))));
+        }
+    }
+    let q = PeakQuery {
+        namespace: obj.namespace().unwrap_or_default(),
+        job: obj.name_any(),
+        pods: vec![],
+        start: unix(obj.data["status"]["startTime"].as_str()),
+        end: match progress(obj) {
+            Progress::Ended { at, .. } => unix(at.as_deref()),
+            Progress::Running => None,
+        },
+    };
+    let name = obj.name_any();
+    if let Ok(Some(p)) = read_peak(ctx, q).await {
+        let store = ctx.history.clone();
+        let bytes = p.bytes;
+        tokio::task::spawn_blocking(move || store.set_peak(id, bytes))
+            .await
+            .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
+        annotate(api, &name, &id.to_string(), None).await?;
+        return Ok(Action::await_change());
+    }
+    let next = lookups + 1;
+    annotate(
+        api,
+        &name,
+        &id.to_string(),
+        Some(format!("{next} {}", Utc::now().to_rfc3339())),
+    )
+    .await?;
+    Ok(if next < MAX_PEAK_LOOKUPS {
+        Action::requeue(ctx.peak_retry * (1u32 << (next - 1).min(10)))
+    } else {
+        Action::await_change()
+    })
+}
+
+/// Bounded backoff; never a crash.
+pub fn workload_error_policy(
+    obj: Arc<DynamicObject>,
+    err: &ControllerError,
+    wctx: Arc<WorkloadContext>,
+) -> Action {
+    let key = format!(
+        "{}/{}/{}",
+        wctx.resource.kind,
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    );
+    let wait = wctx.ctx.next_backoff(&key);
+    tracing::warn!(workload = %key, error = %err, retry_in = ?wait, "recording a webhook-configured run failed");
+    Action::requeue(wait)
+}
+
+/// Watches the labelled objects of every kind in [`kinds`] (in `namespace`,
+/// or all) and records their runs, until the stream ends. A kind whose
+/// resource is not installed (no Kubeflow) only logs its watch errors.
+pub async fn run_workload_controllers(
+    client: Client,
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+) {
+    let controllers = kinds().into_iter().map(|ar| {
+        let api: Api<DynamicObject> = match &namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        let wctx = Arc::new(WorkloadContext {
+            ctx: ctx.clone(),
+            resource: ar.clone(),
+        });
+        Controller::new_with(api, watcher::Config::default().labels(LABEL_CONFIGURED), ar)
+            .run(reconcile_workload, workload_error_policy, wctx)
+            .for_each(|r| {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "workload reconcile stream");
+                }
+                futures::future::ready(())
+            })
+    });
+    futures::future::join_all(controllers).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const APPLIED: &str = r#"{"settings":{"microBatchSize":4,"gradientAccumulationSteps":2,"dtype":"bf16","activationCheckpointing":false,"activationOffloading":false,"compile":false,"numWorkers":4,"pinMemory":true,"persistentWorkers":true,"prefetchFactor":2},"predictedPeakBytes":32000000000,"gpu":"NVIDIA A100-SXM4-80GB"}"#;
+
+    fn workload_json() -> String {
+        let w = crate::core::request::WorkloadRequest {
+            model: Some(crate::core::request::ModelRequest::Catalog(
+                "meta-llama/Llama-3.1-8B".into(),
+            )),
+            seq_len: Some(2048),
+            gpus: Some(4),
+            global_batch: Some(32),
+            ..Default::default()
+        }
+        .resolve()
+        .expect("a catalog workload");
+        serde_json::to_string(&w).expect("json")
+    }
+
+    fn pytorchjob(conditions: Value, extra_anns: &[(&str, &str)]) -> DynamicObject {
+        let mut anns = json!({ANN_APPLIED: APPLIED, ANN_WORKLOAD: workload_json()});
+        for (k, v) in extra_anns {
+            anns[*k] = json!(v);
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": "llama", "namespace": "team", "uid": "u-1", "annotations": anns,
+                         "labels": {LABEL_CONFIGURED: "true"}},
+            "spec": {},
+            "status": {"conditions": conditions, "startTime": "2026-01-01T00:00:00Z",
+                       "completionTime": "2026-01-01T01:00:00Z"}
+        }))
+        .expect("a PyTorchJob")
+    }
+
+    fn ended(ok: bool) -> Value {
+        json!([
+            {"type": "Created", "status": "True"},
+            {"type": "Running", "status": "False"},
+            {"type": if ok {"Succeeded"} else {"Failed"}, "status": "True",
+             "lastTransitionTime": "2026-01-01T00:30:00Z"}
+        ])
+    }
+
+    fn pod(name: &str, replica: &str, exit: i32, message: &str, reason: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"training.kubeflow.org/replica-type": replica}},
+            "status": {"containerStatuses": [{
+                "name": "pytorch", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit, "message": message, "reason": reason}}
+            }]}
+        }))
+        .expect("a pod")
+    }
+
+    fn record(obj: &DynamicObject, pods: &[Pod]) -> Option<RunRecord> {
+        run_record(obj, pods, Some("c1"), Utc::now()).expect("readable")
+    }
+
+    #[test]
+    fn a_running_workload_is_not_recorded() {
+        let running = json!([{"type": "Running", "status": "True"}]);
+        assert_eq!(record(&pytorchjob(running, &[]), &[]), None);
+    }
+
+    #[test]
+    fn a_succeeded_pytorchjob_is_one_success_with_the_admission_prediction() {
+        let r = record(&pytorchjob(ended(true), &[]), &[]).expect("recorded");
+        assert!(r.result.success);
+        assert_eq!(r.result.failure_reason, None);
+        assert_eq!(r.predicted_peak_bytes, Some(32_000_000_000));
+        assert_eq!(r.settings.micro_batch_size, 4);
+        assert_eq!(r.gpus, 4);
+        assert_eq!(r.gpu_model, "NVIDIA A100-SXM4-80GB");
+        assert_eq!(r.job_id.as_deref(), Some("PyTorchJob:team/llama/u-1"));
+        assert_eq!(r.result.duration_sec, Some(3600.0));
+        assert_eq!(r.path(), "webhook");
+    }
+
+    #[test]
+    fn one_worker_out_of_gpu_memory_makes_the_whole_job_one_oom() {
+        let pods = [
+            pod("llama-master-0", "master", 137, "", Some("Error")),
+            pod("llama-worker-0", "worker", 1, "", None),
+            pod(
+                "llama-worker-1",
+                "worker",
+                1,
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                None,
+            ),
+            pod("llama-worker-2", "worker", 1, "", None),
+        ];
+        let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
+        assert!(!r.result.success);
+        assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+    }
+
+    #[test]
+    fn a_host_oomkill_is_an_other_error_not_a_gpu_oom() {
+        let pods = [pod("llama-master-0", "master", 137, "", Some("OOMKilled"))];
+        let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
+        assert_eq!(r.result.failure_reason, Some(FailureReason::OtherError));
+    }
+
+    #[test]
+    fn tokens_per_second_are_the_masters_not_a_sum_over_ranks() {
+        let tt = |v: f64| {
+            format!("Step 10 | loss:1.2 tokens_per_second_per_gpu:{v} peak_memory_active:18.2")
+        };
+        let pods = [
+            pod("llama-worker-0", "worker", 0, &tt(1000.0), None),
+            pod("llama-master-0", "master", 0, &tt(2890.1), None),
+        ];
+        let r = record(&pytorchjob(ended(true), &[]), &pods).expect("recorded");
+        assert_eq!(r.result.tokens_per_sec, Some(2890.1));
+    }
+
+    #[test]
+    fn an_already_recorded_or_unconfigured_workload_records_nothing() {
+        let done = pytorchjob(ended(true), &[(ANN_RECORDED, "7")]);
+        assert_eq!(record(&done, &[]), None);
+        let mut plain = pytorchjob(ended(true), &[]);
+        plain.metadata.annotations = None;
+        assert_eq!(record(&plain, &[]), None);
+    }
+
+    #[test]
+    fn a_garbled_annotation_is_an_error_naming_it_not_a_panic() {
+        let bad = pytorchjob(ended(true), &[(ANN_WORKLOAD, "{not json")]);
+        let e = run_record(&bad, &[], None, Utc::now()).expect_err("unreadable");
+        assert!(e.to_string().contains(ANN_WORKLOAD), "{e}");
+    }
+
+    #[test]
+    fn job_conditions_end_a_batch_job_too() {
+        let job: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+            "status": {"conditions": [{"type": "Complete", "status": "True"}],
+                       "completionTime": "2026-01-01T01:00:00Z"}
+        }))
+        .expect("a Job");
+        assert_eq!(
+            progress(&job),
+            Progress::Ended {
+                success: true,
+                at: Some("2026-01-01T01:00:00Z".into())
+            }
+        );
+    }
+}

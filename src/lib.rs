@@ -13,6 +13,7 @@
 //! | [`controller`]| Kubernetes controller (TrainingJob CRD, reconcile pipeline, webhook, leader election) and the HTTP API the Slurm hooks use |
 //! | [`slurm`]     | Slurm TaskProlog / Prolog / Epilog: a pure plan plus a thin executor |
 //! | [`wire`]      | the JSON of the sidecar's and the controller's HTTP APIs, defined once (serde types only) |
+//! | [`serve`]     | the one HTTP server behind the sidecar, the controller's API + `/metrics` and the webhook: connection cap under the descriptor limit, timeouts, accept back-off, graceful drain |
 //! | [`service`]   | what the controller's API and the Slurm hooks share: the blocking suggestion, the token file |
 //! | [`cli`]       | the `gpufit` command line (clap) |
 #![forbid(unsafe_code)]
@@ -22,6 +23,7 @@ pub mod controller;
 pub mod core;
 pub mod error;
 pub mod history;
+pub mod serve;
 pub mod service;
 pub mod sidecar;
 pub mod slurm;

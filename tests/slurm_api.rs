@@ -40,9 +40,14 @@ impl ApiServer {
             .unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        rt.spawn(api::serve_on(listener, state, async {
-            let _ = rx.await;
-        }));
+        let handler = move |req| api::handle(state.clone(), req);
+        rt.spawn(async move {
+            let cfg = gpufit::serve::ServeConfig::default();
+            gpufit::serve::serve(listener, &cfg, None, handler, async {
+                let _ = rx.await;
+            })
+            .await
+        });
         ApiServer {
             addr,
             _dir: dir,

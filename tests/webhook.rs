@@ -460,7 +460,7 @@ async fn a_body_that_is_not_an_admission_review_is_refused_without_crashing() {
 
 #[tokio::test]
 async fn metrics_health_and_readiness_are_served_and_count_admissions() {
-    use gpufit::controller::metrics::{bind, serve_on, Health};
+    use gpufit::controller::metrics::{bind, Health, Routes};
     use std::sync::atomic::Ordering;
     let w = start_webhook().await;
     let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(lora_annotations()))).await;
@@ -472,15 +472,14 @@ async fn metrics_health_and_readiness_are_served_and_count_admissions() {
     let listener = bind("127.0.0.1:0".parse().unwrap()).await.expect("bind");
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve_on(
-        listener,
-        w.metrics.clone(),
-        health.clone(),
-        None,
-        async {
-            let _ = rx.await;
-        },
-    ));
+    let routes = Routes {
+        metrics: w.metrics.clone(),
+        health: health.clone(),
+        api: None,
+    };
+    tokio::spawn(routes.serve(listener, async {
+        let _ = rx.await;
+    }));
     let get = |path: &'static str| {
         let url = format!("http://{addr}{path}");
         tokio::task::spawn_blocking(move || {

@@ -142,7 +142,6 @@ pub fn run(_g: &Global, args: SidecarArgs) -> crate::Result<ExitCode> {
         ),
         None => None,
     };
-    raise_open_file_limit(args.max_connections);
     let node = args
         .node
         .clone()
@@ -192,28 +191,6 @@ pub fn run(_g: &Global, args: SidecarArgs) -> crate::Result<ExitCode> {
         Ok::<_, crate::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Lifts the soft open-file limit toward the hard one, so the connection
-/// cap (plus the sidecar's own files) fits: a shell's default soft limit is
-/// often 1,024. Best effort; the systemd unit sets `LimitNOFILE` too.
-fn raise_open_file_limit(max_connections: usize) {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return;
-    };
-    let want = (max_connections as u64).saturating_add(256).min(hard);
-    if want > soft {
-        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, want, hard) {
-            tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit");
-        }
-    } else if (max_connections as u64).saturating_add(64) > soft {
-        tracing::warn!(
-            soft,
-            max_connections,
-            "the open-file limit is below --max-connections: raise LimitNOFILE / ulimit -n"
-        );
-    }
 }
 
 /// Ctrl-C or SIGTERM (what Kubernetes and systemd send).

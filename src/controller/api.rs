@@ -15,10 +15,9 @@
 //! every error is JSON `{"error": "...", "status": N}` saying what is wrong.
 //!
 //! [`ApiState`] + [`handle`] are the reusable part: the Kubernetes controller
-//! mounts them in its own server (see [`ApiState::owns_path`]); [`serve`]
-//! runs them alone (`gpufit controller --no-kubernetes`).
+//! serves them on its HTTP port beside `/metrics` (see
+//! [`super::metrics::Routes`]), in Kubernetes mode and with `--no-kubernetes`.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,6 +68,8 @@ pub fn suggest_blocking(
 pub struct ApiConfig {
     pub listen: SocketAddr,
     pub history_url: String,
+    /// SQLite options for the history (read by the command line).
+    pub history_sqlite: crate::history::sqlite::SqliteOptions,
     pub token_file: Option<PathBuf>,
 }
 
@@ -149,9 +150,10 @@ impl ApiState {
                 None
             }
         };
-        let store = crate::history::open(&cfg.history_url).map_err(|e| {
-            ControllerError::Other(format!("cannot open the history for the HTTP API: {e}"))
-        })?;
+        let store =
+            crate::history::open_with(&cfg.history_url, cfg.history_sqlite).map_err(|e| {
+                ControllerError::Other(format!("cannot open the history for the HTTP API: {e}"))
+            })?;
         Ok(ApiState::new(Arc::from(store), token))
     }
 
@@ -586,84 +588,6 @@ fn percent_decode(s: &str) -> Option<String> {
         i += 1;
     }
     String::from_utf8(out).ok()
-}
-
-// === server ===
-
-/// Serves the API until `shutdown` resolves.
-pub async fn serve(
-    cfg: ApiConfig,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), ControllerError> {
-    let c = cfg.clone();
-    let state = tokio::task::spawn_blocking(move || ApiState::from_config(&c))
-        .await
-        .map_err(|e| ControllerError::Other(format!("cannot open the history: {e}")))??;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| {
-            ControllerError::Other(format!(
-                "cannot listen on {}: {e} (is another process using it? choose --listen)",
-                cfg.listen
-            ))
-        })?;
-    serve_on(listener, Arc::new(state), shutdown).await
-}
-
-/// Serves the API on a bound listener until `shutdown` resolves, then lets
-/// open requests finish for up to 5 s.
-pub async fn serve_on(
-    listener: tokio::net::TcpListener,
-    state: Arc<ApiState>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), ControllerError> {
-    use hyper::server::conn::http1;
-    use hyper_util::rt::{TokioIo, TokioTimer};
-
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "controller HTTP API listening");
-    }
-    let mut conns = tokio::task::JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let st = state.clone();
-                conns.spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| {
-                        let st = st.clone();
-                        async move { Ok::<_, Infallible>(handle(st, req).await) }
-                    });
-                    let conn = http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(Duration::from_secs(5))
-                        .serve_connection(TokioIo::new(stream), svc);
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, "connection ended: {e}");
-                    }
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    let drain = async { while conns.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(5), drain)
-        .await
-        .is_err()
-    {
-        conns.abort_all();
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! The controller's own metrics (a `prometheus` registry), the reconcile
-//! timer that records on `Drop`, and the small HTTP server for `/metrics`,
-//! `/healthz` and `/readyz`.
+//! timer that records on `Drop`, and the routes of the controller's HTTP
+//! port (`/metrics`, `/healthz`, `/readyz`, the Slurm API), served by
+//! [`crate::serve`].
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -350,17 +350,47 @@ pub struct Health {
     pub ready: AtomicBool,
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz`, and every other path through
-/// the Slurm HTTP API (`api`) when given, on one port, until `shutdown` resolves.
-pub async fn serve(
-    listen: SocketAddr,
-    metrics: Metrics,
-    health: Arc<Health>,
-    api: Option<Arc<ApiState>>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), ControllerError> {
-    let listener = bind(listen).await?;
-    serve_on(listener, metrics, health, api, shutdown).await
+/// What the controller's HTTP port answers: `/metrics`, `/healthz` and
+/// `/readyz`, and every other path through the Slurm HTTP API (`api`) when given.
+#[derive(Clone)]
+pub struct Routes {
+    pub metrics: Metrics,
+    pub health: Arc<Health>,
+    pub api: Option<Arc<ApiState>>,
+}
+
+impl Routes {
+    /// How [`crate::serve`] holds the port's connections: a client that
+    /// connects and sends nothing is dropped after 5 s.
+    pub fn serve_config() -> crate::serve::ServeConfig {
+        crate::serve::ServeConfig {
+            name: "controller",
+            idle_timeout: std::time::Duration::from_secs(5),
+            ..crate::serve::ServeConfig::default()
+        }
+    }
+
+    /// Answers one request.
+    pub async fn handle(self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        let ours = matches!(req.uri().path(), "/metrics" | "/healthz" | "/readyz");
+        match self.api {
+            Some(api) if !ours => super::api::handle(api, req).await,
+            _ => route(&req, &self.metrics, &self.health),
+        }
+    }
+
+    /// Serves on a bound listener (see [`bind`]) until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) {
+        if let Ok(listen) = listener.local_addr() {
+            tracing::info!(%listen, "serving /metrics, /healthz, /readyz and the Slurm API");
+        }
+        let handler = move |req| self.clone().handle(req);
+        crate::serve::serve(listener, &Self::serve_config(), None, handler, shutdown).await;
+    }
 }
 
 /// Binds the HTTP port, with an error that says what to do.
@@ -371,57 +401,6 @@ pub async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener, Control
             context: format!("cannot listen on {listen} (is the port in use? pass --listen)"),
             source: e,
         })
-}
-
-/// [`serve`] on an already bound listener.
-pub async fn serve_on(
-    listener: tokio::net::TcpListener,
-    metrics: Metrics,
-    health: Arc<Health>,
-    api: Option<Arc<ApiState>>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), ControllerError> {
-    if let Ok(listen) = listener.local_addr() {
-        tracing::info!(%listen, "serving /metrics, /healthz, /readyz and the Slurm API");
-    }
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => { tracing::warn!(error = %e, "accept failed"); continue; }
-            },
-        };
-        let metrics = metrics.clone();
-        let health = health.clone();
-        let api = api.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let metrics = metrics.clone();
-                let health = health.clone();
-                let api = api.clone();
-                async move {
-                    let ours = matches!(req.uri().path(), "/metrics" | "/healthz" | "/readyz");
-                    Ok::<_, Infallible>(match api {
-                        Some(api) if !ours => super::api::handle(api, req).await,
-                        _ => route(&req, &metrics, &health),
-                    })
-                }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            // A client that connects and sends nothing is dropped after
-            // 5 s instead of holding a file descriptor forever.
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(5))
-                .serve_connection(io, svc)
-                .await
-            {
-                tracing::debug!(error = %e, "metrics connection ended");
-            }
-        });
-    }
 }
 
 fn route<B>(req: &Request<B>, metrics: &Metrics, health: &Health) -> Response<Full<Bytes>> {

@@ -29,19 +29,12 @@
 //! 64 KiB: 413. `log-peak` needs `Authorization: Bearer <token>` (401; 403 when the sidecar
 //! has no `--token-file`) and a peak in bytes, positive and not above the GPU's memory (400).
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 
 use super::attribution::JobKey;
@@ -62,150 +55,6 @@ const ROUTES: &[&str] = &[
     "GET|POST /v1/simulate/processes",
     "DELETE /v1/simulate/processes/{pid}",
 ];
-
-/// One held connection, for the cap: whether it is answering a request
-/// now, and how to ask it to close.
-struct Slot {
-    id: u64,
-    busy: Arc<AtomicUsize>,
-    close: Arc<tokio::sync::Notify>,
-}
-
-/// The connections held, oldest first.
-#[derive(Default)]
-struct Slots {
-    next_id: u64,
-    held: VecDeque<Slot>,
-}
-
-fn lock(m: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Logs an accept failure at most once a minute: out of file descriptors,
-/// accept fails at once on every try.
-fn warn_accept(last: &mut Option<Instant>, e: &std::io::Error) {
-    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-        tracing::warn!(error = %e, "accept failed (repeats are not logged for a minute)");
-        *last = Some(Instant::now());
-    }
-}
-
-/// Accepts connections until `shutdown` resolves. An idle client cannot
-/// hold the sidecar: a connection that sends no complete request head
-/// within the idle timeout is closed, and past the connection cap the
-/// oldest idle one makes room for the newcomer.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    sidecar: Arc<Sidecar>,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    let cfg = sidecar.http_config().clone();
-    let slots = Arc::new(Mutex::new(Slots::default()));
-    let mut last_warn = None;
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        warn_accept(&mut last_warn, &e);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Some(slot) = take_slot(&slots, cfg.max_connections) else {
-                    continue; // drops the stream
-                };
-                tokio::spawn(serve_connection(
-                    stream,
-                    Arc::clone(&sidecar),
-                    Arc::clone(&slots),
-                    slot,
-                    cfg.idle_timeout,
-                ));
-            }
-        }
-    }
-}
-
-/// A slot for a new connection: past `max_connections` the oldest idle
-/// one is asked to close; None when all are busy (the newcomer is refused).
-fn take_slot(slots: &Mutex<Slots>, max_connections: usize) -> Option<Slot> {
-    let mut sl = lock(slots);
-    if sl.held.len() >= max_connections.max(1) {
-        match sl
-            .held
-            .iter()
-            .position(|s| s.busy.load(Ordering::Acquire) == 0)
-        {
-            Some(i) => {
-                if let Some(old) = sl.held.remove(i) {
-                    old.close.notify_one();
-                }
-            }
-            None => {
-                tracing::debug!("{} connections all busy: refusing one", sl.held.len());
-                return None;
-            }
-        }
-    }
-    sl.next_id += 1;
-    let slot = Slot {
-        id: sl.next_id,
-        busy: Arc::new(AtomicUsize::new(0)),
-        close: Arc::new(tokio::sync::Notify::new()),
-    };
-    sl.held.push_back(Slot {
-        id: slot.id,
-        busy: Arc::clone(&slot.busy),
-        close: Arc::clone(&slot.close),
-    });
-    Some(slot)
-}
-
-/// Serves one connection until it ends or its slot is asked to close,
-/// then gives the slot back.
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
-    sc: Arc<Sidecar>,
-    slots: Arc<Mutex<Slots>>,
-    slot: Slot,
-    idle_timeout: Duration,
-) {
-    let in_flight = Arc::clone(&slot.busy);
-    let svc = service_fn(move |req| {
-        let sc = Arc::clone(&sc);
-        let in_flight = Arc::clone(&in_flight);
-        async move {
-            in_flight.fetch_add(1, Ordering::AcqRel);
-            let resp = handle(&sc, req).await;
-            in_flight.fetch_sub(1, Ordering::AcqRel);
-            Ok::<_, Infallible>(resp)
-        }
-    });
-    // hyper's header-read timeout runs from the connection's
-    // start and again from each answer: the idle timeout.
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(idle_timeout)
-        .serve_connection(TokioIo::new(stream), svc);
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = slot.close.notified() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "connection ended with an error");
-    }
-    lock(&slots).held.retain(|s| s.id != slot.id);
-}
 
 fn json<T: Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {
     match serde_json::to_vec(v) {
@@ -355,7 +204,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// What every handler answers.
-type Reply = Response<Full<Bytes>>;
+type Reply = crate::serve::Reply;
 
 /// Routes one request: each route is a function below.
 pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Reply {

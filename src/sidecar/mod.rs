@@ -113,7 +113,8 @@ pub struct SidecarConfig {
 /// How the HTTP server treats its clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
-    /// Connections held at once; past it the oldest idle one is closed (a
+    /// Connections held at once, lowered to the open-file limit less a
+    /// reserve ([`crate::serve`]); past it the oldest idle one is closed (a
     /// new one is refused only when every held one is busy).
     pub max_connections: usize,
     /// A connection that has not sent a complete request head this long
@@ -130,6 +131,19 @@ impl Default for HttpConfig {
             max_connections: 1024,
             idle_timeout: Duration::from_secs(30),
             token: None,
+        }
+    }
+}
+
+impl HttpConfig {
+    /// How [`crate::serve`] holds the sidecar's connections: this cap
+    /// (lowered to the descriptor limit less a reserve) and idle timeout.
+    pub fn serve_config(&self) -> crate::serve::ServeConfig {
+        crate::serve::ServeConfig {
+            name: "sidecar",
+            max_connections: self.max_connections,
+            idle_timeout: self.idle_timeout,
+            ..crate::serve::ServeConfig::default()
         }
     }
 }
@@ -455,7 +469,8 @@ pub struct RunningSidecar {
 }
 
 impl RunningSidecar {
-    /// Stops accepting connections and the sampler, and waits for the server task.
+    /// Stops accepting connections and the sampler, and waits for the server
+    /// to drain (requests in flight finish, idle connections close).
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -488,8 +503,13 @@ pub async fn start_with(
     let sampler = sidecar.spawn_sampler()?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let sc = Arc::clone(&sidecar);
+    let serve_cfg = sidecar.http_config().serve_config();
     let task = tokio::spawn(async move {
-        http::serve(listener, sc, async {
+        let handler = move |req| {
+            let sc = Arc::clone(&sc);
+            async move { http::handle(&sc, req).await }
+        };
+        crate::serve::serve(listener, &serve_cfg, None, handler, async {
             let _ = rx.await;
         })
         .await;

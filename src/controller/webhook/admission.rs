@@ -27,10 +27,9 @@ use super::super::inject;
 use super::super::metrics::Via;
 use super::super::reconcile::MODE_KEY;
 use super::super::validate::check_pins;
-use super::annotations::{denied, input_annotations, parse_annotations, Denied};
+use super::annotations::{denied, denied_workload, input_annotations, parse_annotations, Denied};
 use super::shape::{self, Shape};
 use super::{HistoryCache, WebhookState};
-use crate::core::request::Naming;
 
 /// Answers one AdmissionReview (JSON bytes as the API server sends them).
 pub fn review(body: &[u8], state: &WebhookState) -> AdmissionReview<DynamicObject> {
@@ -164,9 +163,7 @@ fn decide(
         .and_then(|t| original.pointer(&format!("{t}/spec")))
         .and_then(|v| serde_json::from_value(v.clone()).ok());
     // The core's one resolver, the field named as its annotation.
-    let workload = request
-        .resolve()
-        .map_err(|e| Denied(format!("gpufit: {}", e.render(Naming::Annotation))))?;
+    let workload = request.resolve().map_err(|e| denied_workload(&e))?;
     check_pins(&pins, &workload, "gpufit.io/pins").map_err(|e| Denied(format!("gpufit: {e}")))?;
     let mode = match mode {
         Some(m) => m,

@@ -1,9 +1,9 @@
 //! Mutating admission webhook (HTTPS, `POST /mutate`) for teams that do not
 //! want a new resource: a `batch/v1` Job, a Kubeflow `PyTorchJob`, a `JobSet`
 //! or a Kubeflow Trainer `TrainJob` that opts in with the `gpufit.io/model`
-//! annotation gets the same injection as a TrainingJob's Job
-//! ([`super::inject`]), in every training pod template (every rank; where
-//! per kind: `shape`).
+//! (or `gpufit.io/architecture`) annotation gets the same injection as a
+//! TrainingJob's Job ([`super::inject`]), in every training pod template
+//! (every rank; where per kind: `shape`).
 //!
 //! - Objects without `gpufit.io/…` input annotations are allowed untouched.
 //! - A bad annotation (unknown key, unparsable value, contradictory fields)
@@ -18,7 +18,8 @@
 //!
 //! | annotation                 | meaning                                         |
 //! |----------------------------|-------------------------------------------------|
-//! | `gpufit.io/model`          | catalog model id (opts in; required)            |
+//! | `gpufit.io/model`          | catalog model id (opts in; this or the next)    |
+//! | `gpufit.io/architecture`   | the model by numbers: `name=…,params=…,hidden_size=…,layers=…,heads=…,vocab_size=…` (and `kv_heads`, `intermediate_size`, `tied_embeddings`, `max_seq_len`) |
 //! | `gpufit.io/seq-len`        | sequence length (required)                      |
 //! | `gpufit.io/method`         | full, lora, qlora                               |
 //! | `gpufit.io/lora-rank`      | LoRA rank                                       |
@@ -57,7 +58,7 @@ mod shape;
 
 pub use admission::review;
 pub use annotations::workload_from_annotations;
-pub use server::{review_json, serve, tls_config, WebhookServer};
+pub use server::{review_json, tls_config, WebhookServer};
 
 /// The path the webhook answers on.
 pub const PATH: &str = "/mutate";

@@ -2,7 +2,6 @@
 //! files change (cert-manager rotates it), `POST /mutate`, and the
 //! AdmissionReview encoding the API server expects.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -167,56 +166,32 @@ impl WebhookServer {
         self.listener.local_addr().ok()
     }
 
+    /// How [`crate::serve`] holds the webhook's connections (TLS handshake
+    /// and idle timeouts, the cap).
+    pub fn serve_config() -> crate::serve::ServeConfig {
+        crate::serve::ServeConfig {
+            name: "webhook",
+            ..crate::serve::ServeConfig::default()
+        }
+    }
+
     /// Serves until `shutdown` resolves.
     pub async fn serve(
         self,
         state: Arc<WebhookState>,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), ControllerError> {
-        tokio::pin!(shutdown);
-        loop {
-            let (tcp, peer) = tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                r = self.listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => { tracing::warn!(error = %e, "webhook accept failed"); continue; }
-                },
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = self.acceptor.clone();
-            let state = state.clone();
-            tokio::spawn(async move {
-                let tls = match acceptor.accept(tcp).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                };
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(handle(req, state).await) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
-                    .await
-                {
-                    tracing::debug!(%peer, error = %e, "webhook connection ended");
-                }
-            });
-        }
+        let handler = move |req| handle(req, state.clone());
+        crate::serve::serve(
+            self.listener,
+            &Self::serve_config(),
+            Some(self.acceptor),
+            handler,
+            shutdown,
+        )
+        .await;
+        Ok(())
     }
-}
-
-/// Binds and serves in one call.
-pub async fn serve(
-    cfg: WebhookConfig,
-    state: Arc<WebhookState>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), ControllerError> {
-    let server = WebhookServer::bind(&cfg).await?;
-    tracing::info!(listen = %cfg.listen, path = PATH, "serving the admission webhook");
-    server.serve(state, shutdown).await
 }
 
 async fn handle(

@@ -42,6 +42,7 @@ use crate::core::similarity::HistoryQuery;
 use crate::core::workload::Workload;
 
 pub use candidates::Cand;
+pub use does_not_fit::{render_alternatives, Alternative, Change, ChangeNames, DomainChanges};
 pub use margin::{margin_from, under_prediction_margin, UNDER_PREDICTION_P99_ALL};
 pub use predict::first_run_plan;
 
@@ -50,13 +51,13 @@ pub enum AdvisorError {
     #[error(transparent)]
     Memory(#[from] MemoryError),
     /// Even micro batch 1 does not fit: says what would.
-    #[error("{model} does not fit on {gpu} even at micro batch 1 ({needed_gib:.1} GiB predicted, {capacity_gib:.1} GiB on the card). What would: {}", .alternatives.join("; "))]
+    #[error("{}", does_not_fit_message(.model, .gpu, *.needed_gib, *.capacity_gib, .alternatives, &DomainChanges))]
     DoesNotFit {
         model: String,
         gpu: String,
         needed_gib: f64,
         capacity_gib: f64,
-        alternatives: Vec<String>,
+        alternatives: Vec<Alternative>,
     },
     #[error("invalid pin: {0}")]
     BadPin(String),
@@ -67,6 +68,37 @@ pub enum AdvisorError {
     /// The GPU description cannot be used (e.g. zero memory).
     #[error("invalid GPU: {0}")]
     BadGpu(String),
+}
+
+impl AdvisorError {
+    /// The message, each change that would fit said with `names` (the
+    /// command line's flags; `Display` uses the domain's words).
+    pub fn render(&self, names: &dyn ChangeNames) -> String {
+        match self {
+            AdvisorError::DoesNotFit {
+                model,
+                gpu,
+                needed_gib,
+                capacity_gib,
+                alternatives,
+            } => does_not_fit_message(model, gpu, *needed_gib, *capacity_gib, alternatives, names),
+            other => other.to_string(),
+        }
+    }
+}
+
+fn does_not_fit_message(
+    model: &str,
+    gpu: &str,
+    needed_gib: f64,
+    capacity_gib: f64,
+    alternatives: &[Alternative],
+    names: &dyn ChangeNames,
+) -> String {
+    format!(
+        "{model} does not fit on {gpu} even at micro batch 1 ({needed_gib:.1} GiB predicted, {capacity_gib:.1} GiB on the card). What would: {}",
+        render_alternatives(alternatives, names)
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

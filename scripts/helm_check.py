@@ -582,7 +582,10 @@ def check_webhook(r: Rendered, p: Problems) -> None:
                     for res in rule["resources"]:
                         p.check("*" not in (g, v, res), f"{name}: wildcard in rules")
                         targets.add(f"{g}/{v}/{res}")
-        expected = {"batch/v1/jobs"} | ({"kubeflow.org/v1/pytorchjobs"} if r.merged["webhook"]["pytorchJobs"] else set())
+        optional = {"pytorchJobs": "kubeflow.org/v1/pytorchjobs",
+                    "jobSets": "jobset.x-k8s.io/v1alpha2/jobsets",
+                    "trainJobs": "trainer.kubeflow.org/v1alpha1/trainjobs"}
+        expected = {"batch/v1/jobs"} | {t for k, t in optional.items() if r.merged["webhook"].get(k)}
         p.check(targets == expected, f"{name}: rules must match exactly {sorted(expected)} (got {sorted(targets)})")
         cc = w["clientConfig"]
         p.check("url" not in cc, f"{name}: clientConfig must use the in-cluster Service")

@@ -77,6 +77,7 @@ fn agent() -> ureq::Agent {
 
 fn record(job: &str) -> RunRecord {
     RunRecord {
+        nodes: None,
         id: None,
         timestamp: Utc::now(),
         cluster: Some("faults".into()),

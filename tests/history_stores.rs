@@ -6,7 +6,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{FailureReason, NodeReports, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings};
 use gpufit::core::similarity::HistoryQuery;
 use gpufit::core::workload::Method;
@@ -23,6 +23,7 @@ static NEXT_JOB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
     let job = NEXT_JOB.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     RunRecord {
+        nodes: None,
         id: None,
         timestamp: Utc
             .with_ymd_and_hms(2026, 1, 1, 10, minute, 0)
@@ -241,12 +242,58 @@ fn a_run_recorded_twice_is_stored_once(store: &dyn HistoryStore) {
     assert!(bad.keyed().is_err());
 }
 
+/// The nodes of a multi-node job fold into one record whose peak is the
+/// largest node's and whose node counts survive the store (migration 3).
+fn node_reports_make_one_record(store: &dyn HistoryStore) {
+    let before = store.count().unwrap();
+    let report = |node: &str, peak: u64| {
+        let mut r = run(M, A100, 8192, 2, 40);
+        r.node = Some(node.into());
+        r.job_id = Some("multi-node-1".into());
+        r.result.peak_memory_bytes = Some(peak);
+        r.nodes = Some(NodeReports {
+            reported: 1,
+            expected: 2,
+        });
+        r
+    };
+    let id = store
+        .record_node_report(&report("n2", 30_000_000_000))
+        .unwrap();
+    let stored = |store: &dyn HistoryStore| -> RunRecord {
+        let q = HistoryQuery::new(M, Method::Lora, A100, 8192);
+        let mut got = store.similar(&q).unwrap();
+        assert_eq!(got.len(), 1, "{got:?}");
+        got.remove(0)
+    };
+    let partial = stored(store);
+    assert_eq!(
+        partial.nodes.map(|n| (n.reported, n.expected)),
+        Some((1, 2))
+    );
+    let id2 = store
+        .record_node_report(&report("n1", 33_000_000_000))
+        .unwrap();
+    assert_eq!(id, id2, "the second node updates the job's record");
+    store
+        .record_node_report(&report("n1", 35_000_000_000))
+        .unwrap();
+    let whole = stored(store);
+    assert_eq!(whole.result.peak_memory_bytes, Some(33_000_000_000));
+    assert_eq!(
+        whole.nodes.map(|n| (n.reported, n.partial())),
+        Some((2, false))
+    );
+    assert_eq!(store.count().unwrap(), before + 1);
+}
+
 #[test]
 fn sqlite_store_meets_the_contract() {
     let d = tmp();
     let store = SqliteStore::open(&d.path().join("h.db")).unwrap();
     contract(&store);
     a_run_recorded_twice_is_stored_once(&store);
+    node_reports_make_one_record(&store);
 }
 
 #[test]
@@ -511,6 +558,7 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
     let store = history::open(&url).unwrap();
     contract(store.as_ref());
     a_run_recorded_twice_is_stored_once(store.as_ref());
+    node_reports_make_one_record(store.as_ref());
 
     // Reconnecting (a second replica) migrates nothing and sees every record.
     let n = store.count().unwrap();

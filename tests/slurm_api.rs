@@ -74,6 +74,7 @@ impl Drop for ApiServer {
 
 fn run_record(job: &str) -> RunRecord {
     RunRecord {
+        nodes: None,
         id: None,
         timestamp: chrono::Utc::now(),
         cluster: Some("test".into()),
@@ -264,4 +265,62 @@ fn a_body_over_the_size_limit_is_refused_with_413() {
     let n = s.read(&mut resp).unwrap();
     let head = String::from_utf8_lossy(&resp[..n]);
     assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+}
+
+/// One node's report of a 2-node job, as its Epilog posts it.
+fn node_report(job: &str, node: &str, peak: u64) -> RunRecord {
+    let mut r = run_record(job);
+    r.node = Some(node.into());
+    r.gpus = 16;
+    r.global_batch = Some(256);
+    r.result.peak_memory_bytes = Some(peak);
+    r.nodes = Some(gpufit::core::run::NodeReports {
+        reported: 1,
+        expected: 2,
+    });
+    r
+}
+
+#[test]
+fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
+    let srv = ApiServer::start(Some("tok"));
+    let post = |r: &RunRecord| {
+        let body = serde_json::to_string(r).unwrap();
+        call(
+            agent()
+                .post(&srv.url("/v1/runs"))
+                .set("Authorization", "Bearer tok"),
+            Some(&body),
+        )
+    };
+    let list = || {
+        let (status, runs) = call(agent().get(&srv.url("/v1/runs")), None);
+        assert_eq!(status, 200);
+        serde_json::from_value::<Vec<RunRecord>>(runs).unwrap()
+    };
+    // Job 7: only gpu02 ever reports → one partial record, 1 of 2.
+    let (status, body) = post(&node_report("7", "gpu02", 60_000_000_000));
+    assert_eq!(status, 201, "{body}");
+    let runs = list();
+    assert_eq!(runs.len(), 1);
+    let n = runs[0].nodes.expect("node counts");
+    assert_eq!((n.reported, n.expected, n.partial()), (1, 2, true));
+
+    // Job 8: both nodes report at once (and gpu01 twice): one record,
+    // the larger peak, 2 of 2.
+    std::thread::scope(|s| {
+        s.spawn(|| post(&node_report("8", "gpu01", 71_000_000_000)));
+        s.spawn(|| post(&node_report("8", "gpu02", 64_000_000_000)));
+    });
+    assert_eq!(post(&node_report("8", "gpu01", 79_000_000_000)).0, 201);
+    let runs = list();
+    let job8: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| r.job_id.as_deref() == Some("8"))
+        .collect();
+    assert_eq!(job8.len(), 1, "{runs:?}");
+    assert_eq!(job8[0].result.peak_memory_bytes, Some(71_000_000_000));
+    let n = job8[0].nodes.expect("node counts");
+    assert_eq!((n.reported, n.expected, n.partial()), (2, 2, false));
+    assert_eq!(job8[0].node.as_deref(), Some("gpu01,gpu02"));
 }

@@ -167,6 +167,9 @@ fn review(kind: (&str, &str, &str, &str), ns: &str, object: Value) -> Value {
 
 const JOB: (&str, &str, &str, &str) = ("batch", "v1", "Job", "jobs");
 const PYTORCHJOB: (&str, &str, &str, &str) = ("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
+const JOBSET: (&str, &str, &str, &str) = ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets");
+const TRAINJOB: (&str, &str, &str, &str) =
+    ("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs");
 
 fn job(annotations: Value) -> Value {
     json!({
@@ -233,7 +236,12 @@ fn decode_b64(s: &str) -> Vec<u8> {
 }
 
 fn env(pod_template: &Value, container: usize) -> std::collections::BTreeMap<String, String> {
-    pod_template["spec"]["containers"][container]["env"]
+    env_of(&pod_template["spec"]["containers"][container])
+}
+
+/// The plain-value variables of a container (or a TrainJob's trainer).
+fn env_of(container: &Value) -> std::collections::BTreeMap<String, String> {
+    container["env"]
         .as_array()
         .into_iter()
         .flatten()
@@ -513,4 +521,190 @@ async fn metrics_health_and_readiness_are_served_and_count_admissions() {
         "{text}"
     );
     let _ = tx.send(());
+}
+
+/// The micro batch and accumulation steps a container was given.
+fn batch_of(env: &std::collections::BTreeMap<String, String>) -> (u32, u32) {
+    let m = env["GPUFIT_MICRO_BATCH_SIZE"].parse().expect("micro batch");
+    let a = env["GPUFIT_GRAD_ACCUM_STEPS"]
+        .parse()
+        .expect("accumulation");
+    (m, a)
+}
+
+/// A JobSet as a user writes it (a leader job and a worker job, 8 GPUs a
+/// pod), with what the API server's CRD defaulting adds before admission
+/// (`groupName: default`).
+fn jobset(annotations: Value) -> Value {
+    let job = |replicas: u32, parallelism: u32| {
+        json!({
+            "replicas": replicas,
+            "groupName": "default",
+            "template": {"spec": {
+                "parallelism": parallelism, "completions": parallelism, "backoffLimit": 0,
+                "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "trainer", "image": "ghcr.io/acme/train:1",
+                        "command": ["torchrun", "--nproc-per-node=8", "train.py",
+                                    "--micro-batch={micro_batch_size}", "--accum={gradient_accumulation_steps}"],
+                        "env": [{"name": "HF_HOME", "value": "/cache"}],
+                        "resources": {"limits": {"nvidia.com/gpu": "8"}}
+                    }]
+                }}
+            }}
+        })
+    };
+    let mut leader = job(1, 1);
+    leader["name"] = json!("leader");
+    let mut workers = job(2, 2);
+    workers["name"] = json!("workers");
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "llama-ft", "namespace": "ml",
+                     "labels": {"gpufit.io/inject": "true"}, "annotations": annotations},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0, "restartStrategy": "Recreate"},
+            "replicatedJobs": [leader, workers]
+        }
+    })
+}
+
+/// A Kubeflow Trainer v2 TrainJob as a user writes it, with what the CRD
+/// defaulting adds (runtimeRef apiGroup/kind, suspend, managedBy).
+fn trainjob(annotations: Value, trainer: Value) -> Value {
+    json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "llama-ft", "namespace": "ml",
+                     "labels": {"gpufit.io/inject": "true"}, "annotations": annotations},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
+                           "kind": "ClusterTrainingRuntime"},
+            "trainer": trainer,
+            "suspend": false,
+            "managedBy": "trainer.kubeflow.org/trainjob-controller"
+        }
+    })
+}
+
+#[tokio::test]
+async fn every_training_container_of_a_jobset_gets_the_same_settings_for_all_its_gpus() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    // W = 1 × 1 × 8 (leader) + 2 replicas × 2 pods × 8 (workers) = 40.
+    anns["gpufit.io/global-batch"] = json!("160");
+    let obj = jobset(anns);
+    let (status, resp) = post(&w, PATH, &review(JOBSET, "ml", obj.clone())).await;
+    assert_eq!(status, 200);
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let out = apply_patch(&obj, &resp);
+    let leader = &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+    let workers = &out["spec"]["replicatedJobs"][1]["template"]["spec"]["template"];
+    let (le, we) = (env(leader, 0), env(workers, 0));
+    assert_eq!(le, we, "every training template gets the same settings");
+    let (m, a) = batch_of(&le);
+    assert_eq!(m * a * 40, 160, "m × a × W = G over all 40 GPUs");
+    assert_eq!(le["HF_HOME"], "/cache", "the user's variables are kept");
+    let cmd = workers["spec"]["containers"][0]["command"]
+        .as_array()
+        .unwrap();
+    assert_eq!(cmd[3], format!("--micro-batch={m}"));
+    assert_eq!(cmd[4], format!("--accum={a}"));
+    for t in [leader, workers] {
+        assert!(t["metadata"]["annotations"][ANN_APPLIED].is_string(), "{t}");
+    }
+    let applied: Value = serde_json::from_str(
+        out["metadata"]["annotations"][ANN_APPLIED]
+            .as_str()
+            .expect("applied annotation on the JobSet"),
+    )
+    .unwrap();
+    assert_eq!(applied["settings"]["microBatchSize"], m);
+    assert_eq!(
+        out["spec"]["replicatedJobs"][1]["replicas"], 2,
+        "shape untouched"
+    );
+}
+
+#[tokio::test]
+async fn a_trainjob_gets_the_settings_on_its_trainer_for_num_nodes_times_gpus_per_node() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/global-batch"] = json!("64");
+    let obj = trainjob(
+        anns,
+        json!({
+            "image": "ghcr.io/acme/train:1",
+            "command": ["torchrun", "train.py", "--micro-batch={micro_batch_size}"],
+            "env": [{"name": "HF_HOME", "value": "/cache"}],
+            "numNodes": 2,
+            "resourcesPerNode": {"limits": {"nvidia.com/gpu": "4"}}
+        }),
+    );
+    let (_, resp) = post(&w, PATH, &review(TRAINJOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let out = apply_patch(&obj, &resp);
+    let trainer = &out["spec"]["trainer"];
+    let e = env_of(trainer);
+    let (m, a) = batch_of(&e);
+    assert_eq!(m * a * 8, 64, "m × a × W = G over 2 nodes × 4 GPUs");
+    assert_eq!(e["HF_HOME"], "/cache");
+    assert_eq!(trainer["command"][2], format!("--micro-batch={m}"));
+    let names: Vec<&str> = trainer["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert!(names.contains(&"GPUFIT_POD_NAME"), "{names:?}");
+    assert_eq!(trainer["numNodes"], 2, "shape untouched");
+    assert!(out["metadata"]["annotations"][ANN_APPLIED].is_string());
+}
+
+#[tokio::test]
+async fn a_trainjob_whose_runtime_decides_the_gpus_is_allowed_unchanged_with_a_warning() {
+    let w = start_webhook().await;
+    let obj = trainjob(lora_annotations(), json!({"numNodes": 2}));
+    let (_, resp) = post(&w, PATH, &review(TRAINJOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(resp["response"].get("patch").is_none(), "{resp}");
+    let warning = resp["response"]["warnings"][0].as_str().unwrap_or("");
+    assert!(warning.contains("gpufit.io/gpus"), "{warning}");
+
+    // With the GPUs annotated, the trainer gets the settings (env created).
+    let mut anns = lora_annotations();
+    anns["gpufit.io/gpus"] = json!("8");
+    let obj = trainjob(anns, json!({"numNodes": 2}));
+    let (_, resp) = post(&w, PATH, &review(TRAINJOB, "ml", obj.clone())).await;
+    let out = apply_patch(&obj, &resp);
+    let e = env_of(&out["spec"]["trainer"]);
+    let (m, a) = batch_of(&e);
+    assert_eq!(m * a * 8, 32);
+}
+
+#[tokio::test]
+async fn a_kind_gpufit_cannot_configure_is_allowed_with_a_warning_but_a_bad_annotation_is_denied() {
+    let w = start_webhook().await;
+    let rayjob = |anns: Value| {
+        json!({"apiVersion": "ray.io/v1", "kind": "RayJob",
+               "metadata": {"name": "r", "namespace": "ml", "annotations": anns},
+               "spec": {"entrypoint": "python train.py"}})
+    };
+    let kind = ("ray.io", "v1", "RayJob", "rayjobs");
+    let (_, resp) = post(&w, PATH, &review(kind, "ml", rayjob(lora_annotations()))).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(resp["response"].get("patch").is_none());
+    let warning = resp["response"]["warnings"][0].as_str().unwrap_or("");
+    assert!(warning.contains("RayJob"), "{warning}");
+
+    let mut bad = lora_annotations();
+    bad["gpufit.io/seq-len"] = json!("long");
+    for (kind, obj) in [(kind, rayjob(bad.clone())), (JOBSET, jobset(bad.clone()))] {
+        let (_, resp) = post(&w, PATH, &review(kind, "ml", obj)).await;
+        assert_eq!(resp["response"]["allowed"], false, "{resp}");
+        let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains("gpufit.io/seq-len"), "{msg}");
+    }
 }

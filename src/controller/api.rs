@@ -346,6 +346,9 @@ where
     Ok(json_response(StatusCode::OK, &s))
 }
 
+/// Serialises the merges of multi-node reports in this process.
+static NODE_REPORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `POST /v1/runs`: a token-holder records a finished run.
 async fn post_run<B>(state: Arc<ApiState>, req: Request<B>) -> Result<ApiResponse, ApiError>
 where
@@ -367,7 +370,14 @@ where
     }
     let st = state.clone();
     let id = blocking(move || {
-        let id = st.history.record(&run)?;
+        let id = if run.nodes.is_some_and(|n| n.expected > 1) {
+            // Every node's Epilog reports; one read-merge-write at a time
+            // so two nodes finishing together cannot lose a report.
+            let _one_at_a_time = NODE_REPORTS.lock().unwrap_or_else(|p| p.into_inner());
+            st.history.record_node_report(&run)?
+        } else {
+            st.history.record(&run)?
+        };
         if let Some(m) = &st.metrics {
             let stored = run.clone().validated(None).unwrap_or(run);
             m.observe_throughput(st.history.as_ref(), &stored);
@@ -512,6 +522,14 @@ fn validate_run(run: &RunRecord) -> Result<(), ApiError> {
     if run.seq_len == 0 || run.gpus == 0 || run.settings.micro_batch_size == 0 {
         return Err(ApiError::bad_request(
             "run.seq_len, run.gpus and run.settings.micro_batch_size must be positive",
+        ));
+    }
+    if run
+        .nodes
+        .is_some_and(|n| n.reported != 1 || n.expected == 0)
+    {
+        return Err(ApiError::bad_request(
+            "run.nodes: a node reports itself (reported = 1) of a job of expected >= 1 nodes",
         ));
     }
     Ok(())

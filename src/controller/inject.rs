@@ -80,42 +80,56 @@ pub fn inject_pod_template(
     else {
         return;
     };
-    let env = env_vars(&suggestion.settings);
     for c in containers.iter_mut() {
-        let Some(c) = c.as_object_mut() else { continue };
-        let list = c.entry("env").or_insert_with(|| json!([]));
-        if !list.is_array() {
-            *list = json!([]);
+        if let Some(c) = c.as_object_mut() {
+            inject_container(c, suggestion, set_termination_policy);
         }
-        if let Some(list) = list.as_array_mut() {
-            list.retain(|e| {
-                let n = e.get("name").and_then(Value::as_str).unwrap_or("");
-                !env.iter().any(|(k, _)| *k == n) && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
-            });
-            for (k, v) in &env {
-                list.push(json!({"name": k, "value": v}));
-            }
-            // The node sidecar attributes GPU processes to pods by these
-            // (docs/sidecar-api.md), so peaks are found by namespace/pod.
-            for (k, path) in POD_IDENTITY_ENV {
-                list.push(json!({"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}}));
-            }
+    }
+}
+
+/// Injects the settings into one container given as JSON (or an object
+/// shaped like one, such as a Kubeflow TrainJob's `spec.trainer`, whose
+/// `env`, `command` and `args` its controller merges into the trainer
+/// containers): the `GPUFIT_*` variables (replacing same-named ones), the
+/// pod identity variables, the `command`/`args` placeholders filled.
+pub fn inject_container(
+    c: &mut serde_json::Map<String, Value>,
+    suggestion: &Suggestion,
+    set_termination_policy: bool,
+) {
+    let env = env_vars(&suggestion.settings);
+    let list = c.entry("env").or_insert_with(|| json!([]));
+    if !list.is_array() {
+        *list = json!([]);
+    }
+    if let Some(list) = list.as_array_mut() {
+        list.retain(|e| {
+            let n = e.get("name").and_then(Value::as_str).unwrap_or("");
+            !env.iter().any(|(k, _)| *k == n) && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
+        });
+        for (k, v) in &env {
+            list.push(json!({"name": k, "value": v}));
         }
-        for field in ["command", "args"] {
-            if let Some(words) = c.get_mut(field).and_then(Value::as_array_mut) {
-                for w in words.iter_mut() {
-                    if let Some(s) = w.as_str() {
-                        *w = Value::String(substitute(s, &suggestion.settings));
-                    }
+        // The node sidecar attributes GPU processes to pods by these
+        // (docs/sidecar-api.md), so peaks are found by namespace/pod.
+        for (k, path) in POD_IDENTITY_ENV {
+            list.push(json!({"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}}));
+        }
+    }
+    for field in ["command", "args"] {
+        if let Some(words) = c.get_mut(field).and_then(Value::as_array_mut) {
+            for w in words.iter_mut() {
+                if let Some(s) = w.as_str() {
+                    *w = Value::String(substitute(s, &suggestion.settings));
                 }
             }
         }
-        if set_termination_policy && !c.contains_key("terminationMessagePolicy") {
-            c.insert(
-                "terminationMessagePolicy".into(),
-                Value::String("FallbackToLogsOnError".into()),
-            );
-        }
+    }
+    if set_termination_policy && !c.contains_key("terminationMessagePolicy") {
+        c.insert(
+            "terminationMessagePolicy".into(),
+            Value::String("FallbackToLogsOnError".into()),
+        );
     }
 }
 

@@ -104,6 +104,83 @@ pub struct RunRecord {
     pub result: RunResult,
     /// The peak gpufit predicted for these settings, if a prediction was made.
     pub predicted_peak_bytes: Option<u64>,
+    /// For a job over several nodes, how many of its nodes reported (each
+    /// node's Slurm Epilog sends its own peak); None for a one-node run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodeReports>,
+}
+
+/// How many nodes of a multi-node job have reported into its one record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeReports {
+    /// Nodes whose report is in the record.
+    pub reported: u32,
+    /// Nodes the job ran on.
+    pub expected: u32,
+}
+
+impl NodeReports {
+    /// Whether some node has not reported (yet, or ever): the record's peak
+    /// is then the largest of the nodes that did.
+    pub fn partial(&self) -> bool {
+        self.reported < self.expected
+    }
+}
+
+/// Folds one node's report of a multi-node job into the job's record so far
+/// (None for the first report): the peak is the largest node's, the run
+/// succeeded only if every node's part did, an OOM on any node makes it an
+/// OOM run, the duration and throughput figures are the largest reported,
+/// and `node` lists the nodes that reported (comma-separated, sorted) so a
+/// repeated report of a node is recognised and changes nothing (exactly
+/// once by cluster, job id and node). Pure: the caller stores the result.
+pub fn merge_node_report(so_far: Option<&RunRecord>, report: &RunRecord) -> RunRecord {
+    let expected = |r: &RunRecord| r.nodes.map_or(1, |n| n.expected);
+    let Some(prev) = so_far else {
+        let mut first = report.clone();
+        first.nodes = Some(NodeReports {
+            reported: 1,
+            expected: expected(report).max(1),
+        });
+        return first;
+    };
+    let mut seen: Vec<String> = prev
+        .node
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect();
+    let me = report.node.clone().unwrap_or_default();
+    if seen.contains(&me) {
+        return prev.clone();
+    }
+    seen.push(me);
+    seen.sort();
+    let max_f = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
+    };
+    let mut out = prev.clone();
+    let (a, b) = (&prev.result, &report.result);
+    let success = a.success && b.success;
+    let oom = prev.is_oom() || report.is_oom();
+    out.result = RunResult {
+        success,
+        failure_reason: FailureReason::of(success, oom),
+        peak_memory_bytes: a.peak_memory_bytes.max(b.peak_memory_bytes),
+        samples_per_sec: max_f(a.samples_per_sec, b.samples_per_sec),
+        tokens_per_sec: max_f(a.tokens_per_sec, b.tokens_per_sec),
+        duration_sec: max_f(a.duration_sec, b.duration_sec),
+    };
+    out.timestamp = prev.timestamp.max(report.timestamp);
+    out.node = Some(seen.join(","));
+    out.nodes = Some(NodeReports {
+        reported: u32::try_from(seen.len()).unwrap_or(u32::MAX),
+        expected: expected(prev).max(expected(report)),
+    });
+    out
 }
 
 /// The workload fields a run is keyed by (the similarity key, see
@@ -202,6 +279,7 @@ impl RunRecord {
         result: RunResult,
     ) -> RunRecord {
         RunRecord {
+            nodes: None,
             id: None,
             timestamp: origin.timestamp,
             cluster: origin.cluster,
@@ -384,6 +462,7 @@ mod identity_tests {
 
     fn rec(job: Option<&str>) -> RunRecord {
         RunRecord {
+            nodes: None,
             id: None,
             timestamp: DateTime::<Utc>::UNIX_EPOCH,
             cluster: Some("c1".into()),
@@ -631,6 +710,7 @@ mod validation_tests {
 
     fn rec() -> RunRecord {
         RunRecord {
+            nodes: None,
             id: None,
             timestamp: Utc::now(),
             cluster: None,
@@ -783,6 +863,7 @@ mod new_tests {
         assert_eq!(
             r,
             RunRecord {
+                nodes: None,
                 id: None,
                 timestamp: t,
                 cluster: Some("c".into()),
@@ -814,5 +895,64 @@ mod new_tests {
         // An OOM is an OOM whatever the exit status said.
         assert_eq!(FailureReason::of(false, true), Some(FailureReason::Oom));
         assert_eq!(FailureReason::of(true, true), Some(FailureReason::Oom));
+    }
+}
+
+#[cfg(test)]
+mod node_report_tests {
+    use super::*;
+
+    fn report(node: &str, peak: u64, success: bool, oom: bool) -> RunRecord {
+        let mut r = identity_tests_rec();
+        r.node = Some(node.into());
+        r.nodes = Some(NodeReports {
+            reported: 1,
+            expected: 2,
+        });
+        r.result.success = success;
+        r.result.failure_reason = FailureReason::of(success, oom);
+        r.result.peak_memory_bytes = Some(peak);
+        r
+    }
+
+    fn identity_tests_rec() -> RunRecord {
+        serde_json::from_value(serde_json::json!({
+            "id": null, "timestamp": "2026-01-01T00:00:00Z", "cluster": "c1", "node": null,
+            "source": "slurm", "job_id": "42", "model": "m", "method": "lora",
+            "gpu_model": "NVIDIA H100 80GB HBM3", "seq_len": 2048, "lora_rank": 16, "gpus": 16,
+            "global_batch": 64, "settings": crate::core::settings::EngineeringSettings::default(),
+            "result": {"success": true, "failure_reason": null, "peak_memory_bytes": null,
+                       "samples_per_sec": null, "tokens_per_sec": null, "duration_sec": null},
+            "predicted_peak_bytes": null
+        }))
+        .expect("a run record")
+    }
+
+    #[test]
+    fn a_node_that_never_reports_leaves_the_record_partial_with_one_of_two() {
+        let first = merge_node_report(None, &report("n2", 70, true, false));
+        assert_eq!(
+            first.nodes,
+            Some(NodeReports {
+                reported: 1,
+                expected: 2
+            })
+        );
+        assert!(first.nodes.is_some_and(|n| n.partial()));
+        assert_eq!(first.result.peak_memory_bytes, Some(70));
+    }
+
+    #[test]
+    fn the_job_record_has_the_largest_peak_every_node_once_and_any_oom() {
+        let one = merge_node_report(None, &report("n2", 70, true, false));
+        let two = merge_node_report(Some(&one), &report("n1", 75, false, true));
+        assert_eq!(two.result.peak_memory_bytes, Some(75));
+        assert!(two.is_oom(), "one node's OOM makes the job an OOM run");
+        assert_eq!(two.node.as_deref(), Some("n1,n2"));
+        let n = two.nodes.expect("node counts");
+        assert_eq!((n.reported, n.expected, n.partial()), (2, 2, false));
+        // The same node again (a retried Epilog) changes nothing.
+        let again = merge_node_report(Some(&two), &report("n1", 99, true, false));
+        assert_eq!(again, two);
     }
 }

@@ -111,6 +111,30 @@ pub trait HistoryStore: Send + Sync {
         Ok(n)
     }
 
+    /// Records one node's report of a multi-node job into the job's one
+    /// record ([`merge_node_report`]): the first report creates it (partial,
+    /// 1 of N), later ones raise the peak and the count, a repeated node
+    /// changes nothing. Returns the record's id. The default reads the
+    /// job's record back by its identity (a scan) and upserts the merge; a
+    /// caller serialises concurrent reports of one job (the API does).
+    ///
+    /// [`merge_node_report`]: crate::core::run::merge_node_report
+    fn record_node_report(&self, report: &RunRecord) -> Result<i64, HistoryError> {
+        let identity = report.identity();
+        let mut so_far: Option<RunRecord> = None;
+        self.for_each(&mut |r| {
+            if r.identity() == identity {
+                so_far = Some(r);
+            }
+            Ok(())
+        })?;
+        let merged = crate::core::run::merge_node_report(so_far.as_ref(), report);
+        match (&so_far, so_far.as_ref().and_then(|r| r.id)) {
+            (Some(prev), Some(id)) if *prev == merged => Ok(id),
+            _ => self.record(&merged),
+        }
+    }
+
     /// The rows `gpufit report` aggregates: runs at or after `since_us`
     /// (all when None), plus older successful runs with a throughput (they
     /// set the best known). Stores override this with a narrow streaming

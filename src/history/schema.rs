@@ -14,7 +14,7 @@ use crate::core::settings::Dtype;
 use crate::core::workload::Method;
 
 /// Columns in insert/select order (without `id`, which comes first on select).
-pub const COLUMNS: [&str; 29] = [
+pub const COLUMNS: [&str; 31] = [
     "timestamp_us",
     "cluster",
     "node",
@@ -44,6 +44,8 @@ pub const COLUMNS: [&str; 29] = [
     "tokens_per_sec",
     "duration_sec",
     "predicted_peak_bytes",
+    "nodes_reported",
+    "nodes_expected",
 ];
 
 /// `CREATE TABLE` body for one dialect: integer, boolean and float type names.
@@ -93,6 +95,17 @@ pub fn create_runs(int: &str, boolean: &str, float: &str, id: &str) -> String {
 /// [`RunRecord::identity`]: crate::core::run::RunRecord::identity
 pub const ADD_RUN_KEY: &str = "ALTER TABLE runs ADD COLUMN run_key TEXT;
         CREATE UNIQUE INDEX IF NOT EXISTS runs_run_key ON runs (run_key);";
+
+/// Migration 3: a multi-node job's one record says how many of its nodes
+/// reported ([`NodeReports`]); NULL for one-node runs and older rows.
+///
+/// [`NodeReports`]: crate::core::run::NodeReports
+pub fn add_node_counts(int: &str) -> String {
+    format!(
+        "ALTER TABLE runs ADD COLUMN nodes_reported {int};
+        ALTER TABLE runs ADD COLUMN nodes_expected {int};"
+    )
+}
 
 /// `INSERT INTO runs (<columns>, run_key) VALUES (…) ON CONFLICT (run_key)
 /// DO UPDATE SET <columns> = excluded.<columns>`: the run keyed by its

@@ -19,7 +19,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, Row, TransactionBehavior};
 
 use super::schema::{self, i, u, u32_of};
 use super::{HistoryError, HistoryStore, ListFilter};
-use crate::core::run::{KeyedRun, RunRecord, RunResult};
+use crate::core::run::{KeyedRun, NodeReports, RunRecord, RunResult};
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
 use crate::core::similarity::HistoryQuery;
 
@@ -28,6 +28,7 @@ fn migrations() -> Vec<String> {
     vec![
         schema::create_runs("INTEGER", "INTEGER", "REAL", "INTEGER PRIMARY KEY"),
         schema::ADD_RUN_KEY.to_string(),
+        schema::add_node_counts("INTEGER"),
     ]
 }
 
@@ -353,7 +354,7 @@ fn map_err(url: &str, busy: Duration, e: rusqlite::Error) -> HistoryError {
 /// The row's values with the run's identity last (the upsert's key),
 /// borrowed from the record: binding them copies nothing on the Rust side
 /// (a 1 M-line import made 10 strings per row before).
-fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 30] {
+fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 32] {
     use rusqlite::types::ValueRef::{Integer, Null, Real, Text};
     let v = ToSqlOutput::Borrowed;
     let opt_i = |x: Option<u64>| v(x.map_or(Null, |n| Integer(i(n))));
@@ -395,6 +396,8 @@ fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 30] {
         opt_f(r.result.tokens_per_sec),
         opt_f(r.result.duration_sec),
         opt_i(r.predicted_peak_bytes),
+        opt_i(r.nodes.map(|n| u64::from(n.reported))),
+        opt_i(r.nodes.map(|n| u64::from(n.expected))),
         text(key),
     ]
 }
@@ -456,6 +459,16 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
             duration_sec: row.get(28)?,
         },
         predicted_peak_bytes: opt_u(29)?,
+        nodes: match (
+            row.get::<_, Option<i64>>(30)?,
+            row.get::<_, Option<i64>>(31)?,
+        ) {
+            (Some(reported), Some(expected)) => Some(NodeReports {
+                reported: u32_of(reported),
+                expected: u32_of(expected),
+            }),
+            _ => None,
+        },
     })
 }
 

@@ -22,7 +22,7 @@ use super::plan::{
 use super::SlurmError;
 use crate::core::advisor::{StrategyTargets, Suggestion};
 use crate::core::catalog::{lookup_gpu, GpuSpec};
-use crate::core::run::RunRecord;
+use crate::core::run::{NodeReports, RunRecord};
 use crate::wire::api::{ErrorBody, GpuRef, SuggestRequest};
 use crate::wire::sidecar::GpusResponse;
 
@@ -485,10 +485,6 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         return Ok(());
     };
     let _ = std::fs::remove_file(&path);
-    if !plan::records_here(env) {
-        tracing::debug!("gpufit epilog: job {job_id}: its first node records the run");
-        return Ok(());
-    }
     let peak = match &settings.sidecar_url {
         Some(url) => match sidecar_peak(url, job_id) {
             Ok(p) => p,
@@ -535,7 +531,16 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         ended_at: Utc::now(),
     };
     let node = env.get("SLURMD_NODENAME").cloned();
-    let run = plan::build_run(&state, &outcome, settings.cluster.clone(), node);
+    let mut run = plan::build_run(&state, &outcome, settings.cluster.clone(), node);
+    let nodes = plan::job_nodes(env);
+    if nodes > 1 {
+        // Every node reports its own peak; the controller folds them into
+        // the job's one record (peak = the largest node's).
+        run.nodes = Some(NodeReports {
+            reported: 1,
+            expected: nodes,
+        });
+    }
     record_run(&settings, &run)
 }
 
@@ -674,8 +679,12 @@ fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
             let mut run = run.clone();
             run.model = crate::service::canonical_model(&run.model);
-            store
-                .record(&run)
+            let recorded = if run.nodes.is_some() {
+                store.record_node_report(&run)
+            } else {
+                store.record(&run)
+            };
+            recorded
                 .map(|_| ())
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))
         }

@@ -607,32 +607,63 @@ pub struct LogFacts {
     pub samples_per_sec: Option<f64>,
 }
 
-/// The first host of a Slurm node list (`gpu[01-04,07],cpu1` → `gpu01`).
-pub fn first_node(nodelist: &str) -> Option<String> {
-    let nodelist = nodelist.trim();
-    let end = nodelist.find([',', '[']).unwrap_or(nodelist.len());
-    let prefix = &nodelist[..end];
-    if nodelist[end..].starts_with('[') {
-        let inner = &nodelist[end + 1..];
-        let first: String = inner.chars().take_while(|c| c.is_ascii_digit()).collect();
-        if first.is_empty() {
-            return None;
+/// How many hosts a Slurm node list names (`gpu[01-04,07],cpu1` → 6);
+/// None when it cannot be read.
+pub fn count_nodes(nodelist: &str) -> Option<u32> {
+    let mut total = 0u32;
+    let (mut depth, mut start) = (0usize, 0usize);
+    let list = nodelist.trim();
+    let mut items = Vec::new();
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.checked_sub(1)?,
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
         }
-        return Some(format!("{prefix}{first}"));
     }
-    (!prefix.is_empty()).then(|| prefix.to_string())
+    items.push(&list[start..]);
+    for item in items.into_iter().filter(|i| !i.is_empty()) {
+        // Each bracket group multiplies the hosts (`r[1-2]n[1-4]` → 8).
+        let mut hosts = 1u32;
+        let mut rest = item;
+        while let Some(open) = rest.find('[') {
+            let close = rest[open..].find(']')? + open;
+            let mut n = 0u32;
+            for range in rest[open + 1..close].split(',') {
+                n += match range.split_once('-') {
+                    Some((lo, hi)) => {
+                        let (lo, hi) = (lo.parse::<u32>().ok()?, hi.parse::<u32>().ok()?);
+                        hi.checked_sub(lo)? + 1
+                    }
+                    None => range.parse::<u32>().map(|_| 1).ok()?,
+                };
+            }
+            hosts = hosts.saturating_mul(n);
+            rest = &rest[close + 1..];
+        }
+        total = total.saturating_add(hosts);
+    }
+    (total > 0).then_some(total)
 }
 
-/// Whether this node's Epilog records the job's run: one record per job,
-/// from the job's first node (every node's Epilog runs).
-pub fn records_here(env: &Env) -> bool {
-    let (Some(list), Some(me)) = (
-        non_empty(env.get("SLURM_JOB_NODELIST")).or_else(|| non_empty(env.get("SLURM_NODELIST"))),
-        non_empty(env.get("SLURMD_NODENAME")),
-    ) else {
-        return true;
-    };
-    first_node(&list).is_none_or(|first| first == me)
+/// The nodes a job runs on (each node's Epilog reports its own peak into
+/// the job's one record): `SLURM_JOB_NUM_NODES`, else counted from the node
+/// list, else 1.
+pub fn job_nodes(env: &Env) -> u32 {
+    non_empty(env.get("SLURM_JOB_NUM_NODES"))
+        .or_else(|| non_empty(env.get("SLURM_NNODES")))
+        .and_then(|n| n.parse::<u32>().ok())
+        .or_else(|| {
+            non_empty(env.get("SLURM_JOB_NODELIST"))
+                .or_else(|| non_empty(env.get("SLURM_NODELIST")))
+                .and_then(|l| count_nodes(&l))
+        })
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// Reads the exit state from the Epilog's environment.

@@ -209,6 +209,7 @@ fn record(
     predicted: u64,
 ) -> RunRecord {
     RunRecord {
+        nodes: None,
         id: None,
         timestamp: Utc::now(),
         cluster: None,

@@ -28,6 +28,7 @@ use super::super::metrics::Via;
 use super::super::reconcile::{workloads, MODE_KEY};
 use super::super::validate::check_pins;
 use super::annotations::{denied, denied_workload, input_annotations, parse_annotations, Denied};
+use super::shape::{self, Shape};
 use super::{HistoryCache, WebhookState};
 
 /// Answers one AdmissionReview (JSON bytes as the API server sends them).
@@ -48,6 +49,8 @@ pub fn review(body: &[u8], state: &WebhookState) -> AdmissionReview<DynamicObjec
     let kind = match req.kind.kind.as_str() {
         "Job" => "Job",
         "PyTorchJob" => "PyTorchJob",
+        "JobSet" => "JobSet",
+        "TrainJob" => "TrainJob",
         _ => "other",
     };
     let (resp, result) = admit(&req, state);
@@ -136,19 +139,29 @@ fn decide(
         return Ok(Decision::Untouched);
     };
 
-    let templates = template_pointers(&req.kind.kind, original);
-    if templates.is_empty() {
-        return Err(Denied(format!(
-            "gpufit: a {} with gpufit.io annotations must have a pod template",
+    // A kind or shape gpufit cannot configure is allowed unchanged with a
+    // warning, but its annotations are still checked (a typo is denied).
+    let shape = shape::shape(&req.kind.kind, original);
+    let object_gpus = shape.as_ref().ok().and_then(|s| s.gpus);
+    let (request, strategy, mode, pins, gpu_name) =
+        parse_annotations(&inputs, object_gpus.unwrap_or(1))?;
+    let shape = match shape {
+        Ok(s) => s,
+        Err(warning) => return Ok(Decision::Warn(warning)),
+    };
+    if object_gpus.is_none() && !inputs.contains_key("gpus") {
+        return Ok(Decision::Warn(format!(
+            "gpufit did not change this {}: its GPU count comes from its runtime; set \
+             spec.trainer.numNodes and nvidia.com/gpu in spec.trainer.resourcesPerNode, \
+             or annotate gpufit.io/gpus with the training GPUs of the whole job",
             req.kind.kind
         )));
     }
-    let first_pod: Option<PodSpec> = original
-        .pointer(&format!("{}/spec", templates[0]))
+    let first_pod: Option<PodSpec> = shape
+        .templates
+        .first()
+        .and_then(|t| original.pointer(&format!("{t}/spec")))
         .and_then(|v| serde_json::from_value(v.clone()).ok());
-
-    let (request, strategy, mode, pins, gpu_name) =
-        parse_annotations(&inputs, default_gpus(original, &templates))?;
     // The core's one resolver, the field named as its annotation.
     let workload = request.resolve().map_err(|e| denied_workload(&e))?;
     check_pins(&pins, &workload, "gpufit.io/pins").map_err(|e| Denied(format!("gpufit: {e}")))?;
@@ -166,10 +179,10 @@ fn decide(
         Ok(s) => s,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
-    let mut mutated = with_suggestion(original, &templates, &suggestion, mode);
+    let mut mutated = with_suggestion(original, &shape, &suggestion, mode);
     if mode == Mode::Inject {
         // What recording the run later needs travels on the object.
-        workloads::mark_for_recording(&mut mutated, &templates, &workload);
+        workloads::mark_for_recording(&mut mutated, &shape.templates, &workload);
     }
     Ok(Decision::Mutate(mutated, suggestion.warnings.clone()))
 }
@@ -241,92 +254,39 @@ impl SimilarRuns for Cached<'_> {
     }
 }
 
-/// The object with the suggestion's annotations and every pod template
-/// injected (the same injection as a TrainingJob's Job).
-fn with_suggestion(
-    original: &Value,
-    templates: &[String],
-    suggestion: &Suggestion,
-    mode: Mode,
-) -> Value {
+/// The object with the suggestion's annotations and every training pod
+/// template (or a TrainJob's trainer) injected (the same injection as a
+/// TrainingJob's Job).
+fn with_suggestion(original: &Value, shape: &Shape, suggestion: &Suggestion, mode: Mode) -> Value {
     let mut mutated = original.clone();
     if let Some(meta) = mutated.get_mut("metadata") {
         inject::add_annotations(meta, &inject::annotations(suggestion, mode));
     }
-    for ptr in templates {
+    for ptr in &shape.templates {
         if let Some(t) = mutated.pointer_mut(ptr) {
             inject::inject_pod_template(t, suggestion, mode, mode == Mode::Inject);
+        }
+    }
+    if let (Some(ptr), Mode::Inject) = (&shape.trainer, mode) {
+        if let Some(trainer) = object_at(&mut mutated, ptr) {
+            // A TrainJob has no container of its own: its controller merges
+            // the trainer's env/command/args into the runtime's trainer.
+            inject::inject_container(trainer, suggestion, false);
         }
     }
     mutated
 }
 
-/// JSON pointers of every pod template in the object (every rank).
-fn template_pointers(kind: &str, obj: &Value) -> Vec<String> {
-    match kind {
-        "PyTorchJob" => obj
-            .pointer("/spec/pytorchReplicaSpecs")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .filter(|(_, v)| v.get("template").is_some())
-                    .map(|(k, _)| {
-                        format!("/spec/pytorchReplicaSpecs/{}/template", escape_pointer(k))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        _ => {
-            if obj.pointer("/spec/template").is_some() {
-                vec!["/spec/template".to_string()]
-            } else {
-                vec![]
-            }
-        }
+/// The JSON object at `/a/b` (created, with its parents, when absent).
+fn object_at<'a>(v: &'a mut Value, ptr: &str) -> Option<&'a mut serde_json::Map<String, Value>> {
+    let mut cur = v;
+    for key in ptr.split('/').skip(1) {
+        cur = cur
+            .as_object_mut()?
+            .entry(key.to_string())
+            .or_insert_with(|| Value::Object(Default::default()));
     }
-}
-
-fn escape_pointer(s: &str) -> String {
-    s.replace('~', "~0").replace('/', "~1")
-}
-
-fn gpu_limit(template: &Value) -> u32 {
-    template
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .filter_map(|c| c.pointer("/resources/limits/nvidia.com~1gpu"))
-                .filter_map(|v| match v {
-                    Value::String(s) => s.parse::<u32>().ok(),
-                    Value::Number(n) => n.as_u64().map(|n| n as u32),
-                    _ => None,
-                })
-                .sum::<u32>()
-        })
-        .unwrap_or(0)
-        .max(1)
-}
-
-/// Data-parallel GPUs of the object when `gpufit.io/gpus` is not given:
-/// a Job's parallelism × GPUs per pod; a PyTorchJob's replicas × GPUs per pod.
-fn default_gpus(obj: &Value, templates: &[String]) -> u32 {
-    let mut total = 0u32;
-    for ptr in templates {
-        let Some(t) = obj.pointer(ptr) else { continue };
-        let replicas = if ptr.starts_with("/spec/pytorchReplicaSpecs") {
-            let parent = ptr.trim_end_matches("/template");
-            obj.pointer(&format!("{parent}/replicas"))
-                .and_then(Value::as_u64)
-                .unwrap_or(1)
-        } else {
-            obj.pointer("/spec/parallelism")
-                .and_then(Value::as_u64)
-                .unwrap_or(1)
-        };
-        total = total.saturating_add((replicas as u32).saturating_mul(gpu_limit(t)));
-    }
-    total.max(1)
+    cur.as_object_mut()
 }
 
 fn namespace_mode(ns: Option<&str>, namespaces: &Store<Namespace>) -> Result<Option<Mode>, Denied> {

@@ -1,17 +1,20 @@
 //! Mutating admission webhook (HTTPS, `POST /mutate`) for teams that do not
-//! want a new resource: a `batch/v1` Job or a Kubeflow `PyTorchJob` that opts
-//! in with the `gpufit.io/model` (or `gpufit.io/architecture`) annotation gets the same injection as a
-//! TrainingJob's Job ([`super::inject`]), in every pod template (every rank).
+//! want a new resource: a `batch/v1` Job, a Kubeflow `PyTorchJob`, a `JobSet`
+//! or a Kubeflow Trainer `TrainJob` that opts in with the `gpufit.io/model`
+//! (or `gpufit.io/architecture`) annotation gets the same injection as a
+//! TrainingJob's Job ([`super::inject`]), in every training pod template
+//! (every rank; where per kind: `shape`).
 //!
 //! - Objects without `gpufit.io/…` input annotations are allowed untouched.
 //! - A bad annotation (unknown key, unparsable value, contradictory fields)
 //!   is denied with a message that names it — never silently ignored.
-//! - When gpufit cannot help (GPU unknown, history store down, nothing fits),
-//!   the object is allowed untouched with a warning: gpufit never blocks a
+//! - When gpufit cannot help (GPU unknown, history store down, nothing fits,
+//!   a kind or shape it cannot configure), the object is allowed untouched
+//!   with a warning: gpufit never blocks a
 //!   submission for its own problems (and the chart's `failurePolicy: Ignore`
 //!   covers gpufit being down).
 //!
-//! Annotations (on the Job / PyTorchJob itself):
+//! Annotations (on the Job / PyTorchJob / JobSet / TrainJob itself):
 //!
 //! | annotation                 | meaning                                         |
 //! |----------------------------|-------------------------------------------------|
@@ -51,6 +54,7 @@ use super::metrics::Metrics;
 mod admission;
 mod annotations;
 mod server;
+mod shape;
 
 pub use admission::review;
 pub use annotations::workload_from_annotations;

@@ -142,6 +142,7 @@ fn t4() -> GpuSpec {
 fn run(m: u32, dtype: Dtype, ckpt: bool) -> RunRecord {
     let w = workload();
     RunRecord {
+        nodes: None,
         id: None,
         timestamp: Utc::now(),
         cluster: None,

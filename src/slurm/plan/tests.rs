@@ -497,23 +497,21 @@ fn a_peak_the_log_states_wins_over_the_sidecars() {
 }
 
 #[test]
-fn only_the_first_node_of_a_job_records_its_run() {
+fn a_jobs_nodes_are_counted_from_its_node_list() {
     let cases = [
-        ("gpu[01-04,07],cpu1", Some("gpu01")),
-        ("node7", Some("node7")),
-        ("a,b", Some("a")),
+        ("gpu[01-04,07],cpu1", Some(6)),
+        ("node7", Some(1)),
+        ("a,b", Some(2)),
+        ("r[1-2]n[1-4]", Some(8)),
         ("n[x]", None),
+        ("n[4-1]", None),
     ];
     for (list, want) in cases {
-        assert_eq!(first_node(list).as_deref(), want, "{list}");
+        assert_eq!(count_nodes(list), want, "{list}");
     }
-    let on = |me: &str| env(&[("SLURM_NODELIST", "gpu[01-02]"), ("SLURMD_NODENAME", me)]);
-    assert!(records_here(&on("gpu01")));
-    assert!(!records_here(&on("gpu02")));
-    assert!(
-        records_here(&env(&[("SLURMD_NODENAME", "x")])),
-        "no list: record"
-    );
+    assert_eq!(job_nodes(&env(&[("SLURM_NODELIST", "gpu[01-02]")])), 2);
+    assert_eq!(job_nodes(&env(&[("SLURM_JOB_NUM_NODES", "3")])), 3);
+    assert_eq!(job_nodes(&env(&[])), 1, "no list: one node");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
 use crate::controller::build::{self, build_job};
@@ -71,10 +72,23 @@ fn target_gpu(ctx: &Context, tj: &TrainingJob, v: &Validated) -> Result<GpuSpec,
     match &v.gpu {
         Some(name) => gpu::resolve_named(name),
         None => {
+            // A shared GPU: the TrainingJob's annotation, else its
+            // namespace's label, says whether to plan for its share.
+            let ns = tj.namespace();
+            let ns_obj = ns
+                .as_deref()
+                .and_then(|ns| ctx.namespaces.get(&ObjectRef::new(ns)));
+            let ns_labels = ns_obj.as_ref().and_then(|o| o.metadata.labels.as_ref());
+            let sharing = gpu::sharing_of(
+                tj.metadata.annotations.as_ref(),
+                ns.as_deref().zip(ns_labels),
+            )
+            .map_err(StartError::InvalidSpec)?;
             let nodes = ctx.nodes.state();
-            gpu::resolve_from_nodes(
+            gpu::resolve_from_nodes_with(
                 nodes.iter().map(|n| n.as_ref()),
                 tj.spec.template.spec.as_ref(),
+                sharing,
             )
         }
     }

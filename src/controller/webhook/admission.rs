@@ -161,7 +161,8 @@ fn decide(
             .unwrap_or(state.default_mode),
     };
 
-    let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), state)? {
+    let sharing = sharing(anns, req.namespace.as_deref(), &state.namespaces)?;
+    let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), sharing, state)? {
         Ok(g) => g,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
@@ -179,6 +180,7 @@ fn decide(
 fn target_gpu(
     gpu_name: Option<&str>,
     first_pod: Option<&PodSpec>,
+    sharing: gpu::Sharing,
     state: &WebhookState,
 ) -> Result<Result<GpuSpec, String>, Denied> {
     if let Some(name) = gpu_name {
@@ -188,9 +190,9 @@ fn target_gpu(
     }
     let nodes = state.nodes.state();
     Ok(
-        gpu::resolve_from_nodes(nodes.iter().map(|n| n.as_ref()), first_pod).map_err(|e| {
-            format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)")
-        }),
+        gpu::resolve_from_nodes_with(nodes.iter().map(|n| n.as_ref()), first_pod, sharing).map_err(
+            |e| format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)"),
+        ),
     )
 }
 
@@ -289,20 +291,11 @@ fn escape_pointer(s: &str) -> String {
     s.replace('~', "~0").replace('/', "~1")
 }
 
+/// GPUs per pod: `nvidia.com/gpu` and MIG slices (`nvidia.com/mig-…`).
 fn gpu_limit(template: &Value) -> u32 {
     template
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .filter_map(|c| c.pointer("/resources/limits/nvidia.com~1gpu"))
-                .filter_map(|v| match v {
-                    Value::String(s) => s.parse::<u32>().ok(),
-                    Value::Number(n) => n.as_u64().map(|n| n as u32),
-                    _ => None,
-                })
-                .sum::<u32>()
-        })
+        .get("spec")
+        .map(|s| gpu::pod_gpus_json(s).count)
         .unwrap_or(0)
         .max(1)
 }
@@ -326,6 +319,18 @@ fn default_gpus(obj: &Value, templates: &[String]) -> u32 {
         total = total.saturating_add((replicas as u32).saturating_mul(gpu_limit(t)));
     }
     total.max(1)
+}
+
+/// How to plan for a shared GPU: the object's annotation, else its
+/// namespace's label; a bad value is denied like other bad annotations.
+fn sharing(
+    anns: &BTreeMap<String, String>,
+    ns: Option<&str>,
+    namespaces: &Store<Namespace>,
+) -> Result<gpu::Sharing, Denied> {
+    let obj = ns.and_then(|ns| namespaces.get(&ObjectRef::new(ns)));
+    let labels = obj.as_ref().and_then(|o| o.metadata.labels.as_ref());
+    gpu::sharing_of(Some(anns), ns.zip(labels)).map_err(|e| Denied(format!("gpufit: {e}")))
 }
 
 fn namespace_mode(ns: Option<&str>, namespaces: &Store<Namespace>) -> Result<Option<Mode>, Denied> {

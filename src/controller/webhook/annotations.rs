@@ -16,7 +16,7 @@ use super::super::crd::Mode;
 use super::super::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
 
 /// The input annotations, without the `gpufit.io/` prefix.
-pub(super) const INPUT_KEYS: [&str; 15] = [
+pub(super) const INPUT_KEYS: [&str; 16] = [
     "model",
     "seq-len",
     "method",
@@ -32,6 +32,7 @@ pub(super) const INPUT_KEYS: [&str; 15] = [
     "gpu",
     "mode",
     "pins",
+    "gpu-sharing",
 ];
 
 /// A bad annotation: denied with this message.

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use gpufit::controller::gpu::{
-    pod_gpus_json, resolve_from_nodes, resolve_from_nodes_with, sharing_of, GpuError, Sharing,
+    cpus_per_gpu_json, pod_gpus_json, resolve_from_nodes, resolve_from_nodes_with, sharing_of,
+    GpuError, Sharing,
 };
 use serde_json::{json, Value};
 
@@ -244,4 +245,42 @@ fn the_workloads_annotation_beats_its_namespaces_label_and_bad_values_are_errors
     assert!(sharing_of(Some(&bad), None)
         .unwrap_err()
         .contains("annotation"));
+}
+
+/// The CPUs a pod has per GPU: its containers' CPU limits, else requests,
+/// over its GPUs (MIG slices count); nothing stated is unknown.
+#[test]
+fn cpus_per_gpu_come_from_the_pods_own_resources() {
+    let pod = |resources: Value| json!({"containers": [{"name": "t", "resources": resources}]});
+    let two = pod(json!({"limits": {"cpu": "4", "nvidia.com/gpu": "2"}}));
+    assert_eq!(cpus_per_gpu_json(&two), Some(2));
+    let milli = pod(json!({"requests": {"cpu": "3500m"}, "limits": {"nvidia.com/gpu": 1}}));
+    assert_eq!(
+        cpus_per_gpu_json(&milli),
+        Some(3),
+        "requests without a limit, rounded down"
+    );
+    let both = pod(
+        json!({"requests": {"cpu": "2"}, "limits": {"cpu": "16", "nvidia.com/mig-1g.10gb": "2"}}),
+    );
+    assert_eq!(
+        cpus_per_gpu_json(&both),
+        Some(8),
+        "the limit is what it can use"
+    );
+    assert_eq!(
+        cpus_per_gpu_json(&pod(json!({"limits": {"nvidia.com/gpu": "1"}}))),
+        None
+    );
+    assert_eq!(
+        cpus_per_gpu_json(&pod(json!({"limits": {"cpu": "8"}}))),
+        None,
+        "no GPU"
+    );
+    assert_eq!(
+        cpus_per_gpu_json(&pod(
+            json!({"limits": {"cpu": "lots", "nvidia.com/gpu": "1"}})
+        )),
+        None
+    );
 }

@@ -556,3 +556,18 @@ async fn a_bad_gpu_sharing_annotation_is_denied_and_a_good_one_accepted() {
     assert_eq!(resp["response"]["allowed"], true, "{resp}");
     assert!(resp["response"]["patch"].is_string(), "mutated: {resp}");
 }
+
+/// Data-loader workers follow the CPUs the pod has per GPU, not the
+/// webhook's host: 2 CPUs for its one GPU → at most 2 workers.
+#[tokio::test]
+async fn a_pod_with_two_cpus_per_gpu_gets_at_most_two_workers() {
+    let w = start_webhook().await;
+    let mut obj = job(lora_annotations());
+    obj["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"nvidia.com/gpu": "1", "cpu": "2"}, "requests": {"cpu": "2"}});
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let e = env(&apply_patch(&obj, &resp)["spec"]["template"], 0);
+    let workers: u32 = e["GPUFIT_DATALOADER_NUM_WORKERS"].parse().expect("workers");
+    assert!(workers <= 2, "{workers} workers for 2 CPUs");
+}

@@ -139,6 +139,51 @@ pub fn pod_gpus(pod: &PodSpec) -> PodGpus {
         .unwrap_or_default()
 }
 
+/// CPU cores per GPU of a pod (JSON pod spec), for the data loader: the
+/// containers' CPU limits (the cores they can use), else their requests,
+/// over the pod's GPUs, rounded down. None when the pod states no CPUs or
+/// no GPUs: the pod's own figures, never the controller's host.
+pub fn cpus_per_gpu_json(pod_spec: &serde_json::Value) -> Option<u32> {
+    let gpus = pod_gpus_json(pod_spec).count;
+    if gpus == 0 {
+        return None;
+    }
+    let containers = pod_spec.get("containers")?.as_array()?;
+    let cores = |which: &str| -> Option<f64> {
+        let each: Vec<f64> = containers
+            .iter()
+            .filter_map(|c| c.pointer(&format!("/resources/{which}/cpu")))
+            .filter_map(cpu_cores)
+            .collect();
+        (!each.is_empty()).then(|| each.iter().sum())
+    };
+    let total = cores("limits").or_else(|| cores("requests"))?;
+    Some((total / f64::from(gpus)).floor() as u32)
+}
+
+/// CPU cores per GPU of a typed pod spec (see [`cpus_per_gpu_json`]).
+pub fn cpus_per_gpu(pod: &PodSpec) -> Option<u32> {
+    serde_json::to_value(pod)
+        .ok()
+        .and_then(|v| cpus_per_gpu_json(&v))
+}
+
+/// A Kubernetes CPU quantity in cores: `2`, `1.5`, `500m` (or a number).
+fn cpu_cores(v: &serde_json::Value) -> Option<f64> {
+    let n = match v {
+        serde_json::Value::Number(n) => n.as_f64()?,
+        serde_json::Value::String(s) => {
+            let s = s.trim();
+            match s.strip_suffix('m') {
+                Some(milli) => milli.parse::<f64>().ok()? / 1000.0,
+                None => s.parse::<f64>().ok()?,
+            }
+        }
+        _ => return None,
+    };
+    (n.is_finite() && n >= 0.0).then_some(n)
+}
+
 fn is_gpu_resource(k: &str) -> bool {
     k == GPU_RESOURCE || k.starts_with(MIG_RESOURCE_PREFIX)
 }

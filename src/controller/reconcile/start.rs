@@ -43,7 +43,9 @@ pub(super) async fn start_attempt(
     generation: Option<i64>,
 ) -> Result<(), StartError> {
     let gpu = target_gpu(ctx, tj, v)?;
-    let suggestion = advise(ctx, v, &gpu).await?;
+    // Data-loader workers from the CPUs the pod template has per GPU.
+    let cpus = tj.spec.template.spec.as_ref().and_then(gpu::cpus_per_gpu);
+    let suggestion = advise(ctx, v, &gpu, cpus).await?;
     let index = st.attempts.iter().map(|a| a.index).max().unwrap_or(0) + 1;
     let (job_name, created) = create_job(ctx, tj, ns, v, index, &suggestion).await?;
     record_attempt(st, v, index, &job_name, &gpu, &suggestion, generation);
@@ -97,9 +99,14 @@ fn target_gpu(ctx: &Context, tj: &TrainingJob, v: &Validated) -> Result<GpuSpec,
 
 /// The one pipeline's suggestion with this job's history, off the async
 /// threads (it reads the history).
-async fn advise(ctx: &Context, v: &Validated, gpu: &GpuSpec) -> Result<Suggestion, StartError> {
+async fn advise(
+    ctx: &Context,
+    v: &Validated,
+    gpu: &GpuSpec,
+    cpus_per_gpu: Option<u32>,
+) -> Result<Suggestion, StartError> {
     let store = ctx.history.clone();
-    let pipeline = Pipeline::new(ctx.targets);
+    let pipeline = Pipeline::new(ctx.targets).with_cpus_per_gpu(cpus_per_gpu);
     let (workload, pins, strategy, gpu) =
         (v.workload.clone(), v.pins.clone(), v.strategy, gpu.clone());
     let suggest = move || {

@@ -166,7 +166,11 @@ fn decide(
         Ok(g) => g,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
-    let suggestion = match advise(&workload, &gpu, strategy, &pins, state)? {
+    // Data-loader workers from the CPUs the pod has per GPU.
+    let cpus = original
+        .pointer(&format!("{}/spec", templates[0]))
+        .and_then(gpu::cpus_per_gpu_json);
+    let suggestion = match advise(&workload, &gpu, strategy, &pins, cpus, state)? {
         Ok(s) => s,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
@@ -204,6 +208,7 @@ fn advise(
     gpu: &GpuSpec,
     strategy: Strategy,
     pins: &Pins,
+    cpus_per_gpu: Option<u32>,
     state: &WebhookState,
 ) -> Result<Result<Suggestion, String>, Denied> {
     let ask = Ask {
@@ -216,7 +221,10 @@ fn advise(
         cache: &state.cache,
         store: state.history.as_ref(),
     };
-    match Pipeline::new(state.targets).suggest(&history, &ask) {
+    match Pipeline::new(state.targets)
+        .with_cpus_per_gpu(cpus_per_gpu)
+        .suggest(&history, &ask)
+    {
         Ok(s) => {
             state.metrics.count_suggestion(Via::Webhook, &s);
             Ok(Ok(s))

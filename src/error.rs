@@ -9,15 +9,18 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     #[error(transparent)]
     Catalog(#[from] crate::core::catalog::CatalogError),
-    #[error(transparent)]
-    Workload(#[from] crate::core::workload::WorkloadError),
-    /// A workload request that does not resolve (names the flag at fault).
-    #[error(transparent)]
-    Resolve(#[from] crate::core::request::ResolveError),
+    /// A workload that does not resolve or hold together, the field at
+    /// fault named as the command line names it (its flag).
+    /// (Not a `source`: the domain's wording of the same message would
+    /// repeat it as a cause.)
+    #[error("{}", .0.render(&crate::cli::common::CliNames))]
+    Workload(crate::core::workload::WorkloadError),
     #[error(transparent)]
     Memory(#[from] crate::core::memory::MemoryError),
-    #[error(transparent)]
-    Advisor(#[from] crate::core::advisor::AdvisorError),
+    /// What would fit said with the command line's flags (not a `source`,
+    /// as for `Workload`).
+    #[error("{}", .0.render(&crate::cli::common::CliChanges))]
+    Advisor(crate::core::advisor::AdvisorError),
     #[error(transparent)]
     LogParse(#[from] crate::core::logs::LogParseError),
     #[error(transparent)]
@@ -42,12 +45,24 @@ pub enum Error {
     },
 }
 
+impl From<crate::core::workload::WorkloadError> for Error {
+    fn from(e: crate::core::workload::WorkloadError) -> Self {
+        Error::Workload(e)
+    }
+}
+
+impl From<crate::core::advisor::AdvisorError> for Error {
+    fn from(e: crate::core::advisor::AdvisorError) -> Self {
+        Error::Advisor(e)
+    }
+}
+
 impl Error {
     /// A short, static, low-cardinality label for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Catalog(_) => "catalog",
-            Error::Workload(_) | Error::Resolve(_) => "workload",
+            Error::Workload(_) => "workload",
             Error::Memory(_) => "memory",
             Error::Advisor(_) => "advisor",
             Error::LogParse(_) => "log_parse",
@@ -68,7 +83,6 @@ impl Error {
             Error::Usage(_)
             | Error::Catalog(_)
             | Error::Workload(_)
-            | Error::Resolve(_)
             | Error::Memory(_)
             | Error::LogParse(_) => 2,
             Error::Advisor(crate::core::advisor::AdvisorError::DoesNotFit { .. }) => 3,

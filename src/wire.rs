@@ -187,18 +187,27 @@ pub mod api {
 
     use crate::core::advisor::Strategy;
     use crate::core::catalog::GpuSpec;
+    use crate::core::request::ArchNumbers;
     use crate::core::settings::Pins;
     use crate::core::workload::{
-        Attention, Framework, LoraTarget, Method as TrainMethod, Optimizer, Sharding,
+        Attention, FieldNames, Framework, LoraTarget, Method as TrainMethod, Optimizer, Sharding,
+        WorkloadField,
     };
 
-    /// A workload as the Slurm hooks describe it: a catalog model plus the
-    /// scientific numbers. Resolved with the model catalog on the controller.
+    /// A workload as the Slurm hooks describe it: a catalog model (or its
+    /// architecture numbers) plus the scientific numbers. Resolved with the
+    /// model catalog on the controller.
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields)]
     pub struct WorkloadSpec {
-        /// Catalog model id (`meta-llama/Llama-3.1-8B`, `llama-3.1-8b`, a torchtune name).
+        /// Catalog model id (`meta-llama/Llama-3.1-8B`, `llama-3.1-8b`, a
+        /// torchtune name); empty when `architecture` gives the model.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
         pub model: String,
+        /// The model by its numbers, for a model not in the catalog (the
+        /// TrainingJob's `architecture`, in snake_case).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub architecture: Option<ArchNumbers>,
         /// full, lora or qlora; default the method the model name implies, else full.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub method: Option<TrainMethod>,
@@ -230,6 +239,16 @@ pub mod api {
     pub enum GpuRef {
         Name(String),
         Spec(GpuSpec),
+    }
+
+    /// The JSON request's names for the workload's fields:
+    /// `workload.lora_rank`, `workload.architecture.kv_heads`.
+    pub struct JsonNames;
+
+    impl FieldNames for JsonNames {
+        fn name(&self, field: WorkloadField) -> String {
+            format!("workload.{}", field.domain_name())
+        }
     }
 
     /// Body of `POST /v1/suggest`.

@@ -167,6 +167,24 @@ fn a_model_that_cannot_fit_exits_3_and_says_what_would() {
     );
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert!(text(&out).contains("What would"), "{}", text(&out));
+    // The command line says how with its own flags (the core says it in
+    // the domain's words, for the TrainingJob's conditions).
+    let out = env.run(
+        &[
+            "suggest",
+            "--model",
+            "meta-llama/Llama-3.1-8B",
+            "--seq-len",
+            "4096",
+            "--gpu",
+            "Tesla T4",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    for how in ["(--method qlora --lora-rank 16)", "(--zero 3 --gpus "] {
+        assert!(text(&out).contains(how), "{how}: {}", text(&out));
+    }
 }
 
 #[test]

@@ -337,10 +337,12 @@ fn find_max_batch_searches_from_the_prediction_records_trials_and_teaches_sugges
     // nothing to extrapolate, so plain history, no memory analysis.
     assert_eq!(s["source"], "historical_data", "{s}");
     assert!(s["reasoning"].as_str().unwrap().contains("already peaked"));
-    // Balanced never goes below the largest success (20, found by the
-    // search) and never reaches the OOM at 21.
+    // The largest success (20, found by the search) was measured over the
+    // balanced target, so balanced suggests the largest batch that meets
+    // it instead (issue 40), below 20 and the OOM at 21.
     let m = s["micro_batch_size"].as_u64().unwrap();
-    assert_eq!(m, 20, "{s}");
+    assert!((1..20).contains(&m), "{s}");
+    assert!(s["memory_fraction"].as_f64().unwrap() <= 0.85, "{s}");
     // Conservative (70 %) follows the learned line, not the model's.
     let c = env.json(
         &args(

@@ -3,11 +3,12 @@
 
 use std::path::Path;
 
-use crate::core::catalog::models::count_params;
+use crate::core::advisor::{Change, ChangeNames};
 use crate::core::catalog::{all_models, arch_from_hf_config, lookup_model};
-use crate::core::request::{ModelRequest, WorkloadRequest};
+use crate::core::request::{ArchNumbers, ModelRequest, WorkloadRequest};
 use crate::core::workload::{
-    ArchKind, Attention, Framework, LoraTarget, Method, ModelArch, Optimizer, Sharding, Workload,
+    ArchKind, Attention, FieldNames, Framework, LoraTarget, Method, ModelArch, Optimizer, Sharding,
+    Workload, WorkloadField,
 };
 
 /// `on` / `off` switch for flags like `--checkpointing`.
@@ -91,7 +92,31 @@ impl WorkloadArgs {
     /// path is the command line's own). Enum values are parsed by the core's
     /// `FromStr`, the same aliases as every other path.
     pub fn request(&self) -> crate::Result<WorkloadRequest> {
-        let (arch, implied_method) = self.resolve_model()?;
+        let (arch, implied_method) = self.base_model()?;
+        let base = ModelRequest::Arch {
+            arch,
+            implied_method,
+        };
+        // The shape flags change the model; the core checks the numbers.
+        let numbers = ArchNumbers {
+            params: self.params.map(params_count).transpose()?,
+            hidden_size: self.hidden_size,
+            layers: self.layers,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            intermediate_size: self.intermediate_size,
+            vocab_size: self.vocab_size,
+            tied_embeddings: self.tied_embeddings.then_some(true),
+            ..ArchNumbers::default()
+        };
+        let model = if numbers == ArchNumbers::default() {
+            base
+        } else {
+            ModelRequest::Numbers {
+                base: Some(Box::new(base)),
+                numbers,
+            }
+        };
         let method = match &self.method {
             Some(m) => Some(m.parse::<Method>().map_err(|e| usage("--method", &e))?),
             None => None,
@@ -101,10 +126,7 @@ impl WorkloadArgs {
             None => None,
         };
         Ok(WorkloadRequest {
-            model: Some(ModelRequest::Arch {
-                arch,
-                implied_method,
-            }),
+            model: Some(model),
             method,
             lora_rank: self.lora_rank,
             lora_targets,
@@ -124,86 +146,77 @@ impl WorkloadArgs {
         Ok(self.request()?.resolve()?)
     }
 
-    /// The architecture from `--model` (catalog name or config.json path)
-    /// or from `--params` and the shape flags; plus the method the name
-    /// implies (torchtune recipe names).
-    pub fn resolve_model(&self) -> crate::Result<(ModelArch, Option<Method>)> {
-        let (mut arch, implied) = match (&self.model, self.params) {
+    /// The model the shape flags start from: `--model` (catalog name or
+    /// config.json path), else the catalog shape closest to `--params`;
+    /// plus the method the name implies (torchtune recipe names).
+    fn base_model(&self) -> crate::Result<(ModelArch, Option<Method>)> {
+        match (&self.model, self.params) {
             (Some(m), _) => {
                 let path = Path::new(m);
                 if m.ends_with(".json") || path.is_dir() || path.is_file() {
-                    (read_config(path)?, None)
+                    Ok((read_config(path)?, None))
                 } else {
                     let r = lookup_model(m)?;
-                    (r.arch, r.method)
+                    Ok((r.arch, r.method))
                 }
             }
-            (None, Some(p)) => (arch_from_params(p)?, None),
-            (None, None) => {
-                return Err(crate::Error::Usage(
-                    "no model given: pass --model (a catalog id such as meta-llama/Llama-3.1-8B, see `gpufit models`, or a config.json path) or --params 7e9"
-                        .into(),
-                ))
-            }
-        };
-        // Shape flags override (or complete) what the model gave.
-        let pos = |flag: &'static str, v: Option<u32>| -> crate::Result<Option<u32>> {
-            match v {
-                Some(0) => Err(usage(flag, "must be a positive number")),
-                other => Ok(other),
-            }
-        };
-        if let Some(h) = pos("--hidden-size", self.hidden_size)? {
-            arch.hidden_size = h;
+            (None, Some(p)) => Ok((arch_from_params(p)?, None)),
+            (None, None) => Err(crate::Error::Usage(
+                "no model given: pass --model (a catalog id such as meta-llama/Llama-3.1-8B, see `gpufit models`, or a config.json path) or --params 7e9"
+                    .into(),
+            )),
         }
-        if let Some(l) = pos("--layers", self.layers)? {
-            arch.num_layers = l;
+    }
+}
+
+/// The command line's names for the workload's fields: its flags.
+pub struct CliNames;
+
+impl FieldNames for CliNames {
+    fn name(&self, field: WorkloadField) -> String {
+        use WorkloadField as F;
+        match field {
+            F::Sharding => "--zero",
+            // The command line names a model (`--model`), not its name or
+            // context alone.
+            F::Model | F::ArchName | F::MaxSeqLen => "--model",
+            F::Method => "--method",
+            F::LoraRank => "--lora-rank",
+            F::LoraTargets => "--lora-targets",
+            F::SeqLen => "--seq-len",
+            F::Optimizer => "--optimizer",
+            F::GlobalBatch => "--global-batch",
+            F::Gpus => "--gpus",
+            F::Framework => "--framework",
+            F::Attention => "--attention",
+            F::Params => "--params",
+            F::HiddenSize => "--hidden-size",
+            F::Layers => "--layers",
+            F::Heads => "--heads",
+            F::KvHeads => "--kv-heads",
+            F::IntermediateSize => "--intermediate-size",
+            F::VocabSize => "--vocab-size",
         }
-        if let Some(a) = pos("--heads", self.heads)? {
-            arch.num_attention_heads = a;
-            arch.head_dim = arch.hidden_size / a.max(1);
+        .to_string()
+    }
+}
+
+/// How the command line says to make a change that would fit: its flags.
+pub struct CliChanges;
+
+impl ChangeNames for CliChanges {
+    fn how(&self, change: Change) -> String {
+        match change {
+            Change::PureBf16 { dtype_pinned: true } => "--dtype bf16".into(),
+            Change::PureBf16 {
+                dtype_pinned: false,
+            } => "--pure-bf16 allow".into(),
+            Change::Checkpointing => "--checkpointing on".into(),
+            Change::Offloading => "--offloading on".into(),
+            Change::Optimizer8bit => "--optimizer adamw8bit".into(),
+            Change::Qlora { rank } => format!("--method qlora --lora-rank {rank}"),
+            Change::Zero3 { gpus } => format!("--zero 3 --gpus {gpus}"),
         }
-        if let Some(k) = pos("--kv-heads", self.kv_heads)? {
-            arch.num_kv_heads = k;
-        }
-        if let Some(i) = pos("--intermediate-size", self.intermediate_size)? {
-            arch.intermediate_size = i;
-        }
-        if let Some(v) = pos("--vocab-size", self.vocab_size)? {
-            arch.vocab_size = v;
-        }
-        if self.tied_embeddings {
-            arch.tied_embeddings = true;
-        }
-        if arch.num_attention_heads > arch.hidden_size || arch.head_dim == 0 {
-            return Err(usage(
-                "--heads",
-                &format!(
-                    "{} heads do not divide hidden size {}",
-                    arch.num_attention_heads, arch.hidden_size
-                ),
-            ));
-        }
-        if arch.num_kv_heads == 0 || arch.num_kv_heads > arch.num_attention_heads {
-            return Err(usage(
-                "--kv-heads",
-                "must be between 1 and the number of attention heads",
-            ));
-        }
-        if let Some(p) = self.params {
-            if self.model.is_some() {
-                arch.params = params_count(p)?;
-            }
-        } else if self.hidden_size.is_some()
-            || self.layers.is_some()
-            || self.intermediate_size.is_some()
-            || self.vocab_size.is_some()
-            || self.heads.is_some()
-            || self.kv_heads.is_some()
-        {
-            arch.params = count_params(&arch);
-        }
-        Ok((arch, implied))
     }
 }
 

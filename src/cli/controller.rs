@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::history::StoreArgs;
 use super::Global;
 use crate::controller::api::{self, ApiConfig};
 use crate::controller::crd::Mode;
@@ -32,9 +33,8 @@ pub struct ControllerArgs {
     /// Address of the HTTP endpoints: Slurm API (POST /v1/suggest, /v1/runs), /metrics, /healthz, /readyz.
     #[arg(long, default_value = "0.0.0.0:8080", env = "GPUFIT_LISTEN")]
     pub listen: SocketAddr,
-    /// History store URL (sqlite:PATH or postgres://…); default the per-user SQLite file.
-    #[arg(long, env = "GPUFIT_HISTORY")]
-    pub history: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// File holding the bearer token required for writes (POST /v1/runs).
     #[arg(long, env = "GPUFIT_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
@@ -94,10 +94,7 @@ pub struct ControllerArgs {
 }
 
 pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
-    let history_url = args
-        .history
-        .clone()
-        .unwrap_or_else(crate::history::default_url);
+    let history_url = args.store.url();
     // A missing or empty token file is the operator's input to fix (exit 2).
     if let Some(p) = &args.token_file {
         api::read_token_file(p).map_err(|e| crate::Error::Usage(e.to_string()))?;
@@ -109,6 +106,7 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
     let api_cfg = ApiConfig {
         listen: args.listen,
         history_url,
+        history_sqlite: args.store.sqlite(),
         token_file: args.token_file.clone(),
     };
     if args.no_kubernetes {

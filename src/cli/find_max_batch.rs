@@ -14,9 +14,12 @@ use serde::Serialize;
 
 use super::suggest::AdviceArgs;
 use super::{print_json, Global, OutputFormat};
-use crate::core::advisor::{AdvisorError, Strategy};
+use crate::core::advisor::{AdvisorError, Alternative, Strategy};
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
-use crate::core::settings::{Dtype, EngineeringSettings};
+use crate::core::settings::{
+    Dtype, EngineeringSettings, SettingVar, ACTIVATION_CHECKPOINTING, COMPILE, DTYPE,
+    MICRO_BATCH_SIZE,
+};
 use crate::core::units::fmt_gib;
 
 #[derive(Debug, clap::Args)]
@@ -242,12 +245,7 @@ fn history_store(
     if args.no_record {
         return Ok(None);
     }
-    let url = args
-        .advice
-        .history
-        .clone()
-        .unwrap_or_else(crate::history::default_url);
-    Ok(Some(crate::history::open(&url)?))
+    Ok(Some(args.advice.store.open()?))
 }
 
 /// What the trials found.
@@ -394,10 +392,10 @@ fn nothing_fits(
             .map(|s| crate::core::units::to_gib(s.predicted_peak_bytes))
             .unwrap_or(0.0),
         capacity_gib: crate::core::units::to_gib(r.gpu.memory_bytes),
-        alternatives: vec![format!(
+        alternatives: vec![Alternative::Note(format!(
             "even micro batch {} ran out of memory with {}: `gpufit suggest` lists what would fit (checkpointing, offloading, an 8-bit optimizer, QLoRA, ZeRO-3 over more GPUs)",
             smallest_oom, start.settings.dtype
-        )],
+        ))],
     }
 }
 
@@ -440,19 +438,16 @@ fn print_result(
 /// training script's own default, off, which is what gets recorded.
 fn told_settings(cmd: &str, from_env: bool, wish: EngineeringSettings) -> EngineeringSettings {
     let told =
-        |placeholder: &str, var: &str| from_env || cmd.contains(placeholder) || cmd.contains(var);
+        |v: &SettingVar| from_env || cmd.contains(&v.placeholder_text()) || cmd.contains(v.env);
     let default = EngineeringSettings::default();
     let mut s = wish;
-    if !told(
-        "{activation_checkpointing}",
-        "GPUFIT_ACTIVATION_CHECKPOINTING",
-    ) {
+    if !told(&ACTIVATION_CHECKPOINTING) {
         if s.activation_checkpointing {
             tracing::warn!("--cmd has no {{activation_checkpointing}} placeholder (nor --settings-from-env): trials run, and are recorded, with checkpointing off");
         }
         s.activation_checkpointing = default.activation_checkpointing;
     }
-    if !told("{compile}", "GPUFIT_COMPILE") {
+    if !told(&COMPILE) {
         if s.compile {
             tracing::warn!("--cmd has no {{compile}} placeholder (nor --settings-from-env): trials run, and are recorded, with compile off");
         }
@@ -616,7 +611,7 @@ fn pump(src: impl Read, into: Arc<Mutex<Captured>>) {
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 let text = String::from_utf8_lossy(&line);
-                let oom = is_oom_line(&text);
+                let oom = crate::core::logs::oom::is_oom_line(&text);
                 if let Ok(mut c) = into.lock() {
                     c.oom |= oom;
                     c.tail.extend_from_slice(&line);
@@ -628,11 +623,6 @@ fn pump(src: impl Read, into: Arc<Mutex<Captured>>) {
             }
         }
     }
-}
-
-/// PyTorch's CUDA / ROCm out-of-memory messages (the shared log parser's rule).
-fn is_oom_line(line: &str) -> bool {
-    crate::core::logs::oom::is_oom_line(line)
 }
 
 /// The peak memory the training output reports (the shared log parsers:
@@ -716,6 +706,11 @@ fn run_trial(
     ))
 }
 
+/// The settings a trial passes to its command (the core's table): what the
+/// search varies and records. Accumulation and the data loader stay the
+/// script's own: a trial measures one micro batch's memory.
+const TRIAL_VARS: [SettingVar; 4] = [MICRO_BATCH_SIZE, DTYPE, ACTIVATION_CHECKPOINTING, COMPILE];
+
 /// The trial's `sh -c` command (the placeholders filled, the settings also
 /// in `GPUFIT_*` variables), in its own process group; answers its text too.
 fn trial_command(
@@ -724,28 +719,23 @@ fn trial_command(
     m: u32,
     trial: u32,
 ) -> (String, Command) {
-    let cmd = args
+    let trial_settings = EngineeringSettings {
+        micro_batch_size: m,
+        ..settings.clone()
+    };
+    let mut cmd = args
         .cmd
-        .replace("{micro_batch_size}", &m.to_string())
         .replace("{batch}", &m.to_string())
-        .replace("{steps}", &args.steps.to_string())
-        .replace("{dtype}", settings.dtype.as_str())
-        .replace(
-            "{activation_checkpointing}",
-            &settings.activation_checkpointing.to_string(),
-        )
-        .replace("{compile}", &settings.compile.to_string());
+        .replace("{steps}", &args.steps.to_string());
+    for v in &TRIAL_VARS {
+        cmd = cmd.replace(&v.placeholder_text(), &(v.render)(&trial_settings));
+    }
     let mut c = Command::new("sh");
-    c.arg("-c")
-        .arg(&cmd)
-        .env("GPUFIT_MICRO_BATCH_SIZE", m.to_string())
-        .env("GPUFIT_STEPS", args.steps.to_string())
-        .env("GPUFIT_DTYPE", settings.dtype.as_str())
-        .env(
-            "GPUFIT_ACTIVATION_CHECKPOINTING",
-            settings.activation_checkpointing.to_string(),
-        )
-        .env("GPUFIT_COMPILE", settings.compile.to_string())
+    c.arg("-c").arg(&cmd);
+    for v in &TRIAL_VARS {
+        c.env(v.env, (v.render)(&trial_settings));
+    }
+    c.env("GPUFIT_STEPS", args.steps.to_string())
         .env("GPUFIT_TRIAL", trial.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -889,6 +879,7 @@ mod tests {
 
     #[test]
     fn pytorch_oom_messages_are_recognised() {
+        use crate::core::logs::oom::is_oom_line;
         assert!(is_oom_line("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB"));
         assert!(!is_oom_line("step 10 loss 1.23"));
     }

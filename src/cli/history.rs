@@ -3,6 +3,7 @@
 use std::io::{BufReader, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use comfy_table::Table;
 use serde::Serialize;
@@ -11,13 +12,62 @@ use super::{Global, OutputFormat};
 use crate::core::run::RunRecord;
 use crate::core::units::fmt_gib;
 use crate::history::jsonl::{self, ImportOptions, ImportStats, PeakUnit, ThreadedReader};
+use crate::history::sqlite::{SqliteOptions, BUSY_TIMEOUT_ENV, DEFAULT_BUSY_TIMEOUT_MS};
 use crate::history::{self, HistoryError, HistoryStore, ListFilter};
+
+/// `--history`, declared once for every command that reads or writes the
+/// history (flattened in); the environment is read here, at the edge.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// History store: `sqlite:PATH` or `postgres://…`; default: the per-user SQLite file.
+    #[arg(long, env = "GPUFIT_HISTORY", global = true, value_name = "URL")]
+    pub history: Option<String>,
+    /// How long a SQLite write waits for another process's lock, in ms.
+    #[arg(
+        long,
+        env = BUSY_TIMEOUT_ENV,
+        default_value_t = DEFAULT_BUSY_TIMEOUT_MS,
+        global = true,
+        hide = true
+    )]
+    pub history_busy_timeout_ms: u64,
+}
+
+impl StoreArgs {
+    /// The store named by `--history` / `GPUFIT_HISTORY` (blank: none).
+    pub fn given(&self) -> Option<&str> {
+        self.history.as_deref().filter(|h| !h.trim().is_empty())
+    }
+
+    /// The store's URL: as given, else the per-user SQLite file.
+    pub fn url(&self) -> String {
+        self.given()
+            .map_or_else(history::default_url, str::to_string)
+    }
+
+    /// The SQLite options given.
+    pub fn sqlite(&self) -> SqliteOptions {
+        SqliteOptions {
+            busy_timeout: Duration::from_millis(self.history_busy_timeout_ms),
+        }
+    }
+
+    /// Opens the store named by `--history` / `GPUFIT_HISTORY`, else the
+    /// per-user SQLite file.
+    pub fn open(&self) -> crate::Result<Box<dyn HistoryStore>> {
+        self.open_url(&self.url())
+    }
+
+    /// Opens `url` with the options given.
+    pub fn open_url(&self, url: &str) -> crate::Result<Box<dyn HistoryStore>> {
+        Ok(history::open_with(url, self.sqlite())?)
+    }
+}
 
 #[derive(Debug, clap::Args)]
 pub struct HistoryArgs {
-    /// History store: `sqlite:PATH` (default: the per-user file) or `postgres://…`.
-    #[arg(long, global = true)]
-    pub history: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     #[command(subcommand)]
     pub command: HistoryCommand,
 }
@@ -62,15 +112,6 @@ pub enum HistoryCommand {
     },
 }
 
-/// Opens the store named by `--history`, else `GPUFIT_HISTORY`, else the
-/// per-user SQLite file.
-pub fn open_history(flag: Option<&str>) -> crate::Result<Box<dyn HistoryStore>> {
-    let url = flag
-        .map(str::to_string)
-        .unwrap_or_else(history::default_url);
-    Ok(history::open(&url)?)
-}
-
 /// A GPU name as the history stores it: the catalog's NVML spelling when
 /// the catalog knows it, else as given.
 pub fn canonical_gpu(name: &str) -> String {
@@ -81,7 +122,7 @@ pub fn canonical_gpu(name: &str) -> String {
 
 /// Runs `gpufit history …`.
 pub fn run(g: &Global, args: HistoryArgs) -> crate::Result<ExitCode> {
-    let store = open_history(args.history.as_deref())?;
+    let store = args.store.open()?;
     match args.command {
         HistoryCommand::Import {
             file,

@@ -7,7 +7,7 @@ use chrono::Utc;
 use serde::Serialize;
 
 use super::common::{OnOff, WorkloadArgs};
-use super::history::{canonical_gpu, open_history};
+use super::history::{canonical_gpu, StoreArgs};
 use super::{Global, OutputFormat};
 use crate::core::logs::ParsedLog;
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
@@ -40,10 +40,8 @@ pub struct RunArgs {
     /// canonicalised, e.g. `a100-80gb` → `NVIDIA A100-SXM4-80GB`).
     #[arg(long, env = "GPUFIT_GPU")]
     pub gpu: String,
-    /// History store: `sqlite:PATH` (default: the per-user file; env
-    /// GPUFIT_HISTORY) or `postgres://…`.
-    #[arg(long)]
-    pub history: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Micro batch size per GPU the run used.
     #[arg(long)]
     pub micro_batch: u32,
@@ -219,7 +217,7 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
         global_batch: k.global_batch,
     };
     let run = RunRecord::new(origin, key, settings, result).with_prediction(a.predicted_peak_bytes);
-    let store = open_history(a.history.as_deref())?;
+    let store = a.store.open()?;
     let id = store.record(&run)?;
     // The stored id, for the report below.
     let run = RunRecord {

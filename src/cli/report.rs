@@ -13,16 +13,15 @@ use std::time::Instant;
 use chrono::{DateTime, NaiveDate, Utc};
 use comfy_table::{CellAlignment, Table};
 
-use super::history::open_history;
+use super::history::StoreArgs;
 use super::{Global, OutputFormat};
 use crate::core::report::{FleetReport, GroupStats, ReportBuilder};
 use crate::history::HistoryStore;
 
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
-    /// History store: `sqlite:PATH` (default: the per-user file) or `postgres://…`.
-    #[arg(long)]
-    pub history: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Window: runs of the last `7d`, `24h`, `90m`, …, since a date
     /// (`2026-11-01`) or an RFC 3339 time, or `all`.
     #[arg(long, default_value = "7d")]
@@ -81,7 +80,7 @@ pub fn build_report(
 pub fn run(g: &Global, args: ReportArgs) -> crate::Result<ExitCode> {
     let now = Utc::now();
     let since = parse_since(&args.since, now)?;
-    let store = open_history(args.history.as_deref())?;
+    let store = args.store.open()?;
     let t = Instant::now();
     let report = build_report(store.as_ref(), since, now)?;
     tracing::info!(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use super::common::{OnOff, WorkloadArgs};
+use super::history::StoreArgs;
 use super::{print_json, Global, OutputFormat};
 use crate::core::advisor::{Strategy, StrategyTargets, Suggestion};
 use crate::core::catalog::{lookup_gpu, GpuSpec};
@@ -142,9 +143,8 @@ pub struct AdviceArgs {
     pub gpu: GpuArgs,
     #[command(flatten)]
     pub pins: PinArgs,
-    /// History store: `sqlite:PATH`, `postgres://…`; default: the per-user SQLite file.
-    #[arg(long, env = "GPUFIT_HISTORY")]
-    pub history: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Ignore the run history (memory model only).
     #[arg(long)]
     pub no_history: bool,
@@ -188,14 +188,14 @@ impl AdviceArgs {
             let similar = |store: Box<dyn HistoryStore>| {
                 Pipeline::similar_runs(store.as_ref(), &workload, &gpu)
             };
-            match &self.history {
+            match self.store.given() {
                 // An explicitly named store must work.
-                Some(url) => similar(crate::history::open(url)?)?,
+                Some(url) => similar(self.store.open_url(url)?)?,
                 // The default store is a convenience: advice without it
                 // is still advice, so say so instead of failing.
                 None => {
                     let url = crate::history::default_url();
-                    match crate::history::open(&url).and_then(similar) {
+                    match self.store.open_url(&url).and_then(|s| Ok(similar(s)?)) {
                         Ok(h) => h,
                         Err(e) => {
                             tracing::warn!(%url, error = %e, "history unavailable");

@@ -69,6 +69,8 @@ pub fn suggest_blocking(
 pub struct ApiConfig {
     pub listen: SocketAddr,
     pub history_url: String,
+    /// SQLite options for the history (read by the command line).
+    pub history_sqlite: crate::history::sqlite::SqliteOptions,
     pub token_file: Option<PathBuf>,
 }
 
@@ -149,9 +151,10 @@ impl ApiState {
                 None
             }
         };
-        let store = crate::history::open(&cfg.history_url).map_err(|e| {
-            ControllerError::Other(format!("cannot open the history for the HTTP API: {e}"))
-        })?;
+        let store =
+            crate::history::open_with(&cfg.history_url, cfg.history_sqlite).map_err(|e| {
+                ControllerError::Other(format!("cannot open the history for the HTTP API: {e}"))
+            })?;
         Ok(ApiState::new(Arc::from(store), token))
     }
 

@@ -11,10 +11,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use crate::core::advisor::Suggestion;
-use crate::core::settings::EngineeringSettings;
-
 use super::crd::{Mode, SettingsStatus};
+use crate::core::advisor::Suggestion;
 
 /// Annotation with the settings gpufit wrote (Inject mode), as JSON.
 pub const ANN_APPLIED: &str = "gpufit.io/applied-settings";
@@ -31,59 +29,9 @@ pub const POD_IDENTITY_ENV: [(&str, &str); 2] = [
     ("GPUFIT_POD_NAME", "metadata.name"),
 ];
 
-/// Placeholders substituted in `command` and `args`, without braces.
-pub const PLACEHOLDERS: [&str; 10] = [
-    "micro_batch_size",
-    "gradient_accumulation_steps",
-    "dtype",
-    "activation_checkpointing",
-    "activation_offloading",
-    "compile",
-    "num_workers",
-    "pin_memory",
-    "persistent_workers",
-    "prefetch_factor",
-];
-
-// Shared with the Slurm TaskProlog, which prints the same variables.
-pub use crate::core::settings::env_vars;
-
-/// The value each placeholder is replaced with.
-pub fn placeholder_values(s: &EngineeringSettings) -> [(&'static str, String); 10] {
-    [
-        ("micro_batch_size", s.micro_batch_size.to_string()),
-        (
-            "gradient_accumulation_steps",
-            s.gradient_accumulation_steps.to_string(),
-        ),
-        ("dtype", s.dtype.as_str().to_string()),
-        (
-            "activation_checkpointing",
-            s.activation_checkpointing.to_string(),
-        ),
-        ("activation_offloading", s.activation_offloading.to_string()),
-        ("compile", s.compile.to_string()),
-        ("num_workers", s.dataloader.num_workers.to_string()),
-        ("pin_memory", s.dataloader.pin_memory.to_string()),
-        (
-            "persistent_workers",
-            s.dataloader.persistent_workers.to_string(),
-        ),
-        ("prefetch_factor", s.dataloader.prefetch_factor.to_string()),
-    ]
-}
-
-/// Replaces every `{placeholder}` in one word.
-pub fn substitute(word: &str, s: &EngineeringSettings) -> String {
-    if !word.contains('{') {
-        return word.to_string();
-    }
-    let mut out = word.to_string();
-    for (name, value) in placeholder_values(s) {
-        out = out.replace(&format!("{{{name}}}"), &value);
-    }
-    out
-}
+// The settings table (placeholders, variables, values) is the core's,
+// shared with the Slurm TaskProlog and `find-max-batch`.
+pub use crate::core::settings::{env_vars, substitute, SETTING_VARS};
 
 /// The annotations an object gets: what was set (or recommended) and why.
 pub fn annotations(suggestion: &Suggestion, mode: Mode) -> BTreeMap<String, String> {

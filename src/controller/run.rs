@@ -62,7 +62,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ControllerError> {
     let stop = Stop::new(shutdown);
-    let history = open_history(cfg.api.history_url.clone()).await?;
+    let history = open_history(cfg.api.history_url.clone(), cfg.api.history_sqlite).await?;
     let client = Client::try_default().await.map_err(|e| {
         ControllerError::Other(format!(
             "cannot connect to Kubernetes ({e}): run in a cluster, set KUBECONFIG, or pass --no-kubernetes for the Slurm API alone"
@@ -149,8 +149,9 @@ impl Stop {
 /// The history store, opened off the async threads.
 async fn open_history(
     url: String,
+    sqlite: crate::history::sqlite::SqliteOptions,
 ) -> Result<Arc<dyn crate::history::HistoryStore>, ControllerError> {
-    let history = tokio::task::spawn_blocking(move || crate::history::open(&url))
+    let history = tokio::task::spawn_blocking(move || crate::history::open_with(&url, sqlite))
         .await
         .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
     Ok(Arc::from(history))

@@ -5,12 +5,12 @@
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 
 use crate::core::advisor::Strategy;
-use crate::core::request::{ModelRequest, Naming, WorkloadRequest};
+use crate::core::request::{ArchNumbers, ModelRequest, WorkloadRequest};
 use crate::core::settings::Pins;
-use crate::core::workload::{ArchKind, ModelArch, Workload};
+use crate::core::workload::{FieldNames, Workload, WorkloadError, WorkloadField};
 
-use super::crd::{Mode, TrainingJobSpec, WorkloadSpec};
-use super::inject::PLACEHOLDERS;
+use super::crd::{ArchitectureSpec, Mode, TrainingJobSpec, WorkloadSpec};
+use crate::core::settings::SETTING_VARS;
 
 /// Default number of out-of-memory retries.
 pub const DEFAULT_OOM_RETRY_LIMIT: u32 = 2;
@@ -76,22 +76,11 @@ pub fn validate(
 }
 
 /// The spec as a workload request for the core's one resolver
-/// (docs/design.md, "Workload resolution"). `at` prefixes field names.
+/// (docs/design.md, "Workload resolution"), which checks the architecture
+/// numbers as on every path. `at` prefixes field names.
 pub fn request_from_spec(w: &WorkloadSpec, at: &str) -> Result<WorkloadRequest, ValidationError> {
-    let model = match (&w.model, &w.architecture) {
-        (Some(_), Some(_)) => {
-            return Err(ValidationError::new(
-                format!("{at}.model"),
-                "both `model` and `architecture` are set: give one of them",
-            ))
-        }
-        (Some(name), None) => Some(ModelRequest::Catalog(name.clone())),
-        (None, Some(a)) => Some(ModelRequest::Arch {
-            arch: arch_from_numbers(a, at)?,
-            implied_method: None,
-        }),
-        (None, None) => None,
-    };
+    let model = ModelRequest::one_of(w.model.clone(), w.architecture.as_ref().map(numbers))
+        .map_err(|e| resolve_error(&e, at))?;
     Ok(WorkloadRequest {
         model,
         method: w.method,
@@ -110,77 +99,51 @@ pub fn request_from_spec(w: &WorkloadSpec, at: &str) -> Result<WorkloadRequest, 
 /// The workload part of a spec, resolved and checked; the error names the
 /// spec field (`{at}.loraRank`).
 pub fn workload_from_spec(w: &WorkloadSpec, at: &str) -> Result<Workload, ValidationError> {
-    request_from_spec(w, at)?.resolve().map_err(|e| {
-        let (field, message) = e.parts(Naming::Spec(at));
-        ValidationError::new(field, message)
-    })
+    request_from_spec(w, at)?
+        .resolve()
+        .map_err(|e| resolve_error(&e, at))
 }
 
-fn arch_from_numbers(
-    a: &super::crd::ArchitectureSpec,
-    at: &str,
-) -> Result<ModelArch, ValidationError> {
-    let field = |f: &str| format!("{at}.architecture.{f}");
-    if a.name.trim().is_empty() {
-        return Err(ValidationError::new(
-            field("name"),
-            "missing: name the model so similar runs can be found in the history",
-        ));
-    }
-    for (name, v) in [
-        ("params", a.params),
-        ("hiddenSize", a.hidden_size as u64),
-        ("layers", a.layers as u64),
-        ("heads", a.heads as u64),
-        ("vocabSize", a.vocab_size as u64),
-    ] {
-        if v == 0 {
-            return Err(ValidationError::new(
-                field(name),
-                "must be a positive number",
-            ));
+fn resolve_error(e: &WorkloadError, at: &str) -> ValidationError {
+    let (field, message) = e.parts(&SpecNames(at));
+    ValidationError::new(field, message)
+}
+
+/// The CRD's names for the workload's fields: spec paths under a prefix
+/// (`spec.workload.loraRank`, `spec.workload.architecture.kvHeads`).
+pub struct SpecNames<'a>(pub &'a str);
+
+impl FieldNames for SpecNames<'_> {
+    fn name(&self, field: WorkloadField) -> String {
+        let mut path = format!("{}.", self.0);
+        let mut upper = false;
+        for c in field.domain_name().chars() {
+            if c == '_' {
+                upper = true;
+            } else {
+                path.push(if upper { c.to_ascii_uppercase() } else { c });
+                upper = false;
+            }
         }
+        path
     }
-    let kv = a.kv_heads.unwrap_or(a.heads);
-    if kv == 0 || kv > a.heads || !a.heads.is_multiple_of(kv) {
-        return Err(ValidationError::new(
-            field("kvHeads"),
-            format!(
-                "{kv} key/value heads do not divide {} attention heads",
-                a.heads
-            ),
-        ));
+}
+
+/// The CRD's `architecture` as the core's numbers (its required numbers
+/// are plain integers there: 0 is what an unset one reads as).
+fn numbers(a: &ArchitectureSpec) -> ArchNumbers {
+    ArchNumbers {
+        name: Some(a.name.clone()),
+        params: Some(a.params),
+        hidden_size: Some(a.hidden_size),
+        layers: Some(a.layers),
+        heads: Some(a.heads),
+        kv_heads: a.kv_heads,
+        intermediate_size: a.intermediate_size,
+        vocab_size: Some(a.vocab_size),
+        tied_embeddings: Some(a.tied_embeddings),
+        max_seq_len: a.max_seq_len,
     }
-    if !a.hidden_size.is_multiple_of(a.heads) {
-        return Err(ValidationError::new(
-            field("heads"),
-            format!(
-                "hidden size {} is not divisible by {} heads",
-                a.hidden_size, a.heads
-            ),
-        ));
-    }
-    Ok(ModelArch {
-        name: a.name.trim().to_string(),
-        kind: ArchKind::DecoderOnly,
-        params: a.params,
-        hidden_size: a.hidden_size,
-        num_layers: a.layers,
-        num_attention_heads: a.heads,
-        num_kv_heads: kv,
-        head_dim: a.hidden_size / a.heads,
-        // The GPT-style default of a 4× MLP when the config does not say.
-        intermediate_size: a.intermediate_size.unwrap_or(4 * a.hidden_size),
-        vocab_size: a.vocab_size,
-        tied_embeddings: a.tied_embeddings,
-        // A given intermediate size is taken to be a gated (SwiGLU) MLP, as in
-        // every Llama-family config; without it, the plain GPT MLP.
-        gated_mlp: a.intermediate_size.is_some(),
-        num_experts: 1,
-        experts_per_token: 1,
-        max_position_embeddings: a.max_seq_len.unwrap_or(0),
-        quirks: Default::default(),
-    })
 }
 
 /// Pins must be positive and agree with the global batch (m × a × W = G).
@@ -263,13 +226,14 @@ fn check_template(t: &PodTemplateSpec, mode: Mode) -> Result<(), ValidationError
         for c in &pod.containers {
             let words = c.command.iter().flatten().chain(c.args.iter().flatten());
             for w in words {
-                if let Some(p) = PLACEHOLDERS
+                if let Some(p) = SETTING_VARS
                     .iter()
-                    .find(|p| w.contains(&format!("{{{p}}}")))
+                    .map(|v| v.placeholder_text())
+                    .find(|p| w.contains(p))
                 {
                     return Err(ValidationError::new(
                         format!("spec.template.spec.containers[{}].args", c.name),
-                        format!("contains {{{p}}}, which Recommend mode leaves unfilled: use mode Inject or write the value"),
+                        format!("contains {p}, which Recommend mode leaves unfilled: use mode Inject or write the value"),
                     ));
                 }
             }

@@ -1,6 +1,8 @@
 //! The learner: fits peak ≈ fixed + slope × micro_batch from measured peaks
-//! (one point scales the memory model; two or more: least squares), treats
-//! OOMs as upper bounds, and tracks prediction error.
+//! (one point scales the memory model; two or more: least squares), reads a
+//! single measured batch with the worst split of its error between the
+//! model's fixed and per-sample parts, treats OOMs as upper bounds, and
+//! tracks prediction error.
 //!
 //! Everything here is plain arithmetic over `f64` bytes; the advisor decides
 //! what to do with the fitted line.
@@ -210,7 +212,22 @@ pub struct Measured {
     pub model_bytes: f64,
     /// The memory model's per-sample slope there (phase A).
     pub model_slope: f64,
+    /// The fixed part of the memory model's forward/backward line there
+    /// (`model_fixed + model_slope × m` is the line; `model_bytes` is never
+    /// below it, above it where the optimizer step sets the peak).
+    pub model_fixed: f64,
     pub peak_bytes: f64,
+}
+
+impl Measured {
+    /// A measured peak and a model prediction, both positive and finite.
+    fn usable(&self) -> bool {
+        self.micro_batch > 0
+            && self.peak_bytes.is_finite()
+            && self.peak_bytes > 0.0
+            && self.model_bytes.is_finite()
+            && self.model_bytes > 0.0
+    }
 }
 
 /// How measurements correct the memory model.
@@ -272,17 +289,7 @@ pub const OUTLIER_CONSISTENT: f64 = 0.05;
 /// left out (one bad record must not move a learned suggestion). None when
 /// there is no usable measurement.
 pub fn correct(points: &[Measured]) -> Option<Correction> {
-    let mut pts: Vec<Measured> = points
-        .iter()
-        .copied()
-        .filter(|p| {
-            p.micro_batch > 0
-                && p.peak_bytes.is_finite()
-                && p.peak_bytes > 0.0
-                && p.model_bytes.is_finite()
-                && p.model_bytes > 0.0
-        })
-        .collect();
+    let mut pts: Vec<Measured> = points.iter().copied().filter(Measured::usable).collect();
     if pts.is_empty() {
         return None;
     }
@@ -518,6 +525,92 @@ fn correction_without(
     })
 }
 
+/// How far the memory model's line may be off in each of its parts, as
+/// the ratio of the truth to the model: the range a measurement of a single
+/// micro batch is read with (see [`worst_split`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ErrorRange {
+    /// The true fixed part is at least this multiple of the model's.
+    pub fixed_low: f64,
+    /// The true per-sample part is at most this multiple of the model's.
+    pub slope_high: f64,
+}
+
+/// A line read off measurements of a single micro batch as the worst split
+/// of their error: the truth is taken as `fixed × F + slope × S × m`, with
+/// `F + S × m` the memory model's forward/backward line for the settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Split {
+    /// Ratio of the true fixed part to the model's.
+    pub fixed: f64,
+    /// Ratio of the true per-sample part to the model's.
+    pub slope: f64,
+}
+
+impl Split {
+    /// The split line at micro batch `m` for a model line `fixed + slope × m`.
+    pub fn at(&self, model_fixed: f64, model_slope: f64, m: u32) -> f64 {
+        self.fixed * model_fixed + self.slope * model_slope * m as f64
+    }
+}
+
+/// The worst split of the measured error between the model's fixed and
+/// per-sample parts that the measurements allow, for extrapolating beyond
+/// them when they cannot tell the two apart (one distinct micro batch, or a
+/// degenerate least-squares line).
+///
+/// A measured peak is at least the forward/backward line at its batch (the
+/// optimizer step can set it higher), and the fixed part is at least
+/// `range.fixed_low` of the model's, so the per-sample ratio is at most
+/// `(P − fixed_low × F) / (S × m)` at every measured point and at most
+/// `range.slope_high`; the steepest such slope, never below the scale that
+/// fits the model's peak through the measurements (the model's own shape),
+/// with the highest fixed part that keeps the line at or under every
+/// measurement, is the line that grows fastest beyond the largest measured
+/// batch. None when no point has a usable model line.
+pub fn worst_split(points: &[Measured], range: ErrorRange) -> Option<Split> {
+    let pts: Vec<&Measured> = points
+        .iter()
+        .filter(|p| {
+            p.usable()
+                && p.model_slope.is_finite()
+                && p.model_slope > 0.0
+                && p.model_fixed.is_finite()
+                && p.model_fixed >= 0.0
+        })
+        .collect();
+    if pts.is_empty() {
+        return None;
+    }
+    let (num, den) = pts.iter().fold((0.0, 0.0), |(n, d), p| {
+        (
+            n + p.model_bytes * p.peak_bytes,
+            d + p.model_bytes * p.model_bytes,
+        )
+    });
+    let scale = num / den;
+    let allowed = pts
+        .iter()
+        .map(|p| {
+            (p.peak_bytes - range.fixed_low * p.model_fixed)
+                / (p.model_slope * p.micro_batch as f64)
+        })
+        .fold(f64::INFINITY, f64::min);
+    let slope = allowed.min(range.slope_high).max(scale);
+    let fixed = pts
+        .iter()
+        .filter(|p| p.model_fixed > 0.0)
+        .map(|p| (p.peak_bytes - slope * p.model_slope * p.micro_batch as f64) / p.model_fixed)
+        .fold(f64::INFINITY, f64::min);
+    // No fixed part in the model: the line is its per-sample part alone.
+    let fixed = if fixed.is_finite() {
+        fixed.max(0.0)
+    } else {
+        0.0
+    };
+    (slope.is_finite() && slope > 0.0).then_some(Split { fixed, slope })
+}
+
 /// Measured peaks of the successful runs among `runs`.
 pub fn observations(runs: &[&RunRecord]) -> Vec<Observation> {
     runs.iter()
@@ -704,6 +797,68 @@ mod tests {
         assert_eq!(error_stats_of(&[]).count, 0);
     }
 
+    const RANGE: ErrorRange = ErrorRange {
+        fixed_low: 0.85,
+        slope_high: 1.5,
+    };
+
+    fn measured(m: u32, fixed: f64, slope: f64, peak: f64) -> Measured {
+        Measured {
+            micro_batch: m,
+            model_bytes: (fixed + slope * m as f64) * GB,
+            model_slope: slope * GB,
+            model_fixed: fixed * GB,
+            peak_bytes: peak * GB,
+        }
+    }
+
+    /// Issue 40: one batch measured exactly as the model says cannot tell
+    /// a fixed part 15 % over-predicted from a per-sample part under-
+    /// predicted; the worst split puts everything the fixed part's floor
+    /// leaves into the per-sample part.
+    #[test]
+    fn one_batch_is_extrapolated_with_the_worst_split_of_its_error() {
+        // Model 10 + 1·m GB, measured 13 GB at m = 3 (what the model says).
+        let sp = worst_split(&[measured(3, 10.0, 1.0, 13.0)], RANGE).unwrap();
+        // Fixed part at its floor 8.5, so the slope is (13 − 8.5) / 3 = 1.5.
+        assert!((sp.fixed - 0.85).abs() < 1e-9, "{sp:?}");
+        assert!((sp.slope - 1.5).abs() < 1e-9, "{sp:?}");
+        // Through the measurement, and above the scaled model beyond it.
+        assert!((sp.at(10.0 * GB, GB, 3) - 13.0 * GB).abs() < 1.0);
+        assert!((sp.at(10.0 * GB, GB, 8) - 20.5 * GB).abs() < 1.0);
+        // A true line u = 0.85, v = 1.5 through the same point is covered;
+        // the scaled model (×1) would have said 18 GB at 8.
+        assert!(sp.at(10.0 * GB, GB, 8) >= (0.85 * 10.0 + 1.5 * 8.0) * GB - 1.0);
+    }
+
+    #[test]
+    fn the_worst_slope_is_capped_by_the_range_and_never_below_the_scale() {
+        // Fixed part dominates a small batch: (13 − 8.5) / 1 = 4.5 > 1.5, so
+        // the slope stops at 1.5× and the fixed part takes the rest.
+        let sp = worst_split(&[measured(1, 12.0, 1.0, 13.0)], RANGE).unwrap();
+        assert!((sp.slope - 1.5).abs() < 1e-9, "{sp:?}");
+        assert!((sp.at(12.0 * GB, GB, 1) - 13.0 * GB).abs() < 1.0);
+        // Measured at 2× the model: the scale (2) is above the range's cap
+        // and is kept (the model's own shape is never made flatter).
+        let sp = worst_split(&[measured(2, 10.0, 2.0, 28.0)], RANGE).unwrap();
+        assert!((sp.slope - 2.0).abs() < 1e-9, "{sp:?}");
+    }
+
+    /// With the optimizer step setting the model's peak at the measured
+    /// batch, the measured peak bounds the forward/backward line from above
+    /// only: the worst case is the line reaching it.
+    #[test]
+    fn a_peak_set_by_the_optimizer_step_still_bounds_the_line() {
+        let mut p = measured(2, 10.0, 1.0, 12.0);
+        // Model peak 15 GB (optimizer step) over its line of 12 GB.
+        p.model_bytes = 15.0 * GB;
+        let sp = worst_split(&[p], RANGE).unwrap();
+        // scale 12 / 15 = 0.8 < allowed (12 − 8.5) / 2 = 1.75 → capped 1.5.
+        assert!((sp.slope - 1.5).abs() < 1e-9, "{sp:?}");
+        assert!(sp.at(10.0 * GB, GB, 2) <= 12.0 * GB + 1.0);
+        assert!(worst_split(&[], RANGE).is_none());
+    }
+
     /// The outlier check fits each point's others by taking the point out
     /// of the sums; that must be the fit of a list without it.
     #[test]
@@ -723,6 +878,7 @@ mod tests {
             micro_batch: m,
             model_bytes: model * 1e9,
             model_slope: 2e9,
+            model_fixed: model * 1e9 - 2e9 * m as f64,
             peak_bytes: peak * 1e9,
         })
         .collect();

@@ -19,12 +19,17 @@
 //! * optimizer AdamW, 1 data-parallel GPU, no sharding, generic framework,
 //!   SDPA attention.
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
 use crate::core::catalog::lookup_model;
+use crate::core::catalog::models::count_params;
 use crate::core::memory::default_lora_targets;
 use crate::core::workload::{
-    Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding, Workload,
-    WorkloadError,
+    ArchKind, Attention, Framework, LoraConfig, LoraTarget, Method, ModelArch, Optimizer, Sharding,
+    Workload,
 };
+pub use crate::core::workload::{FieldNames, WorkloadError, WorkloadField};
 
 /// The LoRA rank when none is given.
 pub const DEFAULT_LORA_RANK: u32 = 8;
@@ -42,6 +47,175 @@ pub enum ModelRequest {
         arch: ModelArch,
         implied_method: Option<Method>,
     },
+    /// A model given by its architecture numbers: over `base` (the command
+    /// line's shape flags change the model `--model` names), or from
+    /// scratch (a CRD's, an annotation's or a JSON request's
+    /// `architecture`). The numbers are checked here, once, for every path.
+    Numbers {
+        base: Option<Box<ModelRequest>>,
+        numbers: ArchNumbers,
+    },
+}
+
+/// Architecture numbers as a user gives them, every one optional. From
+/// scratch, `name`, `params`, `hidden_size`, `layers`, `heads` and
+/// `vocab_size` are required; `kv_heads` defaults to `heads`,
+/// `intermediate_size` to 4 × `hidden_size` (a plain GPT MLP; a given one is
+/// taken to be a gated SwiGLU MLP, as in every Llama-family config).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArchNumbers {
+    /// Name recorded in the history (similar runs share it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediate_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_embeddings: Option<bool>,
+    /// Longest sequence the model supports (0 or unset: not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_seq_len: Option<u32>,
+}
+
+impl ArchNumbers {
+    /// Whether any number that changes the model's shape is given.
+    fn has_shape(&self) -> bool {
+        self.hidden_size.is_some()
+            || self.layers.is_some()
+            || self.heads.is_some()
+            || self.kv_heads.is_some()
+            || self.intermediate_size.is_some()
+            || self.vocab_size.is_some()
+    }
+
+    /// Every given number must be positive (`max_seq_len` 0 means unknown).
+    fn check_positive(&self) -> Result<(), WorkloadError> {
+        use WorkloadField as F;
+        for (field, v) in [
+            (F::Params, self.params),
+            (F::HiddenSize, self.hidden_size.map(u64::from)),
+            (F::Layers, self.layers.map(u64::from)),
+            (F::Heads, self.heads.map(u64::from)),
+            (F::KvHeads, self.kv_heads.map(u64::from)),
+            (F::IntermediateSize, self.intermediate_size.map(u64::from)),
+            (F::VocabSize, self.vocab_size.map(u64::from)),
+        ] {
+            if v == Some(0) {
+                return Err(WorkloadError::NotPositive { field, value: 0 });
+            }
+        }
+        Ok(())
+    }
+
+    /// The numbers over a known architecture: given numbers win; the head
+    /// dimension follows a given head count (which must divide the hidden
+    /// size); the parameter count is recounted when the shape changed and
+    /// no count is given.
+    fn over(&self, mut arch: ModelArch) -> Result<ModelArch, WorkloadError> {
+        self.check_positive()?;
+        if let Some(n) = self
+            .name
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
+            arch.name = n.to_string();
+        }
+        if let Some(h) = self.hidden_size {
+            arch.hidden_size = h;
+        }
+        if let Some(l) = self.layers {
+            arch.num_layers = l;
+        }
+        if let Some(a) = self.heads {
+            if !arch.hidden_size.is_multiple_of(a) {
+                return Err(WorkloadError::HeadsNotDivisor {
+                    heads: a,
+                    hidden: arch.hidden_size,
+                });
+            }
+            arch.num_attention_heads = a;
+            arch.head_dim = arch.hidden_size / a;
+        }
+        if let Some(k) = self.kv_heads {
+            arch.num_kv_heads = k;
+        }
+        if let Some(i) = self.intermediate_size {
+            arch.intermediate_size = i;
+        }
+        if let Some(v) = self.vocab_size {
+            arch.vocab_size = v;
+        }
+        if self.tied_embeddings == Some(true) {
+            arch.tied_embeddings = true;
+        }
+        if let Some(m) = self.max_seq_len {
+            arch.max_position_embeddings = m;
+        }
+        if let Some(p) = self.params {
+            arch.params = p;
+        } else if self.has_shape() {
+            // Recount only a consistent shape (count_params divides nothing,
+            // but a zero head count would make it meaningless).
+            arch.check()?;
+            arch.params = count_params(&arch);
+        }
+        Ok(arch)
+    }
+
+    /// A model from its numbers alone.
+    fn build(&self) -> Result<ModelArch, WorkloadError> {
+        use WorkloadField as F;
+        let Some(name) = self
+            .name
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        else {
+            return Err(WorkloadError::Missing { field: F::ArchName });
+        };
+        self.check_positive()?;
+        let need = |field: F, v: Option<u64>| v.ok_or(WorkloadError::Missing { field });
+        let params = need(F::Params, self.params)?;
+        let hidden = need(F::HiddenSize, self.hidden_size.map(u64::from))? as u32;
+        let layers = need(F::Layers, self.layers.map(u64::from))? as u32;
+        let heads = need(F::Heads, self.heads.map(u64::from))? as u32;
+        let vocab = need(F::VocabSize, self.vocab_size.map(u64::from))? as u32;
+        let base = ModelArch {
+            name: name.to_string(),
+            kind: ArchKind::DecoderOnly,
+            params,
+            hidden_size: hidden,
+            num_layers: layers,
+            num_attention_heads: heads,
+            num_kv_heads: heads,
+            head_dim: 0,
+            // The GPT-style default of a 4× MLP when the config does not say.
+            intermediate_size: 4 * hidden,
+            vocab_size: vocab,
+            tied_embeddings: false,
+            gated_mlp: self.intermediate_size.is_some(),
+            num_experts: 1,
+            experts_per_token: 1,
+            max_position_embeddings: 0,
+            quirks: Default::default(),
+        };
+        // The remaining numbers (kv heads, intermediate size…) and the head
+        // dimension, as over any base; the count given is kept.
+        self.over(base)
+    }
 }
 
 /// A workload as users give it: every field optional.
@@ -60,199 +234,52 @@ pub struct WorkloadRequest {
     pub attention: Option<Attention>,
 }
 
-/// A field of a workload request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WorkloadField {
-    Model,
-    Method,
-    LoraRank,
-    LoraTargets,
-    SeqLen,
-    Optimizer,
-    GlobalBatch,
-    Gpus,
-    Sharding,
-    Framework,
-    Attention,
-}
+impl ModelRequest {
+    /// The model a request names: a catalog id, or architecture numbers —
+    /// never both (a CRD's, an annotation's or a JSON request's `model`
+    /// and `architecture`).
+    pub fn one_of(
+        model: Option<String>,
+        architecture: Option<ArchNumbers>,
+    ) -> Result<Option<ModelRequest>, WorkloadError> {
+        match (model, architecture) {
+            (Some(_), Some(_)) => Err(WorkloadError::ModelTwice),
+            (Some(name), None) => Ok(Some(ModelRequest::Catalog(name))),
+            (None, Some(numbers)) => Ok(Some(ModelRequest::Numbers {
+                base: None,
+                numbers,
+            })),
+            (None, None) => Ok(None),
+        }
+    }
 
-/// How a path names the fields in its messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Naming<'a> {
-    /// `--seq-len`.
-    Cli,
-    /// A CRD path under the given prefix: `spec.workload.seqLen`.
-    Spec(&'a str),
-    /// `gpufit.io/seq-len`.
-    Annotation,
-    /// `GPUFIT_SEQ_LEN` (or `seq_len=` in a job comment).
-    SlurmEnv,
-    /// `workload.seq_len` in a JSON request.
-    Json,
-}
-
-impl WorkloadField {
-    const ALL: [WorkloadField; 11] = [
-        WorkloadField::Model,
-        WorkloadField::Method,
-        WorkloadField::LoraRank,
-        WorkloadField::LoraTargets,
-        WorkloadField::SeqLen,
-        WorkloadField::Optimizer,
-        WorkloadField::GlobalBatch,
-        WorkloadField::Gpus,
-        WorkloadField::Sharding,
-        WorkloadField::Framework,
-        WorkloadField::Attention,
-    ];
-
-    /// The snake_case name (JSON, Slurm comment keys).
-    pub fn snake(self) -> &'static str {
+    /// The architecture and the method its name implies, if any.
+    fn resolve(&self) -> Result<(ModelArch, Option<Method>), WorkloadError> {
         match self {
-            WorkloadField::Model => "model",
-            WorkloadField::Method => "method",
-            WorkloadField::LoraRank => "lora_rank",
-            WorkloadField::LoraTargets => "lora_targets",
-            WorkloadField::SeqLen => "seq_len",
-            WorkloadField::Optimizer => "optimizer",
-            WorkloadField::GlobalBatch => "global_batch",
-            WorkloadField::Gpus => "gpus",
-            WorkloadField::Sharding => "sharding",
-            WorkloadField::Framework => "framework",
-            WorkloadField::Attention => "attention",
-        }
-    }
-
-    fn camel(self) -> &'static str {
-        match self {
-            WorkloadField::LoraRank => "loraRank",
-            WorkloadField::LoraTargets => "loraTargets",
-            WorkloadField::SeqLen => "seqLen",
-            WorkloadField::GlobalBatch => "globalBatch",
-            other => other.snake(),
-        }
-    }
-
-    /// The command-line flag.
-    pub fn flag(self) -> &'static str {
-        match self {
-            WorkloadField::Sharding => "--zero",
-            WorkloadField::Model => "--model",
-            WorkloadField::Method => "--method",
-            WorkloadField::LoraRank => "--lora-rank",
-            WorkloadField::LoraTargets => "--lora-targets",
-            WorkloadField::SeqLen => "--seq-len",
-            WorkloadField::Optimizer => "--optimizer",
-            WorkloadField::GlobalBatch => "--global-batch",
-            WorkloadField::Gpus => "--gpus",
-            WorkloadField::Framework => "--framework",
-            WorkloadField::Attention => "--attention",
-        }
-    }
-
-    /// The field's name in a path's vocabulary.
-    pub fn name(self, naming: Naming<'_>) -> String {
-        match naming {
-            Naming::Cli => self.flag().to_string(),
-            Naming::Spec(prefix) => format!("{prefix}.{}", self.camel()),
-            Naming::Annotation => format!("gpufit.io/{}", self.flag().trim_start_matches("--")),
-            Naming::SlurmEnv => match self {
-                WorkloadField::Sharding => "GPUFIT_ZERO".into(),
-                other => format!("GPUFIT_{}", other.snake().to_ascii_uppercase()),
-            },
-            Naming::Json => format!("workload.{}", self.snake()),
-        }
-    }
-}
-
-/// What is wrong with a workload request: the field and what to do.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResolveError {
-    pub field: WorkloadField,
-    /// What is wrong and how to fix it. Core messages name command-line
-    /// flags; [`ResolveError::render`] puts them in a path's words.
-    pub message: String,
-    /// The message already starts with the field's name (the workload's
-    /// own checks: "--seq-len 9000 is longer than …").
-    names_itself: bool,
-}
-
-impl std::fmt::Display for ResolveError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.render(Naming::Cli))
-    }
-}
-
-impl std::error::Error for ResolveError {}
-
-impl ResolveError {
-    fn new(field: WorkloadField, message: impl Into<String>) -> Self {
-        ResolveError {
-            field,
-            message: message.into(),
-            names_itself: false,
-        }
-    }
-
-    /// The field's name (a CRD path in full: `spec.workload.loraRank`) and
-    /// the message in `naming`'s words (fields inside it named as the path
-    /// names them: `loraRank`, `gpufit.io/lora-rank`, `GPUFIT_LORA_RANK`).
-    pub fn parts(&self, naming: Naming<'_>) -> (String, String) {
-        let mut msg = self.message.clone();
-        if naming != Naming::Cli {
-            // Longest flags first, so no flag is replaced inside a longer one.
-            let mut fields = WorkloadField::ALL;
-            fields.sort_by_key(|f| std::cmp::Reverse(f.flag().len()));
-            let arch = match naming {
-                Naming::Spec(_) => "architecture.params/hiddenSize/layers",
-                _ => "the architecture numbers",
-            };
-            msg = msg.replace("--params/--hidden-size/--layers", arch);
-            for f in fields {
-                let word = match naming {
-                    // Inside a message the spec field's own name reads best.
-                    Naming::Spec(_) => f.camel().to_string(),
-                    other => f.name(other),
-                };
-                msg = msg.replace(f.flag(), &word);
+            ModelRequest::Catalog(name) if name.trim().is_empty() => Err(WorkloadError::Empty {
+                field: WorkloadField::Model,
+            }),
+            ModelRequest::Catalog(name) => {
+                let r = lookup_model(name.trim()).map_err(|e| WorkloadError::UnknownModel {
+                    message: e.to_string(),
+                })?;
+                Ok((r.arch, r.method))
             }
-        }
-        (self.field.name(naming), msg)
-    }
-
-    /// `field: message` in `naming`'s words (the message alone when it
-    /// already starts with the field, as the workload's own checks do).
-    pub fn render(&self, naming: Naming<'_>) -> String {
-        let (name, msg) = self.parts(naming);
-        if self.names_itself {
-            msg
-        } else {
-            format!("{name}: {msg}")
-        }
-    }
-}
-
-impl From<WorkloadError> for ResolveError {
-    /// The workload's own consistency checks, attributed to a field.
-    fn from(e: WorkloadError) -> Self {
-        let field = match &e {
-            WorkloadError::NotPositive { flag, .. } => match *flag {
-                "--seq-len" => WorkloadField::SeqLen,
-                "--gpus" => WorkloadField::Gpus,
-                "--global-batch" => WorkloadField::GlobalBatch,
-                "--lora-rank" => WorkloadField::LoraRank,
-                _ => WorkloadField::Model,
-            },
-            WorkloadError::SeqTooLong { .. } => WorkloadField::SeqLen,
-            WorkloadError::LoraRankTooLarge { .. } => WorkloadField::LoraRank,
-            WorkloadError::GlobalBatchNotDivisible { .. } => WorkloadField::GlobalBatch,
-            WorkloadError::Invalid { field, .. } if *field == "lora" => WorkloadField::LoraRank,
-            WorkloadError::Invalid { .. } => WorkloadField::Model,
-        };
-        ResolveError {
-            field,
-            message: e.to_string(),
-            names_itself: true,
+            ModelRequest::Arch {
+                arch,
+                implied_method,
+            } => Ok((arch.clone(), *implied_method)),
+            ModelRequest::Numbers {
+                base: Some(base),
+                numbers,
+            } => {
+                let (arch, implied) = base.resolve()?;
+                Ok((numbers.over(arch)?, implied))
+            }
+            ModelRequest::Numbers {
+                base: None,
+                numbers,
+            } => Ok((numbers.build()?, None)),
         }
     }
 }
@@ -260,27 +287,11 @@ impl From<WorkloadError> for ResolveError {
 impl WorkloadRequest {
     /// Resolves the request with the model catalog and the defaults above,
     /// and checks the result ([`Workload::validate`]).
-    pub fn resolve(&self) -> Result<Workload, ResolveError> {
+    pub fn resolve(&self) -> Result<Workload, WorkloadError> {
         use WorkloadField as F;
         let (arch, implied) = match &self.model {
-            None => {
-                return Err(ResolveError::new(
-                    F::Model,
-                    "missing: give a catalog model id (e.g. meta-llama/Llama-3.1-8B; `gpufit models` lists them) or the architecture numbers",
-                ))
-            }
-            Some(ModelRequest::Catalog(name)) if name.trim().is_empty() => {
-                return Err(ResolveError::new(F::Model, "is empty"))
-            }
-            Some(ModelRequest::Catalog(name)) => {
-                let r = lookup_model(name.trim())
-                    .map_err(|e| ResolveError::new(F::Model, e.to_string()))?;
-                (r.arch, r.method)
-            }
-            Some(ModelRequest::Arch {
-                arch,
-                implied_method,
-            }) => (arch.clone(), *implied_method),
+            None => return Err(WorkloadError::Missing { field: F::Model }),
+            Some(m) => m.resolve()?,
         };
         // The user's statement wins over the hint a recipe name gives.
         let method = self.method.or(implied).unwrap_or(Method::Full);
@@ -293,10 +304,7 @@ impl WorkloadRequest {
                     } else {
                         F::LoraTargets
                     };
-                    return Err(ResolveError::new(
-                        field,
-                        "is set but the method is `full`: use --method lora or qlora, or drop --lora-rank/--lora-targets",
-                    ));
+                    return Err(WorkloadError::LoraWithFull { field });
                 }
                 None
             }
@@ -304,22 +312,18 @@ impl WorkloadRequest {
                 rank: self.lora_rank.unwrap_or(DEFAULT_LORA_RANK),
                 targets: match &self.lora_targets {
                     Some(t) if t.is_empty() => {
-                        return Err(ResolveError::new(
-                            F::LoraTargets,
-                            "is empty: list the layers that get adapters (q, k, v, o, gate, up, down, lm_head) or leave it out",
-                        ))
+                        return Err(WorkloadError::Empty {
+                            field: F::LoraTargets,
+                        })
                     }
                     Some(t) => t.clone(),
                     None => default_lora_targets(framework),
                 },
             }),
         };
-        let seq_len = self.seq_len.ok_or_else(|| {
-            ResolveError::new(
-                F::SeqLen,
-                "missing: give the training sequence length in tokens, e.g. 2048",
-            )
-        })?;
+        let seq_len = self
+            .seq_len
+            .ok_or(WorkloadError::Missing { field: F::SeqLen })?;
         let workload = Workload {
             model: arch,
             method,
@@ -340,6 +344,7 @@ impl WorkloadRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::workload::DomainNames;
 
     fn lora_request() -> WorkloadRequest {
         WorkloadRequest {
@@ -374,13 +379,19 @@ mod tests {
             ..lora_request()
         };
         let e = r.resolve().unwrap_err();
-        assert_eq!(e.field, WorkloadField::LoraRank);
-        assert!(e
-            .render(Naming::Annotation)
-            .starts_with("gpufit.io/lora-rank: "));
-        assert!(e
-            .render(Naming::Spec("spec.workload"))
-            .starts_with("spec.workload.loraRank: "));
+        assert_eq!(e.field(), WorkloadField::LoraRank);
+        assert!(e.render(&DomainNames).starts_with("lora_rank: "), "{e}");
+        // A path's own names, inside the message too.
+        struct Upper;
+        impl FieldNames for Upper {
+            fn name(&self, f: WorkloadField) -> String {
+                f.domain_name().to_ascii_uppercase()
+            }
+        }
+        assert_eq!(
+            e.render(&Upper),
+            "LORA_RANK: is set but the method is `full`: use METHOD lora or qlora, or drop LORA_RANK/LORA_TARGETS"
+        );
     }
 
     #[test]
@@ -391,10 +402,10 @@ mod tests {
         }
         .resolve()
         .unwrap_err();
-        assert_eq!(e.field, WorkloadField::SeqLen);
+        assert_eq!(e.field(), WorkloadField::SeqLen);
         assert_eq!(
-            e.render(Naming::SlurmEnv),
-            "GPUFIT_SEQ_LEN: missing: give the training sequence length in tokens, e.g. 2048"
+            e.to_string(),
+            "seq_len: missing: give the training sequence length in tokens, e.g. 2048"
         );
         let e = WorkloadRequest {
             seq_len: Some(1 << 30),
@@ -402,11 +413,10 @@ mod tests {
         }
         .resolve()
         .unwrap_err();
-        assert_eq!(e.field, WorkloadField::SeqLen);
+        assert_eq!(e.field(), WorkloadField::SeqLen);
         assert!(
-            e.render(Naming::Json).contains("workload.seq_len"),
-            "{}",
-            e.render(Naming::Json)
+            e.to_string().starts_with("seq_len 1073741824 is longer"),
+            "{e}"
         );
         let e = WorkloadRequest {
             model: None,
@@ -414,7 +424,46 @@ mod tests {
         }
         .resolve()
         .unwrap_err();
-        assert_eq!(e.field, WorkloadField::Model);
+        assert_eq!(e.field(), WorkloadField::Model);
+    }
+
+    #[test]
+    fn every_catalog_model_passes_the_architecture_checks() {
+        for m in crate::core::catalog::all_models() {
+            assert_eq!(m.check(), Ok(()), "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn numbers_over_a_model_follow_its_heads_and_recount_the_params() {
+        let base = lookup_model("meta-llama/Llama-3.1-8B").unwrap().arch;
+        let numbers = ArchNumbers {
+            heads: Some(16),
+            kv_heads: Some(4),
+            ..Default::default()
+        };
+        let a = numbers.over(base.clone()).unwrap();
+        assert_eq!(a.head_dim, base.hidden_size / 16);
+        assert_eq!(a.params, count_params(&a));
+        let bad = ArchNumbers {
+            heads: Some(30),
+            ..Default::default()
+        };
+        assert_eq!(bad.over(base).unwrap_err().field(), WorkloadField::Heads);
+    }
+
+    #[test]
+    fn a_model_and_its_numbers_together_are_refused() {
+        let e =
+            ModelRequest::one_of(Some("gpt2".into()), Some(ArchNumbers::default())).unwrap_err();
+        assert_eq!(e.field(), WorkloadField::Model);
+        let e = ModelRequest::Numbers {
+            base: None,
+            numbers: ArchNumbers::default(),
+        }
+        .resolve()
+        .unwrap_err();
+        assert_eq!(e.field(), WorkloadField::ArchName);
     }
 
     #[test]

@@ -19,12 +19,50 @@ pub enum RunSource {
     Import,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+/// Why a run failed. Stored and sent as `OOM` / `other_error`; read from
+/// any spelling [`FailureReason::from_str`] accepts (JSON included), and
+/// from free text by [`crate::core::logs::oom::failure_reason`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 pub enum FailureReason {
-    #[serde(rename = "OOM", alias = "oom")]
+    #[serde(rename = "OOM")]
     Oom,
-    #[serde(rename = "other_error", alias = "other")]
+    #[serde(rename = "other_error")]
     OtherError,
+}
+
+impl FailureReason {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::Oom => "OOM",
+            FailureReason::OtherError => "other_error",
+        }
+    }
+}
+
+impl std::str::FromStr for FailureReason {
+    type Err = String;
+    /// The spellings of the reason itself (any case): `OOM`,
+    /// `out_of_memory`, `cuda_oom`, `OutOfMemoryError`; `other_error`,
+    /// `other`, `error`. Free text is [`crate::core::logs::oom::failure_reason`]'s.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "oom" | "out_of_memory" | "cuda_oom" | "outofmemoryerror" => Ok(FailureReason::Oom),
+            "other_error" | "other" | "error" => Ok(FailureReason::OtherError),
+            _ => Err(format!(
+                "unknown failure reason `{}`: use OOM or other_error",
+                s.trim()
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FailureReason {
+    /// Through [`FailureReason::from_str`]: one list of spellings.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// The outcome of a run.

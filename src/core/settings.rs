@@ -181,41 +181,146 @@ impl Pins {
     }
 }
 
+/// One engineering setting as a training script receives it: the
+/// `{placeholder}` gpufit fills in a command, the environment variable it
+/// sets, and how the value is written. The one table of these
+/// ([`SETTING_VARS`]) serves the Kubernetes injection, the Slurm TaskProlog
+/// and `find-max-batch`, so a script reads the same names everywhere.
+#[derive(Debug, Clone, Copy)]
+pub struct SettingVar {
+    /// The placeholder's name, without braces (`micro_batch_size`).
+    pub placeholder: &'static str,
+    /// The environment variable (`GPUFIT_MICRO_BATCH_SIZE`).
+    pub env: &'static str,
+    /// The value as the script reads it.
+    pub render: fn(&EngineeringSettings) -> String,
+}
+
+impl SettingVar {
+    /// The placeholder as written in a command: `{micro_batch_size}`.
+    pub fn placeholder_text(&self) -> String {
+        format!("{{{}}}", self.placeholder)
+    }
+}
+
+/// A table row (a `const fn`, so the rows below stay one line each).
+const fn var(
+    placeholder: &'static str,
+    env: &'static str,
+    render: fn(&EngineeringSettings) -> String,
+) -> SettingVar {
+    SettingVar {
+        placeholder,
+        env,
+        render,
+    }
+}
+
+pub const MICRO_BATCH_SIZE: SettingVar = var("micro_batch_size", "GPUFIT_MICRO_BATCH_SIZE", |s| {
+    s.micro_batch_size.to_string()
+});
+pub const GRADIENT_ACCUMULATION_STEPS: SettingVar = var(
+    "gradient_accumulation_steps",
+    "GPUFIT_GRAD_ACCUM_STEPS",
+    |s| s.gradient_accumulation_steps.to_string(),
+);
+pub const DTYPE: SettingVar = var("dtype", "GPUFIT_DTYPE", |s| s.dtype.as_str().to_string());
+pub const ACTIVATION_CHECKPOINTING: SettingVar = var(
+    "activation_checkpointing",
+    "GPUFIT_ACTIVATION_CHECKPOINTING",
+    |s| s.activation_checkpointing.to_string(),
+);
+pub const ACTIVATION_OFFLOADING: SettingVar = var(
+    "activation_offloading",
+    "GPUFIT_ACTIVATION_OFFLOADING",
+    |s| s.activation_offloading.to_string(),
+);
+pub const COMPILE: SettingVar = var("compile", "GPUFIT_COMPILE", |s| s.compile.to_string());
+pub const NUM_WORKERS: SettingVar = var("num_workers", "GPUFIT_DATALOADER_NUM_WORKERS", |s| {
+    s.dataloader.num_workers.to_string()
+});
+pub const PIN_MEMORY: SettingVar = var("pin_memory", "GPUFIT_DATALOADER_PIN_MEMORY", |s| {
+    s.dataloader.pin_memory.to_string()
+});
+pub const PERSISTENT_WORKERS: SettingVar = var(
+    "persistent_workers",
+    "GPUFIT_DATALOADER_PERSISTENT_WORKERS",
+    |s| s.dataloader.persistent_workers.to_string(),
+);
+pub const PREFETCH_FACTOR: SettingVar = var(
+    "prefetch_factor",
+    "GPUFIT_DATALOADER_PREFETCH_FACTOR",
+    |s| s.dataloader.prefetch_factor.to_string(),
+);
+
+/// Every setting a script can receive, in the order they are injected.
+pub const SETTING_VARS: [SettingVar; 10] = [
+    MICRO_BATCH_SIZE,
+    GRADIENT_ACCUMULATION_STEPS,
+    DTYPE,
+    ACTIVATION_CHECKPOINTING,
+    ACTIVATION_OFFLOADING,
+    COMPILE,
+    NUM_WORKERS,
+    PIN_MEMORY,
+    PERSISTENT_WORKERS,
+    PREFETCH_FACTOR,
+];
+
 /// The environment variables for a set of engineering settings, in a fixed
 /// order: what the Kubernetes pod template and the Slurm TaskProlog inject,
 /// so a training script reads the same names on both.
 pub fn env_vars(s: &EngineeringSettings) -> Vec<(&'static str, String)> {
-    vec![
-        ("GPUFIT_MICRO_BATCH_SIZE", s.micro_batch_size.to_string()),
-        (
-            "GPUFIT_GRAD_ACCUM_STEPS",
-            s.gradient_accumulation_steps.to_string(),
-        ),
-        ("GPUFIT_DTYPE", s.dtype.as_str().to_string()),
-        (
-            "GPUFIT_ACTIVATION_CHECKPOINTING",
-            s.activation_checkpointing.to_string(),
-        ),
-        (
-            "GPUFIT_ACTIVATION_OFFLOADING",
-            s.activation_offloading.to_string(),
-        ),
-        ("GPUFIT_COMPILE", s.compile.to_string()),
-        (
-            "GPUFIT_DATALOADER_NUM_WORKERS",
-            s.dataloader.num_workers.to_string(),
-        ),
-        (
-            "GPUFIT_DATALOADER_PIN_MEMORY",
-            s.dataloader.pin_memory.to_string(),
-        ),
-        (
-            "GPUFIT_DATALOADER_PERSISTENT_WORKERS",
-            s.dataloader.persistent_workers.to_string(),
-        ),
-        (
-            "GPUFIT_DATALOADER_PREFETCH_FACTOR",
-            s.dataloader.prefetch_factor.to_string(),
-        ),
-    ]
+    SETTING_VARS
+        .iter()
+        .map(|v| (v.env, (v.render)(s)))
+        .collect()
+}
+
+/// Replaces every `{placeholder}` of [`SETTING_VARS`] in one word.
+pub fn substitute(word: &str, s: &EngineeringSettings) -> String {
+    if !word.contains('{') {
+        return word.to_string();
+    }
+    SETTING_VARS.iter().fold(word.to_string(), |out, v| {
+        out.replace(&v.placeholder_text(), &(v.render)(s))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setting_has_its_own_placeholder_and_variable() {
+        let mut names: Vec<&str> = SETTING_VARS.iter().map(|v| v.placeholder).collect();
+        let mut envs: Vec<&str> = SETTING_VARS.iter().map(|v| v.env).collect();
+        names.sort();
+        names.dedup();
+        envs.sort();
+        envs.dedup();
+        assert_eq!(names.len(), SETTING_VARS.len());
+        assert_eq!(envs.len(), SETTING_VARS.len());
+        assert!(envs.iter().all(|e| e.starts_with("GPUFIT_")));
+    }
+
+    #[test]
+    fn placeholders_are_filled_with_the_rendered_values() {
+        let s = EngineeringSettings {
+            micro_batch_size: 6,
+            dtype: Dtype::Bf16Mixed,
+            activation_checkpointing: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            substitute(
+                "--bs={micro_batch_size} --dtype {dtype}/{activation_checkpointing}",
+                &s
+            ),
+            "--bs=6 --dtype bf16-mixed/true"
+        );
+        assert_eq!(substitute("{unknown}", &s), "{unknown}");
+        let env = env_vars(&s);
+        assert_eq!(env[0], ("GPUFIT_MICRO_BATCH_SIZE", "6".to_string()));
+    }
 }

@@ -7,35 +7,255 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+/// A field of a workload as users give it: the scientific fields and, for a
+/// model given by its numbers, each architecture number. Errors name the
+/// field; each path spells it its own way ([`FieldNames`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkloadField {
+    Model,
+    Method,
+    LoraRank,
+    LoraTargets,
+    SeqLen,
+    Optimizer,
+    GlobalBatch,
+    Gpus,
+    Sharding,
+    Framework,
+    Attention,
+    /// The name of a model given by numbers.
+    ArchName,
+    Params,
+    HiddenSize,
+    Layers,
+    Heads,
+    KvHeads,
+    IntermediateSize,
+    VocabSize,
+    MaxSeqLen,
+}
+
+impl WorkloadField {
+    /// The domain name (snake_case; `architecture.` before a number of a
+    /// model given by numbers).
+    pub fn domain_name(self) -> &'static str {
+        use WorkloadField as F;
+        match self {
+            F::Model => "model",
+            F::Method => "method",
+            F::LoraRank => "lora_rank",
+            F::LoraTargets => "lora_targets",
+            F::SeqLen => "seq_len",
+            F::Optimizer => "optimizer",
+            F::GlobalBatch => "global_batch",
+            F::Gpus => "gpus",
+            F::Sharding => "sharding",
+            F::Framework => "framework",
+            F::Attention => "attention",
+            F::ArchName => "architecture.name",
+            F::Params => "architecture.params",
+            F::HiddenSize => "architecture.hidden_size",
+            F::Layers => "architecture.layers",
+            F::Heads => "architecture.heads",
+            F::KvHeads => "architecture.kv_heads",
+            F::IntermediateSize => "architecture.intermediate_size",
+            F::VocabSize => "architecture.vocab_size",
+            F::MaxSeqLen => "architecture.max_seq_len",
+        }
+    }
+}
+
+/// How a path spells the fields in its messages: each adapter has one
+/// mapping (the command line's flags, the CRD's paths, the webhook's
+/// annotations, the JSON request's keys, the Slurm hooks' variables).
+pub trait FieldNames {
+    fn name(&self, field: WorkloadField) -> String;
+}
+
+/// The domain's own names ([`WorkloadField::domain_name`]).
+pub struct DomainNames;
+
+impl FieldNames for DomainNames {
+    fn name(&self, field: WorkloadField) -> String {
+        field.domain_name().to_string()
+    }
+}
+
+/// What is wrong with a workload, in domain terms: which field, which
+/// value, which rule. [`WorkloadError::render`] writes it with a path's
+/// field names; `Display` uses the domain's.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[error("{}", self.render(&DomainNames))]
 pub enum WorkloadError {
-    /// A size that must be positive is zero or negative. `flag` names the
-    /// command-line flag (or field) so the message says what to fix.
-    #[error("{flag} must be a positive number (got {value}): {hint}")]
+    /// A size that must be positive is zero.
     NotPositive {
-        flag: &'static str,
-        value: String,
-        hint: &'static str,
+        field: WorkloadField,
+        value: u64,
     },
-    #[error("--seq-len {seq_len} is longer than {model}'s context of {max} tokens: use --seq-len {max} or less")]
+    /// A required field is not given.
+    Missing {
+        field: WorkloadField,
+    },
+    /// A field is given but empty.
+    Empty {
+        field: WorkloadField,
+    },
+    /// The model is not in the catalog (the catalog's message).
+    UnknownModel {
+        message: String,
+    },
+    /// Both a catalog model and architecture numbers.
+    ModelTwice,
+    /// A LoRA rank or targets with a full fine-tune.
+    LoraWithFull {
+        field: WorkloadField,
+    },
+    /// LoRA / QLoRA without a rank (a workload built by hand).
+    LoraNeedsRank,
     SeqTooLong {
         model: String,
         seq_len: u32,
         max: u32,
     },
-    #[error("--lora-rank {rank} is larger than the hidden size {hidden} of {model}: use a rank of at most {hidden} (typically 8–64)")]
     LoraRankTooLarge {
         model: String,
         rank: u32,
         hidden: u32,
     },
-    #[error("global batch {global} is not divisible by {gpus} data-parallel GPUs: choose --global-batch as a multiple of --gpus")]
-    GlobalBatchNotDivisible { global: u32, gpus: u32 },
-    #[error("invalid {field}: {message}")]
-    Invalid {
-        field: &'static str,
-        message: String,
+    GlobalBatchNotDivisible {
+        global: u32,
+        gpus: u32,
     },
+    KvHeadsNotDivisor {
+        kv_heads: u32,
+        heads: u32,
+    },
+    HeadsNotDivisor {
+        heads: u32,
+        hidden: u32,
+    },
+}
+
+/// A message: the part after `field: `, or a sentence that names the
+/// field itself first.
+enum Said {
+    After(String),
+    Sentence(String),
+}
+
+impl WorkloadError {
+    /// The field at fault.
+    pub fn field(&self) -> WorkloadField {
+        use WorkloadError as E;
+        use WorkloadField as F;
+        match self {
+            E::NotPositive { field, .. }
+            | E::Missing { field }
+            | E::Empty { field }
+            | E::LoraWithFull { field } => *field,
+            E::UnknownModel { .. } | E::ModelTwice => F::Model,
+            E::LoraNeedsRank | E::LoraRankTooLarge { .. } => F::LoraRank,
+            E::SeqTooLong { .. } => F::SeqLen,
+            E::GlobalBatchNotDivisible { .. } => F::GlobalBatch,
+            E::KvHeadsNotDivisor { .. } => F::KvHeads,
+            E::HeadsNotDivisor { .. } => F::Heads,
+        }
+    }
+
+    fn said(&self, names: &dyn FieldNames) -> Said {
+        use WorkloadError as E;
+        use WorkloadField as F;
+        let n = |f: WorkloadField| names.name(f);
+        match self {
+            E::NotPositive { field, value } => {
+                let name = n(*field);
+                let hint = match field {
+                    F::SeqLen => {
+                        format!("give the training sequence length in tokens, e.g. {name} 2048")
+                    }
+                    F::Gpus => format!("give the number of data-parallel GPUs, e.g. {name} 1"),
+                    F::GlobalBatch => "give the global batch in samples, or leave it out".into(),
+                    F::LoraRank => "typical ranks are 8–64".into(),
+                    _ => "describe the model with positive numbers".into(),
+                };
+                Said::Sentence(format!(
+                    "{name} must be a positive number (got {value}): {hint}"
+                ))
+            }
+            E::Missing { field } => Said::After(match field {
+                F::Model => "missing: give a catalog model id (e.g. meta-llama/Llama-3.1-8B; `gpufit models` lists them) or the architecture numbers".into(),
+                F::SeqLen => "missing: give the training sequence length in tokens, e.g. 2048".into(),
+                F::ArchName => "missing: name the model so similar runs can be found in the history".into(),
+                _ => "missing: give the number from the model's config.json".into(),
+            }),
+            E::Empty { field: F::LoraTargets } => Said::After(
+                "is empty: list the layers that get adapters (q, k, v, o, gate, up, down, lm_head) or leave it out".into(),
+            ),
+            E::Empty { .. } => Said::After("is empty".into()),
+            E::UnknownModel { message } => Said::After(message.clone()),
+            E::ModelTwice => Said::After(
+                "both `model` and `architecture` are set: give one of them".into(),
+            ),
+            E::LoraWithFull { .. } => Said::After(format!(
+                "is set but the method is `full`: use {} lora or qlora, or drop {}/{}",
+                n(F::Method),
+                n(F::LoraRank),
+                n(F::LoraTargets)
+            )),
+            E::LoraNeedsRank => Said::After("missing: LoRA/QLoRA needs a rank".into()),
+            E::SeqTooLong {
+                model,
+                seq_len,
+                max,
+            } => {
+                let name = n(F::SeqLen);
+                Said::Sentence(format!(
+                    "{name} {seq_len} is longer than {model}'s context of {max} tokens: use {name} {max} or less"
+                ))
+            }
+            E::LoraRankTooLarge {
+                model,
+                rank,
+                hidden,
+            } => Said::Sentence(format!(
+                "{} {rank} is larger than the hidden size {hidden} of {model}: use a rank of at most {hidden} (typically 8–64)",
+                n(F::LoraRank)
+            )),
+            E::GlobalBatchNotDivisible { global, gpus } => Said::Sentence(format!(
+                "{} {global} is not divisible by {gpus} data-parallel GPUs: choose {} as a multiple of {}",
+                n(F::GlobalBatch),
+                n(F::GlobalBatch),
+                n(F::Gpus)
+            )),
+            E::KvHeadsNotDivisor { kv_heads, heads } => Said::Sentence(format!(
+                "{} {kv_heads} does not divide {} {heads}: grouped-query attention shares each key/value head among an equal number of attention heads",
+                n(F::KvHeads),
+                n(F::Heads)
+            )),
+            E::HeadsNotDivisor { heads, hidden } => Said::Sentence(format!(
+                "{} {heads} does not divide {} {hidden}: each attention head gets hidden size / heads dimensions",
+                n(F::Heads),
+                n(F::HiddenSize)
+            )),
+        }
+    }
+
+    /// The field's name and what is wrong, in `names`' words (the message
+    /// may itself start with the field's name).
+    pub fn parts(&self, names: &dyn FieldNames) -> (String, String) {
+        let name = names.name(self.field());
+        match self.said(names) {
+            Said::After(m) | Said::Sentence(m) => (name, m),
+        }
+    }
+
+    /// The whole message in `names`' words, the field at fault first.
+    pub fn render(&self, names: &dyn FieldNames) -> String {
+        match self.said(names) {
+            Said::After(m) => format!("{}: {m}", names.name(self.field())),
+            Said::Sentence(m) => m,
+        }
+    }
 }
 
 /// Transformer family layout, which decides the per-layer activation terms.
@@ -82,6 +302,37 @@ pub struct ModelArch {
 }
 
 impl ModelArch {
+    /// The architecture's own consistency, whatever gave it (catalog,
+    /// config.json, numbers): positive sizes, and key/value heads that
+    /// divide the attention heads.
+    pub fn check(&self) -> Result<(), WorkloadError> {
+        for (field, v) in [
+            (WorkloadField::Params, self.params),
+            (WorkloadField::HiddenSize, self.hidden_size as u64),
+            (WorkloadField::Layers, self.num_layers as u64),
+            (WorkloadField::Heads, self.num_attention_heads as u64),
+            (WorkloadField::VocabSize, self.vocab_size as u64),
+        ] {
+            if v == 0 {
+                return Err(WorkloadError::NotPositive { field, value: 0 });
+            }
+        }
+        let (kv, heads) = (self.num_kv_heads, self.num_attention_heads);
+        if kv == 0 || kv > heads || !heads.is_multiple_of(kv) {
+            return Err(WorkloadError::KvHeadsNotDivisor {
+                kv_heads: kv,
+                heads,
+            });
+        }
+        if self.head_dim == 0 {
+            return Err(WorkloadError::HeadsNotDivisor {
+                heads,
+                hidden: self.hidden_size,
+            });
+        }
+        Ok(())
+    }
+
     /// Experts a token passes through (1 for a dense model).
     pub fn active_experts(&self) -> f64 {
         self.experts_per_token.max(1).min(self.num_experts.max(1)) as f64
@@ -505,27 +756,14 @@ impl Workload {
     /// Checks the workload's internal consistency (positive sizes, sequence
     /// within context, LoRA rank within hidden size, G divisible by W).
     pub fn validate(&self) -> Result<(), WorkloadError> {
+        let zero = |field| WorkloadError::NotPositive { field, value: 0 };
         if self.seq_len == 0 {
-            return Err(WorkloadError::NotPositive {
-                flag: "--seq-len",
-                value: "0".into(),
-                hint: "give the training sequence length in tokens, e.g. --seq-len 2048",
-            });
+            return Err(zero(WorkloadField::SeqLen));
         }
         if self.gpus == 0 {
-            return Err(WorkloadError::NotPositive {
-                flag: "--gpus",
-                value: "0".into(),
-                hint: "give the number of data-parallel GPUs, e.g. --gpus 1",
-            });
+            return Err(zero(WorkloadField::Gpus));
         }
-        if self.model.params == 0 || self.model.hidden_size == 0 || self.model.num_layers == 0 {
-            return Err(WorkloadError::NotPositive {
-                flag: "--params/--hidden-size/--layers",
-                value: "0".into(),
-                hint: "describe the model with positive numbers",
-            });
-        }
+        self.model.check()?;
         if self.model.max_position_embeddings > 0
             && self.seq_len > self.model.max_position_embeddings
         {
@@ -537,11 +775,7 @@ impl Workload {
         }
         if let Some(g) = self.global_batch {
             if g == 0 {
-                return Err(WorkloadError::NotPositive {
-                    flag: "--global-batch",
-                    value: "0".into(),
-                    hint: "give the global batch in samples, or leave it out",
-                });
+                return Err(zero(WorkloadField::GlobalBatch));
             }
             if g % self.gpus != 0 {
                 return Err(WorkloadError::GlobalBatchNotDivisible {
@@ -552,17 +786,10 @@ impl Workload {
         }
         if matches!(self.method, Method::Lora | Method::Qlora) {
             let Some(lora) = &self.lora else {
-                return Err(WorkloadError::Invalid {
-                    field: "lora",
-                    message: "LoRA/QLoRA needs a rank: pass --lora-rank".into(),
-                });
+                return Err(WorkloadError::LoraNeedsRank);
             };
             if lora.rank == 0 {
-                return Err(WorkloadError::NotPositive {
-                    flag: "--lora-rank",
-                    value: "0".into(),
-                    hint: "typical ranks are 8–64",
-                });
+                return Err(zero(WorkloadField::LoraRank));
             }
             if lora.rank > self.model.hidden_size {
                 return Err(WorkloadError::LoraRankTooLarge {

@@ -393,18 +393,11 @@ fn result_of(
 }
 
 /// Success, and the failure's reason when it failed (free text is read as
-/// OOM when it says so).
+/// OOM when it says so, by the core's one reading of a failure reason).
 fn outcome(res: &ResultIn) -> Result<(bool, Option<FailureReason>), &'static str> {
     let failure = match res.failure_reason.as_deref().map(str::trim) {
         None | Some("") => None,
-        Some(f) => Some(schema::parse_failure(f).unwrap_or_else(|| {
-            let low = f.to_ascii_lowercase();
-            if low.contains("out of memory") || low.contains("oom") {
-                FailureReason::Oom
-            } else {
-                FailureReason::OtherError
-            }
-        })),
+        Some(f) => Some(crate::core::logs::oom::failure_reason(f)),
     };
     let success = match (res.success, failure) {
         (Some(s), _) => s,
@@ -888,6 +881,22 @@ mod tests {
         let r = parse(&l).unwrap();
         assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
         assert!(r.is_oom());
+    }
+
+    #[test]
+    fn a_model_name_with_oom_in_it_is_not_an_oom() {
+        let failed = |reason: &str| {
+            let l = GOOD
+                .replace("\"success\": true", "\"success\": false")
+                .replace(
+                    "\"failure_reason\": null",
+                    &format!("\"failure_reason\": \"{reason}\""),
+                );
+            parse(&l).unwrap().result.failure_reason
+        };
+        assert_eq!(failed("bloom-7b crashed"), Some(FailureReason::OtherError));
+        assert_eq!(failed("OOMKilled"), Some(FailureReason::OtherError));
+        assert_eq!(failed("OOM at step 12"), Some(FailureReason::Oom));
     }
 
     #[test]

@@ -129,16 +129,12 @@ pub trait HistoryStore: Send + Sync {
     }
 }
 
-/// The default store: `GPUFIT_HISTORY` if set, else a SQLite file at the
-/// per-user data path (`dirs::data_dir()/gpufit/history.db`, e.g.
+/// The default store: a SQLite file at the per-user data path (`dirs::data_dir()/gpufit/history.db`, e.g.
 /// `~/.local/share/gpufit/history.db` on Linux).
 pub fn default_url() -> String {
-    match std::env::var("GPUFIT_HISTORY") {
-        Ok(v) if !v.trim().is_empty() => v,
-        _ => match dirs::data_dir() {
-            Some(d) => format!("sqlite:{}", d.join("gpufit").join("history.db").display()),
-            None => "sqlite:history.db".to_string(),
-        },
+    match dirs::data_dir() {
+        Some(d) => format!("sqlite:{}", d.join("gpufit").join("history.db").display()),
+        None => "sqlite:history.db".to_string(),
     }
 }
 
@@ -178,8 +174,16 @@ pub fn parse_url(url: &str) -> Result<StoreUrl, HistoryError> {
 /// Opens a store by URL: `sqlite:PATH` (or a `.db` path), `postgres://…`.
 /// The SQLite file and its directory are created when missing.
 pub fn open(url: &str) -> Result<Box<dyn HistoryStore>, HistoryError> {
+    open_with(url, sqlite::SqliteOptions::default())
+}
+
+/// [`open`] with the SQLite options the caller read at its edge.
+pub fn open_with(
+    url: &str,
+    sqlite: sqlite::SqliteOptions,
+) -> Result<Box<dyn HistoryStore>, HistoryError> {
     match parse_url(url)? {
-        StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(&path)?)),
+        StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open_with(&path, sqlite)?)),
         StoreUrl::Postgres(conn) => Ok(Box::new(self::postgres::PostgresStore::connect(&conn)?)),
     }
 }

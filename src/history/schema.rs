@@ -152,19 +152,13 @@ pub fn parse_source(s: &str) -> Option<RunSource> {
 
 /// Stored spelling of a failure reason (`OOM`, `other_error`).
 pub fn failure_str(f: FailureReason) -> &'static str {
-    match f {
-        FailureReason::Oom => "OOM",
-        FailureReason::OtherError => "other_error",
-    }
+    f.as_str()
 }
 
-/// Accepts `OOM`/`oom`/`out_of_memory` and `other_error`/`other`/`error`.
+/// A stored failure reason: the core's spellings (`OOM`, `out_of_memory`,
+/// `other_error`…), strictly — a store holds no free text.
 pub fn parse_failure(s: &str) -> Option<FailureReason> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "oom" | "out_of_memory" | "cuda_oom" | "outofmemoryerror" => Some(FailureReason::Oom),
-        "other_error" | "other" | "error" => Some(FailureReason::OtherError),
-        _ => None,
-    }
+    s.parse().ok()
 }
 
 /// Reads a method (`full`, `lora`, `qlora`).

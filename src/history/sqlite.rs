@@ -36,22 +36,25 @@ pub fn schema_version() -> i64 {
     migrations().len() as i64
 }
 
-/// Options for opening a SQLite store.
-#[derive(Debug, Clone)]
+/// Options for opening a SQLite store. The defaults read nothing from the
+/// environment: the command line and the Slurm hooks read
+/// [`BUSY_TIMEOUT_ENV`] at their edge and pass the value in.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SqliteOptions {
     /// How long a write waits for another process's lock.
     pub busy_timeout: Duration,
 }
 
+/// The environment variable that sets the busy timeout, in milliseconds.
+pub const BUSY_TIMEOUT_ENV: &str = "GPUFIT_HISTORY_BUSY_TIMEOUT_MS";
+
+/// The busy timeout when none is given: 5 s.
+pub const DEFAULT_BUSY_TIMEOUT_MS: u64 = 5_000;
+
 impl Default for SqliteOptions {
-    /// 5 s busy timeout, or `GPUFIT_HISTORY_BUSY_TIMEOUT_MS` when set.
     fn default() -> Self {
-        let ms = std::env::var("GPUFIT_HISTORY_BUSY_TIMEOUT_MS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(5_000);
         SqliteOptions {
-            busy_timeout: Duration::from_millis(ms),
+            busy_timeout: Duration::from_millis(DEFAULT_BUSY_TIMEOUT_MS),
         }
     }
 }
@@ -85,7 +88,7 @@ impl SqliteStore {
     /// this user may read but not write (or whose directory it cannot write,
     /// which WAL mode needs) is opened read-only.
     pub fn open_with(path: &Path, opts: SqliteOptions) -> Result<Self, HistoryError> {
-        match Self::open_read_write(path, opts.clone()) {
+        match Self::open_read_write(path, opts) {
             Ok(s) => Ok(s),
             Err(e) if path.is_file() && is_access_error(&e) => Self::open_read_only(path, opts)
                 .map_err(|ro| {

@@ -4,10 +4,10 @@
 
 use crate::core::advisor::{AdvisorError, Strategy, StrategyTargets, Suggestion};
 use crate::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
-use crate::core::request::{ModelRequest, Naming, ResolveError, WorkloadRequest};
+use crate::core::request::{ModelRequest, WorkloadError, WorkloadRequest};
 use crate::core::workload::Workload;
 use crate::history::{HistoryError, HistoryStore};
-use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
+use crate::wire::api::{GpuRef, JsonNames, SuggestRequest, WorkloadSpec};
 
 use super::pipeline::{Ask, Pipeline, PipelineError};
 
@@ -17,8 +17,8 @@ use super::pipeline::{Ask, Pipeline, PipelineError};
 pub enum SuggestError {
     /// The workload does not resolve; the message names the JSON field
     /// (`workload.lora_rank: …`).
-    #[error("{}", .0.render(Naming::Json))]
-    Workload(#[source] ResolveError),
+    #[error("{}", .0.render(&JsonNames))]
+    Workload(#[source] WorkloadError),
     /// `gpu` is unknown or has no memory.
     #[error("{0}")]
     Gpu(String),
@@ -42,9 +42,11 @@ pub fn canonical_model(name: &str) -> String {
 }
 
 /// A wire workload as a request for the core's one resolver.
-pub fn request_from_wire(spec: &WorkloadSpec) -> WorkloadRequest {
-    WorkloadRequest {
-        model: Some(ModelRequest::Catalog(spec.model.clone())),
+pub fn request_from_wire(spec: &WorkloadSpec) -> Result<WorkloadRequest, WorkloadError> {
+    // An empty `model` is an unset one when the numbers give the model.
+    let named = !(spec.model.trim().is_empty() && spec.architecture.is_some());
+    Ok(WorkloadRequest {
+        model: ModelRequest::one_of(named.then(|| spec.model.clone()), spec.architecture.clone())?,
         method: spec.method,
         lora_rank: spec.lora_rank,
         lora_targets: spec.lora_targets.clone(),
@@ -55,7 +57,7 @@ pub fn request_from_wire(spec: &WorkloadSpec) -> WorkloadRequest {
         sharding: spec.sharding,
         framework: spec.framework,
         attention: spec.attention,
-    }
+    })
 }
 
 /// Resolves a wire workload with the core's one resolver (docs/design.md,
@@ -63,7 +65,7 @@ pub fn request_from_wire(spec: &WorkloadSpec) -> WorkloadRequest {
 /// and the webhook.
 pub fn resolve_workload(spec: &WorkloadSpec) -> Result<Workload, SuggestError> {
     request_from_wire(spec)
-        .resolve()
+        .and_then(|r| r.resolve())
         .map_err(SuggestError::Workload)
 }
 

@@ -364,13 +364,13 @@ fn ask_suggestion(
             }
         }
         Backend::Local(history) => {
-            let store = crate::history::open(history)
+            let store = crate::history::open_with(history, settings.history_sqlite)
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
             crate::service::suggest_blocking(store.as_ref(), StrategyTargets::default(), req)
                 .map_err(|e| match e {
                     // Name the field as the job set it: GPUFIT_LORA_RANK.
                     crate::service::SuggestError::Workload(r) => {
-                        SlurmError::Job(r.render(crate::core::request::Naming::SlurmEnv))
+                        SlurmError::Job(r.render(&crate::slurm::plan::SlurmEnvNames))
                     }
                     other => SlurmError::Service(format!("local suggestion: {other}")),
                 })
@@ -670,7 +670,7 @@ fn record_run(settings: &HookSettings, run: &RunRecord) -> Result<(), SlurmError
             }
         }
         Backend::Local(history) => {
-            let store = crate::history::open(history)
+            let store = crate::history::open_with(history, settings.history_sqlite)
                 .map_err(|e| SlurmError::Service(format!("local history: {e}")))?;
             let mut run = run.clone();
             run.model = crate::service::canonical_model(&run.model);

@@ -27,7 +27,10 @@ use super::SlurmError;
 use crate::core::advisor::{Strategy, Suggestion};
 use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, Pins};
-use crate::core::workload::{Attention, Framework, LoraTarget, Method, Optimizer, Sharding};
+use crate::core::workload::{
+    Attention, FieldNames, Framework, LoraTarget, Method, Optimizer, Sharding, WorkloadField,
+};
+use crate::history::sqlite::{SqliteOptions, BUSY_TIMEOUT_ENV, DEFAULT_BUSY_TIMEOUT_MS};
 use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
 
 /// A hook's environment (name → value).
@@ -105,6 +108,8 @@ pub struct HookSettings {
     pub strategy: Strategy,
     /// Total TaskProlog budget.
     pub timeout: Duration,
+    /// SQLite options of a local history (`GPUFIT_HISTORY_BUSY_TIMEOUT_MS`).
+    pub history_sqlite: SqliteOptions,
 }
 
 impl HookSettings {
@@ -135,14 +140,9 @@ impl HookSettings {
                 .map_err(|e: String| SlurmError::Job(format!("GPUFIT_STRATEGY: {e}")))?,
             None => Strategy::Balanced,
         };
-        let timeout_ms = match non_empty(env.get("GPUFIT_TIMEOUT_MS")) {
-            Some(v) => v.trim().parse::<u64>().map_err(|_| {
-                SlurmError::Job(format!(
-                    "GPUFIT_TIMEOUT_MS=`{v}` is not a number of milliseconds"
-                ))
-            })?,
-            None => file.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-        };
+        let timeout_ms = millis(env, "GPUFIT_TIMEOUT_MS")?
+            .unwrap_or_else(|| file.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS));
+        let busy_ms = millis(env, BUSY_TIMEOUT_ENV)?.unwrap_or(DEFAULT_BUSY_TIMEOUT_MS);
         Ok(HookSettings {
             backend,
             sidecar_url: pick("GPUFIT_SIDECAR_URL", &file.sidecar_url)
@@ -156,8 +156,37 @@ impl HookSettings {
                 .or_else(|| non_empty(env.get("SLURM_CLUSTER_NAME"))),
             strategy,
             timeout: Duration::from_millis(timeout_ms.clamp(100, MAX_TIMEOUT_MS)),
+            history_sqlite: SqliteOptions {
+                busy_timeout: Duration::from_millis(busy_ms),
+            },
         })
     }
+}
+
+/// The Slurm hooks' names for the workload's fields: the job's
+/// `GPUFIT_*` variables (`GPUFIT_LORA_RANK`, `GPUFIT_ZERO`). A job names
+/// catalog models only, so the architecture numbers are its `GPUFIT_MODEL`.
+pub struct SlurmEnvNames;
+
+impl FieldNames for SlurmEnvNames {
+    fn name(&self, field: WorkloadField) -> String {
+        match field {
+            WorkloadField::Sharding => "GPUFIT_ZERO".into(),
+            f if f.domain_name().starts_with("architecture.") => "GPUFIT_MODEL".into(),
+            f => format!("GPUFIT_{}", f.domain_name().to_ascii_uppercase()),
+        }
+    }
+}
+
+/// A number of milliseconds from the environment, if set.
+fn millis(env: &Env, var: &str) -> Result<Option<u64>, SlurmError> {
+    non_empty(env.get(var))
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                SlurmError::Job(format!("{var}=`{v}` is not a number of milliseconds"))
+            })
+        })
+        .transpose()
 }
 
 fn non_empty(v: Option<&String>) -> Option<String> {
@@ -409,6 +438,7 @@ fn workload_spec(
     let sharding = parse_with(fields, "zero", |s| s.parse::<Sharding>())?;
     Ok(WorkloadSpec {
         model,
+        architecture: None,
         method: parse_with(fields, "method", |s| s.parse::<Method>())?,
         lora_rank: parse_num(fields, "lora_rank")?,
         lora_targets: parse_with(fields, "lora_targets", LoraTarget::parse_list)?,

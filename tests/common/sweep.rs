@@ -12,7 +12,7 @@ use gpufit::core::catalog::{all_gpus, all_models, GpuSpec};
 use gpufit::core::memory::{default_lora_targets, estimate};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
 use gpufit::core::workload::{
-    Attention, Framework, LoraConfig, Method, Optimizer, Sharding, Workload,
+    Attention, Framework, LoraConfig, Method, ModelArch, Optimizer, Sharding, Workload,
 };
 
 /// GPUs of the sweep: every memory class and both precision generations.
@@ -136,21 +136,7 @@ pub fn sweep(models: Option<usize>) -> Counts {
             for &framework in FRAMEWORKS {
                 for &seq in SEQS {
                     for &global_batch in GLOBAL_BATCHES {
-                        let w = Workload {
-                            model: arch.clone(),
-                            method,
-                            lora: (method != Method::Full).then(|| LoraConfig {
-                                rank: 16,
-                                targets: default_lora_targets(framework),
-                            }),
-                            seq_len: seq,
-                            optimizer: Optimizer::Adamw,
-                            global_batch,
-                            gpus: 1,
-                            sharding: Sharding::None,
-                            framework,
-                            attention: Attention::Sdpa,
-                        };
+                        let w = one_gpu_workload(arch, method, framework, seq, global_batch);
                         if w.validate().is_err() {
                             continue;
                         }
@@ -267,5 +253,31 @@ fn check(c: &mut Counts, w: &Workload, gpu: &GpuSpec, targets: &StrategyTargets,
     if ms.len() == 3 && ms.iter().all(|&m| m > 0) && !(ms[0] <= ms[1] && ms[1] <= ms[2]) {
         c.not_monotone += 1;
         c.note("monotone", &format!("{ctx}: {ms:?}"));
+    }
+}
+
+/// A one-GPU AdamW workload (LoRA rank 16 on the framework's default
+/// targets for adapter methods, SDPA attention).
+pub fn one_gpu_workload(
+    arch: &ModelArch,
+    method: Method,
+    framework: Framework,
+    seq: u32,
+    global_batch: Option<u32>,
+) -> Workload {
+    Workload {
+        model: arch.clone(),
+        method,
+        lora: (method != Method::Full).then(|| LoraConfig {
+            rank: 16,
+            targets: default_lora_targets(framework),
+        }),
+        seq_len: seq,
+        optimizer: Optimizer::Adamw,
+        global_batch,
+        gpus: 1,
+        sharding: Sharding::None,
+        framework,
+        attention: Attention::Sdpa,
     }
 }

@@ -27,9 +27,8 @@ use super::super::inject;
 use super::super::metrics::Via;
 use super::super::reconcile::MODE_KEY;
 use super::super::validate::check_pins;
-use super::annotations::{denied, input_annotations, parse_annotations, Denied};
+use super::annotations::{denied, denied_workload, input_annotations, parse_annotations, Denied};
 use super::{HistoryCache, WebhookState};
-use crate::core::request::Naming;
 
 /// Answers one AdmissionReview (JSON bytes as the API server sends them).
 pub fn review(body: &[u8], state: &WebhookState) -> AdmissionReview<DynamicObject> {
@@ -151,9 +150,7 @@ fn decide(
     let (request, strategy, mode, pins, gpu_name) =
         parse_annotations(&inputs, default_gpus(original, &templates))?;
     // The core's one resolver, the field named as its annotation.
-    let workload = request
-        .resolve()
-        .map_err(|e| Denied(format!("gpufit: {}", e.render(Naming::Annotation))))?;
+    let workload = request.resolve().map_err(|e| denied_workload(&e))?;
     check_pins(&pins, &workload, "gpufit.io/pins").map_err(|e| Denied(format!("gpufit: {e}")))?;
     let mode = match mode {
         Some(m) => m,

@@ -6,18 +6,20 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use crate::core::advisor::Strategy;
-use crate::core::request::{ModelRequest, Naming, WorkloadRequest};
+use crate::core::request::{ArchNumbers, ModelRequest, WorkloadRequest};
 use crate::core::settings::Pins;
 use crate::core::workload::{
-    Attention, Framework, LoraTarget, Method, Optimizer, Sharding, Workload,
+    Attention, FieldNames, Framework, LoraTarget, Method, Optimizer, Sharding, Workload,
+    WorkloadError, WorkloadField,
 };
 
 use super::super::crd::Mode;
 use super::super::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
 
 /// The input annotations, without the `gpufit.io/` prefix.
-pub(super) const INPUT_KEYS: [&str; 16] = [
+pub(super) const INPUT_KEYS: [&str; 17] = [
     "model",
+    "architecture",
     "seq-len",
     "method",
     "lora-rank",
@@ -41,6 +43,24 @@ pub(super) struct Denied(pub(super) String);
 
 pub(super) fn denied(key: &str, msg: impl std::fmt::Display) -> Denied {
     Denied(format!("gpufit: annotation {key}: {msg}"))
+}
+
+/// The annotations' names for the workload's fields: `gpufit.io/seq-len`;
+/// a number of `gpufit.io/architecture` by its key there.
+pub struct AnnotationNames;
+
+impl FieldNames for AnnotationNames {
+    fn name(&self, field: WorkloadField) -> String {
+        match field.domain_name().strip_prefix("architecture.") {
+            Some(key) => format!("gpufit.io/architecture: {key}"),
+            None => format!("gpufit.io/{}", field.domain_name().replace('_', "-")),
+        }
+    }
+}
+
+/// A workload the core refused, denied naming the annotation at fault.
+pub(super) fn denied_workload(e: &WorkloadError) -> Denied {
+    Denied(format!("gpufit: {}", e.render(&AnnotationNames)))
 }
 
 /// The `gpufit.io/` input annotations (prefix removed), or None when the
@@ -79,10 +99,10 @@ pub(super) fn input_annotations(
             ));
         }
     }
-    if !inputs.contains_key("model") {
+    if !inputs.contains_key("model") && !inputs.contains_key("architecture") {
         return Err(denied(
             "gpufit.io/model",
-            "missing: other gpufit.io annotations are set, so name the model (e.g. meta-llama/Llama-3.1-8B) to opt in, or remove them",
+            "missing: other gpufit.io annotations are set, so name the model (e.g. meta-llama/Llama-3.1-8B, or its numbers in gpufit.io/architecture) to opt in, or remove them",
         ));
     }
 
@@ -136,10 +156,14 @@ pub(super) fn parse_annotations(
         .get("lora-targets")
         .map(|v| LoraTarget::parse_list(v).map_err(|e| denied("gpufit.io/lora-targets", e)))
         .transpose()?;
+    let architecture = a
+        .get("architecture")
+        .map(|v| parse_architecture(v))
+        .transpose()?;
+    let model = ModelRequest::one_of(a.get("model").map(|s| s.trim().to_string()), architecture)
+        .map_err(|e| denied_workload(&e))?;
     let request = WorkloadRequest {
-        model: a
-            .get("model")
-            .map(|s| ModelRequest::Catalog(s.trim().to_string())),
+        model,
         method: parsed::<Method>(a, "method")?,
         lora_rank: num(a, "lora-rank")?,
         lora_targets,
@@ -177,35 +201,54 @@ pub fn workload_from_annotations(
     request
         .resolve()
         .map(Some)
-        .map_err(|e| format!("gpufit: {}", e.render(Naming::Annotation)))
+        .map_err(|e| denied_workload(&e).0)
+}
+
+/// `name=tiny-gpt,params=124000000,hidden_size=768,layers=12,heads=12,vocab_size=50257`
+/// (and `kv_heads`, `intermediate_size`, `tied_embeddings`, `max_seq_len`):
+/// the model by its numbers, the keys of a JSON request's `architecture`.
+/// Only the syntax is read here; the core's resolver checks the numbers.
+pub(super) fn parse_architecture(s: &str) -> Result<ArchNumbers, Denied> {
+    let key = "gpufit.io/architecture";
+    let mut n = ArchNumbers::default();
+    for (k, v) in key_values(key, s)? {
+        match k {
+            "name" => n.name = Some(v.to_string()),
+            "params" => n.params = Some(whole(key, k, v)?),
+            "hidden_size" => n.hidden_size = Some(whole(key, k, v)?),
+            "layers" => n.layers = Some(whole(key, k, v)?),
+            "heads" => n.heads = Some(whole(key, k, v)?),
+            "kv_heads" => n.kv_heads = Some(whole(key, k, v)?),
+            "intermediate_size" => n.intermediate_size = Some(whole(key, k, v)?),
+            "vocab_size" => n.vocab_size = Some(whole(key, k, v)?),
+            "max_seq_len" => n.max_seq_len = Some(whole(key, k, v)?),
+            "tied_embeddings" => n.tied_embeddings = Some(boolean(key, k, v)?),
+            other => {
+                return Err(denied(
+                    key,
+                    format!("`{other}` is not an architecture number: use name, params, hidden_size, layers, heads, kv_heads, intermediate_size, vocab_size, tied_embeddings or max_seq_len"),
+                ))
+            }
+        }
+    }
+    Ok(n)
 }
 
 /// `micro_batch_size=4,dtype=bf16,activation_checkpointing=true,…`
 pub(super) fn parse_pins(s: &str) -> Result<Pins, Denied> {
     let key = "gpufit.io/pins";
     let mut p = Pins::default();
-    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let Some((k, v)) = item.split_once('=') else {
-            return Err(denied(key, format!("`{item}` is not name=value")));
-        };
-        let (k, v) = (k.trim(), v.trim());
-        let int = |v: &str| {
-            v.parse::<u32>()
-                .map_err(|_| denied(key, format!("{k}: `{v}` is not a whole number")))
-        };
-        let boolean = |v: &str| match v.to_ascii_lowercase().as_str() {
-            "true" | "on" | "1" | "yes" => Ok(true),
-            "false" | "off" | "0" | "no" => Ok(false),
-            _ => Err(denied(key, format!("{k}: `{v}` is not true or false"))),
-        };
+    for (k, v) in key_values(key, s)? {
         match k {
-            "micro_batch_size" => p.micro_batch_size = Some(int(v)?),
-            "gradient_accumulation_steps" => p.gradient_accumulation_steps = Some(int(v)?),
+            "micro_batch_size" => p.micro_batch_size = Some(whole(key, k, v)?),
+            "gradient_accumulation_steps" => {
+                p.gradient_accumulation_steps = Some(whole(key, k, v)?)
+            }
             "dtype" => p.dtype = Some(v.parse().map_err(|e: String| denied(key, e))?),
-            "activation_checkpointing" => p.activation_checkpointing = Some(boolean(v)?),
-            "activation_offloading" => p.activation_offloading = Some(boolean(v)?),
-            "compile" => p.compile = Some(boolean(v)?),
-            "num_workers" => p.num_workers = Some(int(v)?),
+            "activation_checkpointing" => p.activation_checkpointing = Some(boolean(key, k, v)?),
+            "activation_offloading" => p.activation_offloading = Some(boolean(key, k, v)?),
+            "compile" => p.compile = Some(boolean(key, k, v)?),
+            "num_workers" => p.num_workers = Some(whole(key, k, v)?),
             other => {
                 return Err(denied(
                     key,
@@ -215,6 +258,34 @@ pub(super) fn parse_pins(s: &str) -> Result<Pins, Denied> {
         }
     }
     Ok(p)
+}
+
+/// The `name=value` pairs of a comma list (annotation `key`).
+fn key_values<'a>(key: &str, s: &'a str) -> Result<Vec<(&'a str, &'a str)>, Denied> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .map(|item| {
+            item.split_once('=')
+                .map(|(k, v)| (k.trim(), v.trim()))
+                .ok_or_else(|| denied(key, format!("`{item}` is not name=value")))
+        })
+        .collect()
+}
+
+/// A whole number `v` of pair `k` in annotation `key`.
+fn whole<T: FromStr>(key: &str, k: &str, v: &str) -> Result<T, Denied> {
+    v.parse()
+        .map_err(|_| denied(key, format!("{k}: `{v}` is not a whole number")))
+}
+
+/// A switch `v` of pair `k` in annotation `key`.
+fn boolean(key: &str, k: &str, v: &str) -> Result<bool, Denied> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "on" | "1" | "yes" => Ok(true),
+        "false" | "off" | "0" | "no" => Ok(false),
+        _ => Err(denied(key, format!("{k}: `{v}` is not true or false"))),
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Mutating admission webhook (HTTPS, `POST /mutate`) for teams that do not
 //! want a new resource: a `batch/v1` Job or a Kubeflow `PyTorchJob` that opts
-//! in with the `gpufit.io/model` annotation gets the same injection as a
+//! in with the `gpufit.io/model` (or `gpufit.io/architecture`) annotation gets the same injection as a
 //! TrainingJob's Job ([`super::inject`]), in every pod template (every rank).
 //!
 //! - Objects without `gpufit.io/…` input annotations are allowed untouched.
@@ -15,7 +15,8 @@
 //!
 //! | annotation                 | meaning                                         |
 //! |----------------------------|-------------------------------------------------|
-//! | `gpufit.io/model`          | catalog model id (opts in; required)            |
+//! | `gpufit.io/model`          | catalog model id (opts in; this or the next)    |
+//! | `gpufit.io/architecture`   | the model by numbers: `name=…,params=…,hidden_size=…,layers=…,heads=…,vocab_size=…` (and `kv_heads`, `intermediate_size`, `tied_embeddings`, `max_seq_len`) |
 //! | `gpufit.io/seq-len`        | sequence length (required)                      |
 //! | `gpufit.io/method`         | full, lora, qlora                               |
 //! | `gpufit.io/lora-rank`      | LoRA rank                                       |

@@ -8,6 +8,130 @@ use crate::core::settings::Dtype;
 use crate::core::units::to_gib;
 use crate::core::workload::{LoraConfig, LoraTarget, Method, Optimizer, Sharding, Workload};
 
+/// A change to the job that would make micro batch 1 fit, in domain terms;
+/// each path says how to make it in its own words ([`ChangeNames`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Change {
+    /// Pure bf16 weights with checkpointing: `dtype_pinned` when the user
+    /// pinned another dtype (else the pure-bf16 switch kept them out).
+    PureBf16 {
+        dtype_pinned: bool,
+    },
+    Checkpointing,
+    /// Checkpointing plus activation offloading to CPU memory.
+    Offloading,
+    /// 8-bit AdamW with checkpointing.
+    Optimizer8bit,
+    /// QLoRA at this rank with checkpointing.
+    Qlora {
+        rank: u32,
+    },
+    /// ZeRO-3 / FSDP over this many GPUs with checkpointing.
+    Zero3 {
+        gpus: u32,
+    },
+}
+
+/// How a path tells a user to make a [`Change`] (the command line's flags,
+/// the spec's fields).
+pub trait ChangeNames {
+    fn how(&self, change: Change) -> String;
+}
+
+/// The domain's words: the fields and values that change.
+pub struct DomainChanges;
+
+impl ChangeNames for DomainChanges {
+    fn how(&self, change: Change) -> String {
+        match change {
+            Change::PureBf16 { dtype_pinned: true } => "dtype bf16".into(),
+            Change::PureBf16 {
+                dtype_pinned: false,
+            } => "pure_bf16 allowed".into(),
+            Change::Checkpointing => "activation_checkpointing true".into(),
+            Change::Offloading => "activation_offloading true".into(),
+            Change::Optimizer8bit => "optimizer adamw8bit".into(),
+            Change::Qlora { rank } => format!("method qlora, lora_rank {rank}"),
+            Change::Zero3 { gpus } => format!("sharding zero3, gpus {gpus}"),
+        }
+    }
+}
+
+/// One line of "what would fit".
+#[derive(Debug, Clone, PartialEq)]
+pub enum Alternative {
+    /// A change that fits the card, with its predicted peak at micro batch 1
+    /// and the strategy whose target it is above, if any.
+    Fits {
+        change: Change,
+        peak_gib: f64,
+        capacity_gib: f64,
+        above_target: Option<Strategy>,
+    },
+    /// Micro batch 1 already ran out of memory on this GPU.
+    OomAtOne { gpu: String },
+    /// None of the changes brings micro batch 1 under the card's memory.
+    NothingFits { capacity_gib: f64 },
+    /// A caller's own finding, already in its words.
+    Note(String),
+}
+
+impl Alternative {
+    /// The line, each change said with `names`.
+    pub fn render(&self, names: &dyn ChangeNames) -> String {
+        match self {
+            Alternative::Fits {
+                change,
+                peak_gib,
+                capacity_gib,
+                above_target,
+            } => {
+                let how = names.how(*change);
+                let what = match change {
+                    Change::PureBf16 { .. } => format!("pure bf16 weights ({how}) with checkpointing"),
+                    Change::Checkpointing => format!("activation checkpointing ({how})"),
+                    Change::Offloading => format!(
+                        "activation checkpointing plus activation offloading to CPU memory ({how})"
+                    ),
+                    Change::Optimizer8bit => {
+                        format!("an 8-bit optimizer ({how}) with checkpointing")
+                    }
+                    Change::Qlora { .. } => format!("QLoRA ({how}) with checkpointing"),
+                    Change::Zero3 { gpus } => {
+                        format!("ZeRO-3/FSDP over {gpus} GPUs ({how}) with checkpointing")
+                    }
+                };
+                let note = above_target
+                    .map(|s| format!(", above the {s} target"))
+                    .unwrap_or_default();
+                format!("{what} ({peak_gib:.1} GiB of {capacity_gib:.1} GiB at micro batch 1{note})")
+            }
+            Alternative::OomAtOne { gpu } => {
+                format!("micro batch 1 already ran out of memory on {gpu} with these settings")
+            }
+            Alternative::NothingFits { capacity_gib } => format!(
+                "none of pure bf16, checkpointing, offloading, an 8-bit optimizer, QLoRA or ZeRO-3 over up to 64 GPUs brings micro batch 1 under the {capacity_gib:.1} GiB of the card: use a GPU with more memory"
+            ),
+            Alternative::Note(text) => text.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for Alternative {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render(&DomainChanges))
+    }
+}
+
+/// The alternatives as one sentence, each change said with `names`.
+pub fn render_alternatives(alternatives: &[Alternative], names: &dyn ChangeNames) -> String {
+    alternatives
+        .iter()
+        .map(|a| a.render(names))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 impl Ctx<'_> {
     /// The error for "not even micro batch 1 fits", with what would.
     pub(super) fn does_not_fit(&self, s: Strategy) -> Result<AdvisorError, AdvisorError> {
@@ -46,34 +170,26 @@ impl Ctx<'_> {
         };
         let mut alternatives = Vec::new();
         if oom_at_one {
-            alternatives.push(format!(
-                "micro batch 1 already ran out of memory on {} with these settings",
-                self.gpu_name()
-            ));
+            alternatives.push(Alternative::OomAtOne {
+                gpu: self.gpu_name().to_string(),
+            });
         }
-        let mut offer = |what: String, p: f64| {
+        let mut offer = |change: Change, p: f64| {
             if p <= self.capacity {
-                let note = if p > budget {
-                    format!(", above the {s} target")
-                } else {
-                    String::new()
-                };
-                alternatives.push(format!(
-                    "{what} ({:.1} GiB of {:.1} GiB at micro batch 1{note})",
-                    to_gib(p as u64),
-                    to_gib(self.capacity as u64)
-                ));
+                alternatives.push(Alternative::Fits {
+                    change,
+                    peak_gib: to_gib(p as u64),
+                    capacity_gib: to_gib(self.capacity as u64),
+                    above_target: (p > budget).then_some(s),
+                });
             }
         };
         // Precision: pure bf16 weights where the pins or the switch kept them out.
         if self.req.gpu.bf16 && !dtypes.contains(&Dtype::Bf16) {
-            let how = if self.req.pins.dtype.is_some() {
-                "--dtype bf16"
-            } else {
-                "--pure-bf16 allow"
-            };
             offer(
-                format!("pure bf16 weights ({how}) with checkpointing"),
+                Change::PureBf16 {
+                    dtype_pinned: self.req.pins.dtype.is_some(),
+                },
                 at_one(
                     self.w,
                     Cand {
@@ -84,15 +200,11 @@ impl Ctx<'_> {
             );
         }
         if !base.ckpt {
-            offer(
-                "activation checkpointing (--checkpointing on)".into(),
-                at_one(self.w, ckpt)?,
-            );
+            offer(Change::Checkpointing, at_one(self.w, ckpt)?);
         }
         if !base.offload {
             offer(
-                "activation checkpointing plus activation offloading to CPU memory (--offloading on)"
-                    .into(),
+                Change::Offloading,
                 at_one(
                     self.w,
                     Cand {
@@ -107,10 +219,7 @@ impl Ctx<'_> {
                 optimizer: Optimizer::Adamw8bit,
                 ..self.w.clone()
             };
-            offer(
-                "an 8-bit optimizer (--optimizer adamw8bit) with checkpointing".into(),
-                at_one(&w8, ckpt)?,
-            );
+            offer(Change::Optimizer8bit, at_one(&w8, ckpt)?);
         }
         if self.w.method != Method::Qlora {
             let lora = self.w.lora.clone().unwrap_or(LoraConfig {
@@ -133,10 +242,7 @@ impl Ctx<'_> {
                 ..ckpt
             };
             if q.validate().is_ok() {
-                offer(
-                    format!("QLoRA (--method qlora --lora-rank {rank}) with checkpointing"),
-                    at_one(&q, qc)?,
-                );
+                offer(Change::Qlora { rank }, at_one(&q, qc)?);
             }
         }
         if !matches!(self.w.sharding, Sharding::Zero3 | Sharding::Fsdp) || self.w.gpus < 64 {
@@ -155,21 +261,15 @@ impl Ctx<'_> {
                 }
                 let p = at_one(&z, ckpt)?;
                 if p <= self.capacity {
-                    offer(
-                        format!(
-                            "ZeRO-3/FSDP over {n} GPUs (--zero 3 --gpus {n}) with checkpointing"
-                        ),
-                        p,
-                    );
+                    offer(Change::Zero3 { gpus: n }, p);
                     break;
                 }
             }
         }
         if alternatives.len() == usize::from(oom_at_one) {
-            alternatives.push(format!(
-                "none of pure bf16, checkpointing, offloading, an 8-bit optimizer, QLoRA or ZeRO-3 over up to 64 GPUs brings micro batch 1 under the {:.1} GiB of the card: use a GPU with more memory",
-                to_gib(self.capacity as u64)
-            ));
+            alternatives.push(Alternative::NothingFits {
+                capacity_gib: to_gib(self.capacity as u64),
+            });
         }
         Ok(AdvisorError::DoesNotFit {
             model: self.w.model.name.clone(),

@@ -1,8 +1,10 @@
 //! Step 2: judge one candidate for one strategy — its largest micro batch
 //! whose pessimistic prediction meets the strategy's target, never at or
-//! above an OOM of the same settings, never predicted above the card.
+//! above an OOM of the same settings (or of settings that only save memory
+//! on top of them), never beyond a batch of them measured at or above the
+//! target, never predicted above the card.
 
-use super::predict::Predictor;
+use super::predict::{saves_at_least, Predictor};
 use super::speed::Speed;
 use super::{AdvisorError, Cand, Ctx, Strategy};
 use crate::core::learner::{self, Correction};
@@ -72,15 +74,14 @@ impl<'a> Ctx<'a> {
             .collect()
     }
 
-    /// Largest eligible micro batch below `oom_min` whose pessimistic
+    /// Largest eligible micro batch up to `limit` whose pessimistic
     /// prediction is within `budget`; 0 when none is.
     fn largest_under(
         &self,
         p: &Predictor<'_, '_>,
         budget: f64,
-        oom_min: Option<u32>,
+        limit: u32,
     ) -> Result<u32, AdvisorError> {
-        let limit = oom_min.map_or(self.cap(), |o| self.cap().min(o.saturating_sub(1)));
         if limit == 0 {
             return Ok(0);
         }
@@ -120,9 +121,29 @@ impl<'a> Ctx<'a> {
     ) -> Result<Option<Eval<'c, 'a>>, AdvisorError> {
         let runs = self.exact_runs(c);
         let pred = self.predictor(self.w, c, &runs)?;
-        let oom_min = learner::smallest_oom(&runs);
+        // OOMs of these settings, or of settings that only save memory on
+        // top of them, bound the batch; an untried compile is planned to
+        // fit uncompiled too, so the uncompiled OOMs bound it as well.
+        let bound = Cand {
+            compile: c.compile && !pred.compile_untried,
+            ..c
+        };
+        let bounding: Vec<&RunRecord> = self
+            .key_runs
+            .iter()
+            .copied()
+            .filter(|r| saves_at_least(r, bound))
+            .collect();
+        let oom_min = learner::smallest_oom(&bounding);
+        // A success proves these settings fit only where it needed at least
+        // as much memory: a compiled run says nothing about uncompiled.
+        let fitted: Vec<&RunRecord> = runs
+            .iter()
+            .copied()
+            .filter(|r| !r.settings.compile || c.compile)
+            .collect();
         let largest_success =
-            learner::largest_success(&runs).filter(|&m| oom_min.is_none_or(|o| m < o));
+            learner::largest_success(&fitted).filter(|&m| oom_min.is_none_or(|o| m < o));
         let successes = runs.iter().filter(|r| r.result.success).count();
         let evidence = if pred.correction.is_some() {
             Evidence::Memory
@@ -139,20 +160,27 @@ impl<'a> Ctx<'a> {
         let budget = self.target(s) * self.capacity;
         let mut warnings = Vec::new();
 
+        // Below the smallest OOM, and never beyond a batch of these settings
+        // measured at or above the target.
+        let limit = oom_min
+            .map_or(self.cap(), |o| self.cap().min(o.saturating_sub(1)))
+            .min(pred.measured_over(budget).unwrap_or(u32::MAX));
         let (m, meets_target) = if let Some(pm) = self.req.pins.micro_batch_size {
             (pm, pred.best(pm)? <= budget)
         } else {
-            let mut m = self.largest_under(&pred, budget, oom_min)?;
+            let mut m = self.largest_under(&pred, budget, limit)?;
             // No room beyond the largest measured batch under the
             // pessimistic prediction: that batch again would teach nothing.
-            // The next batch, if the best prediction meets the target, gives
-            // the point that settles it.
+            // The next batch, if the best prediction meets the target and
+            // the pessimistic one fits the card with the run-to-run noise,
+            // gives the point that settles it.
             if let Some(corr) = pred.correction {
                 let m1 = corr.max_measured_batch;
                 if m <= m1 {
-                    let next = ((m1 + 1)..=self.cap()).find(|&x| self.eligible(x));
+                    let next = ((m1 + 1)..=limit).find(|&x| self.eligible(x));
                     if let Some(n) = next {
-                        if oom_min.is_none_or(|o| n < o) && pred.best(n)? <= budget {
+                        let worst = pred.plan(n)? * (1.0 + learner::PEAK_NOISE);
+                        if pred.best(n)? <= budget && worst <= self.capacity {
                             m = n;
                         }
                     }
@@ -165,10 +193,12 @@ impl<'a> Ctx<'a> {
                 m = 1;
             }
             // Balanced and aggressive never go below what already ran with
-            // these settings (it is measured to fit).
+            // these settings (it is measured to fit), unless it was measured
+            // at or above the target and a smaller batch meets it.
             if s != Strategy::Conservative {
                 if let Some(ls) = largest_success {
-                    if ls > m && ls <= self.cap() && self.eligible(ls) {
+                    let measured_over = pred.floor(ls) >= budget;
+                    if ls > m && ls <= limit && self.eligible(ls) && !(meets && measured_over) {
                         let p = pred.best(ls)?;
                         if p <= self.capacity {
                             m = ls;

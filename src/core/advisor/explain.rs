@@ -44,6 +44,20 @@ impl<'a> Ctx<'a> {
                         c.scale
                     ),
                 };
+                // Beyond a single measured batch the batch was chosen with
+                // the worst split of the measured error: say so, in numbers.
+                let how = match e.pred.split {
+                    Some(sp) if c.kind != CorrectionKind::ResidualLine && e.m > mm => {
+                        let planned = e.pred.plan(e.m).unwrap_or(e.predicted);
+                        format!(
+                            "{how}, planned beyond it for the worst split of the measured error between fixed part and per-sample part (fixed part ×{:.2}, per sample ×{:.2} of the model: {:.1} GiB),",
+                            sp.fixed,
+                            sp.slope,
+                            to_gib(planned as u64)
+                        )
+                    }
+                    _ => how,
+                };
                 let outliers = if c.outliers > 0 {
                     format!(
                         " ({} measurement{} left out: inconsistent with the others, or the allocator's cache filling the card)",

@@ -2,16 +2,19 @@
 //! memory model's estimate for exactly the settings that would be suggested
 //! (that micro batch, the accumulation it implies, every phase of the step),
 //! corrected by the runs measured with those settings and bounded by their
-//! OOMs. The search for a micro batch, the hard rules and the printed
-//! `predicted_peak_bytes` all use this one prediction.
+//! OOMs, and never below a peak measured at or under that micro batch with
+//! the same settings or with settings that only save memory on top of them
+//! (compile, checkpointing, offloading). The search for a micro batch, the
+//! hard rules and the printed `predicted_peak_bytes` all use this one
+//! prediction.
 
 use super::margin::under_prediction_margin;
 use super::{
     AdvisorError, Cand, Ctx, HEURISTIC_FIXED_MARGIN, HEURISTIC_SLOPE_MARGIN, LEAST_SQUARES_Z,
-    ONE_POINT_SPLIT_UNCERTAINTY,
+    ONE_POINT_FIXED_LOW, ONE_POINT_SLOPE_HIGH,
 };
 use super::{CACHE_FILLED_RATIO, CACHE_FILLED_SHARE};
-use crate::core::learner::{self, Correction, CorrectionKind, Measured};
+use crate::core::learner::{self, Correction, CorrectionKind, ErrorRange, Measured, Split};
 use crate::core::memory::Estimate;
 use crate::core::run::RunRecord;
 use crate::core::workload::{Framework, Workload};
@@ -27,9 +30,20 @@ pub(super) struct Predictor<'c, 'a> {
     /// peak grows by `.1` more bytes per sample than predicted, just enough
     /// that the OOM batch reaches the card's capacity.
     pub oom_tilt: Option<(u32, f64)>,
+    /// With one distinct measured batch (or a degenerate line): the worst
+    /// split of the measured error, planned with beyond that batch.
+    pub split: Option<Split>,
+    /// Measured peaks (micro batch, bytes) that bound the prediction from
+    /// below at their batch and above: runs of exactly these settings, or
+    /// of these settings with compile, checkpointing or offloading turned on
+    /// (they never need more memory than without).
+    pub floors: Vec<(u32, f64)>,
+    /// For an untried compile: the floors of the same settings uncompiled,
+    /// which its plan must fit as well (see `compile_untried`).
+    plain_floors: Vec<(u32, f64)>,
     /// A compiled candidate without compiled measurements of its own:
     /// planned to fit compiled and uncompiled.
-    compile_untried: bool,
+    pub compile_untried: bool,
 }
 
 impl<'c, 'a> Predictor<'c, 'a> {
@@ -50,10 +64,31 @@ impl<'c, 'a> Predictor<'c, 'a> {
         if let Some(c) = self.correction {
             p = c.apply(p, m);
         }
-        if let Some((from, extra)) = self.oom_tilt {
-            p += extra * m.saturating_sub(from) as f64;
-        }
-        p.max(0.0)
+        (p + self.tilt(m)).max(self.floor(m)).max(0.0)
+    }
+
+    /// The OOM tilt's extra bytes at micro batch `m`.
+    fn tilt(&self, m: u32) -> f64 {
+        self.oom_tilt
+            .map_or(0.0, |(from, extra)| extra * m.saturating_sub(from) as f64)
+    }
+
+    /// The largest peak measured at or below micro batch `m` with settings
+    /// that bound this candidate from below (0 when none).
+    pub fn floor(&self, m: u32) -> f64 {
+        floor_in(&self.floors, m)
+    }
+
+    /// The smallest micro batch of these settings (or, for an untried
+    /// compile, of them uncompiled) measured at or above `budget` bytes:
+    /// beyond it they are never suggested.
+    pub fn measured_over(&self, budget: f64) -> Option<u32> {
+        self.floors
+            .iter()
+            .chain(&self.plain_floors)
+            .filter(|&&(_, p)| p >= budget)
+            .map(|&(m, _)| m)
+            .min()
     }
 
     /// The pessimistic prediction a suggestion keeps under the target: what
@@ -74,7 +109,9 @@ impl<'c, 'a> Predictor<'c, 'a> {
         let mut s = self.cand.settings(m, self.ctx.accumulation(m));
         s.compile = false;
         let plain = self.ctx.opts.model.estimate(self.w, &s)?;
-        Ok(compiled.max(self.plan_of(&plain, m)))
+        Ok(compiled
+            .max(self.plan_of(&plain, m))
+            .max(floor_in(&self.plain_floors, m)))
     }
 
     fn plan_of(&self, e: &Estimate, m: u32) -> f64 {
@@ -83,18 +120,24 @@ impl<'c, 'a> Predictor<'c, 'a> {
             let tilt = best - e.peak_bytes as f64;
             return first_run_plan(e, self.w.framework) + tilt;
         };
-        let beyond = m.saturating_sub(c.max_measured_batch) as f64;
-        let extra_slope = match c.kind {
-            CorrectionKind::ResidualLine => LEAST_SQUARES_Z * c.r1_stderr,
-            // One batch measured: the scale is known, how the model's error
-            // splits between fixed part and slope is not. A fixed part off
-            // by u·F moves the slope by u·F / m1.
-            CorrectionKind::Scale | CorrectionKind::DegenerateFallback => {
-                ONE_POINT_SPLIT_UNCERTAINTY * c.scale * e.fixed_bytes as f64
-                    / c.max_measured_batch.max(1) as f64
+        if m <= c.max_measured_batch {
+            return best;
+        }
+        match (c.kind, self.split) {
+            // Two or more measured batches: the fitted line, with its
+            // slope's noise beyond the largest.
+            (CorrectionKind::ResidualLine, _) => {
+                let beyond = (m - c.max_measured_batch) as f64;
+                best + LEAST_SQUARES_Z * c.r1_stderr * beyond
             }
-        };
-        best + extra_slope * beyond
+            // One batch measured: the worst split of its error between the
+            // fixed and per-sample parts (see ONE_POINT_FIXED_LOW).
+            (_, Some(split)) => {
+                let worst = split.at(e.fixed_bytes as f64, e.per_sample_bytes as f64, m);
+                best.max(worst + self.tilt(m))
+            }
+            (_, None) => best,
+        }
     }
 }
 
@@ -113,6 +156,9 @@ impl<'a> Ctx<'a> {
             cand: c,
             correction: None,
             oom_tilt: None,
+            split: None,
+            floors: self.floors(w, c)?,
+            plain_floors: Vec::new(),
             compile_untried: c.compile,
         };
         if runs.is_empty() {
@@ -128,6 +174,13 @@ impl<'a> Ctx<'a> {
             .filter(same_compile)
             .any(|r| r.result.success && r.result.peak_memory_bytes.is_some());
         p.compile_untried = c.compile && !has_own;
+        if p.compile_untried {
+            let plain = Cand {
+                compile: false,
+                ..c
+            };
+            p.plain_floors = self.floors(w, plain)?;
+        }
         let learn_from: Vec<&&RunRecord> = if has_own || !c.compile {
             runs.iter().filter(same_compile).collect()
         } else {
@@ -150,6 +203,7 @@ impl<'a> Ctx<'a> {
                 micro_batch: r.settings.micro_batch_size,
                 model_bytes: e.peak_bytes as f64,
                 model_slope: e.per_sample_bytes as f64,
+                model_fixed: e.fixed_bytes as f64,
                 peak_bytes: peak as f64,
             });
         }
@@ -157,12 +211,20 @@ impl<'a> Ctx<'a> {
             outliers: c.outliers + cache_filled,
             ..c
         });
+        if p.correction
+            .is_some_and(|c| c.kind != CorrectionKind::ResidualLine)
+        {
+            p.split = learner::worst_split(&points, ONE_POINT_RANGE);
+        }
         // The smallest OOM is an upper bound: the true peak there was above
         // the card. A prediction that says otherwise is too low beyond the
         // largest measured batch below it.
+        // An uncompiled OOM says nothing about compiled settings measured on
+        // their own (compile never adds memory: bounds flow the other way).
+        let compiled_own = c.compile && !p.compile_untried;
         let oom = runs
             .iter()
-            .filter(|r| r.is_oom())
+            .filter(|r| r.is_oom() && (r.settings.compile || !compiled_own))
             .min_by_key(|r| r.settings.micro_batch_size);
         if let Some(r) = oom {
             let o = r.settings.micro_batch_size;
@@ -185,6 +247,29 @@ impl<'a> Ctx<'a> {
         Ok(p)
     }
 
+    /// The measured peaks that bound candidate `c` from below (see
+    /// [`Predictor::floors`]): successful runs of the same dtype whose
+    /// compile, checkpointing and offloading are each those of `c` or on,
+    /// at a sequence no longer than the workload's. A peak that is the
+    /// allocator's cache filling the card (see [`CACHE_FILLED_SHARE`]) is
+    /// not what the step needs and bounds nothing.
+    fn floors(&self, w: &Workload, c: Cand) -> Result<Vec<(u32, f64)>, AdvisorError> {
+        let mut out = Vec::new();
+        for r in self.key_runs.iter().filter(|r| saves_at_least(r, c)) {
+            let Some(peak) = r.result.peak_memory_bytes.filter(|_| r.result.success) else {
+                continue;
+            };
+            if r.seq_len > w.seq_len {
+                continue;
+            }
+            let e = self.model_for_record(w, r)?;
+            if !cache_filled_the_card(peak as f64, e.peak_bytes as f64, self.capacity) {
+                out.push((r.settings.micro_batch_size, peak as f64));
+            }
+        }
+        Ok(out)
+    }
+
     /// The memory model's estimate for the settings a run really used, at
     /// its own sequence length (similar runs differ by up to 10 %).
     fn model_for_record(&self, w: &Workload, r: &RunRecord) -> Result<Estimate, AdvisorError> {
@@ -201,6 +286,35 @@ impl<'a> Ctx<'a> {
         }
         Ok(self.opts.model.estimate(w, &s)?)
     }
+}
+
+/// The largest peak among `floors` measured at or below micro batch `m`.
+fn floor_in(floors: &[(u32, f64)], m: u32) -> f64 {
+    floors
+        .iter()
+        .filter(|&&(fm, _)| fm <= m)
+        .map(|&(_, p)| p)
+        .fold(0.0, f64::max)
+}
+
+/// The range of the memory model's error a single measured batch is read
+/// with (see [`ONE_POINT_FIXED_LOW`]).
+const ONE_POINT_RANGE: ErrorRange = ErrorRange {
+    fixed_low: ONE_POINT_FIXED_LOW,
+    slope_high: ONE_POINT_SLOPE_HIGH,
+};
+
+/// Whether run `r` used candidate `c`'s dtype, with each of compile,
+/// checkpointing and offloading as `c` has it or on: settings that need no
+/// more memory than `c`'s (compile measured 24–34 % less on the H100;
+/// checkpointing and offloading only take activations off the card), so
+/// its measured peak is a floor for `c` and its OOM an OOM of `c`.
+pub(super) fn saves_at_least(r: &RunRecord, c: Cand) -> bool {
+    let s = &r.settings;
+    s.dtype == c.dtype
+        && (s.compile || !c.compile)
+        && (s.activation_checkpointing || !c.ckpt)
+        && (s.activation_offloading || !c.offload)
 }
 
 /// A successful run whose measured peak filled the card far beyond what the

@@ -20,6 +20,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::{cut, num, to_bytes, LogFormat, OomInfo, ParsedLog};
+use crate::core::run::FailureReason;
 
 const SIZE: &str = r"([0-9]+(?:\.[0-9]+)?) ?(bytes|KiB|MiB|GiB|TiB)";
 
@@ -64,9 +65,48 @@ pub const MARKERS: &[&str] = &[
     "RESOURCE_EXHAUSTED: Out of memory",
 ];
 
-/// Whether a line is a GPU out-of-memory error.
+/// The markers as whole words: `OutOfMemoryError` in
+/// `torch.OutOfMemoryError:`, never inside a longer word.
+static MARKER_WORDS: LazyLock<Regex> = LazyLock::new(|| {
+    let alternatives: Vec<String> = MARKERS.iter().map(|m| regex::escape(m)).collect();
+    Regex::new(&format!(r"\b(?:{})\b", alternatives.join("|"))).expect("static regex")
+});
+
+/// What a failure reason written by a person or a tool says when it means
+/// GPU memory ran out, besides the markers: the word `OOM`, "out of
+/// memory" (`out_of_memory`), `cuda_oom`, `OutOfMemoryError` — whole words,
+/// any case. A following `kill` (group 1) is the host's OOM killer
+/// (`oom-killed`, `OOM killer`), which is host memory, not GPU memory:
+/// Kubernetes' `OOMKilled` and `oom_killed` are single words and never
+/// match at all.
+static REASON_WORDS: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:oom|out[ _-]of[ _-]memory|cuda[ _-]?oom|outofmemory(?:error)?)\b([ _-]?kill)?",
+    )
+    .expect("static regex")
+});
+
+/// Whether a line is a GPU out-of-memory error (a marker, as a whole word).
 pub fn is_oom_line(line: &str) -> bool {
-    MARKERS.iter().any(|m| line.contains(m))
+    MARKER_WORDS.is_match(line)
+}
+
+/// A failure reason as any path meets it — a stored spelling (`OOM`,
+/// `other_error`), an exception line, a termination message, free text in
+/// an imported history — read the one way every path reads it: an OOM
+/// when it is a GPU out-of-memory marker or says OOM / out of memory in
+/// whole words (so "bloom-7b crashed" is not one), else another error.
+pub fn failure_reason(text: &str) -> FailureReason {
+    if let Ok(f) = text.parse::<FailureReason>() {
+        return f;
+    }
+    let says_oom =
+        is_oom_line(text) || REASON_WORDS.captures_iter(text).any(|c| c.get(1).is_none());
+    if says_oom {
+        FailureReason::Oom
+    } else {
+        FailureReason::OtherError
+    }
 }
 
 /// The first line of `text` that is a GPU out-of-memory error.
@@ -198,6 +238,49 @@ mod tests {
             Some("CUBLAS_STATUS_ALLOC_FAILED")
         );
         assert_eq!(super::first_oom_line("loss 1.2\nexit 1\n"), None);
+    }
+
+    #[test]
+    fn failure_reasons_say_oom_in_whole_words_only() {
+        use super::failure_reason;
+        use crate::core::run::FailureReason::{Oom, OtherError};
+        for (text, want) in [
+            // The stored spellings.
+            ("OOM", Oom),
+            ("oom", Oom),
+            ("out_of_memory", Oom),
+            ("other_error", OtherError),
+            ("error", OtherError),
+            // Markers and words.
+            ("CUDA out of memory", Oom),
+            (
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                Oom,
+            ),
+            ("RuntimeError: CUDA error: out of memory", Oom),
+            ("job hit OOM at step 300", Oom),
+            ("Out of memory on rank 3", Oom),
+            ("cuda-oom", Oom),
+            // A model's name is not a failure kind.
+            ("bloom-7b crashed", OtherError),
+            ("zoom: loss went nan", OtherError),
+            ("roomy batch failed", OtherError),
+            // The host's OOM killer: host memory, not the GPU's.
+            ("oom_killed", OtherError),
+            ("OOMKilled", OtherError),
+            ("container was oom-killed", OtherError),
+            ("invoked the OOM killer", OtherError),
+            ("", OtherError),
+        ] {
+            assert_eq!(failure_reason(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn markers_inside_longer_words_are_not_ooms() {
+        assert!(super::is_oom_line("torch.OutOfMemoryError: x"));
+        assert!(!super::is_oom_line("MyOutOfMemoryErrorHandler registered"));
+        assert!(!super::is_oom_line("XCUBLAS_STATUS_ALLOC_FAILED_COUNT=0"));
     }
 
     #[test]

@@ -341,6 +341,7 @@ fn state() -> SavedDecision {
         job_id: "42".into(),
         workload: WorkloadSpec {
             model: "my-custom-model".into(),
+            architecture: None,
             method: Some(Method::Lora),
             lora_rank: Some(8),
             lora_targets: None,

@@ -262,6 +262,10 @@ pub mod api {
         pub strategy: Option<Strategy>,
         #[serde(default)]
         pub pins: Pins,
+        /// CPU cores the job has per GPU (its pod's or Slurm job's, never
+        /// the server's), for the data-loader workers; absent: unknown.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cpus_per_gpu: Option<u32>,
     }
 
     /// Body of an error response.

@@ -197,3 +197,38 @@ fn gpu_auto_without_a_gpu_is_a_clear_error_or_reads_the_gpu() {
         assert_ne!(out.status.code(), Some(101), "no panic: {t}");
     }
 }
+
+/// A MIG slice is a GPU of its own to `suggest`, in NVML's spelling, GPU
+/// Feature Discovery's label and a card alias: the same suggestion, planned
+/// for the slice's memory (4.75 GiB), with the card's bf16.
+#[test]
+fn suggest_plans_for_a_mig_slice_in_every_spelling() {
+    let env = Env::new();
+    let small = [
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--method",
+        "lora",
+        "--seq-len",
+        "512",
+    ];
+    let mut seen = Vec::new();
+    for gpu in [
+        "NVIDIA A100-SXM4-40GB MIG 1g.5gb",
+        "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+        "a100-40gb mig-1g.5gb",
+    ] {
+        let v = env.json(
+            &args(&["suggest"], &args(&small, &["--gpu", gpu, "-o", "json"])),
+            &[],
+        );
+        let peak = v["predicted_peak_bytes"].as_u64().unwrap();
+        assert!(
+            peak > 0 && (peak as f64) <= 0.85 * 4864.0 * 1048576.0,
+            "{gpu}: {peak} bytes on a 4.75 GiB slice"
+        );
+        assert!(v["dtype"].as_str().unwrap().contains("bf16"), "{v}");
+        seen.push((v["micro_batch_size"].clone(), peak));
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}

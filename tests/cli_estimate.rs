@@ -455,6 +455,13 @@ fn gpus_json_lists_objects_with_memory_and_precision() {
     assert_eq!(a100["memory_bytes"].as_u64(), Some(81920 * 1024 * 1024));
     assert_eq!(a100["bf16"], true);
     assert_eq!(a100["fp8"], false);
+    // MIG slices are listed with their own memory and the card's precision.
+    let slice = list
+        .iter()
+        .find(|g| g["name"] == "NVIDIA A100-SXM4-40GB MIG 1g.5gb")
+        .expect("the A100 40GB's 1g.5gb slice listed");
+    assert_eq!(slice["memory_bytes"].as_u64(), Some(4864 * 1024 * 1024));
+    assert_eq!(slice["bf16"], true);
 }
 
 #[test]

@@ -708,3 +708,59 @@ async fn a_kind_gpufit_cannot_configure_is_allowed_with_a_warning_but_a_bad_anno
         assert!(msg.contains("gpufit.io/seq-len"), "{msg}");
     }
 }
+
+/// A pod asking for MIG slices (`nvidia.com/mig-<profile>`, the `mixed`
+/// strategy) counts them as GPUs: 2 slices per pod × parallelism 2 are 4
+/// data-parallel ranks, so m × a × 4 = the global batch of 32.
+#[tokio::test]
+async fn mig_slices_a_pod_asks_for_count_as_its_gpus() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/gpu"] = json!("NVIDIA A100-SXM4-80GB MIG 3g.40gb");
+    let mut obj = job(anns);
+    obj["spec"]["parallelism"] = json!(2);
+    obj["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"nvidia.com/mig-3g.40gb": "2"}});
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let out = apply_patch(&obj, &resp);
+    let e = env(&out["spec"]["template"], 0);
+    let m: u32 = e["GPUFIT_MICRO_BATCH_SIZE"].parse().expect("micro batch");
+    let a: u32 = e["GPUFIT_GRAD_ACCUM_STEPS"].parse().expect("accumulation");
+    assert_eq!(m * a * 4, 32, "4 slices in all");
+    let reason = out["metadata"]["annotations"][ANN_REASON].as_str().unwrap();
+    assert!(reason.contains("MIG 3g.40gb"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_bad_gpu_sharing_annotation_is_denied_and_a_good_one_accepted() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/gpu-sharing"] = json!("half");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns.clone()))).await;
+    assert_eq!(resp["response"]["allowed"], false);
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("gpufit.io/gpu-sharing") && msg.contains("half"),
+        "{msg}"
+    );
+    anns["gpufit.io/gpu-sharing"] = json!("whole");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(resp["response"]["patch"].is_string(), "mutated: {resp}");
+}
+
+/// Data-loader workers follow the CPUs the pod has per GPU, not the
+/// webhook's host: 2 CPUs for its one GPU → at most 2 workers.
+#[tokio::test]
+async fn a_pod_with_two_cpus_per_gpu_gets_at_most_two_workers() {
+    let w = start_webhook().await;
+    let mut obj = job(lora_annotations());
+    obj["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"nvidia.com/gpu": "1", "cpu": "2"}, "requests": {"cpu": "2"}});
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let e = env(&apply_patch(&obj, &resp)["spec"]["template"], 0);
+    let workers: u32 = e["GPUFIT_DATALOADER_NUM_WORKERS"].parse().expect("workers");
+    assert!(workers <= 2, "{workers} workers for 2 CPUs");
+}

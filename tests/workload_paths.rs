@@ -100,6 +100,7 @@ impl Input {
             gpu: GpuRef::Name(GPU.into()),
             strategy: Some(req.strategy),
             pins: req.pins,
+            cpus_per_gpu: req.cpus_per_gpu,
         };
         serde_json::from_str(&serde_json::to_string(&sent).unwrap()).map_err(|e| e.to_string())
     }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 
 use super::{Global, OutputFormat};
-use crate::core::catalog::{all_gpus, lookup_gpu, GpuSpec};
+use crate::core::catalog::{all_gpus, all_mig_slices, lookup_gpu, GpuSpec};
 use crate::core::units::to_gib;
 
 #[derive(Debug, clap::Args)]
@@ -19,11 +19,12 @@ pub struct GpusArgs {
     pub source: super::sidecar::BackendArgs,
 }
 
-/// The rows to print: one named GPU, or the whole catalog.
+/// The rows to print: one named GPU, or the whole catalog (cards, then
+/// their MIG slices).
 fn catalog_rows(args: &GpusArgs) -> crate::Result<Vec<GpuSpec>> {
     Ok(match &args.name {
         Some(n) => vec![lookup_gpu(n)?],
-        None => all_gpus(),
+        None => all_gpus().into_iter().chain(all_mig_slices()).collect(),
     })
 }
 

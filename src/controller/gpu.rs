@@ -2,10 +2,22 @@
 //! puts on nodes (`nvidia.com/gpu.product`, `nvidia.com/gpu.memory`,
 //! `nvidia.com/gpu.count`), restricted to the nodes the pod template's node
 //! selector and required node affinity allow. Pure: nodes are handed in.
+//!
+//! MIG: with the device plugin's `single` strategy the product label names
+//! the slice (`NVIDIA-A100-SXM4-40GB-MIG-1g.5gb`), which the catalog
+//! resolves; with `mixed` the pod asks for `nvidia.com/mig-<profile>` and
+//! the node's product stays the card's, so the slice is that card's profile.
+//! Time-slicing / MPS: the GPU Operator sets `nvidia.com/gpu.replicas` and
+//! (with `renameByDefault`) appends `-SHARED` to the product; memory is not
+//! isolated between the pods sharing a card, so gpufit plans for the card's
+//! memory ÷ replicas unless told the job has the card to itself
+//! ([`Sharing::Whole`]).
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, PodSpec};
 
-use crate::core::catalog::{lookup_gpu, GpuSpec};
+use crate::core::catalog::{lookup_gpu, lookup_mig, GpuSpec};
 use crate::core::units::MIB;
 
 /// GFD label with the product name, e.g. `NVIDIA-A100-SXM4-80GB`.
@@ -14,6 +26,167 @@ pub const LABEL_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const LABEL_MEMORY: &str = "nvidia.com/gpu.memory";
 /// GFD label with the number of GPUs on the node.
 pub const LABEL_COUNT: &str = "nvidia.com/gpu.count";
+/// GFD label with the pods each GPU is shared by (time-slicing / MPS).
+pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
+/// The suffix the GPU Operator's time-slicing `renameByDefault` appends to
+/// the product label.
+pub const SHARED_SUFFIX: &str = "-SHARED";
+/// Resource name prefix of a MIG slice under the `mixed` strategy
+/// (`nvidia.com/mig-1g.5gb`).
+pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+/// The resource name of a whole (or `single`-strategy MIG, or shared) GPU.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Namespace label, or workload annotation, saying how to plan for a
+/// shared GPU: `share` (default: the card's memory ÷ replicas) or `whole`.
+pub const SHARING_KEY: &str = "gpufit.io/gpu-sharing";
+
+/// How to plan for a GPU shared by several pods (time-slicing / MPS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Sharing {
+    /// The card's memory ÷ `nvidia.com/gpu.replicas`: the neighbours may
+    /// use the rest.
+    #[default]
+    Share,
+    /// The whole card: the job is known to run alone on it.
+    Whole,
+}
+
+impl std::str::FromStr for Sharing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "share" | "shared" => Ok(Sharing::Share),
+            "whole" | "exclusive" => Ok(Sharing::Whole),
+            other => Err(format!(
+                "`{other}` is not a GPU sharing plan: use share (plan for the card's memory ÷ nvidia.com/gpu.replicas) or whole"
+            )),
+        }
+    }
+}
+
+/// The sharing plan a workload's `gpufit.io/gpu-sharing` annotation, else
+/// its namespace's label of that name, asks for (default: share). The
+/// error names the one at fault.
+pub fn sharing_of(
+    annotations: Option<&BTreeMap<String, String>>,
+    namespace: Option<(&str, &BTreeMap<String, String>)>,
+) -> Result<Sharing, String> {
+    if let Some(v) = annotations.and_then(|a| a.get(SHARING_KEY)) {
+        return v
+            .parse()
+            .map_err(|e| format!("annotation {SHARING_KEY}: {e}"));
+    }
+    match namespace.and_then(|(ns, l)| l.get(SHARING_KEY).map(|v| (ns, v))) {
+        Some((ns, v)) => v
+            .parse()
+            .map_err(|e| format!("namespace {ns} label {SHARING_KEY}: {e}")),
+        None => Ok(Sharing::default()),
+    }
+}
+
+/// The GPUs a pod asks for: whole GPUs (`nvidia.com/gpu`) or MIG slices
+/// (`nvidia.com/mig-<profile>`, counted as GPUs of that slice), summed over
+/// its containers' limits (requests where a container has no limit).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodGpus {
+    pub count: u32,
+    /// The MIG profile asked for (`1g.5gb`), when the pod asks for slices.
+    pub mig_profile: Option<String>,
+}
+
+/// The GPUs in one pod's containers' resources, as JSON (`resources`
+/// objects of a pod spec in any object the webhook sees).
+pub fn pod_gpus_json(pod_spec: &serde_json::Value) -> PodGpus {
+    let mut out = PodGpus::default();
+    let containers = pod_spec
+        .get("containers")
+        .and_then(serde_json::Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    for c in containers {
+        let res = c.get("resources");
+        let amounts = res
+            .and_then(|r| r.get("limits"))
+            .and_then(serde_json::Value::as_object)
+            .filter(|l| l.keys().any(|k| is_gpu_resource(k)))
+            .or_else(|| {
+                res.and_then(|r| r.get("requests"))
+                    .and_then(serde_json::Value::as_object)
+            });
+        for (k, v) in amounts.into_iter().flatten() {
+            if !is_gpu_resource(k) {
+                continue;
+            }
+            let n = match v {
+                serde_json::Value::String(s) => s.trim().parse::<u32>().ok(),
+                serde_json::Value::Number(n) => n.as_u64().map(|n| n as u32),
+                _ => None,
+            }
+            .unwrap_or(0);
+            out.count = out.count.saturating_add(n);
+            if let Some(p) = k.strip_prefix(MIG_RESOURCE_PREFIX) {
+                out.mig_profile.get_or_insert_with(|| p.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The GPUs a typed pod spec asks for (see [`pod_gpus_json`]).
+pub fn pod_gpus(pod: &PodSpec) -> PodGpus {
+    serde_json::to_value(pod)
+        .map(|v| pod_gpus_json(&v))
+        .unwrap_or_default()
+}
+
+/// CPU cores per GPU of a pod (JSON pod spec), for the data loader: the
+/// containers' CPU limits (the cores they can use), else their requests,
+/// over the pod's GPUs, rounded down. None when the pod states no CPUs or
+/// no GPUs: the pod's own figures, never the controller's host.
+pub fn cpus_per_gpu_json(pod_spec: &serde_json::Value) -> Option<u32> {
+    let gpus = pod_gpus_json(pod_spec).count;
+    if gpus == 0 {
+        return None;
+    }
+    let containers = pod_spec.get("containers")?.as_array()?;
+    let cores = |which: &str| -> Option<f64> {
+        let each: Vec<f64> = containers
+            .iter()
+            .filter_map(|c| c.pointer(&format!("/resources/{which}/cpu")))
+            .filter_map(cpu_cores)
+            .collect();
+        (!each.is_empty()).then(|| each.iter().sum())
+    };
+    let total = cores("limits").or_else(|| cores("requests"))?;
+    Some((total / f64::from(gpus)).floor() as u32)
+}
+
+/// CPU cores per GPU of a typed pod spec (see [`cpus_per_gpu_json`]).
+pub fn cpus_per_gpu(pod: &PodSpec) -> Option<u32> {
+    serde_json::to_value(pod)
+        .ok()
+        .and_then(|v| cpus_per_gpu_json(&v))
+}
+
+/// A Kubernetes CPU quantity in cores: `2`, `1.5`, `500m` (or a number).
+fn cpu_cores(v: &serde_json::Value) -> Option<f64> {
+    let n = match v {
+        serde_json::Value::Number(n) => n.as_f64()?,
+        serde_json::Value::String(s) => {
+            let s = s.trim();
+            match s.strip_suffix('m') {
+                Some(milli) => milli.parse::<f64>().ok()? / 1000.0,
+                None => s.parse::<f64>().ok()?,
+            }
+        }
+        _ => return None,
+    };
+    (n.is_finite() && n >= 0.0).then_some(n)
+}
+
+fn is_gpu_resource(k: &str) -> bool {
+    k == GPU_RESOURCE || k.starts_with(MIG_RESOURCE_PREFIX)
+}
 
 /// Why the GPU could not be determined; the message says what to do.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -24,6 +197,10 @@ pub enum GpuError {
     Mixed(String),
     #[error("GPU `{product}` is not in gpufit's catalog and its node has no usable nvidia.com/gpu.memory label: set spec.gpu to a catalog GPU (`gpufit gpus` lists them)")]
     Unknown { product: String },
+    #[error("no node matching the pod template's node selector offers nvidia.com/mig-{0}: check the MIG profile the pod asks for")]
+    NoMigNodes(String),
+    #[error("GPU `{0}` is shared (time-slicing) but its node has no usable nvidia.com/gpu.replicas label, so its share of memory is unknown: set gpufit.io/gpu-sharing=whole if the job has the card to itself, or name the GPU")]
+    SharedWithoutReplicas(String),
     #[error("{0}")]
     Catalog(String),
 }
@@ -33,38 +210,116 @@ pub fn resolve_named(name: &str) -> Result<GpuSpec, GpuError> {
     lookup_gpu(name).map_err(|e| GpuError::Catalog(e.to_string()))
 }
 
-/// The GPU of the nodes that `pod` may be scheduled on.
+/// The GPU of the nodes that `pod` may be scheduled on, a shared GPU
+/// planned for its share (see [`resolve_from_nodes_with`]).
 pub fn resolve_from_nodes<'a>(
     nodes: impl IntoIterator<Item = &'a Node>,
     pod: Option<&PodSpec>,
 ) -> Result<GpuSpec, GpuError> {
-    let mut found: Vec<(String, Option<u64>)> = Vec::new();
+    resolve_from_nodes_with(nodes, pod, Sharing::default())
+}
+
+/// What one matching node says about its GPU.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    product: String,
+    memory_mib: Option<u64>,
+    replicas: Option<u32>,
+}
+
+/// The GPU of the nodes that `pod` may be scheduled on: the MIG slice it
+/// asks for, and for a shared GPU the memory `sharing` says.
+pub fn resolve_from_nodes_with<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    pod: Option<&PodSpec>,
+    sharing: Sharing,
+) -> Result<GpuSpec, GpuError> {
+    let mig = pod.and_then(|p| pod_gpus(p).mig_profile);
+    let mut found: Vec<Seen> = Vec::new();
     for n in nodes {
-        let labels = n.metadata.labels.as_ref();
-        let Some(product) = labels.and_then(|l| l.get(LABEL_PRODUCT)) else {
+        let empty = BTreeMap::new();
+        let labels = n.metadata.labels.as_ref().unwrap_or(&empty);
+        let Some(product) = labels.get(LABEL_PRODUCT) else {
             continue;
         };
         if !node_matches(n, pod) {
             continue;
         }
-        let mem = labels
-            .and_then(|l| l.get(LABEL_MEMORY))
-            .and_then(|m| m.trim().parse::<u64>().ok())
-            .filter(|m| *m > 0);
-        if !found.iter().any(|(p, _)| p == product) {
-            found.push((product.clone(), mem));
+        let number = |key: &str| labels.get(key).and_then(|m| m.trim().parse::<u64>().ok());
+        let seen = match &mig {
+            // `mixed` strategy: GFD labels each profile the node offers
+            // (`nvidia.com/mig-1g.5gb.count`, `.memory` in MiB).
+            Some(p) => {
+                let offered = number(&format!("{MIG_RESOURCE_PREFIX}{p}.count"))
+                    .is_some_and(|c| c > 0)
+                    || n.status
+                        .as_ref()
+                        .and_then(|s| s.allocatable.as_ref())
+                        .is_some_and(|a| a.contains_key(&format!("{MIG_RESOURCE_PREFIX}{p}")));
+                if !offered {
+                    continue;
+                }
+                Seen {
+                    product: format!("{}-MIG-{p}", product.trim_end_matches(SHARED_SUFFIX)),
+                    memory_mib: number(&format!("{MIG_RESOURCE_PREFIX}{p}.memory")),
+                    replicas: None,
+                }
+            }
+            None => Seen {
+                product: product.clone(),
+                memory_mib: number(LABEL_MEMORY),
+                replicas: number(LABEL_REPLICAS).map(|r| r.min(u32::MAX as u64) as u32),
+            },
+        };
+        let seen = Seen {
+            memory_mib: seen.memory_mib.filter(|m| *m > 0),
+            ..seen
+        };
+        if !found.iter().any(|f| f.product == seen.product) {
+            found.push(seen);
         }
     }
     match found.as_slice() {
-        [] => Err(GpuError::NoGpuNodes),
-        [(product, mem)] => from_label(product, *mem),
+        [] => Err(match mig {
+            Some(p) => GpuError::NoMigNodes(p),
+            None => GpuError::NoGpuNodes,
+        }),
+        [seen] => {
+            let card = from_label(
+                seen.product.trim_end_matches(SHARED_SUFFIX),
+                seen.memory_mib,
+            )?;
+            shared(card, seen, sharing)
+        }
         many => Err(GpuError::Mixed(
             many.iter()
-                .map(|(p, _)| p.as_str())
+                .map(|f| f.product.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
         )),
     }
+}
+
+/// A GPU shared by `replicas` pods, planned for as `sharing` says: its
+/// memory ÷ replicas, named so that the suggestion's reasoning says so
+/// (and its runs are kept apart from the whole card's in the history).
+fn shared(card: GpuSpec, seen: &Seen, sharing: Sharing) -> Result<GpuSpec, GpuError> {
+    let renamed = seen.product.ends_with(SHARED_SUFFIX);
+    let replicas = seen.replicas.filter(|r| *r > 1);
+    if sharing == Sharing::Whole || (!renamed && replicas.is_none()) {
+        return Ok(card);
+    }
+    let Some(r) = replicas else {
+        return Err(GpuError::SharedWithoutReplicas(seen.product.clone()));
+    };
+    Ok(GpuSpec {
+        name: format!(
+            "{} (time-shared by {r}: planned for 1/{r} of its memory)",
+            card.name
+        ),
+        memory_bytes: card.memory_bytes / u64::from(r) / MIB * MIB,
+        ..card
+    })
 }
 
 /// GFD writes the product with spaces as dashes (`NVIDIA-A100-SXM4-80GB`,
@@ -78,6 +333,12 @@ fn from_label(product: &str, memory_mib: Option<u64>) -> Result<GpuSpec, GpuErro
     }
     if let Ok(g) = lookup_gpu(&product.replace('-', " ")) {
         return Ok(g);
+    }
+    // A MIG product of a card the catalog knows by another spelling.
+    if let Some((card, profile)) = product.rsplit_once("-MIG-") {
+        if let Ok(g) = lookup_mig(card, profile) {
+            return Ok(g);
+        }
     }
     let Some(mib) = memory_mib else {
         return Err(GpuError::Unknown {

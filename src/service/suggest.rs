@@ -96,6 +96,7 @@ pub fn suggest_blocking(
         pins: &req.pins,
     };
     Pipeline::new(targets)
+        .with_cpus_per_gpu(req.cpus_per_gpu)
         .suggest(history, &ask)
         .map_err(|e| match e {
             PipelineError::History(e) => SuggestError::History(e),

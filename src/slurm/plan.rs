@@ -277,6 +277,8 @@ pub struct JobRequest {
     pub pins: Pins,
     /// Physical GPU indices on this node (`SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`).
     pub gpu_indices: Vec<u32>,
+    /// CPU cores the job has per GPU ([`cpus_per_gpu`]), for the data loader.
+    pub cpus_per_gpu: Option<u32>,
 }
 
 impl JobRequest {
@@ -287,6 +289,7 @@ impl JobRequest {
             gpu,
             strategy: Some(self.strategy),
             pins: self.pins.clone(),
+            cpus_per_gpu: self.cpus_per_gpu,
         }
     }
 }
@@ -339,13 +342,38 @@ pub fn plan_task_prolog(
     let strategy =
         parse_with(&fields, "strategy", |s| s.parse::<Strategy>())?.unwrap_or(site_strategy);
     let pins = pinned_settings(&fields)?;
+    let cpus_per_gpu = cpus_per_gpu(env, gpu_indices.len());
     Ok(TaskPlan::Ask(Box::new(JobRequest {
         job_id,
         workload,
         strategy,
         pins,
         gpu_indices,
+        cpus_per_gpu,
     })))
+}
+
+/// CPU cores the job has per GPU, as Slurm allocated them (never the
+/// node's): `SLURM_CPUS_PER_GPU` (`--cpus-per-gpu`), else
+/// `SLURM_CPUS_PER_TASK` (`--cpus-per-task`) over the GPUs of a task — with
+/// one task per GPU, as torchrun-less `srun` launches run, that is the
+/// task's cores; a task driving several GPUs splits its cores among them.
+/// None when the job says neither.
+pub fn cpus_per_gpu(env: &Env, gpus_here: usize) -> Option<u32> {
+    let num = |k: &str| {
+        non_empty(env.get(k))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .filter(|n| *n > 0)
+    };
+    if let Some(c) = num("SLURM_CPUS_PER_GPU") {
+        return Some(c);
+    }
+    let per_task = num("SLURM_CPUS_PER_TASK")?;
+    let tasks_here = num("SLURM_NTASKS_PER_NODE")
+        .or_else(|| num("SLURM_TASKS_PER_NODE"))
+        .unwrap_or(1) as usize;
+    let gpus_per_task = (gpus_here / tasks_here.max(1)).max(1) as u32;
+    Some((per_task / gpus_per_task).max(1))
 }
 
 /// The job's `key → value` request: the comment's `gpufit:` section, then

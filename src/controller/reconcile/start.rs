@@ -4,6 +4,7 @@
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
 use crate::controller::build::{self, build_job};
@@ -42,7 +43,9 @@ pub(super) async fn start_attempt(
     generation: Option<i64>,
 ) -> Result<(), StartError> {
     let gpu = target_gpu(ctx, tj, v)?;
-    let suggestion = advise(ctx, v, &gpu).await?;
+    // Data-loader workers from the CPUs the pod template has per GPU.
+    let cpus = tj.spec.template.spec.as_ref().and_then(gpu::cpus_per_gpu);
+    let suggestion = advise(ctx, v, &gpu, cpus).await?;
     let index = st.attempts.iter().map(|a| a.index).max().unwrap_or(0) + 1;
     let (job_name, created) = create_job(ctx, tj, ns, v, index, &suggestion).await?;
     record_attempt(st, v, index, &job_name, &gpu, &suggestion, generation);
@@ -71,10 +74,23 @@ fn target_gpu(ctx: &Context, tj: &TrainingJob, v: &Validated) -> Result<GpuSpec,
     match &v.gpu {
         Some(name) => gpu::resolve_named(name),
         None => {
+            // A shared GPU: the TrainingJob's annotation, else its
+            // namespace's label, says whether to plan for its share.
+            let ns = tj.namespace();
+            let ns_obj = ns
+                .as_deref()
+                .and_then(|ns| ctx.namespaces.get(&ObjectRef::new(ns)));
+            let ns_labels = ns_obj.as_ref().and_then(|o| o.metadata.labels.as_ref());
+            let sharing = gpu::sharing_of(
+                tj.metadata.annotations.as_ref(),
+                ns.as_deref().zip(ns_labels),
+            )
+            .map_err(StartError::InvalidSpec)?;
             let nodes = ctx.nodes.state();
-            gpu::resolve_from_nodes(
+            gpu::resolve_from_nodes_with(
                 nodes.iter().map(|n| n.as_ref()),
                 tj.spec.template.spec.as_ref(),
+                sharing,
             )
         }
     }
@@ -83,9 +99,14 @@ fn target_gpu(ctx: &Context, tj: &TrainingJob, v: &Validated) -> Result<GpuSpec,
 
 /// The one pipeline's suggestion with this job's history, off the async
 /// threads (it reads the history).
-async fn advise(ctx: &Context, v: &Validated, gpu: &GpuSpec) -> Result<Suggestion, StartError> {
+async fn advise(
+    ctx: &Context,
+    v: &Validated,
+    gpu: &GpuSpec,
+    cpus_per_gpu: Option<u32>,
+) -> Result<Suggestion, StartError> {
     let store = ctx.history.clone();
-    let pipeline = Pipeline::new(ctx.targets);
+    let pipeline = Pipeline::new(ctx.targets).with_cpus_per_gpu(cpus_per_gpu);
     let (workload, pins, strategy, gpu) =
         (v.workload.clone(), v.pins.clone(), v.strategy, gpu.clone());
     let suggest = move || {

@@ -171,11 +171,19 @@ fn decide(
             .unwrap_or(state.default_mode),
     };
 
-    let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), state)? {
+    let sharing = sharing(anns, req.namespace.as_deref(), &state.namespaces)?;
+    let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), sharing, state)? {
         Ok(g) => g,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
-    let suggestion = match advise(&workload, &gpu, strategy, &pins, state)? {
+    // Data-loader workers from the CPUs the pod has per GPU.
+    // A TrainJob has no pod template here (its runtime's): no CPU figure.
+    let cpus = shape
+        .templates
+        .first()
+        .and_then(|t| original.pointer(&format!("{t}/spec")))
+        .and_then(gpu::cpus_per_gpu_json);
+    let suggestion = match advise(&workload, &gpu, strategy, &pins, cpus, state)? {
         Ok(s) => s,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
@@ -193,6 +201,7 @@ fn decide(
 fn target_gpu(
     gpu_name: Option<&str>,
     first_pod: Option<&PodSpec>,
+    sharing: gpu::Sharing,
     state: &WebhookState,
 ) -> Result<Result<GpuSpec, String>, Denied> {
     if let Some(name) = gpu_name {
@@ -202,9 +211,9 @@ fn target_gpu(
     }
     let nodes = state.nodes.state();
     Ok(
-        gpu::resolve_from_nodes(nodes.iter().map(|n| n.as_ref()), first_pod).map_err(|e| {
-            format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)")
-        }),
+        gpu::resolve_from_nodes_with(nodes.iter().map(|n| n.as_ref()), first_pod, sharing).map_err(
+            |e| format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)"),
+        ),
     )
 }
 
@@ -216,6 +225,7 @@ fn advise(
     gpu: &GpuSpec,
     strategy: Strategy,
     pins: &Pins,
+    cpus_per_gpu: Option<u32>,
     state: &WebhookState,
 ) -> Result<Result<Suggestion, String>, Denied> {
     let ask = Ask {
@@ -228,7 +238,10 @@ fn advise(
         cache: &state.cache,
         store: state.history.as_ref(),
     };
-    match Pipeline::new(state.targets).suggest(&history, &ask) {
+    match Pipeline::new(state.targets)
+        .with_cpus_per_gpu(cpus_per_gpu)
+        .suggest(&history, &ask)
+    {
         Ok(s) => {
             state.metrics.count_suggestion(Via::Webhook, &s);
             Ok(Ok(s))
@@ -287,6 +300,18 @@ fn object_at<'a>(v: &'a mut Value, ptr: &str) -> Option<&'a mut serde_json::Map<
             .or_insert_with(|| Value::Object(Default::default()));
     }
     cur.as_object_mut()
+}
+
+/// How to plan for a shared GPU: the object's annotation, else its
+/// namespace's label; a bad value is denied like other bad annotations.
+fn sharing(
+    anns: &BTreeMap<String, String>,
+    ns: Option<&str>,
+    namespaces: &Store<Namespace>,
+) -> Result<gpu::Sharing, Denied> {
+    let obj = ns.and_then(|ns| namespaces.get(&ObjectRef::new(ns)));
+    let labels = obj.as_ref().and_then(|o| o.metadata.labels.as_ref());
+    gpu::sharing_of(Some(anns), ns.zip(labels)).map_err(|e| Denied(format!("gpufit: {e}")))
 }
 
 fn namespace_mode(ns: Option<&str>, namespaces: &Store<Namespace>) -> Result<Option<Mode>, Denied> {

@@ -17,7 +17,7 @@ use super::super::crd::Mode;
 use super::super::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
 
 /// The input annotations, without the `gpufit.io/` prefix.
-pub(super) const INPUT_KEYS: [&str; 16] = [
+pub(super) const INPUT_KEYS: [&str; 17] = [
     "model",
     "architecture",
     "seq-len",
@@ -34,6 +34,7 @@ pub(super) const INPUT_KEYS: [&str; 16] = [
     "gpu",
     "mode",
     "pins",
+    "gpu-sharing",
 ];
 
 /// A bad annotation: denied with this message.

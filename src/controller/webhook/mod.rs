@@ -34,6 +34,7 @@
 //! | `gpufit.io/gpu`            | GPU model (when nodes carry no GFD labels)      |
 //! | `gpufit.io/mode`           | Inject (default) or Recommend                   |
 //! | `gpufit.io/pins`           | `micro_batch_size=4,dtype=bf16,…`               |
+//! | `gpufit.io/gpu-sharing`    | share (default), whole: a time-sliced GPU       |
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

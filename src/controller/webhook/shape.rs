@@ -173,17 +173,13 @@ fn quantity(v: &Value) -> Option<u32> {
     }
 }
 
-/// GPUs one pod of this template asks for (0 when none).
+/// GPUs one pod of this template asks for (0 when none): `nvidia.com/gpu`
+/// and MIG slices (`nvidia.com/mig-…`), limits else requests, as the
+/// controller counts them.
 fn gpu_limit(template: Option<&Value>) -> u32 {
     template
-        .and_then(|t| t.pointer("/spec/containers"))
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .filter_map(|c| c.get("resources")?.get("limits")?.get(GPU))
-                .filter_map(quantity)
-                .fold(0u32, u32::saturating_add)
-        })
+        .and_then(|t| t.get("spec"))
+        .map(|s| crate::controller::gpu::pod_gpus_json(s).count)
         .unwrap_or(0)
 }
 

@@ -337,6 +337,91 @@ const ROWS: &[Row] = &[
     },
 ];
 
+/// MIG (Multi-Instance GPU) profiles: `(profile, memory eighths, usable MiB)`.
+///
+/// Profiles and their "Fraction of Memory" (in eighths of the card) are the
+/// tables of NVIDIA's Multi-Instance GPU User Guide, "Supported MIG
+/// Profiles" (<https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html>).
+/// The usable memory is *not* the figure in the profile's name (a share of
+/// the card's marketing size, e.g. "5gb"): it is the "Memory GiB" column of
+/// `nvidia-smi mig -lgip` (what NVML and PyTorch then report as the slice's
+/// total), a little below the name's figure read as GB and below the
+/// card's total × eighths / 8. A100 40GB: 4.75 / 9.75 / 9.75 / 19.62 /
+/// 19.62 / 39.38 GiB; H100 80GB: 9.75 / 19.62 / 19.62 / 39.50 / 39.50 /
+/// 79.25 GiB (lgip output quoted in public MIG walkthroughs). The A100 80GB
+/// is the same chip with twice the HBM per memory slice, so its figures are
+/// twice the 40GB's (9.50 … 78.75 GiB). The H200's 1g.18gb slice reports
+/// 16.00 GiB; its larger profiles are taken as that per eighth (32 / 64 /
+/// 128 GiB), which is below their real totals: planning for slightly less
+/// memory than the slice has costs a little headroom, never an OOM.
+type MigProfile = (&'static str, u64, u64);
+
+const MIG_A100_40GB: &[MigProfile] = &[
+    ("1g.5gb", 1, 4864),
+    ("1g.10gb", 2, 9984),
+    ("2g.10gb", 2, 9984),
+    ("3g.20gb", 4, 20096),
+    ("4g.20gb", 4, 20096),
+    ("7g.40gb", 8, 40320),
+];
+const MIG_A100_80GB: &[MigProfile] = &[
+    ("1g.10gb", 1, 9728),
+    ("1g.20gb", 2, 19968),
+    ("2g.20gb", 2, 19968),
+    ("3g.40gb", 4, 40192),
+    ("4g.40gb", 4, 40192),
+    ("7g.80gb", 8, 80640),
+];
+const MIG_H100_80GB: &[MigProfile] = &[
+    ("1g.10gb", 1, 9984),
+    ("1g.20gb", 2, 20096),
+    ("2g.20gb", 2, 20096),
+    ("3g.40gb", 4, 40448),
+    ("4g.40gb", 4, 40448),
+    ("7g.80gb", 8, 81152),
+];
+const MIG_H200: &[MigProfile] = &[
+    ("1g.18gb", 1, 16384),
+    ("1g.35gb", 2, 32768),
+    ("2g.35gb", 2, 32768),
+    ("3g.71gb", 4, 65536),
+    ("4g.71gb", 4, 65536),
+    ("7g.141gb", 8, 131072),
+];
+
+/// The catalog cards with MIG, by their NVML name, and their profiles.
+const MIG_PARENTS: &[(&str, &[MigProfile])] = &[
+    ("NVIDIA A100-SXM4-40GB", MIG_A100_40GB),
+    ("NVIDIA A100-PCIE-40GB", MIG_A100_40GB),
+    ("NVIDIA A100-SXM4-80GB", MIG_A100_80GB),
+    ("NVIDIA A100 80GB PCIe", MIG_A100_80GB),
+    ("NVIDIA H100 80GB HBM3", MIG_H100_80GB),
+    ("NVIDIA H100 PCIe", MIG_H100_80GB),
+    ("NVIDIA H200", MIG_H200),
+];
+
+/// A MIG slice of `parent` with profile `profile` (`1g.5gb`): named as NVML
+/// names MIG devices (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`); compute
+/// capability and precision from the card; memory from the profile; tensor
+/// and fp32 rates scaled by its compute slices out of 7, bandwidth by its
+/// memory slices out of 8 (each slice owns its memory controllers).
+fn mig_spec(parent: &GpuSpec, profile: &str, eighths: u64, memory_mib: u64) -> GpuSpec {
+    let compute: f64 = profile
+        .split_once('g')
+        .and_then(|(c, _)| c.parse().ok())
+        .unwrap_or(1.0);
+    GpuSpec {
+        name: format!("{} MIG {profile}", parent.name),
+        memory_bytes: memory_mib * MIB,
+        compute_capability: parent.compute_capability.clone(),
+        bf16: parent.bf16,
+        fp8: parent.fp8,
+        bf16_tflops: parent.bf16_tflops * compute / 7.0,
+        fp32_tflops: parent.fp32_tflops * compute / 7.0,
+        memory_bandwidth_gbs: parent.memory_bandwidth_gbs * eighths as f64 / 8.0,
+    }
+}
+
 /// Lower-case ASCII alphanumerics only; vendor words that tools add or drop
 /// ("nvidia", "geforce", "tesla", "amd", "instinct") are removed, so
 /// `NVIDIA-A100-SXM4-80GB`, `a100 sxm4 80gb` and `NVIDIA A100-SXM4-80GB` meet.
@@ -359,7 +444,9 @@ fn normalize(s: &str) -> String {
 }
 
 struct Index {
+    /// Whole cards (the first `cards` entries), then MIG slices.
     specs: Vec<GpuSpec>,
+    cards: usize,
     by_key: HashMap<String, usize>,
 }
 
@@ -386,7 +473,24 @@ fn index() -> &'static Index {
                 by_key.insert(normalize(a), i);
             }
         }
-        Index { specs, by_key }
+        let cards = specs.len();
+        let mut specs = specs;
+        for (parent, profiles) in MIG_PARENTS {
+            let Some(&p) = by_key.get(&normalize(parent)) else {
+                continue;
+            };
+            let parent = specs[p].clone();
+            for (profile, eighths, mib) in *profiles {
+                let slice = mig_spec(&parent, profile, *eighths, *mib);
+                by_key.insert(normalize(&slice.name), specs.len());
+                specs.push(slice);
+            }
+        }
+        Index {
+            specs,
+            cards,
+            by_key,
+        }
     })
 }
 
@@ -398,10 +502,28 @@ pub fn lookup_gpu(name: &str) -> Result<GpuSpec, CatalogError> {
     if let Some(&i) = idx.by_key.get(&key) {
         return Ok(idx.specs[i].clone());
     }
+    if let Some(slice) = mig_by_parts(name) {
+        return Ok(slice);
+    }
     Err(CatalogError::UnknownGpu {
         name: name.to_string(),
         suggestions: close_matches(&key),
     })
+}
+
+/// A MIG slice named by a card alias and a profile (`a100-40gb MIG
+/// 1g.5gb`, `h100-sxm-mig-1g.10gb+me`): the card resolved on its own, the
+/// profile's media-extension suffix (`+me`: same memory) dropped.
+fn mig_by_parts(name: &str) -> Option<GpuSpec> {
+    let at = name.to_ascii_lowercase().rfind("mig")?;
+    let (parent, profile) = (&name[..at], &name[at + 3..]);
+    let profile = profile
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .trim_end_matches("+me");
+    let card = lookup_gpu(parent.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())).ok()?;
+    let idx = index();
+    let key = normalize(&format!("{} MIG {profile}", card.name));
+    idx.by_key.get(&key).map(|&i| idx.specs[i].clone())
 }
 
 /// Up to three catalog names close to `key`: names containing it (so `a100`
@@ -436,9 +558,29 @@ fn close_matches(key: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every GPU in the catalog.
+/// Every GPU in the catalog (whole cards; MIG slices: [`all_mig_slices`]).
 pub fn all_gpus() -> Vec<GpuSpec> {
-    index().specs.clone()
+    let idx = index();
+    idx.specs[..idx.cards].to_vec()
+}
+
+/// Every MIG slice of the catalog's cards.
+pub fn all_mig_slices() -> Vec<GpuSpec> {
+    let idx = index();
+    idx.specs[idx.cards..].to_vec()
+}
+
+/// The MIG slice `profile` (`1g.5gb`, `mig-1g.5gb`, `MIG 1g.5gb`) of the
+/// card `parent` (any spelling [`lookup_gpu`] takes): how a pod's
+/// `nvidia.com/mig-<profile>` resource on a node of that card resolves.
+pub fn lookup_mig(parent: &str, profile: &str) -> Result<GpuSpec, CatalogError> {
+    let card = lookup_gpu(parent)?;
+    let profile = profile.trim();
+    let profile = profile
+        .strip_prefix("mig-")
+        .or_else(|| profile.strip_prefix("MIG "))
+        .unwrap_or(profile);
+    lookup_gpu(&format!("{} MIG {profile}", card.name))
 }
 
 #[cfg(test)]
@@ -514,6 +656,77 @@ mod tests {
             assert_eq!(g.memory_bytes % MIB, 0, "{} is whole MiB", g.name);
         }
         assert!(all_gpus().len() >= 25);
+    }
+
+    /// The slice's NVML name without its profile: the parent card.
+    fn parent_of(slice: &GpuSpec) -> GpuSpec {
+        let (parent, _) = slice.name.rsplit_once(" MIG ").expect("a MIG name");
+        lookup_gpu(parent).expect("the parent is in the catalog")
+    }
+
+    proptest::proptest! {
+        /// Every MIG profile resolves to one spec whichever way it is
+        /// spelt — NVML's device name, GPU Feature Discovery's product
+        /// label, the card plus the `nvidia.com/mig-<profile>` resource,
+        /// any letter case — with less memory than its card and the
+        /// card's precision support.
+        #[test]
+        fn every_mig_profile_resolves_from_every_spelling(
+            i in 0usize..1000,
+            upper in proptest::bool::ANY,
+        ) {
+            let slices = all_mig_slices();
+            let slice = &slices[i % slices.len()];
+            let parent = parent_of(slice);
+            let profile = slice.name.rsplit_once(" MIG ").unwrap().1;
+            let case = |s: String| if upper { s.to_uppercase() } else { s };
+            let gfd = slice.name.replace(' ', "-");
+            let spellings = [
+                lookup_gpu(&case(slice.name.clone())),
+                lookup_gpu(&case(gfd)),
+                lookup_mig(&parent.name.replace(' ', "-"), &format!("mig-{profile}")),
+            ];
+            for s in spellings {
+                proptest::prop_assert_eq!(s.as_ref(), Ok(slice));
+            }
+            proptest::prop_assert!(slice.memory_bytes < parent.memory_bytes);
+            proptest::prop_assert_eq!(slice.bf16, parent.bf16);
+            proptest::prop_assert_eq!(slice.fp8, parent.fp8);
+            proptest::prop_assert_eq!(&slice.compute_capability, &parent.compute_capability);
+            proptest::prop_assert!(slice.memory_bandwidth_gbs <= parent.memory_bandwidth_gbs);
+        }
+    }
+
+    #[test]
+    fn mig_slices_have_the_memory_nvidia_smi_reports_not_the_names_figure() {
+        let s = lookup_gpu("NVIDIA A100-SXM4-40GB MIG 1g.5gb").unwrap();
+        assert_eq!(
+            s.memory_bytes,
+            4864 * MIB,
+            "4.75 GiB, below the name's 5 GB"
+        );
+        assert!(s.bf16);
+        assert_eq!(s.compute_capability, "8.0");
+        let h = lookup_gpu("NVIDIA-H100-80GB-HBM3-MIG-3g.40gb").unwrap();
+        assert_eq!(h.memory_bytes, 40448 * MIB);
+        assert!(h.fp8);
+        // a card alias, the media-extension variant, the resource name
+        let me = lookup_gpu("h100-sxm MIG 1g.10gb+me").unwrap();
+        assert_eq!(me.name, "NVIDIA H100 80GB HBM3 MIG 1g.10gb");
+        let r = lookup_mig("NVIDIA-A100-SXM4-80GB", "mig-1g.10gb").unwrap();
+        assert_eq!(r.memory_bytes, 9728 * MIB);
+        assert_eq!(
+            lookup_gpu("NVIDIA H200 MIG 1g.18gb").unwrap().memory_bytes,
+            16 * GIB
+        );
+        // a profile the card does not have
+        assert!(lookup_gpu("NVIDIA A100-SXM4-40GB MIG 1g.10gb").is_ok());
+        assert!(lookup_gpu("NVIDIA A100-SXM4-40GB MIG 1g.18gb").is_err());
+        assert!(lookup_mig("NVIDIA H100 80GB HBM3", "mig-1g.5gb").is_err());
+        // slices are listed apart from whole cards, every one once
+        let slices = all_mig_slices();
+        assert_eq!(slices.len(), 7 * 6);
+        assert!(all_gpus().iter().all(|g| !g.name.contains(" MIG ")));
     }
 
     /// The throughput model times the optimizer step by the bandwidth: a

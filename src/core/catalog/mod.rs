@@ -29,7 +29,7 @@ fn did_you_mean(s: &[String]) -> String {
     }
 }
 
-pub use gpus::{all_gpus, lookup_gpu, GpuSpec};
+pub use gpus::{all_gpus, all_mig_slices, lookup_gpu, lookup_mig, GpuSpec};
 pub use models::{all_models, arch_from_hf_config, lookup_model, ModelRef};
 
 /// Levenshtein distance over bytes (names are ASCII after normalisation),

@@ -571,3 +571,51 @@ fn the_job_name_kept_by_the_task_prolog_fills_in_x() {
         vec![PathBuf::from("/w/-42.out")]
     );
 }
+
+/// The data loader is sized by the CPUs Slurm gave the job per GPU, never
+/// the node's: `--cpus-per-gpu 16` may get more than 4 workers, and the
+/// request carries it to the controller's API.
+#[test]
+fn the_cpus_slurm_gave_the_job_size_its_data_loader() {
+    let base = [
+        ("SLURM_JOB_ID", "9"),
+        ("SLURM_JOB_GPUS", "0,1"),
+        ("GPUFIT_MODEL", "Qwen/Qwen2.5-0.5B"),
+        ("GPUFIT_SEQ_LEN", "512"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut pairs = base.to_vec();
+        pairs.extend_from_slice(extra);
+        ask(plan_task_prolog(&env(&pairs), Strategy::Balanced, None).unwrap())
+    };
+    assert_eq!(with(&[]).cpus_per_gpu, None, "unknown: not this node's");
+    let per_gpu = with(&[("SLURM_CPUS_PER_GPU", "16"), ("SLURM_CPUS_PER_TASK", "2")]);
+    assert_eq!(per_gpu.cpus_per_gpu, Some(16), "--cpus-per-gpu wins");
+    // One task driving both GPUs splits its 12 cores; one task per GPU keeps them.
+    assert_eq!(with(&[("SLURM_CPUS_PER_TASK", "12")]).cpus_per_gpu, Some(6));
+    let two_tasks = with(&[
+        ("SLURM_CPUS_PER_TASK", "12"),
+        ("SLURM_NTASKS_PER_NODE", "2"),
+    ]);
+    assert_eq!(two_tasks.cpus_per_gpu, Some(12));
+
+    let req = per_gpu.suggest_request(GpuRef::Name("NVIDIA A100-SXM4-80GB".into()));
+    assert_eq!(req.cpus_per_gpu, Some(16));
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::history::open(&format!("sqlite:{}/h.db", dir.path().display())).unwrap();
+    let targets = crate::core::advisor::StrategyTargets::default();
+    let many = crate::service::suggest_blocking(store.as_ref(), targets, &req).unwrap();
+    assert!(
+        many.settings.dataloader.num_workers > 4,
+        "{:?}",
+        many.settings.dataloader
+    );
+    let few = with(&[("SLURM_CPUS_PER_GPU", "2")])
+        .suggest_request(GpuRef::Name("NVIDIA A100-SXM4-80GB".into()));
+    let few = crate::service::suggest_blocking(store.as_ref(), targets, &few).unwrap();
+    assert!(
+        few.settings.dataloader.num_workers <= 2,
+        "{:?}",
+        few.settings.dataloader
+    );
+}

@@ -1,5 +1,5 @@
 //! Workloads the admission webhook configured (a `batch/v1` Job, a Kubeflow
-//! `PyTorchJob`): when one ends, its run is recorded once, with the same
+//! `PyTorchJob`, a `JobSet`, a Kubeflow Trainer `TrainJob`): when one ends, its run is recorded once, with the same
 //! rules as a TrainingJob's attempt, so the next submission learns from it.
 //!
 //! At admission the webhook labels the object and its pod templates
@@ -9,9 +9,14 @@
 //! so its memory grows with what gpufit configured, not with the cluster.
 //!
 //! - Outcome: the owner's end condition (`Complete`/`Failed` for a Job,
-//!   `Succeeded`/`Failed` for a PyTorchJob); a failure is classified from
+//!   `Succeeded`/`Failed` for a PyTorchJob, `Completed`/`Failed` for a
+//!   JobSet, `Complete`/`Failed` for a TrainJob); a failure is classified from
 //!   every pod by [`classify_pods`] (one CUDA OOM anywhere: the workload
 //!   ran out of GPU memory; a host `OOMKilled`: `other_error`).
+//! - Pods: those it owns; a JobSet's (owned by its child Jobs) and a
+//!   TrainJob's (its runtime JobSet's, named after it) by the label
+//!   `jobset.sigs.k8s.io/jobset-name`. A JobSet's child Job and a
+//!   TrainJob's JobSet are never recorded themselves.
 //! - Peak: the maximum over all its pods and GPUs (one query over every
 //!   pod); a peak not there yet is filled in later, paced like a
 //!   TrainingJob's ([`MAX_PEAK_LOOKUPS`]).
@@ -99,7 +104,38 @@ pub fn kinds() -> Vec<ApiResource> {
             &GroupVersionKind::gvk("kubeflow.org", "v1", "PyTorchJob"),
             "pytorchjobs",
         ),
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"),
+            "jobsets",
+        ),
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
+            "trainjobs",
+        ),
     ]
+}
+
+/// The label JobSet puts on its child Jobs and their pods (a TrainJob's
+/// runtime JobSet is named after the TrainJob, so its pods carry it too).
+pub const LABEL_JOBSET_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
+/// The JobSet's uid, on its child Jobs and pods.
+pub const LABEL_JOBSET_UID: &str = "jobset.sigs.k8s.io/jobset-uid";
+
+/// Whether this kind's pods are found through [`LABEL_JOBSET_NAME`] (they
+/// are owned by child Jobs, not by the workload) rather than owner references.
+fn pods_by_jobset_label(kind: &str) -> bool {
+    matches!(kind, "JobSet" | "TrainJob")
+}
+
+/// A child object another recorded workload stands for: a Job a JobSet
+/// created, or a JobSet a TrainJob created. Never recorded itself (its
+/// parent's run is the one record).
+fn is_child(obj: &DynamicObject) -> bool {
+    obj.labels().contains_key(LABEL_JOBSET_NAME)
+        || obj
+            .owner_references()
+            .iter()
+            .any(|o| matches!(o.kind.as_str(), "JobSet" | "TrainJob"))
 }
 
 /// Where a workload stands, from its `status.conditions`.
@@ -114,7 +150,8 @@ pub enum Progress {
 }
 
 /// The end condition of a Job (`Complete`/`Failed`), a PyTorchJob
-/// (`Succeeded`/`Failed`) or a JobSet (`Completed`/`Failed`).
+/// (`Succeeded`/`Failed`), a JobSet (`Completed`/`Failed`) or a TrainJob
+/// (`Complete`/`Failed`).
 pub fn progress(obj: &DynamicObject) -> Progress {
     let status = &obj.data["status"];
     for c in status["conditions"].as_array().into_iter().flatten() {
@@ -159,7 +196,7 @@ pub fn run_record(
     let (Some(applied), Some(workload)) = (anns.get(ANN_APPLIED), anns.get(ANN_WORKLOAD)) else {
         return Ok(None);
     };
-    if anns.contains_key(ANN_RECORDED) {
+    if anns.contains_key(ANN_RECORDED) || is_child(obj) {
         return Ok(None);
     }
     let Progress::Ended { success, at } = progress(obj) else {
@@ -254,10 +291,32 @@ fn ranked(pods: &[Pod]) -> Vec<Pod> {
     pods
 }
 
-/// The pods this workload owns, among the labelled ones of its namespace.
-fn owned(pods: Vec<Pod>, uid: &str) -> Vec<Pod> {
+/// The label selector that lists a workload's candidate pods: a JobSet's
+/// or TrainJob's by [`LABEL_JOBSET_NAME`] (their pods are owned by child
+/// Jobs), anything else's by [`LABEL_CONFIGURED`].
+fn pod_selector(kind: &str, name: &str) -> String {
+    if pods_by_jobset_label(kind) {
+        format!("{LABEL_JOBSET_NAME}={name}")
+    } else {
+        LABEL_CONFIGURED.to_string()
+    }
+}
+
+/// The pods of this workload, among the listed ones of its namespace: for
+/// a JobSet or TrainJob, those labelled with its name (a JobSet's pods
+/// carrying a different [`LABEL_JOBSET_UID`] belong to an earlier JobSet of
+/// the same name); for anything else, those it owns.
+fn owned(pods: Vec<Pod>, kind: &str, name: &str, uid: &str) -> Vec<Pod> {
     pods.into_iter()
-        .filter(|p| p.owner_references().iter().any(|o| o.uid == uid))
+        .filter(|p| {
+            if pods_by_jobset_label(kind) {
+                let l = p.labels();
+                l.get(LABEL_JOBSET_NAME).map(String::as_str) == Some(name)
+                    && (kind != "JobSet" || l.get(LABEL_JOBSET_UID).is_none_or(|u| u == uid))
+            } else {
+                p.owner_references().iter().any(|o| o.uid == uid)
+            }
+        })
         .collect()
 }
 
@@ -291,9 +350,11 @@ pub async fn reconcile_workload(
     let uid = fresh.uid().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let pods = owned(
-        pods.list(&ListParams::default().labels(LABEL_CONFIGURED))
+        pods.list(&ListParams::default().labels(&pod_selector(&ar.kind, &name)))
             .await?
             .items,
+        &ar.kind,
+        &name,
         &uid,
     );
     let rec = match run_record(&fresh, &pods, ctx.cluster.as_deref(), Utc::now()) {
@@ -637,5 +698,117 @@ mod tests {
                 at: Some("2026-01-01T01:00:00Z".into())
             }
         );
+    }
+
+    fn multi_pod(api_version: &str, kind: &str, conditions: Value) -> DynamicObject {
+        let mut obj = pytorchjob(conditions, &[]);
+        obj.types = Some(kube::api::TypeMeta {
+            api_version: api_version.into(),
+            kind: kind.into(),
+        });
+        obj
+    }
+
+    fn jobset_pod(name: &str, jobset: &str, uid: &str, exit: i32, message: &str) -> Pod {
+        let mut p = pod(name, "worker", exit, message, None);
+        p.metadata.labels = Some(
+            [
+                (LABEL_JOBSET_NAME.to_string(), jobset.to_string()),
+                (LABEL_JOBSET_UID.to_string(), uid.to_string()),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        p
+    }
+
+    #[test]
+    fn a_failed_jobset_with_one_pod_out_of_gpu_memory_is_one_oom_record() {
+        let failed = json!([{"type": "Failed", "status": "True",
+                             "lastTransitionTime": "2026-01-01T00:30:00Z"}]);
+        let js = multi_pod("jobset.x-k8s.io/v1alpha2", "JobSet", failed);
+        let listed = vec![
+            jobset_pod("llama-workers-0-0", "llama", "u-1", 1, ""),
+            jobset_pod(
+                "llama-workers-0-1",
+                "llama",
+                "u-1",
+                1,
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            ),
+            // Another JobSet's pod, and a pod of an earlier JobSet of the same name.
+            jobset_pod("other-workers-0-0", "other", "u-2", 0, ""),
+            jobset_pod("llama-workers-0-0-old", "llama", "u-0", 0, ""),
+        ];
+        let pods = owned(listed, "JobSet", "llama", "u-1");
+        assert_eq!(pods.len(), 2);
+        let r = record(&js, &pods).expect("recorded");
+        assert!(!r.result.success);
+        assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+        assert_eq!(r.job_id.as_deref(), Some("JobSet:team/llama/u-1"));
+        assert_eq!(
+            pod_selector("JobSet", "llama"),
+            format!("{LABEL_JOBSET_NAME}=llama")
+        );
+    }
+
+    #[test]
+    fn a_completed_jobset_is_a_success() {
+        let done = json!([{"type": "Completed", "status": "True"}]);
+        let js = multi_pod("jobset.x-k8s.io/v1alpha2", "JobSet", done);
+        assert!(record(&js, &[]).expect("recorded").result.success);
+    }
+
+    #[test]
+    fn a_completed_trainjob_is_one_success_record() {
+        let done = json!([
+            {"type": "Created", "status": "True"},
+            {"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T01:00:00Z"}
+        ]);
+        let tj = multi_pod("trainer.kubeflow.org/v1alpha1", "TrainJob", done);
+        let pods = owned(
+            vec![
+                jobset_pod("llama-node-0-0", "llama", "js-uid", 0, ""),
+                jobset_pod("llama-node-0-1", "llama", "js-uid", 0, ""),
+            ],
+            "TrainJob",
+            "llama",
+            "u-1",
+        );
+        assert_eq!(
+            pods.len(),
+            2,
+            "a TrainJob's pods carry its runtime JobSet's uid"
+        );
+        let r = record(&tj, &pods).expect("recorded");
+        assert!(r.result.success);
+        assert_eq!(r.job_id.as_deref(), Some("TrainJob:team/llama/u-1"));
+        assert_eq!(r.predicted_peak_bytes, Some(32_000_000_000));
+    }
+
+    #[test]
+    fn a_jobsets_child_job_or_a_trainjobs_jobset_is_never_recorded() {
+        let done = json!([{"type": "Complete", "status": "True"}]);
+        let mut job = multi_pod("batch/v1", "Job", done.clone());
+        job.metadata.labels = Some(
+            [(LABEL_JOBSET_NAME.to_string(), "llama".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(record(&job, &[]), None);
+        let mut js = multi_pod("jobset.x-k8s.io/v1alpha2", "JobSet", done);
+        js.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "name": "llama", "uid": "t-1"
+        }))
+        .expect("an owner reference")]);
+        assert_eq!(record(&js, &[]), None);
+    }
+
+    #[test]
+    fn jobset_and_trainjob_are_watched() {
+        let plurals: Vec<_> = kinds().into_iter().map(|k| k.plural).collect();
+        assert!(plurals.contains(&"jobsets".to_string()));
+        assert!(plurals.contains(&"trainjobs".to_string()));
     }
 }

@@ -39,11 +39,22 @@ struct FakeApi {
 
 fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
     if path == "/api/v1/namespaces/ml/pods" && method == "GET" {
-        let selected = query.contains("gpufit.io%2Fconfigured") || query.contains(LABEL_CONFIGURED);
+        let query = query.replace("%2F", "/").replace("%3D", "=");
+        let selected = query.contains(LABEL_CONFIGURED);
+        // A JobSet's pods are selected by the JobSet's name label.
+        let jobset = query
+            .split_once("jobset.sigs.k8s.io/jobset-name=")
+            .map(|(_, v)| v.split('&').next().unwrap_or_default().to_string());
         let items: Vec<Value> = api
             .pods
             .iter()
-            .filter(|p| selected && p["metadata"]["labels"][LABEL_CONFIGURED] == "true")
+            .filter(|p| {
+                let l = &p["metadata"]["labels"];
+                match &jobset {
+                    Some(js) => l["jobset.sigs.k8s.io/jobset-name"] == js.as_str(),
+                    None => selected && l[LABEL_CONFIGURED] == "true",
+                }
+            })
             .cloned()
             .collect();
         return (
@@ -51,7 +62,7 @@ fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value)
             json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
         );
     }
-    for plural in ["jobs", "pytorchjobs"] {
+    for plural in ["jobs", "pytorchjobs", "jobsets"] {
         let Some(name) = path
             .rsplit_once(&format!("/namespaces/ml/{plural}/"))
             .map(|(_, n)| n.to_string())
@@ -525,4 +536,80 @@ async fn a_workload_deleted_before_it_ended_is_not_recorded() {
     w.api.lock().unwrap().objects.remove("jobs/gone");
     reconcile(&seen, &c).await;
     assert!(w.runs().is_empty());
+}
+
+const JOBSET: (&str, &str, &str, &str) = ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets");
+
+fn jobset(name: &str) -> Value {
+    let template =
+        json!({"spec": {"restartPolicy": "Never", "containers": [container("trainer")]}});
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": "ml", "annotations": annotations()},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": {
+            "parallelism": 2, "completions": 2, "backoffLimit": 0, "template": template}}}]}
+    })
+}
+
+/// A pod as the JobSet's child Job creates it: owned by the Job (not the
+/// JobSet), labelled with the JobSet's name and uid.
+fn jobset_pod(js: &Value, index: u32, state: Value) -> Value {
+    let name = js["metadata"]["name"].as_str().unwrap();
+    let uid = js["metadata"]["uid"].as_str().unwrap();
+    let tmpl = &js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+    let mut labels = tmpl["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels["jobset.sigs.k8s.io/jobset-name"] = json!(name);
+    labels["jobset.sigs.k8s.io/jobset-uid"] = json!(uid);
+    labels["batch.kubernetes.io/job-completion-index"] = json!(index.to_string());
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{name}-workers-0-{index}"), "namespace": "ml", "labels": labels,
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": format!("{name}-workers-0"),
+                "uid": "child-job-uid", "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"nodeName": format!("gpu-{index}"), "containers": tmpl["spec"]["containers"].clone()},
+        "status": {"phase": "Failed", "hostIP": "10.0.0.1", "containerStatuses": [{
+            "name": "trainer", "image": "ghcr.io/acme/train:1", "imageID": "", "ready": false,
+            "restartCount": 0, "state": state}]}
+    })
+}
+
+#[tokio::test]
+async fn a_jobset_whose_one_pod_ran_out_of_memory_is_one_oom_record_with_the_peak_over_its_pods() {
+    let w = World::new();
+    let js = w.submit(JOBSET, jobset("multi"));
+    let first: Value = applied(&js);
+    *w.peaks.bytes.lock().unwrap() = Some(75 << 30);
+    let done = json!({"terminated": {"exitCode": 143, "reason": "Error",
+        "startedAt": "2026-01-01T00:00:10Z", "finishedAt": "2026-01-01T00:10:00Z"}});
+    w.api.lock().unwrap().pods = vec![jobset_pod(&js, 0, done), jobset_pod(&js, 1, oom())];
+    let failed = w.set_status(
+        "jobsets/multi",
+        json!({"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs",
+            "lastTransitionTime": "2026-01-01T00:10:05Z"}], "terminalState": "Failed"}),
+    );
+    let c1 = w.controller(JOBSET);
+    reconcile(&failed, &c1).await;
+    // A duplicate event, and a restarted controller seeing the stale copy.
+    reconcile(&failed, &c1).await;
+    reconcile(&failed, &w.controller(JOBSET)).await;
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1, "one record for the JobSet: {runs:#?}");
+    let r = &runs[0];
+    assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+    assert_eq!(r.result.peak_memory_bytes, Some(75 << 30));
+    assert_eq!(r.predicted_peak_bytes, first["predictedPeakBytes"].as_u64());
+    assert!(r
+        .job_id
+        .as_deref()
+        .unwrap_or_default()
+        .starts_with("JobSet:ml/multi/"));
+    let q = w.peaks.queries.lock().unwrap().clone();
+    assert_eq!(q.len(), 1, "the peak is read once");
+    assert_eq!(q[0].pods.len(), 2, "the peak is the max over both pods");
+    let stored = w.api.lock().unwrap().objects["jobsets/multi"].clone();
+    assert!(stored["metadata"]["annotations"][ANN_RECORDED].is_string());
+    assert!(w.api.lock().unwrap().unexpected.is_empty());
 }

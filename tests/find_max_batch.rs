@@ -11,22 +11,7 @@ use std::time::{Duration, Instant};
 
 #[path = "common/cli.rs"]
 mod cli;
-use cli::{args, text, Env, A100, MODEL};
-
-const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
-
-const WORKLOAD: &[&str] = &[
-    "--model",
-    "meta-llama/Llama-3.1-8B",
-    "--method",
-    "lora",
-    "--lora-rank",
-    "16",
-    "--seq-len",
-    "2048",
-    "--gpu",
-    "NVIDIA A100-SXM4-80GB",
-];
+use cli::{args, text, Env, A100, BIN, MODEL};
 
 /// Whether a process is alive (a zombie, already dead, counts as gone).
 fn alive(pid: i32) -> bool {
@@ -70,7 +55,8 @@ fn signal_mid_trial_kills_the_trial(signal: nix::sys::signal::Signal, want_exit:
         .args(["find-max-batch", "--cmd"])
         .arg(format!("sh {} {{micro_batch_size}}", script.display()))
         .args(["--steps", "1", "--timeout", "120s", "--history", &history])
-        .args(WORKLOAD)
+        .args(MODEL)
+        .args(["--gpu", A100])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -136,7 +122,8 @@ fn search(dir: &Path, cmd_tail: &str, extra: &[&str]) -> (Vec<serde_json::Value>
         ))
         .args(["--steps", "1", "--start", "2", "--max-batch", "8"])
         .args(["--history", &history])
-        .args(WORKLOAD)
+        .args(MODEL)
+        .args(["--gpu", A100])
         .args(["--checkpointing", "on", "--compile", "on"])
         .args(extra)
         .output()

@@ -309,6 +309,29 @@ pub fn parse_lora_targets(s: &str) -> crate::Result<Vec<LoraTarget>> {
     LoraTarget::parse_list(s).map_err(|e| usage("--lora-targets", &e))
 }
 
+/// SIGINT (a terminal) or SIGTERM (systemd, Kubernetes) stops it.
+pub(crate) async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::common::shutdown_signal;
 use super::history::StoreArgs;
 use super::Global;
 use crate::controller::api::{self, ApiConfig};
@@ -121,29 +122,6 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
     let cfg = kubernetes_config(args, api_cfg);
     rt.block_on(run::run(cfg, shutdown_signal()))?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// SIGINT (a terminal) or SIGTERM (systemd, Kubernetes) stops it.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 /// `--no-kubernetes`: the Slurm HTTP API alone, until a signal. A Slurm

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::common::shutdown_signal;
 use super::Global;
 use crate::sidecar::{
     Backend, BackendConfig, HttpConfig, SidecarConfig, SimulateConfig, TrackerConfig,
@@ -191,28 +192,6 @@ pub fn run(_g: &Global, args: SidecarArgs) -> crate::Result<ExitCode> {
         Ok::<_, crate::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Ctrl-C or SIGTERM (what Kubernetes and systemd send).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }
 
 /// `gpufit gpus --live`: what the sidecar's source sees on this node now.

@@ -423,7 +423,7 @@ async fn a_new_training_job_gets_a_job_with_the_settings_and_an_owner_reference_
         s.ctx
             .metrics
             .suggestions
-            .with_label_values(&["heuristic", "balanced", "kubernetes"])
+            .with_label_values(&["heuristic", "balanced", "trainingjob"])
             .get(),
         1
     );

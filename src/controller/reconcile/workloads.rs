@@ -47,9 +47,11 @@ use serde_json::{json, Value};
 
 use crate::controller::crd::{AttemptOutcome, SettingsStatus};
 use crate::controller::inject::ANN_APPLIED;
-use crate::controller::metrics::{RunOutcome, Via};
+use crate::controller::metrics::RunOutcome;
 use crate::controller::ControllerError;
-use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use crate::core::run::{
+    FailureReason, RunKey, RunOrigin, RunPath, RunRecord, RunResult, RunSource,
+};
 use crate::core::workload::Workload;
 
 use super::context::{Context, PeakQuery, PodRef};
@@ -229,7 +231,7 @@ pub fn run_record(
     } else {
         classify_pods(&pods).map_or(AttemptOutcome::Failed, |(o, _)| o)
     };
-    let start = unix(obj.data["status"]["startTime"].as_str());
+    let start = started(obj, &pods);
     let duration = match (start, unix(at.as_deref())) {
         (Some(s), Some(e)) if e >= s => Some(e - s),
         _ => None,
@@ -263,6 +265,20 @@ pub fn run_record(
     )
     .with_prediction(applied["predictedPeakBytes"].as_u64());
     Ok(Some(record))
+}
+
+/// When the workload started (Unix seconds): its `status.startTime` (a
+/// Job, a PyTorchJob), else its earliest pod's (a TrainJob's status has no
+/// start time; a JobSet's neither).
+fn started(obj: &DynamicObject, pods: &[Pod]) -> Option<f64> {
+    unix(obj.data["status"]["startTime"].as_str()).or_else(|| {
+        pods.iter()
+            .filter_map(|p| {
+                let t = p.status.as_ref()?.start_time.as_ref()?;
+                Some(t.0.as_millisecond() as f64 / 1000.0)
+            })
+            .reduce(f64::min)
+    })
 }
 
 /// The job id of a webhook-path run: `Kind:namespace/name/uid` (the
@@ -336,6 +352,11 @@ pub async fn reconcile_workload(
     let ns = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, ar);
+    // Only the leader records (a second replica's watch sees the same
+    // events); the new leader's controller lists every object afresh.
+    if !ctx.is_leading() {
+        return Ok(Action::await_change());
+    }
     if obj.annotations().contains_key(ANN_RECORDED) {
         return fill_late_peak(ctx, &api, &obj).await;
     }
@@ -369,7 +390,7 @@ pub async fn reconcile_workload(
         namespace: ns.clone(),
         job: name.clone(),
         pods: pods.iter().map(pod_ref).collect(),
-        start: unix(fresh.data["status"]["startTime"].as_str()),
+        start: started(&fresh, &pods),
         end: match progress(&fresh) {
             Progress::Ended { at, .. } => unix(at.as_deref()),
             Progress::Running => None,
@@ -384,6 +405,12 @@ pub async fn reconcile_workload(
         Some(FailureReason::Oom) => RunOutcome::Oom,
         Some(FailureReason::OtherError) => RunOutcome::OtherError,
     };
+    // Leadership may have moved during the lookups above: the one that
+    // holds it now records (the run's identity keeps a race harmless, but
+    // a deposed replica should not even try).
+    if !ctx.is_leading() {
+        return Ok(Action::await_change());
+    }
     let (store, metrics, r) = (ctx.history.clone(), ctx.metrics.clone(), rec.clone());
     let id = tokio::task::spawn_blocking(move || {
         let id = store.record(&r)?;
@@ -392,7 +419,7 @@ pub async fn reconcile_workload(
     })
     .await
     .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
-    ctx.metrics.count_run(Via::Webhook, &gpu, outcome);
+    ctx.metrics.count_run(RunPath::Webhook, &gpu, outcome);
     if outcome == RunOutcome::Oom {
         ctx.metrics.ooms.inc();
     }
@@ -478,6 +505,9 @@ async fn fill_late_peak(
     };
     let name = obj.name_any();
     if let Ok(Some(p)) = read_peak(ctx, q).await {
+        if !ctx.is_leading() {
+            return Ok(Action::await_change());
+        }
         let store = ctx.history.clone();
         let bytes = p.bytes;
         tokio::task::spawn_blocking(move || store.set_peak(id, bytes))

@@ -660,6 +660,13 @@ async fn a_peak_missing_when_the_job_ends_is_filled_in_later_and_a_host_oomkill_
     let runs = w.runs();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].result.peak_memory_bytes, Some(33 << 30));
+    let q = w.peaks.queries.lock().unwrap().clone();
+    assert_eq!(q.len(), 2, "looked up at the end, then once when due");
+    assert_eq!(
+        q[1].pods.len(),
+        1,
+        "the late lookup names the pod still there"
+    );
     let done = w.api.lock().unwrap().objects["jobs/late"].clone();
     assert!(done["metadata"]["annotations"]["gpufit.io/peak-pending"].is_null());
 }

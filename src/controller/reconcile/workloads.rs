@@ -20,9 +20,14 @@
 //! - Peak: the maximum over all its pods and GPUs (one query over every
 //!   pod); a peak not there yet is filled in later, paced like a
 //!   TrainingJob's ([`MAX_PEAK_LOOKUPS`]).
+//! - Duration: from `status.startTime`, or (a JobSet, a TrainJob: their
+//!   status has none) the earliest pod's start, to the end condition.
 //! - Tokens/s: as the job printed it, read from the lowest rank that
 //!   printed one (the master first) — not summed over ranks, like the
 //!   single-pod TrainingJob, whose one pod prints what its rank 0 prints.
+//! - Only the leader records ([`Context::is_leading`], checked before the
+//!   API server is asked and again right before each write): a standby
+//!   replica, or one that lost the Lease mid-reconcile, writes nothing.
 //! - Exactly once: the run's identity is (source, cluster, `Kind:ns/name/uid`),
 //!   so recording again updates the same row; the object is then annotated
 //!   [`ANN_RECORDED`], read fresh from the API server before recording so a
@@ -358,7 +363,7 @@ pub async fn reconcile_workload(
         return Ok(Action::await_change());
     }
     if obj.annotations().contains_key(ANN_RECORDED) {
-        return fill_late_peak(ctx, &api, &obj).await;
+        return fill_late_peak(ctx, &api, &ar.kind, &obj).await;
     }
     if !matches!(progress(&obj), Progress::Ended { .. }) {
         return Ok(Action::requeue(Duration::from_secs(300)));
@@ -369,15 +374,7 @@ pub async fn reconcile_workload(
         return Ok(Action::await_change());
     };
     let uid = fresh.uid().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let pods = owned(
-        pods.list(&ListParams::default().labels(&pod_selector(&ar.kind, &name)))
-            .await?
-            .items,
-        &ar.kind,
-        &name,
-        &uid,
-    );
+    let pods = workload_pods(ctx, &ns, &ar.kind, &name, &uid).await?;
     let rec = match run_record(&fresh, &pods, ctx.cluster.as_deref(), Utc::now()) {
         Ok(Some(r)) => r,
         Ok(None) => return Ok(Action::await_change()),
@@ -435,6 +432,23 @@ pub async fn reconcile_workload(
     })
 }
 
+/// The workload's pods still in the API server (label-selected, then
+/// [`owned`]).
+async fn workload_pods(
+    ctx: &Context,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Vec<Pod>, kube::Error> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = api
+        .list(&ListParams::default().labels(&pod_selector(kind, name)))
+        .await?
+        .items;
+    Ok(owned(listed, kind, name, uid))
+}
+
 fn pod_ref(p: &Pod) -> PodRef {
     PodRef {
         name: p.name_any(),
@@ -471,6 +485,7 @@ async fn annotate(
 async fn fill_late_peak(
     ctx: &Context,
     api: &Api<DynamicObject>,
+    kind: &str,
     obj: &DynamicObject,
 ) -> Result<Action, ControllerError> {
     let anns = obj.annotations();
@@ -493,11 +508,17 @@ async fn fill_late_peak(
             return Ok(Action::requeue(wait.max(Duration::from_millis(100))));
         }
     }
+    // Its pods, while they linger (a finished Job's stay until its TTL):
+    // the query names them, and a TrainJob's start comes from them. Gone:
+    // the pods of `<name>-…`.
+    let ns = obj.namespace().unwrap_or_default();
+    let uid = obj.uid().unwrap_or_default();
+    let pods = workload_pods(ctx, &ns, kind, &obj.name_any(), &uid).await?;
     let q = PeakQuery {
-        namespace: obj.namespace().unwrap_or_default(),
+        namespace: ns,
         job: obj.name_any(),
-        pods: vec![],
-        start: unix(obj.data["status"]["startTime"].as_str()),
+        pods: pods.iter().map(pod_ref).collect(),
+        start: started(obj, &pods),
         end: match progress(obj) {
             Progress::Ended { at, .. } => unix(at.as_deref()),
             Progress::Running => None,

@@ -1312,3 +1312,47 @@ async fn a_trainjobs_recorded_peak_is_the_max_over_its_pods_from_a_real_promethe
         "the peak was there at once: nothing pending"
     );
 }
+
+#[tokio::test]
+async fn a_failed_trainjob_whose_one_node_ran_out_of_memory_is_one_oom_record_and_the_next_learns()
+{
+    let mut w = World::new();
+    let tj = w.submit(TRAINJOB, trainjob("tj-oom"));
+    let first: Value = applied(&tj);
+    *w.peaks.bytes.lock().unwrap() = Some(78 << 30);
+    // Node 1 runs out of GPU memory; JobSet's failure policy stops node 0.
+    let stopped = json!({"terminated": {"exitCode": 143, "reason": "Error",
+        "startedAt": "2026-01-01T00:00:10Z", "finishedAt": "2026-01-01T00:05:00Z"}});
+    w.api.lock().unwrap().pods = vec![
+        trainjob_pod(&tj, 0, "aaaaa", stopped),
+        trainjob_pod(&tj, 1, "bbbbb", oom()),
+    ];
+    // Kubeflow Trainer copies the JobSet's Failed condition.
+    let failed = w.set_status(
+        "trainjobs/tj-oom",
+        json!({"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs",
+            "message": "jobset failed due to one or more job failures",
+            "lastTransitionTime": "2026-01-01T00:05:05Z"}],
+            "jobsStatus": [{"name": "node", "ready": 0, "succeeded": 0, "failed": 1, "active": 0,
+                "suspended": 0}]}),
+    );
+    let c = w.controller(TRAINJOB);
+    reconcile(&failed, &c).await;
+    reconcile(&failed, &w.controller(TRAINJOB)).await;
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1, "one record, not one per node: {runs:#?}");
+    assert_eq!(runs[0].result.failure_reason, Some(FailureReason::Oom));
+    assert_eq!(runs[0].result.peak_memory_bytes, Some(78 << 30));
+    assert_eq!(runs[0].result.duration_sec, Some(300.0));
+
+    w.later();
+    let again = w.submit(TRAINJOB, trainjob("tj-oom-2"));
+    let second: Value = applied(&again);
+    assert_eq!(second["source"], "learned_from_failures", "{second}");
+    assert!(
+        second["settings"]["microBatchSize"].as_u64()
+            < first["settings"]["microBatchSize"].as_u64()
+            || second["settings"]["activationCheckpointing"] == true,
+        "the OOM made the next suggestion lighter: {first} → {second}"
+    );
+}

@@ -292,6 +292,14 @@ impl Scenario {
         }
     }
 
+    /// This replica's leadership as `leading` says (a Lease elsewhere).
+    fn with_leading(mut self, leading: tokio::sync::watch::Receiver<bool>) -> Self {
+        Arc::get_mut(&mut self.ctx)
+            .expect("the context is not shared yet")
+            .leading = leading;
+        self
+    }
+
     /// The TrainingJob as the fake API server holds it now.
     fn tj(&self) -> TrainingJob {
         serde_json::from_value(self.api.lock().unwrap().tj.clone().expect("tj")).expect("tj")
@@ -423,7 +431,7 @@ async fn a_new_training_job_gets_a_job_with_the_settings_and_an_owner_reference_
         s.ctx
             .metrics
             .suggestions
-            .with_label_values(&["heuristic", "balanced", "kubernetes"])
+            .with_label_values(&["heuristic", "balanced", "trainingjob"])
             .get(),
         1
     );
@@ -433,6 +441,20 @@ async fn a_new_training_job_gets_a_job_with_the_settings_and_an_owner_reference_
     s.reconcile().await.expect("idempotent");
     assert_eq!(s.api.lock().unwrap().jobs_created().len(), 1);
     assert_eq!(s.api.lock().unwrap().status_patches(), patches);
+}
+
+#[tokio::test]
+async fn a_replica_that_does_not_lead_creates_no_job_and_writes_no_status() {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let s = Scenario::new(lora_tj(), a100_nodes()).with_leading(rx);
+    s.reconcile().await.expect("reconcile succeeds");
+    assert!(s.api.lock().unwrap().jobs_created().is_empty());
+    assert_eq!(s.api.lock().unwrap().status_patches(), 0);
+    // Once it holds the Lease, the same TrainingJob gets its one Job.
+    tx.send(true).expect("receiver alive");
+    s.reconcile().await.expect("reconcile succeeds");
+    assert_eq!(s.api.lock().unwrap().jobs_created().len(), 1);
+    s.assert_no_unexpected_requests();
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpufit::core::run::RUN_PATHS;
 use serde_json::{json, Value};
 
 /// Panels whose metrics only a controller in Kubernetes mode produces (its
@@ -243,6 +244,8 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
     );
     let mut empty = Vec::new();
     let mut skipped = Vec::new();
+    // (panel, `path` label value) of every series that has one.
+    let mut paths: Vec<(String, String)> = Vec::new();
     for (dash, title, expr) in &queries {
         let q = substitute(expr);
         let resp: Value = agent()
@@ -254,6 +257,11 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
             .unwrap();
         assert_eq!(resp["status"], "success", "{dash} / {title}: {resp}");
         let n = resp["data"]["result"].as_array().map_or(0, Vec::len);
+        for series in resp["data"]["result"].as_array().into_iter().flatten() {
+            if let Some(p) = series["metric"]["path"].as_str() {
+                paths.push((title.clone(), p.to_string()));
+            }
+        }
         if n == 0 {
             match KUBERNETES_ONLY.iter().find(|(t, _)| t == title) {
                 Some((_, why)) => skipped.push(format!("{title}: {why}")),
@@ -266,4 +274,21 @@ fn every_dashboard_panel_returns_data_from_a_real_prometheus() {
         queries.len()
     );
     assert!(empty.is_empty(), "panels without data: {empty:#?}");
+    // One vocabulary: every `path` a panel shows is one `gpufit report`
+    // uses, and the Slurm Epilog's runs and the Prolog's suggestions are
+    // `slurm` on both panels, as the report calls them.
+    let foreign: Vec<_> = paths
+        .iter()
+        .filter(|(_, p)| !RUN_PATHS.contains(&p.as_str()))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "paths gpufit report does not know: {foreign:?}"
+    );
+    for panel in ["Recorded runs by path", "Suggestions by path"] {
+        assert!(
+            paths.iter().any(|(t, p)| t == panel && p == "slurm"),
+            "{panel}: no slurm series in {paths:?}"
+        );
+    }
 }

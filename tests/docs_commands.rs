@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
+
 const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
 
 /// (a substring of the command, why it is not run here).
@@ -274,8 +276,8 @@ impl Sandbox {
     }
 }
 
-#[test]
-fn every_documented_command_runs_as_written() {
+/// README.md and docs/*.md.
+fn doc_files() -> Vec<PathBuf> {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = vec![repo.join("README.md")];
     let mut docs: Vec<PathBuf> = std::fs::read_dir(repo.join("docs"))
@@ -285,6 +287,55 @@ fn every_documented_command_runs_as_written() {
         .collect();
     docs.sort();
     files.extend(docs);
+    files
+}
+
+/// The ```yaml blocks of a Markdown file, as (first line, text with the
+/// list-item indentation of the fence removed).
+fn yaml_blocks(file: &Path) -> Vec<(usize, String)> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut out = Vec::new();
+    let mut open: Option<(usize, usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let indent = line.len() - line.trim_start().len();
+        match &mut open {
+            None if line.trim_start() == "```yaml" => open = Some((i + 1, indent, String::new())),
+            Some((at, _, body)) if line.trim_start() == "```" => {
+                out.push((*at, std::mem::take(body)));
+                open = None;
+            }
+            Some((_, fence, body)) => {
+                body.push_str(line.get(*fence..).unwrap_or(line.trim_start()));
+                body.push('\n');
+            }
+            None => {}
+        }
+    }
+    out
+}
+
+/// Every YAML example in the docs parses (a reader pastes them).
+#[test]
+fn every_yaml_block_in_the_docs_parses() {
+    let mut n = 0;
+    let mut bad = Vec::new();
+    for f in doc_files() {
+        for (line, body) in yaml_blocks(&f) {
+            n += 1;
+            for doc in serde_yaml::Deserializer::from_str(&body) {
+                if let Err(e) = serde_yaml::Value::deserialize(doc) {
+                    bad.push(format!("{}:{line}: {e}", f.display()));
+                }
+            }
+        }
+    }
+    assert!(n >= 4, "the docs lost their YAML examples ({n})");
+    assert!(bad.is_empty(), "YAML that does not parse: {bad:#?}");
+}
+
+#[test]
+fn every_documented_command_runs_as_written() {
+    let files = doc_files();
     let commands: Vec<DocCommand> = files.iter().flat_map(|f| commands_in(f)).collect();
 
     let sandbox = Sandbox::new();

@@ -670,4 +670,43 @@ fn report_counts_the_runs_of_each_path() {
     for want in ["path", "trainingjob", "webhook", "slurm"] {
         assert!(s.contains(want), "table lacks `{want}`:\n{s}");
     }
+
+    // The HTML report has the same split, as a table the browser parses.
+    let page = dir.path().join("paths.html");
+    let out = gpufit(&[
+        "report",
+        "--history",
+        &url,
+        "--since",
+        "24h",
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = chromium(
+        &dir.path().join("profile-paths"),
+        &["--dump-dom".into()],
+        &page,
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let table = &dom[dom
+        .find("<table id=\"by-path\">")
+        .expect("the by-path table in the DOM")..];
+    let table = &table[..table.find("</table>").expect("the table's end")];
+    for (path, runs, ok, oom) in [
+        ("trainingjob", 1, 1, 0),
+        ("webhook", 2, 1, 1),
+        ("slurm", 1, 1, 0),
+        ("cli", 1, 1, 0),
+    ] {
+        let row = format!(
+            "<tr><td>{path}</td><td class=\"n\">{runs}</td><td class=\"n\">{ok}</td><td class=\"n\">{oom}</td>"
+        );
+        assert!(table.contains(&row), "{row} not in {table}");
+    }
+    assert!(!table.contains("import"), "a path without runs is left out");
 }

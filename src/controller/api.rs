@@ -412,7 +412,7 @@ fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
     } else {
         RunOutcome::OtherError
     };
-    m.count_run(Via::SlurmApi, &gpu, outcome);
+    m.count_run(run.run_path(), &gpu, outcome);
     if run.is_oom() {
         m.ooms.inc();
     }

@@ -18,6 +18,7 @@ use prometheus::{
 
 use super::api::ApiState;
 use super::ControllerError;
+use crate::core::run::RunPath;
 
 /// The name of every metric the controller exports, in one place (the
 /// dashboards, alerts and docs use them as written here).
@@ -36,7 +37,9 @@ pub mod names {
     pub const WEBHOOK_DURATION: &str = "gpufit_webhook_duration_seconds";
 }
 
-/// Which way a suggestion or a run came in: the `path` label.
+/// Which way a suggestion came in: the `path` label, in the fleet view's
+/// one vocabulary ([`RunPath`]: `trainingjob`, `webhook`, `slurm`), so a
+/// dashboard's `path` and `gpufit report`'s name the same thing alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
     /// The TrainingJob reconciler.
@@ -48,12 +51,17 @@ pub enum Via {
 }
 
 impl Via {
-    pub fn as_str(self) -> &'static str {
+    /// The path runs configured this way are recorded under.
+    pub fn path(self) -> RunPath {
         match self {
-            Via::Kubernetes => "kubernetes",
-            Via::Webhook => "webhook",
-            Via::SlurmApi => "slurm_api",
+            Via::Kubernetes => RunPath::TrainingJob,
+            Via::Webhook => RunPath::Webhook,
+            Via::SlurmApi => RunPath::Slurm,
         }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.path().as_str()
     }
 }
 
@@ -94,9 +102,10 @@ pub struct Metrics {
     pub ooms: IntCounter,
     /// Relative prediction error (predicted − measured) / measured.
     pub prediction_error: Histogram,
-    /// Runs recorded, by path, GPU model and outcome. Cardinality: 2 paths
-    /// × the fleet's GPU models × 3 outcomes (a fleet of 20 GPU models:
-    /// 120 series).
+    /// Runs recorded, by path, GPU model and outcome. Cardinality: the 5
+    /// paths of [`RunPath::ALL`] (3 in practice: trainingjob, webhook,
+    /// slurm) × the fleet's GPU models × 3 outcomes (a fleet of 20 GPU
+    /// models: 180 series).
     pub runs: IntCounterVec,
     /// Prediction error by GPU model (11 buckets × GPU models).
     pub prediction_error_by_gpu: HistogramVec,
@@ -136,7 +145,7 @@ impl Metrics {
         let suggestions = IntCounterVec::new(
             Opts::new(
                 names::SUGGESTIONS,
-                "Suggestions made, by source, strategy and path (kubernetes, webhook, slurm_api)",
+                "Suggestions made, by source, strategy and path (trainingjob, webhook, slurm)",
             ),
             &["source", "strategy", "path"],
         )
@@ -169,7 +178,7 @@ impl Metrics {
         let runs = IntCounterVec::new(
             Opts::new(
                 names::RUNS,
-                "Runs recorded, by path (kubernetes, slurm_api), GPU model and outcome (success, oom, other_error)",
+                "Runs recorded, by path (trainingjob, webhook, slurm, cli, import: as gpufit report names them), GPU model and outcome (success, oom, other_error)",
             ),
             &["path", "gpu_model", "outcome"],
         )
@@ -253,10 +262,10 @@ impl Metrics {
         self.suggestion_confidence.observe(s.confidence);
     }
 
-    /// Counts a recorded run.
-    pub fn count_run(&self, via: Via, gpu_model: &str, outcome: RunOutcome) {
+    /// Counts a recorded run under its own path ([`RunRecord::run_path`](crate::core::run::RunRecord::run_path)).
+    pub fn count_run(&self, path: RunPath, gpu_model: &str, outcome: RunOutcome) {
         self.runs
-            .with_label_values(&[via.as_str(), gpu_model, outcome.as_str()])
+            .with_label_values(&[path.as_str(), gpu_model, outcome.as_str()])
             .inc();
     }
 

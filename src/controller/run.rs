@@ -120,7 +120,9 @@ pub async fn run(
     ctx.targets = cfg.targets;
     ctx.default_mode = cfg.mode;
     ctx.cluster = cfg.cluster.clone();
-    reconcile_while_leading(&cfg, client, Arc::new(ctx), &stop).await;
+    let (lead_tx, lead_rx) = watch::channel(cfg.leader.is_none());
+    ctx.leading = lead_rx;
+    reconcile_while_leading(&cfg, client, Arc::new(ctx), lead_tx, &stop).await;
     Ok(())
 }
 
@@ -235,9 +237,10 @@ async fn reconcile_while_leading(
     cfg: &ControllerConfig,
     client: Client,
     ctx: Arc<Context>,
+    lead_tx: watch::Sender<bool>,
     stop: &Stop,
 ) {
-    let (lead_tx, mut lead_rx) = watch::channel(cfg.leader.is_none());
+    let mut lead_rx = ctx.leading.clone();
     if let Some(lcfg) = cfg.leader.clone() {
         let (c, s) = (client.clone(), stop.stopped());
         tokio::spawn(leader::run(c, lcfg, lead_tx, s));

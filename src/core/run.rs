@@ -324,32 +324,87 @@ impl RunRecord {
     /// admission webhook configured: its job id reads `Kind:ns/name/uid`),
     /// `slurm`, `cli` (`gpufit record`, `find-max-batch`) or `import`.
     pub fn path(&self) -> &'static str {
-        run_path(self.source, self.job_id.as_deref())
+        self.run_path().as_str()
+    }
+
+    /// [`RunRecord::path`], typed.
+    pub fn run_path(&self) -> RunPath {
+        RunPath::of(self.source, self.job_id.as_deref())
     }
 }
 
-/// [`RunRecord::path`] from the two columns it reads (the report streams
-/// them without building a record).
-pub fn run_path(source: RunSource, job_id: Option<&str>) -> &'static str {
-    match source {
-        RunSource::Kubernetes => {
-            let webhook = job_id
-                .and_then(|j| j.split('/').next())
-                .is_some_and(|first| first.contains(':'));
-            if webhook {
-                "webhook"
-            } else {
-                "trainingjob"
-            }
+/// How a run reached the history: the one `path` vocabulary of the fleet
+/// view — `gpufit report` (text, JSON, HTML), the controller's metrics'
+/// `path` label and the Grafana dashboards all use these names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RunPath {
+    /// The TrainingJob reconciler.
+    TrainingJob,
+    /// A workload the admission webhook configured.
+    Webhook,
+    /// The Slurm Prolog/Epilog (through the controller's HTTP API).
+    Slurm,
+    /// `gpufit record`, `gpufit find-max-batch`.
+    Cli,
+    /// `gpufit history import`.
+    Import,
+}
+
+impl RunPath {
+    /// Every path, in report order.
+    pub const ALL: [RunPath; 5] = [
+        RunPath::TrainingJob,
+        RunPath::Webhook,
+        RunPath::Slurm,
+        RunPath::Cli,
+        RunPath::Import,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RunPath::TrainingJob => "trainingjob",
+            RunPath::Webhook => "webhook",
+            RunPath::Slurm => "slurm",
+            RunPath::Cli => "cli",
+            RunPath::Import => "import",
         }
-        RunSource::Slurm => "slurm",
-        RunSource::Cli | RunSource::FindMaxBatch => "cli",
-        RunSource::Import => "import",
     }
+
+    /// The path of a stored run, from the two columns it reads (the report
+    /// streams them without building a record): a Kubernetes run whose job
+    /// id reads `Kind:ns/name/uid` came through the webhook.
+    pub fn of(source: RunSource, job_id: Option<&str>) -> RunPath {
+        match source {
+            RunSource::Kubernetes => {
+                let webhook = job_id
+                    .and_then(|j| j.split('/').next())
+                    .is_some_and(|first| first.contains(':'));
+                if webhook {
+                    RunPath::Webhook
+                } else {
+                    RunPath::TrainingJob
+                }
+            }
+            RunSource::Slurm => RunPath::Slurm,
+            RunSource::Cli | RunSource::FindMaxBatch => RunPath::Cli,
+            RunSource::Import => RunPath::Import,
+        }
+    }
+}
+
+/// [`RunPath::of`] as its name.
+pub fn run_path(source: RunSource, job_id: Option<&str>) -> &'static str {
+    RunPath::of(source, job_id).as_str()
 }
 
 /// Every value of [`RunRecord::path`], in report order.
-pub const RUN_PATHS: [&str; 5] = ["trainingjob", "webhook", "slurm", "cli", "import"];
+pub const RUN_PATHS: [&str; 5] = [
+    RunPath::ALL[0].as_str(),
+    RunPath::ALL[1].as_str(),
+    RunPath::ALL[2].as_str(),
+    RunPath::ALL[3].as_str(),
+    RunPath::ALL[4].as_str(),
+];
 
 // === identity ===
 

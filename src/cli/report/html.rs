@@ -294,6 +294,29 @@ table{border-collapse:collapse;font-size:13px}th,td{padding:4px 8px;border-botto
 th{text-align:left;background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 .note{color:#666;font-size:12px;max-width:1100px}";
 
+/// The runs of each way into the history (`trainingjob`, `webhook`,
+/// `slurm`, `cli`, `import`: the names the dashboards' `path` label uses).
+fn by_path(o: &mut String, r: &FleetReport) {
+    o.push_str(
+        "<h2>By path</h2><table id=by-path><tr><th>path</th><th>runs</th><th>ok</th>\
+         <th>OOM</th><th>other failures</th><th>GPU-h</th></tr>",
+    );
+    for p in &r.by_path {
+        let _ = write!(o, "<tr><td>{}</td>", escape(&p.path));
+        for v in [
+            p.runs.to_string(),
+            p.succeeded.to_string(),
+            p.oom_runs.to_string(),
+            p.other_failures.to_string(),
+            hours(p.gpu_hours),
+        ] {
+            let _ = write!(o, "<td class=n>{}</td>", escape(&v));
+        }
+        o.push_str("</tr>");
+    }
+    o.push_str("</table>");
+}
+
 /// The whole page.
 pub fn render(r: &FleetReport, store: &str) -> crate::Result<String> {
     let mut o = String::with_capacity(64 * 1024);
@@ -380,6 +403,7 @@ pub fn render(r: &FleetReport, store: &str) -> crate::Result<String> {
             o.push_str("</tr>");
         }
         o.push_str("</table>");
+        by_path(&mut o, r);
     }
     o.push_str(
         "<p class=note>OOM GPU-h: duration × GPUs of runs that ran out of memory. \
@@ -444,6 +468,19 @@ mod tests {
         ] {
             assert!(!stripped.contains(bad), "page references `{bad}`");
         }
+    }
+
+    #[test]
+    fn the_page_tables_the_runs_of_each_path() {
+        let page = render(&report("NVIDIA H100 80GB HBM3", "m"), "sqlite:x").unwrap();
+        let table = &page[page.find("<table id=by-path>").expect("the by-path table")..];
+        let table = &table[..table.find("</table>").unwrap()];
+        assert!(
+            table
+                .contains("<tr><td>cli</td><td class=n>1</td><td class=n>0</td><td class=n>1</td>"),
+            "{table}"
+        );
+        assert!(!table.contains("webhook"), "paths without runs left out");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
+use tokio::sync::watch;
 
 use crate::controller::crd::{Mode, TrainingJob};
 use crate::controller::metrics::Metrics;
@@ -148,6 +149,11 @@ pub struct Context {
     /// failed lookup triggers a reconcile at once, which must not spend the
     /// next lookup.
     pub peak_retry: Duration,
+    /// Whether this replica leads (the Lease's holder, published by
+    /// [`crate::controller::leader::run`]); always true without a Lease.
+    /// Checked again right before anything is written, so a replica that
+    /// lost the Lease mid-reconcile records nothing.
+    pub leading: watch::Receiver<bool>,
     /// Consecutive failures per TrainingJob, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -177,8 +183,16 @@ impl Context {
             default_mode: Mode::Inject,
             cluster: None,
             peak_retry: PEAK_RETRY,
+            // One replica, no Lease: it leads (the receiver keeps the value
+            // after the sender is gone).
+            leading: watch::channel(true).1,
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Whether this replica may reconcile and record now.
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
     }
 
     pub(super) fn reset_failures(&self, key: &str) {

@@ -66,6 +66,11 @@ pub const PEAK_RETRY: Duration = Duration::from_secs(30);
 
 /// Reconciles one TrainingJob (the `Controller::run` reconciler).
 pub async fn reconcile(tj: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    // A replica that lost the Lease writes nothing; the new leader's
+    // controller lists every object afresh.
+    if !ctx.is_leading() {
+        return Ok(Action::await_change());
+    }
     let _timer = ctx.metrics.reconcile_timer();
     let r = reconcile_inner(&tj, &ctx).await;
     match &r {

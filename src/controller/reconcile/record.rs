@@ -3,10 +3,12 @@
 //! run in status; it is recorded on a later pass.
 
 use crate::controller::crd::{Attempt, AttemptOutcome, Mode, TrainingJobStatus};
-use crate::controller::metrics::{RunOutcome, Via};
+use crate::controller::metrics::RunOutcome;
 use crate::controller::validate::Validated;
 use crate::controller::ControllerError;
-use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use crate::core::run::{
+    FailureReason, RunKey, RunOrigin, RunPath, RunRecord, RunResult, RunSource,
+};
 use crate::history::HistoryError;
 
 use super::context::Context;
@@ -117,7 +119,7 @@ pub(super) async fn record_runs(
             AttemptOutcome::Oom => RunOutcome::Oom,
             _ => RunOutcome::OtherError,
         };
-        ctx.metrics.count_run(Via::Kubernetes, &gpu, outcome);
+        ctx.metrics.count_run(RunPath::TrainingJob, &gpu, outcome);
     }
     Ok(())
 }

@@ -20,9 +20,14 @@
 //! - Peak: the maximum over all its pods and GPUs (one query over every
 //!   pod); a peak not there yet is filled in later, paced like a
 //!   TrainingJob's ([`MAX_PEAK_LOOKUPS`]).
+//! - Duration: from `status.startTime`, or (a JobSet, a TrainJob: their
+//!   status has none) the earliest pod's start, to the end condition.
 //! - Tokens/s: as the job printed it, read from the lowest rank that
 //!   printed one (the master first) — not summed over ranks, like the
 //!   single-pod TrainingJob, whose one pod prints what its rank 0 prints.
+//! - Only the leader records ([`Context::is_leading`], checked before the
+//!   API server is asked and again right before each write): a standby
+//!   replica, or one that lost the Lease mid-reconcile, writes nothing.
 //! - Exactly once: the run's identity is (source, cluster, `Kind:ns/name/uid`),
 //!   so recording again updates the same row; the object is then annotated
 //!   [`ANN_RECORDED`], read fresh from the API server before recording so a
@@ -47,9 +52,11 @@ use serde_json::{json, Value};
 
 use crate::controller::crd::{AttemptOutcome, SettingsStatus};
 use crate::controller::inject::ANN_APPLIED;
-use crate::controller::metrics::{RunOutcome, Via};
+use crate::controller::metrics::RunOutcome;
 use crate::controller::ControllerError;
-use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use crate::core::run::{
+    FailureReason, RunKey, RunOrigin, RunPath, RunRecord, RunResult, RunSource,
+};
 use crate::core::workload::Workload;
 
 use super::context::{Context, PeakQuery, PodRef};
@@ -229,7 +236,7 @@ pub fn run_record(
     } else {
         classify_pods(&pods).map_or(AttemptOutcome::Failed, |(o, _)| o)
     };
-    let start = unix(obj.data["status"]["startTime"].as_str());
+    let start = started(obj, &pods);
     let duration = match (start, unix(at.as_deref())) {
         (Some(s), Some(e)) if e >= s => Some(e - s),
         _ => None,
@@ -263,6 +270,20 @@ pub fn run_record(
     )
     .with_prediction(applied["predictedPeakBytes"].as_u64());
     Ok(Some(record))
+}
+
+/// When the workload started (Unix seconds): its `status.startTime` (a
+/// Job, a PyTorchJob), else its earliest pod's (a TrainJob's status has no
+/// start time; a JobSet's neither).
+fn started(obj: &DynamicObject, pods: &[Pod]) -> Option<f64> {
+    unix(obj.data["status"]["startTime"].as_str()).or_else(|| {
+        pods.iter()
+            .filter_map(|p| {
+                let t = p.status.as_ref()?.start_time.as_ref()?;
+                Some(t.0.as_millisecond() as f64 / 1000.0)
+            })
+            .reduce(f64::min)
+    })
 }
 
 /// The job id of a webhook-path run: `Kind:namespace/name/uid` (the
@@ -336,8 +357,13 @@ pub async fn reconcile_workload(
     let ns = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, ar);
+    // Only the leader records (a second replica's watch sees the same
+    // events); the new leader's controller lists every object afresh.
+    if !ctx.is_leading() {
+        return Ok(Action::await_change());
+    }
     if obj.annotations().contains_key(ANN_RECORDED) {
-        return fill_late_peak(ctx, &api, &obj).await;
+        return fill_late_peak(ctx, &api, &ar.kind, &obj).await;
     }
     if !matches!(progress(&obj), Progress::Ended { .. }) {
         return Ok(Action::requeue(Duration::from_secs(300)));
@@ -348,15 +374,7 @@ pub async fn reconcile_workload(
         return Ok(Action::await_change());
     };
     let uid = fresh.uid().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let pods = owned(
-        pods.list(&ListParams::default().labels(&pod_selector(&ar.kind, &name)))
-            .await?
-            .items,
-        &ar.kind,
-        &name,
-        &uid,
-    );
+    let pods = workload_pods(ctx, &ns, &ar.kind, &name, &uid).await?;
     let rec = match run_record(&fresh, &pods, ctx.cluster.as_deref(), Utc::now()) {
         Ok(Some(r)) => r,
         Ok(None) => return Ok(Action::await_change()),
@@ -369,7 +387,7 @@ pub async fn reconcile_workload(
         namespace: ns.clone(),
         job: name.clone(),
         pods: pods.iter().map(pod_ref).collect(),
-        start: unix(fresh.data["status"]["startTime"].as_str()),
+        start: started(&fresh, &pods),
         end: match progress(&fresh) {
             Progress::Ended { at, .. } => unix(at.as_deref()),
             Progress::Running => None,
@@ -384,6 +402,12 @@ pub async fn reconcile_workload(
         Some(FailureReason::Oom) => RunOutcome::Oom,
         Some(FailureReason::OtherError) => RunOutcome::OtherError,
     };
+    // Leadership may have moved during the lookups above: the one that
+    // holds it now records (the run's identity keeps a race harmless, but
+    // a deposed replica should not even try).
+    if !ctx.is_leading() {
+        return Ok(Action::await_change());
+    }
     let (store, metrics, r) = (ctx.history.clone(), ctx.metrics.clone(), rec.clone());
     let id = tokio::task::spawn_blocking(move || {
         let id = store.record(&r)?;
@@ -392,7 +416,7 @@ pub async fn reconcile_workload(
     })
     .await
     .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
-    ctx.metrics.count_run(Via::Webhook, &gpu, outcome);
+    ctx.metrics.count_run(RunPath::Webhook, &gpu, outcome);
     if outcome == RunOutcome::Oom {
         ctx.metrics.ooms.inc();
     }
@@ -406,6 +430,23 @@ pub async fn reconcile_workload(
         Some(_) => Action::await_change(),
         None => Action::requeue(ctx.peak_retry),
     })
+}
+
+/// The workload's pods still in the API server (label-selected, then
+/// [`owned`]).
+async fn workload_pods(
+    ctx: &Context,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Vec<Pod>, kube::Error> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = api
+        .list(&ListParams::default().labels(&pod_selector(kind, name)))
+        .await?
+        .items;
+    Ok(owned(listed, kind, name, uid))
 }
 
 fn pod_ref(p: &Pod) -> PodRef {
@@ -444,6 +485,7 @@ async fn annotate(
 async fn fill_late_peak(
     ctx: &Context,
     api: &Api<DynamicObject>,
+    kind: &str,
     obj: &DynamicObject,
 ) -> Result<Action, ControllerError> {
     let anns = obj.annotations();
@@ -466,11 +508,17 @@ async fn fill_late_peak(
             return Ok(Action::requeue(wait.max(Duration::from_millis(100))));
         }
     }
+    // Its pods, while they linger (a finished Job's stay until its TTL):
+    // the query names them, and a TrainJob's start comes from them. Gone:
+    // the pods of `<name>-…`.
+    let ns = obj.namespace().unwrap_or_default();
+    let uid = obj.uid().unwrap_or_default();
+    let pods = workload_pods(ctx, &ns, kind, &obj.name_any(), &uid).await?;
     let q = PeakQuery {
-        namespace: obj.namespace().unwrap_or_default(),
+        namespace: ns,
         job: obj.name_any(),
-        pods: vec![],
-        start: unix(obj.data["status"]["startTime"].as_str()),
+        pods: pods.iter().map(pod_ref).collect(),
+        start: started(obj, &pods),
         end: match progress(obj) {
             Progress::Ended { at, .. } => unix(at.as_deref()),
             Progress::Running => None,
@@ -478,6 +526,9 @@ async fn fill_late_peak(
     };
     let name = obj.name_any();
     if let Ok(Some(p)) = read_peak(ctx, q).await {
+        if !ctx.is_leading() {
+            return Ok(Action::await_change());
+        }
         let store = ctx.history.clone();
         let bytes = p.bytes;
         tokio::task::spawn_blocking(move || store.set_peak(id, bytes))

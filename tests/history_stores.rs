@@ -360,7 +360,7 @@ const CHILD_ENV: &str = "GPUFIT_TEST_NODE_REPORTER";
 fn concurrent_report(tag: &str, j: u32, node: u32, nodes: u32) -> RunRecord {
     let peak = 30_000_000_000 + u64::from(node) * 1_000_000_000 + u64::from(j);
     let mut r = node_report(&format!("{tag}-{j}"), &format!("n{node}"), peak, nodes);
-    if node == 0 && j % 5 == 0 {
+    if node == 0 && j.is_multiple_of(5) {
         r.result.success = false;
         r.result.failure_reason = Some(FailureReason::Oom);
     }
@@ -456,7 +456,7 @@ fn nodes_report_concurrently(url: &str, tag: &str, processes: bool) {
             "job {job}: every node once: {r:?}"
         );
         assert_eq!(r.node.as_deref(), Some("n0,n1,n2,n3"));
-        assert_eq!(r.is_oom(), j % 5 == 0, "job {job}: {r:?}");
+        assert_eq!(r.is_oom(), j.is_multiple_of(5), "job {job}: {r:?}");
     }
 }
 

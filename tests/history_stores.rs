@@ -811,3 +811,59 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
         .to_string();
     assert!(err.contains("cannot connect"), "{err}");
 }
+
+/// A partial multi-node record stays partial through `history export` and
+/// `history import`; counts no job can have are dropped, not trusted.
+#[test]
+fn a_partial_multi_node_record_survives_export_and_import() {
+    let d = tmp();
+    let store = SqliteStore::open(&d.path().join("h.db")).unwrap();
+    store
+        .record_node_report(&node_report("exp-1", "n1", 30_000_000_000, 2))
+        .unwrap();
+    store
+        .record_node_report(&node_report("exp-2", "n1", 30_000_000_000, 2))
+        .unwrap();
+    store
+        .record_node_report(&node_report("exp-2", "n2", 31_000_000_000, 2))
+        .unwrap();
+    let mut out = Vec::new();
+    store
+        .for_each(&mut |r| {
+            gpufit::history::jsonl::write_record(&mut out, &r).map_err(|e| HistoryError::Io {
+                path: "export".into(),
+                message: e.to_string(),
+            })
+        })
+        .unwrap();
+    let second = SqliteStore::open(&d.path().join("h2.db")).unwrap();
+    let mut rd = JsonlReader::new(&out[..], "export", ImportOptions::default());
+    assert_eq!(second.record_batch(&mut rd).unwrap(), 2);
+    let partial = job_record(&second, "exp-1");
+    assert_eq!(
+        partial.nodes.map(|n| (n.reported, n.expected)),
+        Some((1, 2))
+    );
+    let whole = job_record(&second, "exp-2");
+    assert_eq!(whole.nodes.map(|n| (n.reported, n.expected)), Some((2, 2)));
+    assert_eq!(whole.node.as_deref(), Some("n1,n2"));
+    // A node that reports into the imported record is merged as usual.
+    second
+        .record_node_report(&node_report("exp-1", "n2", 40_000_000_000, 2))
+        .unwrap();
+    let done = job_record(&second, "exp-1");
+    assert_eq!(done.nodes.map(|n| n.partial()), Some(false));
+    assert_eq!(done.result.peak_memory_bytes, Some(40_000_000_000));
+
+    let text = String::from_utf8(out).unwrap();
+    let line = text.lines().next().unwrap();
+    let bad = line.replace(
+        r#""nodes":{"reported":1,"expected":2}"#,
+        r#""nodes":{"reported":3,"expected":2}"#,
+    );
+    assert_ne!(bad, line, "the export writes the counts: {line}");
+    let third = SqliteStore::open(&d.path().join("h3.db")).unwrap();
+    let mut rd = JsonlReader::new(bad.as_bytes(), "bad", ImportOptions::default());
+    assert_eq!(third.record_batch(&mut rd).unwrap(), 1);
+    assert_eq!(job_record(&third, "exp-1").nodes, None);
+}

@@ -671,3 +671,76 @@ fn a_read_only_shared_history_is_read_by_other_users_and_never_written() {
     assert!(err.contains("read-only"), "{err}");
     assert_eq!(std::fs::read(&db).unwrap(), before, "nothing written");
 }
+
+/// A multi-node job's record says how many nodes it covers; a partial one
+/// (a node never reported) says so in `history list`, and `report` leaves
+/// its peak (a lower bound) out of the unused memory and the prediction
+/// error.
+#[test]
+fn partial_multi_node_records_are_shown_as_partial_by_list_and_report() {
+    use gpufit::core::run::{NodeReports, RunRecord};
+    use gpufit::history::HistoryStore;
+    let d = tmp();
+    let db = d.path().join("h.db");
+    let store = gpufit::history::sqlite::SqliteStore::open(&db).unwrap();
+    let report = |job: &str, node: &str, peak_gib: u64| -> RunRecord {
+        let mut r: RunRecord = serde_json::from_value(serde_json::json!({
+            "id": null, "timestamp": chrono::Utc::now(), "cluster": "c1", "node": node,
+            "source": "slurm", "job_id": job, "model": "meta-llama/Llama-3.1-8B",
+            "method": "lora", "gpu_model": "NVIDIA A100-SXM4-80GB", "seq_len": 2048,
+            "lora_rank": 16, "gpus": 2, "global_batch": 64,
+            "settings": gpufit::core::settings::EngineeringSettings::default(),
+            "result": {"success": true, "failure_reason": null,
+                       "peak_memory_bytes": peak_gib << 30, "samples_per_sec": null,
+                       "tokens_per_sec": null, "duration_sec": 3600.0},
+            "predicted_peak_bytes": 40u64 << 30
+        }))
+        .unwrap();
+        r.nodes = Some(NodeReports {
+            reported: 1,
+            expected: 2,
+        });
+        r
+    };
+    store.record_node_report(&report("1", "n1", 30)).unwrap();
+    store.record_node_report(&report("1", "n2", 50)).unwrap();
+    store.record_node_report(&report("2", "n1", 20)).unwrap();
+    drop(store);
+
+    let table = ok(gpufit(&db).args(["history", "list"]).output().unwrap());
+    assert!(table.contains("50.00 GiB (2/2 nodes)"), "{table}");
+    assert!(table.contains("20.00 GiB (1/2 nodes, partial)"), "{table}");
+    let runs = json(
+        gpufit(&db)
+            .args(["-o", "json", "history", "list"])
+            .output()
+            .unwrap(),
+    );
+    let partial = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["job_id"] == "2")
+        .unwrap();
+    assert_eq!(
+        partial["nodes"],
+        serde_json::json!({"reported": 1, "expected": 2})
+    );
+
+    let rep = json(
+        gpufit(&db)
+            .args(["-o", "json", "report", "--since", "all"])
+            .output()
+            .unwrap(),
+    );
+    let total = &rep["total"];
+    assert_eq!(total["runs"], 2, "{total}");
+    assert_eq!(total["unused_runs_measured"], 1, "{total}");
+    assert_eq!(total["unused_runs_unmeasured"], 1, "{total}");
+    assert_eq!(total["prediction_error"]["runs"], 1, "{total}");
+    let text = ok(gpufit(&db)
+        .args(["report", "--since", "all"])
+        .output()
+        .unwrap());
+    assert!(text.contains("partial multi-node"), "{text}");
+}

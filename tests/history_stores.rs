@@ -242,49 +242,222 @@ fn a_run_recorded_twice_is_stored_once(store: &dyn HistoryStore) {
     assert!(bad.keyed().is_err());
 }
 
+/// One node's report of multi-node job `job` (of `expected` nodes).
+fn node_report(job: &str, node: &str, peak: u64, expected: u32) -> RunRecord {
+    let mut r = run(M, A100, 8192, 2, 40);
+    r.node = Some(node.into());
+    r.source = RunSource::Slurm;
+    r.job_id = Some(job.into());
+    r.result.peak_memory_bytes = Some(peak);
+    r.nodes = Some(NodeReports {
+        reported: 1,
+        expected,
+    });
+    r
+}
+
+/// The job's one record, found by its job id.
+fn job_record(store: &dyn HistoryStore, job: &str) -> RunRecord {
+    let all = store.list(&ListFilter::default()).unwrap();
+    let mine: Vec<RunRecord> = all
+        .into_iter()
+        .filter(|r| r.job_id.as_deref() == Some(job))
+        .collect();
+    assert_eq!(mine.len(), 1, "one record of job {job}: {mine:?}");
+    mine.into_iter().next().unwrap()
+}
+
 /// The nodes of a multi-node job fold into one record whose peak is the
-/// largest node's and whose node counts survive the store (migration 3).
+/// largest node's and whose node counts survive the store (migration 3):
+/// a repeated node counts once, a smaller peak after a larger one changes
+/// no peak, one node's OOM makes the job an OOM, a report past the window
+/// is refused and leaves the record as it was.
 fn node_reports_make_one_record(store: &dyn HistoryStore) {
     let before = store.count().unwrap();
-    let report = |node: &str, peak: u64| {
-        let mut r = run(M, A100, 8192, 2, 40);
-        r.node = Some(node.into());
-        r.job_id = Some("multi-node-1".into());
-        r.result.peak_memory_bytes = Some(peak);
-        r.nodes = Some(NodeReports {
-            reported: 1,
-            expected: 2,
-        });
-        r
-    };
     let id = store
-        .record_node_report(&report("n2", 30_000_000_000))
+        .record_node_report(&node_report("multi-1", "n2", 30_000_000_000, 2))
         .unwrap();
-    let stored = |store: &dyn HistoryStore| -> RunRecord {
-        let q = HistoryQuery::new(M, Method::Lora, A100, 8192);
-        let mut got = store.similar(&q).unwrap();
-        assert_eq!(got.len(), 1, "{got:?}");
-        got.remove(0)
-    };
-    let partial = stored(store);
+    let partial = job_record(store, "multi-1");
     assert_eq!(
         partial.nodes.map(|n| (n.reported, n.expected)),
         Some((1, 2))
     );
     let id2 = store
-        .record_node_report(&report("n1", 33_000_000_000))
+        .record_node_report(&node_report("multi-1", "n1", 33_000_000_000, 2))
         .unwrap();
     assert_eq!(id, id2, "the second node updates the job's record");
-    store
-        .record_node_report(&report("n1", 35_000_000_000))
+    // n1 again (a retried Epilog) with another peak: counted once.
+    let id3 = store
+        .record_node_report(&node_report("multi-1", "n1", 35_000_000_000, 2))
         .unwrap();
-    let whole = stored(store);
+    assert_eq!(id, id3);
+    let whole = job_record(store, "multi-1");
     assert_eq!(whole.result.peak_memory_bytes, Some(33_000_000_000));
     assert_eq!(
         whole.nodes.map(|n| (n.reported, n.partial())),
         Some((2, false))
     );
-    assert_eq!(store.count().unwrap(), before + 1);
+    assert_eq!(whole.node.as_deref(), Some("n1,n2"));
+    assert!(whole.result.success);
+
+    // Out of order: the larger peak first, a smaller one after it; the
+    // third node ran out of memory.
+    store
+        .record_node_report(&node_report("multi-2", "a", 40_000_000_000, 3))
+        .unwrap();
+    store
+        .record_node_report(&node_report("multi-2", "b", 20_000_000_000, 3))
+        .unwrap();
+    let two = job_record(store, "multi-2");
+    assert_eq!(two.result.peak_memory_bytes, Some(40_000_000_000));
+    assert_eq!(
+        two.nodes.map(|n| (n.reported, n.partial())),
+        Some((2, true))
+    );
+    let mut oom_node = node_report("multi-2", "c", 25_000_000_000, 3);
+    oom_node.result.success = false;
+    oom_node.result.failure_reason = Some(FailureReason::Oom);
+    store.record_node_report(&oom_node).unwrap();
+    let three = job_record(store, "multi-2");
+    assert!(three.is_oom(), "one node's OOM is the job's: {three:?}");
+    assert_eq!(three.result.peak_memory_bytes, Some(40_000_000_000));
+    assert_eq!(three.nodes.map(|n| (n.reported, n.expected)), Some((3, 3)));
+
+    // A report two hours after the job's end: refused, record unchanged.
+    store
+        .record_node_report(&node_report("multi-3", "n1", 30_000_000_000, 2))
+        .unwrap();
+    let mut late = node_report("multi-3", "n2", 50_000_000_000, 2);
+    late.timestamp += chrono::Duration::hours(2);
+    let err = store.record_node_report(&late).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HistoryError::Invalid(gpufit::core::run::RecordError::LateNodeReport { .. })
+        ),
+        "{err:?}"
+    );
+    let kept = job_record(store, "multi-3");
+    assert_eq!(kept.result.peak_memory_bytes, Some(30_000_000_000));
+    assert_eq!(
+        kept.nodes.map(|n| (n.reported, n.partial())),
+        Some((1, true))
+    );
+    // A report that names no node is refused before anything is written.
+    let mut nameless = node_report("multi-4", "x", 30_000_000_000, 2);
+    nameless.node = None;
+    assert!(store.record_node_report(&nameless).is_err());
+    assert_eq!(store.count().unwrap(), before + 3);
+}
+
+/// Environment of a child process that reports nodes (see
+/// [`node_report_child`]): `URL|TAG|NODE|JOBS|NODES`.
+const CHILD_ENV: &str = "GPUFIT_TEST_NODE_REPORTER";
+
+/// The report of node `node` (of `nodes`) for concurrent job `j` of `tag`:
+/// every node's peak differs, job j's largest is node nodes-1's; node 0
+/// of every fifth job ran out of memory.
+fn concurrent_report(tag: &str, j: u32, node: u32, nodes: u32) -> RunRecord {
+    let peak = 30_000_000_000 + u64::from(node) * 1_000_000_000 + u64::from(j);
+    let mut r = node_report(&format!("{tag}-{j}"), &format!("n{node}"), peak, nodes);
+    if node == 0 && j.is_multiple_of(5) {
+        r.result.success = false;
+        r.result.failure_reason = Some(FailureReason::Oom);
+    }
+    r
+}
+
+/// Reports node `node` of every job `0..jobs`, each twice (a retried
+/// Epilog), through its own connection to `url`.
+fn report_node_of_every_job(url: &str, tag: &str, node: u32, jobs: u32, nodes: u32) {
+    let store = history::open(url).unwrap();
+    for j in 0..jobs {
+        let r = concurrent_report(tag, j, node, nodes);
+        store.record_node_report(&r).unwrap();
+        store.record_node_report(&r).unwrap();
+    }
+}
+
+/// Not a test on its own: the body of the child processes
+/// [`nodes_report_from_processes`] starts (it returns at once otherwise).
+#[test]
+fn node_report_child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let f: Vec<&str> = spec.split('|').collect();
+    let num = |i: usize| f[i].parse::<u32>().unwrap();
+    report_node_of_every_job(f[0], f[1], num(2), num(3), num(4));
+}
+
+/// Every node of `jobs` jobs reporting at the same moment, one thread or
+/// one process per node, each through its own connection: one record per
+/// job, the largest node's peak, every node counted once.
+fn nodes_report_concurrently(url: &str, tag: &str, processes: bool) {
+    const JOBS: u32 = 25;
+    const NODES: u32 = 4;
+    if processes {
+        let exe = std::env::current_exe().unwrap();
+        let children: Vec<_> = (0..NODES)
+            .map(|node| {
+                std::process::Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "node_report_child",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env(CHILD_ENV, format!("{url}|{tag}|{node}|{JOBS}|{NODES}"))
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "a reporting process failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    } else {
+        let go = std::sync::Barrier::new(NODES as usize);
+        std::thread::scope(|s| {
+            for node in 0..NODES {
+                let go = &go;
+                s.spawn(move || {
+                    go.wait();
+                    report_node_of_every_job(url, tag, node, JOBS, NODES);
+                });
+            }
+        });
+    }
+    let store = history::open(url).unwrap();
+    let all = store.list(&ListFilter::default()).unwrap();
+    for j in 0..JOBS {
+        let job = format!("{tag}-{j}");
+        let mine: Vec<&RunRecord> = all
+            .iter()
+            .filter(|r| r.job_id.as_deref() == Some(job.as_str()))
+            .collect();
+        assert_eq!(mine.len(), 1, "job {job}: {mine:?}");
+        let r = mine[0];
+        let want = concurrent_report(tag, j, NODES - 1, NODES);
+        assert_eq!(
+            r.result.peak_memory_bytes, want.result.peak_memory_bytes,
+            "job {job}: the largest node's peak"
+        );
+        assert_eq!(
+            r.nodes.map(|n| (n.reported, n.expected)),
+            Some((NODES, NODES)),
+            "job {job}: every node once: {r:?}"
+        );
+        assert_eq!(r.node.as_deref(), Some("n0,n1,n2,n3"));
+        assert_eq!(r.is_oom(), j.is_multiple_of(5), "job {job}: {r:?}");
+    }
 }
 
 #[test]
@@ -294,6 +467,38 @@ fn sqlite_store_meets_the_contract() {
     contract(&store);
     a_run_recorded_twice_is_stored_once(&store);
     node_reports_make_one_record(&store);
+}
+
+#[test]
+fn sqlite_nodes_reporting_at_once_from_threads_and_processes_make_one_record_each() {
+    let d = tmp();
+    let url = format!("sqlite:{}", d.path().join("h.db").display());
+    history::open(&url).unwrap();
+    nodes_report_concurrently(&url, "threads", false);
+    nodes_report_concurrently(&url, "processes", true);
+}
+
+#[test]
+fn sqlite_finds_a_jobs_record_through_the_run_key_index() {
+    let d = tmp();
+    let path = d.path().join("h.db");
+    let _s = SqliteStore::open(&path).unwrap();
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let sql = format!(
+        "EXPLAIN QUERY PLAN {}",
+        gpufit::history::schema::select_by_key("'k'")
+    );
+    let plan: Vec<String> = c
+        .prepare(&sql)
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(3))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        plan.iter().any(|p| p.contains("USING INDEX runs_run_key")),
+        "{plan:?}"
+    );
 }
 
 #[test]
@@ -559,6 +764,9 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
     contract(store.as_ref());
     a_run_recorded_twice_is_stored_once(store.as_ref());
     node_reports_make_one_record(store.as_ref());
+    let nodes = pg.create_db("nodes");
+    nodes_report_concurrently(&nodes, "threads", false);
+    nodes_report_concurrently(&nodes, "processes", true);
 
     // Reconnecting (a second replica) migrates nothing and sees every record.
     let n = store.count().unwrap();
@@ -602,4 +810,60 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
         .expect("no server there")
         .to_string();
     assert!(err.contains("cannot connect"), "{err}");
+}
+
+/// A partial multi-node record stays partial through `history export` and
+/// `history import`; counts no job can have are dropped, not trusted.
+#[test]
+fn a_partial_multi_node_record_survives_export_and_import() {
+    let d = tmp();
+    let store = SqliteStore::open(&d.path().join("h.db")).unwrap();
+    store
+        .record_node_report(&node_report("exp-1", "n1", 30_000_000_000, 2))
+        .unwrap();
+    store
+        .record_node_report(&node_report("exp-2", "n1", 30_000_000_000, 2))
+        .unwrap();
+    store
+        .record_node_report(&node_report("exp-2", "n2", 31_000_000_000, 2))
+        .unwrap();
+    let mut out = Vec::new();
+    store
+        .for_each(&mut |r| {
+            gpufit::history::jsonl::write_record(&mut out, &r).map_err(|e| HistoryError::Io {
+                path: "export".into(),
+                message: e.to_string(),
+            })
+        })
+        .unwrap();
+    let second = SqliteStore::open(&d.path().join("h2.db")).unwrap();
+    let mut rd = JsonlReader::new(&out[..], "export", ImportOptions::default());
+    assert_eq!(second.record_batch(&mut rd).unwrap(), 2);
+    let partial = job_record(&second, "exp-1");
+    assert_eq!(
+        partial.nodes.map(|n| (n.reported, n.expected)),
+        Some((1, 2))
+    );
+    let whole = job_record(&second, "exp-2");
+    assert_eq!(whole.nodes.map(|n| (n.reported, n.expected)), Some((2, 2)));
+    assert_eq!(whole.node.as_deref(), Some("n1,n2"));
+    // A node that reports into the imported record is merged as usual.
+    second
+        .record_node_report(&node_report("exp-1", "n2", 40_000_000_000, 2))
+        .unwrap();
+    let done = job_record(&second, "exp-1");
+    assert_eq!(done.nodes.map(|n| n.partial()), Some(false));
+    assert_eq!(done.result.peak_memory_bytes, Some(40_000_000_000));
+
+    let text = String::from_utf8(out).unwrap();
+    let line = text.lines().next().unwrap();
+    let bad = line.replace(
+        r#""nodes":{"reported":1,"expected":2}"#,
+        r#""nodes":{"reported":3,"expected":2}"#,
+    );
+    assert_ne!(bad, line, "the export writes the counts: {line}");
+    let third = SqliteStore::open(&d.path().join("h3.db")).unwrap();
+    let mut rd = JsonlReader::new(bad.as_bytes(), "bad", ImportOptions::default());
+    assert_eq!(third.record_batch(&mut rd).unwrap(), 1);
+    assert_eq!(job_record(&third, "exp-1").nodes, None);
 }

@@ -105,7 +105,14 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// One node, `localhost`, with two GPUs.
     fn start(dir: &Path) -> Cluster {
+        Cluster::start_nodes(dir, &["localhost"])
+    }
+
+    /// One slurmd per node name, all on this host (each on its own port,
+    /// `slurmd -N <name>`); one node has two GPUs, several have one each.
+    fn start_nodes(dir: &Path, nodes: &[&str]) -> Cluster {
         require(&[
             "munged",
             "mungekey",
@@ -167,6 +174,24 @@ impl Cluster {
         let d = dir.display();
         let conf = dir.join("slurm.conf");
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (node_lines, gres_lines) = if let [only] = nodes {
+            (
+                format!("NodeName={only} CPUs={cpus} RealMemory=20000 Gres=gpu:2 State=UNKNOWN\n"),
+                format!("NodeName={only} Name=gpu File={d}/dev/nvidia[0-1]\n"),
+            )
+        } else {
+            // Each node its own slurmd port and its own fake GPU.
+            let mut n = String::new();
+            let mut g = String::new();
+            for (i, name) in nodes.iter().enumerate() {
+                n += &format!(
+                    "NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={} CPUs=1 RealMemory=5000 Gres=gpu:1 State=UNKNOWN\n",
+                    free_port()
+                );
+                g += &format!("NodeName={name} Name=gpu File={d}/dev/nvidia{i}\n");
+            }
+            (n, g)
+        };
         std::fs::write(
             &conf,
             format!(
@@ -181,16 +206,16 @@ impl Cluster {
                  SelectTypeParameters=CR_Core\nMpiDefault=none\nReturnToService=2\n\
                  MailProg=/bin/true\nPrologFlags=Alloc\nProlog={d}/prolog.sh\n\
                  Epilog={d}/epilog.sh\nTaskProlog={d}/task_prolog.sh\nGresTypes=gpu\n\
-                 NodeName=localhost CPUs={cpus} RealMemory=20000 Gres=gpu:2 State=UNKNOWN\n\
-                 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n",
+                 {node_lines}PartitionName=debug Nodes={} Default=YES MaxTime=INFINITE State=UP\n",
                 free_port(),
-                free_port()
+                free_port(),
+                nodes.join(","),
             ),
         )
         .unwrap();
         std::fs::write(
             dir.join("gres.conf"),
-            format!("AutoDetect=off\nNodeName=localhost Name=gpu File={d}/dev/nvidia[0-1]\n"),
+            format!("AutoDetect=off\n{gres_lines}"),
         )
         .unwrap();
 
@@ -223,18 +248,24 @@ impl Cluster {
                 .env("SLURM_CONF", &conf),
             &dir.join("slurmctld.out"),
         ));
-        c.daemons.push(Daemon::spawn(
-            "slurmd",
-            Command::new("setsid")
-                .args(["slurmd", "-D", "-N", "localhost", "-f"])
-                .arg(&conf)
-                .env("SLURM_CONF", &conf),
-            &dir.join("slurmd.out"),
-        ));
-        wait_until("the Slurm node to be idle", Duration::from_secs(30), || {
-            let out = c.cmd("sinfo").args(["-h", "-o", "%T"]).output().ok()?;
-            (String::from_utf8_lossy(&out.stdout).trim() == "idle").then_some(())
-        });
+        for name in nodes {
+            c.daemons.push(Daemon::spawn(
+                "slurmd",
+                Command::new("setsid")
+                    .args(["slurmd", "-D", "-N", name, "-f"])
+                    .arg(&conf)
+                    .env("SLURM_CONF", &conf),
+                &dir.join(format!("slurmd-{name}.out")),
+            ));
+        }
+        wait_until(
+            "the Slurm nodes to be idle",
+            Duration::from_secs(30),
+            || {
+                let out = c.cmd("sinfo").args(["-h", "-o", "%T"]).output().ok()?;
+                (String::from_utf8_lossy(&out.stdout).trim() == "idle").then_some(())
+            },
+        );
         c
     }
 
@@ -339,6 +370,31 @@ impl Cluster {
         Duration::from_nanos(n[1] - n[0])
     }
 
+    /// Waits until slurmctld has the job ended on every node (no longer
+    /// COMPLETING: every node's Epilog has finished).
+    fn wait_job_done(&self, job: &str) {
+        wait_until(
+            &format!("job {job}'s Epilogs to finish"),
+            Duration::from_secs(30),
+            || {
+                let out = self
+                    .cmd("scontrol")
+                    .args(["show", "job", job])
+                    .output()
+                    .ok()?;
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                let state = text
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("JobState="))?
+                    .to_string();
+                let done = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"]
+                    .contains(&state.as_str())
+                    && !text.contains("COMPLETING");
+                done.then_some(())
+            },
+        );
+    }
+
     fn write_config(&self, lines: &[String]) {
         let p = self.dir.join("gpufit.toml");
         std::fs::write(&p, lines.join("\n") + "\n").unwrap();
@@ -427,7 +483,10 @@ fn wait_for_http(d: &mut Daemon, url: &str, log: &Path) {
 }
 
 fn start_controller(dir: &Path, history: &str) -> (Daemon, String) {
-    let port = free_port();
+    start_controller_at(dir, history, free_port())
+}
+
+fn start_controller_at(dir: &Path, history: &str, port: u16) -> (Daemon, String) {
     let url = format!("http://127.0.0.1:{port}");
     let mut d = Daemon::spawn(
         "controller",
@@ -445,8 +504,13 @@ fn start_controller(dir: &Path, history: &str) -> (Daemon, String) {
 }
 
 fn start_sidecar(dir: &Path) -> (Daemon, String) {
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
+    start_sidecar_at(dir, "127.0.0.1", free_port())
+}
+
+/// A simulate sidecar listening on `host:port` (any 127.x.y.z is loopback).
+fn start_sidecar_at(dir: &Path, host: &str, port: u16) -> (Daemon, String) {
+    let url = format!("http://{host}:{port}");
+    let log = dir.join(format!("sidecar-{host}.log"));
     let mut d = Daemon::spawn(
         "sidecar",
         Command::new(BIN)
@@ -458,14 +522,27 @@ fn start_sidecar(dir: &Path) -> (Daemon, String) {
                 "2",
                 "--listen",
             ])
-            .arg(format!("127.0.0.1:{port}"))
+            .arg(format!("{host}:{port}"))
             .arg("--mapping-dir")
             .arg(dir.join("gpu-jobs"))
             .env("GPUFIT_LOG", "info"),
-        &dir.join("sidecar.log"),
+        &log,
     );
-    wait_for_http(&mut d, &format!("{url}/healthz"), &dir.join("sidecar.log"));
+    wait_for_http(&mut d, &format!("{url}/healthz"), &log);
     (d, url)
+}
+
+/// Every record of `job` the controller has.
+fn records_of_job(controller: &str, job: &str) -> Vec<RunRecord> {
+    let runs: Vec<RunRecord> = agent()
+        .get(&format!("{controller}/v1/runs?limit=1000"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    runs.into_iter()
+        .filter(|r| r.job_id.as_deref() == Some(job))
+        .collect()
 }
 
 fn runs_of_job(controller: &str, job: &str) -> Option<RunRecord> {
@@ -554,6 +631,9 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
             // While the job runs, the Prolog's mapping names it on its GPU.
             let mapped = std::fs::read_to_string(dir.join("gpu-jobs").join(gpus)).unwrap();
             assert_eq!(mapped.trim(), job, "mapping file of GPU {gpus}");
+            // The TaskProlog's state, one file per job and node.
+            let state = state_dir.join(format!("job-{job}.localhost.json"));
+            assert!(state.is_file(), "{} while the job runs", state.display());
             simulate_training(&side_url, job, gpus, peak);
         });
     assert!(ok, "job {job1}: {out}");
@@ -602,7 +682,9 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
         "peak from the sidecar: {run:?}"
     );
     assert!(
-        !state_dir.join(format!("job-{job1}.json")).exists(),
+        !state_dir
+            .join(format!("job-{job1}.localhost.json"))
+            .exists(),
         "state file cleaned up"
     );
     assert!(
@@ -697,5 +779,163 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
     assert!(
         t < Duration::from_secs(2),
         "TaskProlog took {t:?} with the controller down"
+    );
+}
+
+/// The micro batch each node's task printed (`task on NODE: …=VALUE`).
+fn task_micro_batches(out: &str, nodes: &[&str]) -> Vec<String> {
+    nodes
+        .iter()
+        .map(|node| {
+            let head = format!("task on {node}: GPUFIT_MICRO_BATCH_SIZE=");
+            out.lines()
+                .find_map(|l| l.strip_prefix(&head))
+                .unwrap_or_else(|| panic!("no task ran on {node}: {out}"))
+                .to_string()
+        })
+        .collect()
+}
+
+/// A job over two nodes (two slurmd on this host, nodes named by their
+/// sidecar's loopback address so `{node}` in the sidecar URL reaches each
+/// node's own sidecar): every node's Epilog reports its own peak, and the
+/// job is one record with the larger node's peak, 2 of 2 nodes. A job one
+/// of whose nodes never reports is one record, partial, 1 of 2.
+#[test]
+fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
+    let tmp = tempfile::Builder::new()
+        .prefix("gpufit-slurm2-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
+    // Node names that are loopback addresses: 127.0.0.0/8 is all
+    // loopback on Linux, so each node's sidecar has its own address and
+    // `http://{node}:PORT` needs no name resolution.
+    let (a, b) = ("127.0.0.2", "127.0.0.3");
+    let cluster = Cluster::start_nodes(dir, &[a, b]);
+    std::fs::write(dir.join("token"), "test-token-0123456789abcdef\n").unwrap();
+    chmod(&dir.join("token"), 0o600);
+    std::fs::create_dir_all(dir.join("gpu-jobs")).unwrap();
+    let state_dir = dir.join("gpufit-state");
+    let history = format!("sqlite:{}/history.db", dir.display());
+    let ctl_port = free_port();
+    let (controller, ctl_url) = start_controller_at(dir, &history, ctl_port);
+    let controller = std::cell::RefCell::new(controller);
+    let port = free_port();
+    let (_side_a, side_a) = start_sidecar_at(dir, a, port);
+    let (mut side_b_daemon, side_b) = start_sidecar_at(dir, b, port);
+    cluster.write_config(&[
+        format!("controller_url = \"{ctl_url}\""),
+        format!("token_file = \"{}\"", dir.join("token").display()),
+        format!("state_dir = \"{}\"", state_dir.display()),
+        format!("sidecar_url = \"http://{{node}}:{port}\""),
+    ]);
+    let workload_env = [
+        ("GPUFIT_MODEL", "meta-llama/Llama-3.1-8B"),
+        ("GPUFIT_SEQ_LEN", "2048"),
+        ("GPUFIT_GLOBAL_BATCH", "16"),
+        ("GPUFIT_METHOD", "lora"),
+        ("GPUFIT_LORA_RANK", "16"),
+    ];
+    // One task per node (a TaskProlog, and the job's state, on each), then
+    // the gate while the test plays each node's training process.
+    let script = "#!/bin/sh\nsrun -N 2 --ntasks-per-node=1 sh -c 'echo \"task on $SLURMD_NODENAME: GPUFIT_MICRO_BATCH_SIZE=$GPUFIT_MICRO_BATCH_SIZE\"'\n\"$JOB_TEST_GATE\"\necho job-ran\n";
+    let (peak_a, peak_b) = (30 * (1u64 << 30), 50 * (1u64 << 30));
+    let started = Instant::now();
+    let (job, out, ok) = cluster.sbatch_during(&["-N", "2"], &workload_env, script, |job, gpus| {
+        for node in [a, b] {
+            let state = state_dir.join(format!("job-{job}.{node}.json"));
+            assert!(state.is_file(), "{} while the job runs", state.display());
+        }
+        simulate_training(&side_a, job, gpus, peak_a);
+        simulate_training(&side_b, job, gpus, peak_b);
+        // The controller restarts while the job runs: the TaskProlog asked
+        // the first one, the Epilogs report to the second.
+        controller.borrow_mut().stop();
+        *controller.borrow_mut() = start_controller_at(dir, &history, ctl_port).0;
+    });
+    assert!(ok && out.contains("job-ran"), "job {job}: {out}");
+    let micro = task_micro_batches(&out, &[a, b]);
+    assert!(!micro[0].is_empty(), "the tasks got settings: {out}");
+    assert_eq!(micro[0], micro[1], "every rank the same settings: {out}");
+    cluster.wait_job_done(&job);
+    let runs = records_of_job(&ctl_url, &job);
+    assert_eq!(
+        runs.len(),
+        1,
+        "one record of job {job}: {runs:?}; epilog log: {}",
+        std::fs::read_to_string(dir.join("epilog.log")).unwrap_or_default()
+    );
+    let run = &runs[0];
+    assert_eq!(
+        run.result.peak_memory_bytes,
+        Some(peak_b),
+        "the larger node's peak: {run:?}"
+    );
+    assert_eq!(
+        run.nodes.map(|n| (n.reported, n.expected, n.partial())),
+        Some((2, 2, false)),
+        "{run:?}"
+    );
+    assert_eq!(run.node.as_deref(), Some("127.0.0.2,127.0.0.3"));
+    assert!(run.result.success, "{run:?}");
+    for node in [a, b] {
+        assert!(
+            !state_dir.join(format!("job-{job}.{node}.json")).exists(),
+            "each node's Epilog removed its own state file"
+        );
+    }
+    let full_job = started.elapsed();
+
+    // b's report again (a retried Epilog) after one more restart: still
+    // one record, unchanged.
+    controller.borrow_mut().stop();
+    *controller.borrow_mut() = start_controller_at(dir, &history, ctl_port).0;
+    let mut again = run.clone();
+    again.id = None;
+    again.node = Some(b.into());
+    again.nodes = Some(gpufit::core::run::NodeReports {
+        reported: 1,
+        expected: 2,
+    });
+    let (status, body) = call(
+        agent()
+            .post(&format!("{ctl_url}/v1/runs"))
+            .set("Authorization", "Bearer test-token-0123456789abcdef"),
+        Some(&serde_json::to_string(&again).unwrap()),
+    );
+    assert_eq!(status, 201, "{body}");
+    let after = records_of_job(&ctl_url, &job);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(&after[0], run, "a repeated node report changes nothing");
+
+    // Node b's sidecar is down: b's TaskProlog cannot tell its GPU, so b
+    // keeps no state (its task still has the batch step's settings) and
+    // its Epilog never reports. The record is written at a's report,
+    // partial, 1 of 2, and stays so.
+    side_b_daemon.stop();
+    let (job2, out, ok) =
+        cluster.sbatch_during(&["-N", "2"], &workload_env, script, |job, gpus| {
+            assert!(state_dir.join(format!("job-{job}.{a}.json")).is_file());
+            assert!(!state_dir.join(format!("job-{job}.{b}.json")).exists());
+            simulate_training(&side_a, job, gpus, peak_a);
+        });
+    assert!(ok, "job {job2}: {out}");
+    let micro = task_micro_batches(&out, &[a, b]);
+    assert_eq!(micro[0], micro[1], "every rank the same settings: {out}");
+    cluster.wait_job_done(&job2);
+    let runs = records_of_job(&ctl_url, &job2);
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].result.peak_memory_bytes, Some(peak_a));
+    assert_eq!(
+        runs[0].nodes.map(|n| (n.reported, n.expected, n.partial())),
+        Some((1, 2, true)),
+        "{:?}",
+        runs[0]
+    );
+    assert_eq!(runs[0].node.as_deref(), Some(a));
+    eprintln!(
+        "two-node job recorded in {full_job:?}; whole test {:?}",
+        started.elapsed()
     );
 }

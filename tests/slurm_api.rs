@@ -323,4 +323,25 @@ fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
     let n = job8[0].nodes.expect("node counts");
     assert_eq!((n.reported, n.expected, n.partial()), (2, 2, false));
     assert_eq!(job8[0].node.as_deref(), Some("gpu01,gpu02"));
+
+    // Job 7's other node, two hours after the job's end: refused (422,
+    // not a 503 to retry), and the record stays 1 of 2 with its peak.
+    let mut late = node_report("7", "gpu01", 75_000_000_000);
+    late.timestamp -= chrono::Duration::hours(2);
+    let (status, body) = post(&late);
+    assert_eq!(status, 422, "{body}");
+    assert!(body.to_string().contains("job's end"), "{body}");
+    // A report naming no node cannot be counted once: refused too.
+    let mut nameless = node_report("9", "x", 60_000_000_000);
+    nameless.node = None;
+    assert_eq!(post(&nameless).0, 422);
+    let runs = list();
+    let job7: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| r.job_id.as_deref() == Some("7"))
+        .collect();
+    assert_eq!(job7.len(), 1, "{runs:?}");
+    assert_eq!(job7[0].result.peak_memory_bytes, Some(60_000_000_000));
+    assert_eq!(job7[0].nodes.map(|n| n.reported), Some(1));
+    assert!(runs.iter().all(|r| r.job_id.as_deref() != Some("9")));
 }

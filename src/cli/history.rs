@@ -268,6 +268,21 @@ fn outcome(r: &RunRecord) -> &'static str {
     }
 }
 
+/// The peak, and for a multi-node job how many of its nodes it covers:
+/// `61.20 GiB (2/2 nodes)`, or `58.00 GiB (1/2 nodes, partial)` when a node
+/// has not reported (the peak is then the largest of those that did).
+fn peak_cell(r: &RunRecord) -> String {
+    let peak = r
+        .result
+        .peak_memory_bytes
+        .map_or_else(|| "-".into(), fmt_gib);
+    match r.nodes {
+        Some(n) if n.partial() => format!("{peak} ({}/{} nodes, partial)", n.reported, n.expected),
+        Some(n) if n.expected > 1 => format!("{peak} ({}/{} nodes)", n.reported, n.expected),
+        _ => peak,
+    }
+}
+
 fn print_runs(url: &str, runs: &[RunRecord]) {
     if runs.is_empty() {
         println!("no runs in {url}");
@@ -311,9 +326,7 @@ fn print_runs(url: &str, runs: &[RunRecord]) {
             .into(),
             if s.compile { "on" } else { "off" }.into(),
             outcome(r).into(),
-            r.result
-                .peak_memory_bytes
-                .map_or_else(|| "-".into(), fmt_gib),
+            peak_cell(r),
             r.result
                 .samples_per_sec
                 .map_or_else(|| "-".into(), |v| format!("{v:.2}")),

@@ -240,7 +240,7 @@ fn print_tables(r: &FleetReport, url: &str) {
         t.unused_runs_measured,
         if t.unused_runs_unmeasured > 0 {
             format!(
-                " ({} more without a peak, a duration or a catalog GPU)",
+                " ({} more without a peak (or with a partial multi-node one), a duration or a catalog GPU)",
                 t.unused_runs_unmeasured
             )
         } else {

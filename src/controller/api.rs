@@ -346,9 +346,6 @@ where
     Ok(json_response(StatusCode::OK, &s))
 }
 
-/// Serialises the merges of multi-node reports in this process.
-static NODE_REPORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// `POST /v1/runs`: a token-holder records a finished run.
 async fn post_run<B>(state: Arc<ApiState>, req: Request<B>) -> Result<ApiResponse, ApiError>
 where
@@ -371,9 +368,9 @@ where
     let st = state.clone();
     let id = blocking(move || {
         let id = if run.nodes.is_some_and(|n| n.expected > 1) {
-            // Every node's Epilog reports; one read-merge-write at a time
-            // so two nodes finishing together cannot lose a report.
-            let _one_at_a_time = NODE_REPORTS.lock().unwrap_or_else(|p| p.into_inner());
+            // Every node's Epilog reports; the store merges each into the
+            // job's one record in a transaction of its own (several
+            // replicas may take the reports of one job).
             st.history.record_node_report(&run)?
         } else {
             st.history.record(&run)?
@@ -385,11 +382,17 @@ where
         Ok::<_, crate::history::HistoryError>(id)
     })
     .await?
-    .map_err(|e| {
-        ApiError::new(
+    .map_err(|e| match e {
+        // A node's report the record refuses (past the window, no node
+        // name): sending it again cannot help.
+        crate::history::HistoryError::Invalid(r) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("run refused: {r}"),
+        ),
+        e => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("cannot record the run: {e}"),
-        )
+        ),
     })?;
     Ok(json_response(
         StatusCode::CREATED,

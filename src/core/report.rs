@@ -14,6 +14,8 @@
 //!   successful runs, in GiB-hours; capacity from the GPU catalog, peak per
 //!   GPU. Runs on GPUs the catalog does not know, or without a peak or
 //!   duration, are counted in `unused_runs_unmeasured` instead.
+//! - A multi-node job's *partial* record (a node never reported) counts as
+//!   a run without a peak: its peak is only a lower bound of the job's.
 //! - *Throughput against the best known setting*: a successful run's
 //!   tokens/s per GPU divided by the best tokens/s per GPU any successful
 //!   run of the same key (GPU, model, method, sequence length) reached in
@@ -62,7 +64,12 @@ impl<'a> ReportRow<'a> {
             gpus: r.gpus,
             success: r.result.success,
             oom: r.is_oom(),
-            peak_memory_bytes: r.result.peak_memory_bytes,
+            // A partial multi-node record's peak is only a lower bound
+            // (as the stores' narrow query reads it).
+            peak_memory_bytes: r
+                .result
+                .peak_memory_bytes
+                .filter(|_| !r.nodes.is_some_and(|n| n.partial())),
             predicted_peak_bytes: r.predicted_peak_bytes,
             tokens_per_sec: r.result.tokens_per_sec,
             duration_sec: r.result.duration_sec,

@@ -127,22 +127,55 @@ impl NodeReports {
     }
 }
 
+/// How long after a multi-node job's end a node's report still merges into
+/// its record: 1 h. Every node's Epilog runs within seconds of the job's
+/// end (slurmd starts it when the job's processes are gone), so a report
+/// whose own job end is further than this from the job's end already
+/// recorded (the earliest node's) is not part of this run: a Slurm job id
+/// reused after slurmctld lost its state (ids restart at 1), or a node
+/// whose clock is off by over an hour. It is refused
+/// ([`RecordError::LateNodeReport`]) and the record stays as it was, so a
+/// record one hour past its job's end is final, partial or not.
+pub const NODE_REPORT_WINDOW_SECS: i64 = 3600;
+
 /// Folds one node's report of a multi-node job into the job's record so far
-/// (None for the first report): the peak is the largest node's, the run
+/// (None for the first report, which makes the record at once: nothing
+/// waits for the other nodes). The peak is the largest node's, the run
 /// succeeded only if every node's part did, an OOM on any node makes it an
 /// OOM run, the duration and throughput figures are the largest reported,
-/// and `node` lists the nodes that reported (comma-separated, sorted) so a
-/// repeated report of a node is recognised and changes nothing (exactly
-/// once by cluster, job id and node). Pure: the caller stores the result.
-pub fn merge_node_report(so_far: Option<&RunRecord>, report: &RunRecord) -> RunRecord {
+/// the timestamp is the job's end (the earliest node's), and `node` lists
+/// the nodes that reported (comma-separated, sorted) so a repeated report
+/// of a node is recognised: `Ok(None)`, nothing to write (exactly once by
+/// cluster, job id and node). A report without its node's name, or whose
+/// job end is over [`NODE_REPORT_WINDOW_SECS`] from the record's, is
+/// refused. Pure: the caller stores the result, in one transaction with
+/// the read of `so_far` (the stores' `record_node_report`).
+pub fn merge_node_report(
+    so_far: Option<&RunRecord>,
+    report: &RunRecord,
+) -> Result<Option<RunRecord>, RecordError> {
+    let me = report
+        .node
+        .as_deref()
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .ok_or(RecordError::NodeReportWithoutNode)?;
+    if me.contains(',') {
+        return Err(RecordError::OutOfRange {
+            field: "node",
+            value: me.to_string(),
+            expected: "one node's name (no comma): the record lists its nodes comma-separated",
+        });
+    }
     let expected = |r: &RunRecord| r.nodes.map_or(1, |n| n.expected);
     let Some(prev) = so_far else {
         let mut first = report.clone();
+        first.node = Some(me.to_string());
         first.nodes = Some(NodeReports {
             reported: 1,
             expected: expected(report).max(1),
         });
-        return first;
+        return Ok(Some(first));
     };
     let mut seen: Vec<String> = prev
         .node
@@ -152,11 +185,20 @@ pub fn merge_node_report(so_far: Option<&RunRecord>, report: &RunRecord) -> RunR
         .filter(|n| !n.is_empty())
         .map(str::to_string)
         .collect();
-    let me = report.node.clone().unwrap_or_default();
-    if seen.contains(&me) {
-        return prev.clone();
+    if seen.iter().any(|n| n == me) {
+        // A retried Epilog, or a replayed request: already counted.
+        return Ok(None);
     }
-    seen.push(me);
+    let apart = (report.timestamp - prev.timestamp).num_seconds();
+    if apart.abs() > NODE_REPORT_WINDOW_SECS {
+        return Err(RecordError::LateNodeReport {
+            node: me.to_string(),
+            job: prev.job_id.clone().unwrap_or_default(),
+            apart_secs: apart,
+            window_secs: NODE_REPORT_WINDOW_SECS,
+        });
+    }
+    seen.push(me.to_string());
     seen.sort();
     let max_f = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(x), Some(y)) => Some(x.max(y)),
@@ -174,13 +216,15 @@ pub fn merge_node_report(so_far: Option<&RunRecord>, report: &RunRecord) -> RunR
         tokens_per_sec: max_f(a.tokens_per_sec, b.tokens_per_sec),
         duration_sec: max_f(a.duration_sec, b.duration_sec),
     };
-    out.timestamp = prev.timestamp.max(report.timestamp);
+    // The job's end, not the last report's: the window is measured from
+    // it, and it does not move as reports arrive.
+    out.timestamp = prev.timestamp.min(report.timestamp);
     out.node = Some(seen.join(","));
     out.nodes = Some(NodeReports {
         reported: u32::try_from(seen.len()).unwrap_or(u32::MAX),
         expected: expected(prev).max(expected(report)),
     });
-    out
+    Ok(Some(out))
 }
 
 /// The workload fields a run is keyed by (the similarity key, see
@@ -618,6 +662,17 @@ pub enum RecordError {
     FromTheFuture(DateTime<Utc>),
     #[error("a successful run cannot have a failure_reason")]
     SuccessWithFailure,
+    /// A multi-node job's report must say which node it is from.
+    #[error("node: a multi-node job's report must name its node (SLURMD_NODENAME): without it a repeated report cannot be told from another node's")]
+    NodeReportWithoutNode,
+    /// A node's report too far from the job's end already recorded.
+    #[error("node {node}'s report of job {job} is {apart_secs} s from the job's end already recorded, more than the {window_secs} s a node's report may be: not this run (a reused job id?) or a node's clock is off; the record is left as it was")]
+    LateNodeReport {
+        node: String,
+        job: String,
+        apart_secs: i64,
+        window_secs: i64,
+    },
 }
 
 /// GPU names that are placeholders, never a GPU model.
@@ -983,9 +1038,15 @@ mod node_report_tests {
         .expect("a run record")
     }
 
+    fn merged(so_far: Option<&RunRecord>, r: &RunRecord) -> RunRecord {
+        merge_node_report(so_far, r)
+            .expect("merges")
+            .expect("changes the record")
+    }
+
     #[test]
     fn a_node_that_never_reports_leaves_the_record_partial_with_one_of_two() {
-        let first = merge_node_report(None, &report("n2", 70, true, false));
+        let first = merged(None, &report("n2", 70, true, false));
         assert_eq!(
             first.nodes,
             Some(NodeReports {
@@ -999,15 +1060,72 @@ mod node_report_tests {
 
     #[test]
     fn the_job_record_has_the_largest_peak_every_node_once_and_any_oom() {
-        let one = merge_node_report(None, &report("n2", 70, true, false));
-        let two = merge_node_report(Some(&one), &report("n1", 75, false, true));
+        let one = merged(None, &report("n2", 70, true, false));
+        let two = merged(Some(&one), &report("n1", 75, false, true));
         assert_eq!(two.result.peak_memory_bytes, Some(75));
         assert!(two.is_oom(), "one node's OOM makes the job an OOM run");
         assert_eq!(two.node.as_deref(), Some("n1,n2"));
         let n = two.nodes.expect("node counts");
         assert_eq!((n.reported, n.expected, n.partial()), (2, 2, false));
         // The same node again (a retried Epilog) changes nothing.
-        let again = merge_node_report(Some(&two), &report("n1", 99, true, false));
-        assert_eq!(again, two);
+        assert_eq!(
+            merge_node_report(Some(&two), &report("n1", 99, true, false)),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn a_smaller_peak_after_a_larger_one_keeps_the_larger_and_the_earliest_end() {
+        let mut big = report("n1", 80, true, false);
+        big.timestamp += chrono::Duration::seconds(30);
+        let one = merged(None, &big);
+        let small = report("n2", 60, true, false);
+        let two = merged(Some(&one), &small);
+        assert_eq!(two.result.peak_memory_bytes, Some(80));
+        assert_eq!(
+            two.timestamp, small.timestamp,
+            "the job's end: the earliest"
+        );
+        assert!(two.result.success && two.result.failure_reason.is_none());
+    }
+
+    #[test]
+    fn a_report_past_the_window_is_refused_and_one_inside_it_merges() {
+        let one = merged(None, &report("n1", 70, true, false));
+        let mut late = report("n2", 90, true, false);
+        late.timestamp += chrono::Duration::seconds(NODE_REPORT_WINDOW_SECS + 1);
+        match merge_node_report(Some(&one), &late) {
+            Err(RecordError::LateNodeReport { apart_secs, .. }) => {
+                assert_eq!(apart_secs, NODE_REPORT_WINDOW_SECS + 1)
+            }
+            other => panic!("{other:?}"),
+        }
+        // As far before the recorded end: refused too (a clock far off).
+        late.timestamp -= chrono::Duration::seconds(2 * NODE_REPORT_WINDOW_SECS + 2);
+        assert!(merge_node_report(Some(&one), &late).is_err());
+        let mut in_time = report("n2", 90, true, false);
+        in_time.timestamp += chrono::Duration::seconds(NODE_REPORT_WINDOW_SECS);
+        assert_eq!(
+            merged(Some(&one), &in_time).result.peak_memory_bytes,
+            Some(90)
+        );
+    }
+
+    #[test]
+    fn a_report_must_name_one_node() {
+        let mut none = report("n1", 70, true, false);
+        none.node = None;
+        assert_eq!(
+            merge_node_report(None, &none),
+            Err(RecordError::NodeReportWithoutNode)
+        );
+        none.node = Some("  ".into());
+        assert!(merge_node_report(None, &none).is_err());
+        let one = merged(None, &report("n1", 70, true, false));
+        let comma = report("n2,n3", 90, true, false);
+        assert!(matches!(
+            merge_node_report(Some(&one), &comma),
+            Err(RecordError::OutOfRange { field: "node", .. })
+        ));
     }
 }

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use super::schema;
 use super::HistoryError;
 use crate::core::run::{
-    FailureReason, KeyedRun, RunKey, RunOrigin, RunRecord, RunResult, RunSource,
+    FailureReason, KeyedRun, NodeReports, RunKey, RunOrigin, RunRecord, RunResult, RunSource,
 };
 use crate::core::settings::{DataLoaderSettings, Dtype, EngineeringSettings};
 use crate::core::units::{GB, GIB};
@@ -161,6 +161,10 @@ struct Extra {
     job_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     dataloader: Option<DataLoaderSettings>,
+    /// A multi-node job's node counts (a partial record stays partial
+    /// through an export and re-import).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nodes: Option<NodeReports>,
 }
 
 // === name resolution (cached: a million lines share a few names) ===
@@ -305,6 +309,11 @@ pub fn parse_line(
     let result = result_of(&res, &extra, opts)?;
     let (model, name_method) = resolver.model(model_raw);
     let gpu_model = resolver.gpu(&gpu_raw);
+    // Counts that cannot be a job's (0 nodes, more reported than it ran
+    // on) are dropped, not trusted.
+    let nodes = extra
+        .nodes
+        .filter(|n| n.expected >= 1 && n.reported >= 1 && n.reported <= n.expected);
     let origin = RunOrigin::new(extra.source.unwrap_or(RunSource::Import), timestamp)
         .cluster(extra.cluster.or_else(|| opts.cluster.clone()))
         .node(extra.node)
@@ -318,7 +327,10 @@ pub fn parse_line(
         gpus: extra.gpus.filter(|g| *g >= 1).unwrap_or(1),
         global_batch: extra.global_batch,
     };
-    Ok(RunRecord::new(origin, key, settings, result).with_prediction(extra.predicted_peak_bytes))
+    let mut run =
+        RunRecord::new(origin, key, settings, result).with_prediction(extra.predicted_peak_bytes);
+    run.nodes = nodes;
+    Ok(run)
 }
 
 /// The line as JSON in the run_logs layout, or why not.
@@ -699,6 +711,7 @@ pub fn write_record<W: Write>(w: &mut W, r: &RunRecord) -> std::io::Result<()> {
             node: r.node.clone(),
             job_id: r.job_id.clone(),
             dataloader: Some(s.dataloader.clone()),
+            nodes: r.nodes,
         },
     };
     serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::other)?;

@@ -114,12 +114,18 @@ pub trait HistoryStore: Send + Sync {
     /// Records one node's report of a multi-node job into the job's one
     /// record ([`merge_node_report`]): the first report creates it (partial,
     /// 1 of N), later ones raise the peak and the count, a repeated node
-    /// changes nothing. Returns the record's id. The default reads the
-    /// job's record back by its identity (a scan) and upserts the merge; a
-    /// caller serialises concurrent reports of one job (the API does).
+    /// changes nothing, a report past the window is refused
+    /// ([`HistoryError::Invalid`]). Returns the record's id.
+    ///
+    /// The SQLite and PostgreSQL stores override this with one transaction
+    /// keyed by the run's identity (its unique index), so Epilogs of
+    /// several nodes writing at once, from several processes or hosts,
+    /// make one record. This default, for other stores, reads the record
+    /// back by a scan and is not atomic: its caller must serialise reports.
     ///
     /// [`merge_node_report`]: crate::core::run::merge_node_report
     fn record_node_report(&self, report: &RunRecord) -> Result<i64, HistoryError> {
+        let report = report.clone().validated(None)?;
         let identity = report.identity();
         let mut so_far: Option<RunRecord> = None;
         self.for_each(&mut |r| {
@@ -128,10 +134,14 @@ pub trait HistoryStore: Send + Sync {
             }
             Ok(())
         })?;
-        let merged = crate::core::run::merge_node_report(so_far.as_ref(), report);
-        match (&so_far, so_far.as_ref().and_then(|r| r.id)) {
-            (Some(prev), Some(id)) if *prev == merged => Ok(id),
-            _ => self.record(&merged),
+        match crate::core::run::merge_node_report(so_far.as_ref(), &report)? {
+            Some(merged) => self.record(&merged),
+            None => so_far
+                .and_then(|r| r.id)
+                .ok_or_else(|| HistoryError::Store {
+                    url: self.url(),
+                    message: "the job's record has no id".into(),
+                }),
         }
     }
 

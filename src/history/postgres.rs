@@ -21,7 +21,7 @@ use postgres::{Client, NoTls, Row};
 
 use super::schema::{self, i, u, u32_of};
 use super::{HistoryError, HistoryStore, ListFilter};
-use crate::core::run::{KeyedRun, NodeReports, RunRecord, RunResult};
+use crate::core::run::{merge_node_report, KeyedRun, NodeReports, RunRecord, RunResult};
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
 use crate::core::similarity::HistoryQuery;
 
@@ -411,6 +411,59 @@ impl HistoryStore for PostgresStore {
         .map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
         Ok(n)
+    }
+
+    /// One transaction: the job's record is read `FOR UPDATE` by its key
+    /// (the unique index), so reports of several nodes, through several
+    /// controller replicas or Epilogs, merge one after the other. With no
+    /// record yet nothing can be locked: the first report is inserted with
+    /// `ON CONFLICT DO NOTHING`, and when another node's first report won
+    /// that race (the insert waits for it and then inserts nothing) this one
+    /// is merged into it.
+    fn record_node_report(&self, report: &RunRecord) -> Result<i64, HistoryError> {
+        let report = report.clone().keyed()?;
+        let key = report.key();
+        let mut c = self.lock();
+        let mut tx = c.transaction().map_err(|e| self.err(e))?;
+        let select = format!("{} FOR UPDATE", schema::select_by_key("$1"));
+        let insert_new = format!("{} RETURNING id", schema::insert_new(|k| format!("${k}")));
+        // Two rounds at most: a lost race to insert leaves a row to lock.
+        for _ in 0..2 {
+            let so_far = match tx
+                .query_opt(select.as_str(), &[&key])
+                .map_err(|e| self.err(e))?
+            {
+                Some(row) => Some(from_row(&self.url, &row)?),
+                None => None,
+            };
+            let Some(merged) = merge_node_report(so_far.as_ref(), report.run())? else {
+                // Already counted: nothing to write.
+                tx.commit().map_err(|e| self.err(e))?;
+                return so_far
+                    .and_then(|r| r.id)
+                    .ok_or_else(|| HistoryError::Store {
+                        url: self.url.clone(),
+                        message: "the job's record has no id".into(),
+                    });
+            };
+            let p = to_params(&merged);
+            let mut refs = p.refs();
+            refs.push(&key);
+            let sql = if so_far.is_some() {
+                insert_sql()
+            } else {
+                insert_new.clone()
+            };
+            if let Some(row) = tx.query_opt(sql.as_str(), &refs).map_err(|e| self.err(e))? {
+                let id: i64 = row.try_get(0).map_err(|e| self.err(e))?;
+                tx.commit().map_err(|e| self.err(e))?;
+                return Ok(id);
+            }
+        }
+        Err(HistoryError::Store {
+            url: self.url.clone(),
+            message: format!("the record of `{key}` could be neither inserted nor locked"),
+        })
     }
 
     fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {

@@ -124,6 +124,24 @@ pub fn upsert(p: impl Fn(usize) -> String) -> String {
     )
 }
 
+/// `INSERT … ON CONFLICT (run_key) DO NOTHING`: the run only if no run of
+/// its identity is stored yet (the first node's report of a multi-node
+/// job; losing a race to another node's first report inserts nothing).
+pub fn insert_new(p: impl Fn(usize) -> String) -> String {
+    let ph: Vec<String> = (1..=COLUMNS.len() + 1).map(p).collect();
+    format!(
+        "INSERT INTO runs ({}, run_key) VALUES ({}) ON CONFLICT (run_key) DO NOTHING",
+        COLUMNS.join(", "),
+        ph.join(", ")
+    )
+}
+
+/// `SELECT id, <columns> FROM runs WHERE run_key = <key>`: one run by its
+/// identity, through the unique index `runs_run_key`.
+pub fn select_by_key(key_placeholder: &str) -> String {
+    format!("{} WHERE run_key = {key_placeholder}", select_all())
+}
+
 /// `SELECT id, <columns> FROM runs`.
 pub fn select_all() -> String {
     format!("SELECT id, {} FROM runs", COLUMNS.join(", "))

@@ -19,7 +19,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, Row, TransactionBehavior};
 
 use super::schema::{self, i, u, u32_of};
 use super::{HistoryError, HistoryStore, ListFilter};
-use crate::core::run::{KeyedRun, NodeReports, RunRecord, RunResult};
+use crate::core::run::{merge_node_report, KeyedRun, NodeReports, RunRecord, RunResult};
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
 use crate::core::similarity::HistoryQuery;
 
@@ -513,6 +513,40 @@ impl HistoryStore for SqliteStore {
         let res = self.insert_all(&mut conn, runs);
         let _ = conn.pragma_update(None, "cache_size", -65_536);
         res
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction: the write lock is taken before
+    /// the job's record is read (by its key, through the unique index), so
+    /// Epilogs of several nodes writing at once, in several processes,
+    /// merge one after the other and none is lost.
+    fn record_node_report(&self, report: &RunRecord) -> Result<i64, HistoryError> {
+        self.refuse_write()?;
+        let report = report.clone().keyed()?;
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| self.err(e))?;
+        let so_far = {
+            let mut stmt = tx
+                .prepare_cached(&schema::select_by_key("?1"))
+                .map_err(|e| self.err(e))?;
+            let mut rows = stmt.query([report.key()]).map_err(|e| self.err(e))?;
+            match rows.next().map_err(|e| self.err(e))? {
+                Some(row) => Some(from_row(row).map_err(|e| self.err(e))?),
+                None => None,
+            }
+        };
+        let id = match merge_node_report(so_far.as_ref(), report.run())? {
+            Some(merged) => {
+                let mut stmt = tx.prepare_cached(&insert_sql()).map_err(|e| self.err(e))?;
+                stmt.query_row(keyed_params(&merged, report.key()), |row| row.get(0))
+                    .map_err(|e| self.err(e))?
+            }
+            // Already counted: nothing to write.
+            None => so_far.and_then(|r| r.id).unwrap_or_default(),
+        };
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(id)
     }
 
     fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {

@@ -34,11 +34,31 @@ const EPILOG_HTTP_TIMEOUT: Duration = Duration::from_secs(3);
 /// the traceback is, and output files can be huge.
 const OUTPUT_TAIL_BYTES: u64 = 4 * 1024 * 1024;
 
-/// The process environment.
+/// The process environment, with `SLURMD_NODENAME` filled in from the
+/// host name when slurmd did not set it (a hook run by hand): the node's
+/// name keys its state file, its report of a multi-node job and `{node}`
+/// in the sidecar URL.
 pub fn read_env() -> Env {
-    std::env::vars_os()
+    let mut env: Env = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect()
+        .collect();
+    if env
+        .get(plan::NODE_NAME_VAR)
+        .is_none_or(|n| n.trim().is_empty())
+    {
+        if let Some(host) = host_name() {
+            env.insert(plan::NODE_NAME_VAR.to_string(), host);
+        }
+    }
+    env
+}
+
+/// The kernel's host name (what `hostname` prints), if readable.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
 }
 
 /// Reads the site config (`GPUFIT_SLURM_CONFIG`, else `/etc/gpufit/slurm.toml`
@@ -166,7 +186,26 @@ fn task_prolog_inner(
     } else {
         None
     };
-    let job = match plan::plan_task_prolog(env, settings.strategy, comment.as_deref())? {
+    // Whether this node already saved the job's state (its batch step's
+    // TaskProlog, or an earlier task here): one stat, no service call.
+    let state_here = match env
+        .get("SLURM_JOB_ID")
+        .filter(|id| plan::check_job_id(id).is_ok())
+    {
+        Some(id) => plan::state_path(
+            &settings.state_dir,
+            id,
+            env.get(plan::NODE_NAME_VAR).map(String::as_str),
+        )
+        .exists(),
+        None => false,
+    };
+    let job = match plan::plan_task_prolog_here(
+        env,
+        settings.strategy,
+        comment.as_deref(),
+        state_here,
+    )? {
         TaskPlan::Skip { reason } => {
             tracing::debug!("gpufit task-prolog: {reason}");
             return Ok(Vec::new());
@@ -190,6 +229,10 @@ fn task_prolog_inner(
             "gpufit task-prolog: job {}: {e}; the run will not be recorded",
             job.job_id
         );
+    }
+    if job.inherited {
+        // The task keeps the settings its job's batch step exported.
+        return Ok(Vec::new());
     }
     Ok(plan::exports(&job.job_id, &suggestion))
 }
@@ -381,7 +424,7 @@ fn ask_suggestion(
 /// Writes the job's state atomically (temp file + rename), readable by the
 /// Epilog. The state dir is world-writable and sticky, like /tmp.
 pub fn write_state(dir: &Path, state: &SavedDecision) -> Result<(), SlurmError> {
-    let path = plan::state_path(dir, &state.job_id);
+    let path = plan::state_path(dir, &state.job_id, state.node.as_deref());
     let tmp = dir.join(format!(".job-{}.{}.tmp", state.job_id, std::process::id()));
     let io = |context: String| move |source| SlurmError::Io { context, source };
     let text = serde_json::to_vec(state)
@@ -479,9 +522,18 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
             }
         }
     }
-    let path = plan::state_path(&settings.state_dir, job_id);
-    let Some(state) = read_state(&path, env)? else {
-        tracing::debug!("gpufit epilog: job {job_id}: no state file, nothing to record");
+    let node = env.get(plan::NODE_NAME_VAR).cloned();
+    let mut path = plan::state_path(&settings.state_dir, job_id, node.as_deref());
+    let mut state = read_state(&path, env)?;
+    if state.is_none() {
+        // Written without a node name (by hand, or an earlier gpufit).
+        path = plan::state_path(&settings.state_dir, job_id, None);
+        state = read_state(&path, env)?;
+    }
+    let Some(state) = state else {
+        tracing::debug!(
+            "gpufit epilog: job {job_id}: no state file on this node, nothing to record"
+        );
         return Ok(());
     };
     let _ = std::fs::remove_file(&path);
@@ -530,7 +582,6 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         log,
         ended_at: Utc::now(),
     };
-    let node = env.get("SLURMD_NODENAME").cloned();
     let mut run = plan::build_run(&state, &outcome, settings.cluster.clone(), node);
     let nodes = plan::job_nodes(env);
     if nodes > 1 {

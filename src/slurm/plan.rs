@@ -57,7 +57,10 @@ pub struct SiteConfig {
     pub controller_url: Option<String>,
     /// `GPUFIT_HISTORY`: local history used when no controller is configured.
     pub history: Option<String>,
-    /// `GPUFIT_SIDECAR_URL`: the node sidecar, e.g. `http://127.0.0.1:9445`.
+    /// `GPUFIT_SIDECAR_URL`: the node sidecar, e.g. `http://127.0.0.1:9445`
+    /// (each node's own). `{node}` in it is replaced by the node's name
+    /// (`SLURMD_NODENAME`, else the host name), e.g. `http://{node}:9445`
+    /// for sidecars reached by node name.
     pub sidecar_url: Option<String>,
     /// `GPUFIT_GPU`: GPU model name when neither the sidecar nor NVML answer.
     pub gpu: Option<String>,
@@ -143,10 +146,16 @@ impl HookSettings {
         let timeout_ms = millis(env, "GPUFIT_TIMEOUT_MS")?
             .unwrap_or_else(|| file.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS));
         let busy_ms = millis(env, BUSY_TIMEOUT_ENV)?.unwrap_or(DEFAULT_BUSY_TIMEOUT_MS);
+        let sidecar_url = match pick("GPUFIT_SIDECAR_URL", &file.sidecar_url) {
+            Some(u) => Some(expand_node(
+                &u,
+                non_empty(env.get(NODE_NAME_VAR)).as_deref(),
+            )?),
+            None => None,
+        };
         Ok(HookSettings {
             backend,
-            sidecar_url: pick("GPUFIT_SIDECAR_URL", &file.sidecar_url)
-                .map(|u| u.trim_end_matches('/').to_string()),
+            sidecar_url: sidecar_url.map(|u| u.trim_end_matches('/').to_string()),
             gpu: pick("GPUFIT_GPU", &file.gpu),
             token_file: pick_path("GPUFIT_TOKEN_FILE", &file.token_file),
             state_dir: pick_path("GPUFIT_STATE_DIR", &file.state_dir)
@@ -161,6 +170,46 @@ impl HookSettings {
             },
         })
     }
+}
+
+/// The variable slurmd gives every hook and task with the node's name
+/// (the executor fills it from the host name when a hook runs by hand).
+pub const NODE_NAME_VAR: &str = "SLURMD_NODENAME";
+
+/// Whether `name` can stand in a URL's host and a file name: a Slurm node
+/// name is a host name (letters, digits, `-`, `.`, `_`).
+pub fn is_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+}
+
+/// Replaces `{node}` in a sidecar URL by this node's name, so one site
+/// config names every node's own sidecar (`http://{node}:9445`). A URL
+/// without it is returned as it is; any other `{…}` is refused, as is
+/// `{node}` when the node's name is unknown or not a host name.
+pub fn expand_node(template: &str, node: Option<&str>) -> Result<String, SlurmError> {
+    let bad = |why: String| SlurmError::Job(format!("sidecar_url `{template}`: {why}"));
+    let url = if template.contains("{node}") {
+        let node = node.ok_or_else(|| {
+            bad("{node} needs the node's name, and SLURMD_NODENAME is not set and the host name unknown".into())
+        })?;
+        if !is_node_name(node) {
+            return Err(bad(format!(
+                "node name `{node}` cannot stand in a URL (letters, digits, `-`, `.`, `_`)"
+            )));
+        }
+        template.replace("{node}", node)
+    } else {
+        template.to_string()
+    };
+    if url.contains('{') || url.contains('}') {
+        return Err(bad("the only placeholder is {node}".into()));
+    }
+    Ok(url)
 }
 
 /// The Slurm hooks' names for the workload's fields: the job's
@@ -279,6 +328,12 @@ pub struct JobRequest {
     pub gpu_indices: Vec<u32>,
     /// CPU cores the job has per GPU ([`cpus_per_gpu`]), for the data loader.
     pub cpus_per_gpu: Option<u32>,
+    /// The task inherited its settings from the job's batch step (another
+    /// node's TaskProlog decided them), and this node has no state for the
+    /// job yet: ask with the inherited settings as pins only to save this
+    /// node's state for its Epilog (every node of a multi-node job reports
+    /// its own peak), and print nothing, so every rank keeps the same values.
+    pub inherited: bool,
 }
 
 impl JobRequest {
@@ -300,12 +355,24 @@ pub fn env_asks(env: &Env) -> bool {
     non_empty(env.get("GPUFIT_MODEL")).is_some()
 }
 
-/// Decides the TaskProlog. `comment` is the job's comment when it was read
-/// (None when the environment already asks, or it could not be read).
+/// Decides the TaskProlog on a node that already has the job's state (or
+/// needs none): [`plan_task_prolog_here`] with `state_here`.
 pub fn plan_task_prolog(
     env: &Env,
     site_strategy: Strategy,
     comment: Option<&str>,
+) -> Result<TaskPlan, SlurmError> {
+    plan_task_prolog_here(env, site_strategy, comment, true)
+}
+
+/// Decides the TaskProlog. `comment` is the job's comment when it was read
+/// (None when the environment already asks, or it could not be read);
+/// `state_here`: this node already has the job's state file.
+pub fn plan_task_prolog_here(
+    env: &Env,
+    site_strategy: Strategy,
+    comment: Option<&str>,
+    state_here: bool,
 ) -> Result<TaskPlan, SlurmError> {
     let Some(job_id) = non_empty(env.get("SLURM_JOB_ID")) else {
         return Ok(TaskPlan::Skip {
@@ -316,9 +383,9 @@ pub fn plan_task_prolog(
     // A previous TaskProlog of this job (the batch step) already decided and
     // its exports were inherited by this step: every rank keeps those.
     let decided_for = non_empty(env.get("GPUFIT_JOB_ID"));
-    if decided_for.as_deref() == Some(job_id.as_str())
-        && env.contains_key("GPUFIT_SUGGESTION_SOURCE")
-    {
+    let inherited = decided_for.as_deref() == Some(job_id.as_str())
+        && env.contains_key("GPUFIT_SUGGESTION_SOURCE");
+    if inherited && state_here {
         return Ok(TaskPlan::Skip {
             reason: format!(
                 "job {job_id} already has its gpufit settings (inherited from its batch step)"
@@ -326,8 +393,9 @@ pub fn plan_task_prolog(
         });
     }
     // Exports inherited from another job (sbatch from inside a job) are stale,
-    // not pins the user chose.
-    let stale_exports = decided_for.is_some();
+    // not pins the user chose; this job's own (another node's batch step
+    // decided them) are the settings in use: pins.
+    let stale_exports = decided_for.is_some() && !inherited;
 
     let fields = requested_fields(env, comment, stale_exports)?;
     let Some(model) = fields.get("model").cloned() else {
@@ -350,6 +418,7 @@ pub fn plan_task_prolog(
         pins,
         gpu_indices,
         cpus_per_gpu,
+        inherited,
     })))
 }
 
@@ -592,8 +661,17 @@ pub struct SavedDecision {
 }
 
 /// The state file of a job.
-pub fn state_path(state_dir: &Path, job_id: &str) -> PathBuf {
-    state_dir.join(format!("job-{job_id}.json"))
+/// One per job and node, `job-<id>.<node>.json`: every node of a
+/// multi-node job runs its own TaskProlog and Epilog, and a state dir on
+/// a shared file system (or two slurmd on one host) must not let one
+/// node's Epilog take another's file. Without a usable node name (a hook
+/// run by hand), `job-<id>.json`, which is also what earlier gpufit
+/// versions wrote for every job: the Epilog falls back to it.
+pub fn state_path(state_dir: &Path, job_id: &str, node: Option<&str>) -> PathBuf {
+    match node.filter(|n| is_node_name(n)) {
+        Some(n) => state_dir.join(format!("job-{job_id}.{n}.json")),
+        None => state_dir.join(format!("job-{job_id}.json")),
+    }
 }
 
 // === Prolog: GPU → job mapping ===

@@ -619,3 +619,104 @@ fn the_cpus_slurm_gave_the_job_size_its_data_loader() {
         few.settings.dataloader
     );
 }
+
+#[test]
+fn node_in_the_sidecar_url_is_each_nodes_name() {
+    let file = SiteConfig {
+        sidecar_url: Some("http://{node}:9445/".into()),
+        ..SiteConfig::default()
+    };
+    let s = HookSettings::resolve(&env(&[("SLURMD_NODENAME", "gpu07")]), &file, "sqlite:/d.db")
+        .unwrap();
+    assert_eq!(s.sidecar_url.as_deref(), Some("http://gpu07:9445"));
+    // The environment's URL wins and is expanded the same way.
+    let e = env(&[
+        ("SLURMD_NODENAME", "10.0.0.7"),
+        ("GPUFIT_SIDECAR_URL", "http://{node}:1/"),
+    ]);
+    let s = HookSettings::resolve(&e, &file, "sqlite:/d.db").unwrap();
+    assert_eq!(s.sidecar_url.as_deref(), Some("http://10.0.0.7:1"));
+    // Without the placeholder the URL is kept: each node's 127.0.0.1.
+    let local = SiteConfig {
+        sidecar_url: Some("http://127.0.0.1:9445".into()),
+        ..SiteConfig::default()
+    };
+    let s = HookSettings::resolve(&env(&[]), &local, "sqlite:/d.db").unwrap();
+    assert_eq!(s.sidecar_url.as_deref(), Some("http://127.0.0.1:9445"));
+}
+
+#[test]
+fn a_node_placeholder_that_cannot_be_filled_is_refused() {
+    let file = SiteConfig {
+        sidecar_url: Some("http://{node}:9445".into()),
+        ..SiteConfig::default()
+    };
+    let err = HookSettings::resolve(&env(&[]), &file, "sqlite:/d.db").unwrap_err();
+    assert!(err.to_string().contains("SLURMD_NODENAME"), "{err}");
+    for bad in ["a/b", "x@evil", "n 1", ".hidden"] {
+        let e = env(&[("SLURMD_NODENAME", bad)]);
+        let err = HookSettings::resolve(&e, &file, "sqlite:/d.db").unwrap_err();
+        assert!(
+            err.to_string().contains("cannot stand in a URL"),
+            "{bad}: {err}"
+        );
+    }
+    let other = SiteConfig {
+        sidecar_url: Some("http://{host}:9445".into()),
+        ..SiteConfig::default()
+    };
+    let e = env(&[("SLURMD_NODENAME", "n1")]);
+    let err = HookSettings::resolve(&e, &other, "sqlite:/d.db").unwrap_err();
+    assert!(err.to_string().contains("only placeholder"), "{err}");
+}
+
+#[test]
+fn each_node_of_a_job_has_its_own_state_file() {
+    let d = Path::new("/var/spool/gpufit");
+    assert_eq!(
+        state_path(d, "42", Some("n1")),
+        PathBuf::from("/var/spool/gpufit/job-42.n1.json")
+    );
+    assert_ne!(
+        state_path(d, "42", Some("n1")),
+        state_path(d, "42", Some("n2"))
+    );
+    // No usable name (by hand, or a name that is not a host name): the
+    // one-file-per-job name earlier versions wrote.
+    for node in [None, Some("../x"), Some("")] {
+        assert_eq!(
+            state_path(d, "42", node),
+            PathBuf::from("/var/spool/gpufit/job-42.json")
+        );
+    }
+}
+
+#[test]
+fn a_node_without_state_asks_with_the_inherited_settings_as_pins_and_prints_nothing() {
+    let e = env(&[
+        ("SLURM_JOB_ID", "7"),
+        ("GPUFIT_MODEL", "meta-llama/Llama-3.1-8B"),
+        ("GPUFIT_SEQ_LEN", "2048"),
+        ("GPUFIT_JOB_ID", "7"),
+        ("GPUFIT_SUGGESTION_SOURCE", "heuristic"),
+        ("GPUFIT_MICRO_BATCH_SIZE", "4"),
+        ("GPUFIT_GRAD_ACCUM_STEPS", "2"),
+    ]);
+    // The batch step's node has the state: nothing to do.
+    assert!(matches!(
+        plan_task_prolog_here(&e, Strategy::Balanced, None, true).unwrap(),
+        TaskPlan::Skip { .. }
+    ));
+    // Another node of the job: its Epilog needs the state, so it asks —
+    // for the settings in use (pins), never printing other values.
+    let r = ask(plan_task_prolog_here(&e, Strategy::Balanced, None, false).unwrap());
+    assert!(r.inherited);
+    assert_eq!(r.pins.micro_batch_size, Some(4));
+    assert_eq!(r.pins.gradient_accumulation_steps, Some(2));
+    // Exports of another job are still stale, never pins.
+    let mut other = e.clone();
+    other.insert("GPUFIT_JOB_ID".into(), "6".into());
+    let r = ask(plan_task_prolog_here(&other, Strategy::Balanced, None, false).unwrap());
+    assert!(!r.inherited);
+    assert_eq!(r.pins, Pins::default());
+}

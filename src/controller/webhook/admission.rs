@@ -24,6 +24,7 @@ use crate::service::{Ask, Pipeline, PipelineError, SimilarRuns};
 use super::super::crd::Mode;
 use super::super::gpu;
 use super::super::inject;
+use super::super::kueue;
 use super::super::metrics::Via;
 use super::super::reconcile::{workloads, MODE_KEY};
 use super::super::validate::check_pins;
@@ -171,6 +172,12 @@ fn decide(
             .unwrap_or(state.default_mode),
     };
 
+    // Queued in Kueue: the GPU (flavor) and the counts are decided at
+    // admission, so the settings are too (the AdmissionCheck controller).
+    if let Some(queue) = kueue::queue_name(original.get("metadata")) {
+        return Ok(queued(original, &shape, &workload, mode, &req.kind.kind, queue));
+    }
+
     let sharing = sharing(anns, req.namespace.as_deref(), &state.namespaces)?;
     let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), sharing, state)? {
         Ok(g) => g,
@@ -193,6 +200,40 @@ fn decide(
         workloads::mark_for_recording(&mut mutated, &shape.templates, &workload);
     }
     Ok(Decision::Mutate(mutated, suggestion.warnings.clone()))
+}
+
+/// An object queued in Kueue: its containers read each setting from a pod
+/// annotation that the AdmissionCheck controller sets when Kueue admits it
+/// on a flavor (`podSetUpdates`); it is marked for recording now. In
+/// Recommend mode it is left untouched (the recommendation is written on it
+/// at admission).
+fn queued(
+    original: &Value,
+    shape: &Shape,
+    workload: &Workload,
+    mode: Mode,
+    kind: &str,
+    queue: &str,
+) -> Decision {
+    if mode == Mode::Recommend {
+        return Decision::Warn(format!(
+            "gpufit will recommend settings for this {kind} when Kueue admits it from queue {queue} \
+             (annotation gpufit.io/recommendation)"
+        ));
+    }
+    let mut mutated = original.clone();
+    for ptr in &shape.templates {
+        if let Some(t) = mutated.pointer_mut(ptr) {
+            inject::inject_pod_template_deferred(t);
+        }
+    }
+    if let Some(ptr) = &shape.trainer {
+        if let Some(trainer) = object_at(&mut mutated, ptr) {
+            inject::inject_container_deferred(trainer, false);
+        }
+    }
+    workloads::mark_for_recording(&mut mutated, &shape.templates, workload);
+    Decision::Mutate(mutated, Vec::new())
 }
 
 /// The GPU to plan for: the annotated one (denied when unknown), else the

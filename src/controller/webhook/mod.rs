@@ -58,7 +58,7 @@ mod server;
 mod shape;
 
 pub use admission::review;
-pub use annotations::workload_from_annotations;
+pub use annotations::{inputs_for_admission, workload_from_annotations, AdmissionInputs};
 pub use server::{review_json, tls_config, WebhookServer};
 
 /// The path the webhook answers on.

@@ -206,7 +206,8 @@ pub fn inject_container_deferred(
     if let Some(list) = list.as_array_mut() {
         list.retain(|e| {
             let n = e.get("name").and_then(Value::as_str).unwrap_or("");
-            !SETTING_VARS.iter().any(|v| v.env == n) && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
+            !SETTING_VARS.iter().any(|v| v.env == n)
+                && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
         });
         for v in SETTING_VARS {
             let path = format!("metadata.annotations['{}']", setting_annotation(&v));
@@ -267,14 +268,21 @@ mod deferred_tests {
             assert_eq!(refs.len(), 1, "{}", v.env);
             assert_eq!(
                 refs[0]["valueFrom"]["fieldRef"]["fieldPath"],
-                format!("metadata.annotations['gpufit.io/setting.{}']", v.placeholder)
+                format!(
+                    "metadata.annotations['gpufit.io/setting.{}']",
+                    v.placeholder
+                )
             );
             assert!(refs[0].get("value").is_none());
         }
         assert!(env.iter().any(|e| e["name"] == "KEEP"));
         assert_eq!(
             c["args"],
-            json!(["--mb", "$(GPUFIT_MICRO_BATCH_SIZE)", "--ga=$(GPUFIT_GRAD_ACCUM_STEPS)"])
+            json!([
+                "--mb",
+                "$(GPUFIT_MICRO_BATCH_SIZE)",
+                "--ga=$(GPUFIT_GRAD_ACCUM_STEPS)"
+            ])
         );
         assert_eq!(c["terminationMessagePolicy"], "FallbackToLogsOnError");
     }

@@ -370,7 +370,12 @@ pub fn ready_check(
 /// status (`admissionChecks` is a map keyed by name: the other checks keep
 /// their owners). `resource_version` makes a copy that changed since it was
 /// read a conflict instead of an overwrite.
-pub fn status_apply(name: &str, namespace: &str, resource_version: Option<&str>, check: Value) -> Value {
+pub fn status_apply(
+    name: &str,
+    namespace: &str,
+    resource_version: Option<&str>,
+    check: Value,
+) -> Value {
     json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": "Workload",
@@ -454,7 +459,11 @@ mod tests {
 
     #[test]
     fn no_answer_before_quota_while_evicted_or_when_finished() {
-        let queued = workload(json!([{"type": "QuotaReserved", "status": "False"}]), pending(), Some(3));
+        let queued = workload(
+            json!([{"type": "QuotaReserved", "status": "False"}]),
+            pending(),
+            Some(3),
+        );
         assert!(matches!(step(&queued, &ours()), Step::Wait(_)));
         // Evicted, quota not yet released: the old admission must not be answered.
         let evicted = workload(
@@ -555,12 +564,30 @@ mod tests {
 
     #[test]
     fn the_ready_answer_updates_every_pod_set_or_none() {
-        let anns = BTreeMap::from([("gpufit.io/setting.micro_batch_size".to_string(), "4".to_string())]);
-        let c = ready_check("gpufit", &["master".into(), "worker".into()], &anns, "ok", "2026-01-01T00:00:00Z");
+        let anns = BTreeMap::from([(
+            "gpufit.io/setting.micro_batch_size".to_string(),
+            "4".to_string(),
+        )]);
+        let c = ready_check(
+            "gpufit",
+            &["master".into(), "worker".into()],
+            &anns,
+            "ok",
+            "2026-01-01T00:00:00Z",
+        );
         assert_eq!(c["state"], "Ready");
         assert_eq!(c["podSetUpdates"][1]["name"], "worker");
-        assert_eq!(c["podSetUpdates"][1]["annotations"]["gpufit.io/setting.micro_batch_size"], "4");
-        let c = ready_check("gpufit", &["main".into()], &BTreeMap::new(), "does not fit", "t");
+        assert_eq!(
+            c["podSetUpdates"][1]["annotations"]["gpufit.io/setting.micro_batch_size"],
+            "4"
+        );
+        let c = ready_check(
+            "gpufit",
+            &["main".into()],
+            &BTreeMap::new(),
+            "does not fit",
+            "t",
+        );
         assert!(c.get("podSetUpdates").is_none());
         assert_eq!(c["state"], "Ready");
         let long = "é".repeat(40_000);
@@ -570,9 +597,18 @@ mod tests {
 
     #[test]
     fn the_queue_is_read_from_the_label_or_the_older_annotation() {
-        assert_eq!(queue_name(Some(&json!({"labels": {QUEUE_NAME: "team"}}))), Some("team"));
-        assert_eq!(queue_name(Some(&json!({"annotations": {QUEUE_NAME: "old"}}))), Some("old"));
-        assert_eq!(queue_name(Some(&json!({"labels": {QUEUE_NAME: " "}}))), None);
+        assert_eq!(
+            queue_name(Some(&json!({"labels": {QUEUE_NAME: "team"}}))),
+            Some("team")
+        );
+        assert_eq!(
+            queue_name(Some(&json!({"annotations": {QUEUE_NAME: "old"}}))),
+            Some("old")
+        );
+        assert_eq!(
+            queue_name(Some(&json!({"labels": {QUEUE_NAME: " "}}))),
+            None
+        );
         assert_eq!(queue_name(Some(&json!({}))), None);
         assert_eq!(queue_name(None), None);
     }

@@ -229,7 +229,10 @@ async fn owner(
     else {
         return Ok(None);
     };
-    let (group, version) = o.api_version.split_once('/').unwrap_or(("", &o.api_version));
+    let (group, version) = o
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &o.api_version));
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &o.kind));
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &ar);
     match api.get_opt(&o.name).await? {
@@ -259,7 +262,11 @@ async fn configure(
     let anns = owner.annotations();
     let pod_sets = match admitted(wl) {
         Ok(p) => p,
-        Err(e) => return Ok(Answer::Failed(format!("gpufit did not configure this job: {e}"))),
+        Err(e) => {
+            return Ok(Answer::Failed(format!(
+                "gpufit did not configure this job: {e}"
+            )))
+        }
     };
     let train = training(&pod_sets);
     let w = admitted_gpus(&train);
@@ -270,10 +277,16 @@ async fn configure(
                 "gpufit: the job has no gpufit.io/model annotation; nothing to configure".into(),
             ))
         }
-        Err(e) => return Ok(Answer::Failed(format!("gpufit did not configure this job: {e}"))),
+        Err(e) => {
+            return Ok(Answer::Failed(format!(
+                "gpufit did not configure this job: {e}"
+            )))
+        }
     };
     if let Err(e) = check_pins(&inputs.pins, &inputs.workload, "gpufit.io/pins") {
-        return Ok(Answer::Failed(format!("gpufit did not configure this job: {e}")));
+        return Ok(Answer::Failed(format!(
+            "gpufit did not configure this job: {e}"
+        )));
     }
     let ns_labels = ctx
         .namespaces
@@ -294,16 +307,30 @@ async fn configure(
     };
     let sharing = match gpu::sharing_of(Some(anns), Some((ns, &ns_labels))) {
         Ok(s) => s,
-        Err(e) => return Ok(Answer::Failed(format!("gpufit did not configure this job: {e}"))),
+        Err(e) => {
+            return Ok(Answer::Failed(format!(
+                "gpufit did not configure this job: {e}"
+            )))
+        }
     };
     let (gpu, flavors) = match plan_gpu(ctx, &train, &inputs, sharing).await? {
         Ok(g) => g,
-        Err(e) => return Ok(Answer::Failed(format!("gpufit did not configure this job: {e}"))),
+        Err(e) => {
+            return Ok(Answer::Failed(format!(
+                "gpufit did not configure this job: {e}"
+            )))
+        }
     };
-    let cpus = train.first().and_then(|p| gpu::cpus_per_gpu_json(&p.pod_spec));
+    let cpus = train
+        .first()
+        .and_then(|p| gpu::cpus_per_gpu_json(&p.pod_spec));
     let (suggestion, history_note) = match suggest(ctx, &inputs, &gpu, cpus).await? {
         Ok(s) => s,
-        Err(e) => return Ok(Answer::Failed(format!("gpufit did not configure this job: {e}"))),
+        Err(e) => {
+            return Ok(Answer::Failed(format!(
+                "gpufit did not configure this job: {e}"
+            )))
+        }
     };
     ctx.metrics.count_suggestion(Via::Webhook, &suggestion);
     let s = &suggestion.settings;
@@ -319,7 +346,9 @@ async fn configure(
         message.push_str(" (Recommend mode: nothing set; see gpufit.io/recommendation)");
     }
     if let Some(n) = history_note {
-        message.push_str(&format!(" (history store unavailable, memory model only: {n})"));
+        message.push_str(&format!(
+            " (history store unavailable, memory model only: {n})"
+        ));
     }
     Ok(Answer::Configured {
         suggestion: Box::new(suggestion),
@@ -431,7 +460,10 @@ fn owner_patch(answer: &Answer) -> Option<Value> {
                 .map(|(k, v)| (k, Value::String(v)))
                 .collect();
             if *mode == Mode::Inject {
-                a.insert(ANN_WORKLOAD.into(), json!(serde_json::to_string(workload).ok()));
+                a.insert(
+                    ANN_WORKLOAD.into(),
+                    json!(serde_json::to_string(workload).ok()),
+                );
                 a.insert(ANN_RECOMMENDATION.into(), Value::Null);
             }
             Value::Object(a)
@@ -509,7 +541,10 @@ pub fn activation(check: &DynamicObject, now: &str) -> Option<Value> {
 }
 
 /// Marks our AdmissionChecks `Active` (the reconciler of AdmissionChecks).
-async fn reconcile_check(obj: Arc<DynamicObject>, k: Arc<KueueContext>) -> Result<Action, ControllerError> {
+async fn reconcile_check(
+    obj: Arc<DynamicObject>,
+    k: Arc<KueueContext>,
+) -> Result<Action, ControllerError> {
     let now = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
     if let Some(body) = activation(&obj, &now) {
         let api: Api<DynamicObject> = Api::all_with(k.ctx.client.clone(), &admission_checks());
@@ -531,15 +566,18 @@ pub async fn run_kueue_controllers(client: Client, ctx: Arc<Context>, namespace:
     let checks_api: Api<DynamicObject> = Api::all_with(client.clone(), &admission_checks());
     let writer = reflector::store::Writer::new(admission_checks());
     let checks = writer.as_reader();
-    let cache = reflector::reflector(writer, watcher(checks_api.clone(), watcher::Config::default()))
-        .default_backoff()
-        .touched_objects()
-        .for_each(|r| {
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "Kueue AdmissionCheck watch failed; retrying");
-            }
-            futures::future::ready(())
-        });
+    let cache = reflector::reflector(
+        writer,
+        watcher(checks_api.clone(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|r| {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "Kueue AdmissionCheck watch failed; retrying");
+        }
+        futures::future::ready(())
+    });
     tokio::spawn(cache);
     let k = Arc::new(KueueContext {
         ctx,

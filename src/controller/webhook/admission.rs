@@ -175,7 +175,14 @@ fn decide(
     // Queued in Kueue: the GPU (flavor) and the counts are decided at
     // admission, so the settings are too (the AdmissionCheck controller).
     if let Some(queue) = kueue::queue_name(original.get("metadata")) {
-        return Ok(queued(original, &shape, &workload, mode, &req.kind.kind, queue));
+        return Ok(queued(
+            original,
+            &shape,
+            &workload,
+            mode,
+            &req.kind.kind,
+            queue,
+        ));
     }
 
     let sharing = sharing(anns, req.namespace.as_deref(), &state.namespaces)?;

@@ -1109,16 +1109,31 @@ async fn recommend_mode_leaves_the_job_alone_and_writes_the_recommendation_at_ad
     job["metadata"]["uid"] = json!("uid-rec");
     let (out, warnings) = w.admit(JOB, &job);
     assert_eq!(out, job, "Recommend: nothing injected at creation");
-    assert!(warnings.iter().any(|m| m.contains("when Kueue admits it")), "{warnings:?}");
-    let (_, wl_name) = w.submit(JOB, batch_job("rec", 2, json!({"gpufit.io/mode": "Recommend"})));
+    assert!(
+        warnings.iter().any(|m| m.contains("when Kueue admits it")),
+        "{warnings:?}"
+    );
+    let (_, wl_name) = w.submit(
+        JOB,
+        batch_job("rec", 2, json!({"gpufit.io/mode": "Recommend"})),
+    );
     let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
     w.reconcile(&reserved).await;
     let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
     assert_eq!(ours["state"], "Ready");
-    assert!(ours.get("podSetUpdates").is_none(), "Recommend: nothing set on the pods");
-    assert!(ours["message"].as_str().unwrap().contains("Recommend"), "{ours:#}");
+    assert!(
+        ours.get("podSetUpdates").is_none(),
+        "Recommend: nothing set on the pods"
+    );
+    assert!(
+        ours["message"].as_str().unwrap().contains("Recommend"),
+        "{ours:#}"
+    );
     let anns = &w.get("jobs/rec")["metadata"]["annotations"];
-    assert!(anns["gpufit.io/recommendation"].as_str().unwrap().contains("H100"));
+    assert!(anns["gpufit.io/recommendation"]
+        .as_str()
+        .unwrap()
+        .contains("H100"));
     assert!(anns[ANN_APPLIED].is_null());
 }
 
@@ -1127,13 +1142,23 @@ async fn a_flavor_that_does_not_tell_the_gpu_falls_back_to_the_jobs_gpu_annotati
     let w = World::new();
     let (_, wl_name) = w.submit(
         JOB,
-        batch_job("named", 2, json!({"gpufit.io/gpu": "NVIDIA A100-SXM4-80GB"})),
+        batch_job(
+            "named",
+            2,
+            json!({"gpufit.io/gpu": "NVIDIA A100-SXM4-80GB"}),
+        ),
     );
     let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "spot", &[("main", 2)]));
     w.reconcile(&reserved).await;
     let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
     assert_eq!(ours["state"], "Ready");
-    assert!(ours["podSetUpdates"][0]["annotations"].is_object(), "{ours:#}");
-    let gpu = applied(&w.get("jobs/named"))["gpu"].as_str().unwrap().to_string();
+    assert!(
+        ours["podSetUpdates"][0]["annotations"].is_object(),
+        "{ours:#}"
+    );
+    let gpu = applied(&w.get("jobs/named"))["gpu"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(gpu.contains("A100-SXM4-80GB"), "{gpu}");
 }

@@ -160,13 +160,6 @@ pub enum KueueError {
     NotAssigned(String),
     #[error("the Workload has no pod sets")]
     NoPodSets,
-    #[error("pod set {pod_set} (flavor {flavor}): {source}")]
-    Gpu {
-        pod_set: String,
-        flavor: String,
-        #[source]
-        source: GpuError,
-    },
 }
 
 /// What to do with a Workload.

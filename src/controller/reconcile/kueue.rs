@@ -146,8 +146,13 @@ pub async fn reconcile_kueue_workload(
     let Some(fresh) = api.get_opt(&name).await? else {
         return Ok(Action::await_change());
     };
-    let wl = Workload::from_json(&serde_json::to_value(&fresh)?)
-        .map_err(|e| ControllerError::Invalid(e.to_string()))?;
+    let wl = match Workload::from_json(&serde_json::to_value(&fresh)?) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(workload = %name, error = %e, "Kueue Workload not read");
+            return Ok(Action::await_change());
+        }
+    };
     let Step::Configure { check } = step(&wl, &ours) else {
         return Ok(Action::await_change());
     };

@@ -911,6 +911,24 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     assert_eq!(r.settings.micro_batch_size, m_h100);
     assert_eq!(r.predicted_peak_bytes, h100["predictedPeakBytes"].as_u64());
     assert_eq!(r.result.peak_memory_bytes, Some(30 << 30));
+    assert_eq!(
+        h100["source"], "heuristic",
+        "nothing measured before: {h100}"
+    );
+
+    // The same workload queued again and admitted to the H100 flavor: its
+    // admission learns from the recorded run.
+    let (_, wl2) = w.submit(JOB, batch_job("train-2", 4, json!({})));
+    let reserved = w.kueue_writes(&wl2, |wl| reserve(wl, "h100-80gb", &[("main", 4)]));
+    w.reconcile(&reserved).await;
+    let learned = applied(&w.get("jobs/train-2"));
+    assert!(
+        learned["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("historical_data"),
+        "the second admission uses the first run: {learned}"
+    );
     assert!(
         w.api.lock().unwrap().unexpected.is_empty(),
         "{:?}",

@@ -1180,3 +1180,37 @@ async fn a_flavor_that_does_not_tell_the_gpu_falls_back_to_the_jobs_gpu_annotati
         .to_string();
     assert!(gpu.contains("A100-SXM4-80GB"), "{gpu}");
 }
+
+#[tokio::test]
+async fn a_queued_trainjob_whose_runtime_sets_its_gpus_is_configured_at_admission() {
+    let w = World::new();
+    let tj = json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": "tj", "namespace": "ml", "annotations": annotations(),
+                     "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"runtimeRef": {"name": "torch-distributed"},
+                 "trainer": {"image": "ghcr.io/acme/train:1", "args": ["--mb", "{micro_batch_size}"]}}
+    });
+    let kind = ("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs");
+    let (out, warnings) = w.admit(kind, &tj);
+    assert!(warnings.is_empty(), "W comes from admission: {warnings:?}");
+    let env = out["spec"]["trainer"]["env"]
+        .as_array()
+        .expect("trainer env");
+    assert!(env.iter().any(|e| e["name"] == "GPUFIT_MICRO_BATCH_SIZE"
+        && e["valueFrom"]["fieldRef"]["fieldPath"]
+            == "metadata.annotations['gpufit.io/setting.micro_batch_size']"));
+    assert_eq!(
+        out["spec"]["trainer"]["args"][1],
+        "$(GPUFIT_MICRO_BATCH_SIZE)"
+    );
+    // Not queued: the runtime's W is unknown, so it is left alone with a warning.
+    let mut plain = tj.clone();
+    plain["metadata"]["labels"] = json!({});
+    let (out, warnings) = w.admit(kind, &plain);
+    assert_eq!(out, plain);
+    assert!(
+        warnings.iter().any(|m| m.contains("gpufit.io/gpus")),
+        "{warnings:?}"
+    );
+}

@@ -150,14 +150,6 @@ fn decide(
         Ok(s) => s,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
-    if object_gpus.is_none() && !inputs.contains_key("gpus") {
-        return Ok(Decision::Warn(format!(
-            "gpufit did not change this {}: its GPU count comes from its runtime; set \
-             spec.trainer.numNodes and nvidia.com/gpu in spec.trainer.resourcesPerNode, \
-             or annotate gpufit.io/gpus with the training GPUs of the whole job",
-            req.kind.kind
-        )));
-    }
     let first_pod: Option<PodSpec> = shape
         .templates
         .first()
@@ -173,7 +165,8 @@ fn decide(
     };
 
     // Queued in Kueue: the GPU (flavor) and the counts are decided at
-    // admission, so the settings are too (the AdmissionCheck controller).
+    // admission, so the settings are too (the AdmissionCheck controller),
+    // W included: a TrainJob whose runtime sets its GPUs is fine here.
     if let Some(queue) = kueue::queue_name(original.get("metadata")) {
         return Ok(queued(
             original,
@@ -183,6 +176,15 @@ fn decide(
             &req.kind.kind,
             queue,
         ));
+    }
+
+    if object_gpus.is_none() && !inputs.contains_key("gpus") {
+        return Ok(Decision::Warn(format!(
+            "gpufit did not change this {}: its GPU count comes from its runtime; set \
+             spec.trainer.numNodes and nvidia.com/gpu in spec.trainer.resourcesPerNode, \
+             or annotate gpufit.io/gpus with the training GPUs of the whole job",
+            req.kind.kind
+        )));
     }
 
     let sharing = sharing(anns, req.namespace.as_deref(), &state.namespaces)?;

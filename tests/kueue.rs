@@ -1214,3 +1214,41 @@ async fn a_queued_trainjob_whose_runtime_sets_its_gpus_is_configured_at_admissio
         "{warnings:?}"
     );
 }
+
+#[tokio::test]
+async fn pod_sets_admitted_to_different_flavors_are_planned_for_the_smaller_gpu() {
+    let w = World::new();
+    let (mut job, wl_name) = w.submit(PYTORCHJOB, pytorchjob("mixed"));
+    let reserved = w.kueue_writes(&wl_name, |wl| {
+        reserve(wl, "a100-40gb", &[("master", 1), ("worker", 3)]);
+        wl["status"]["admission"]["podSetAssignments"][0]["flavors"] =
+            json!({"nvidia.com/gpu": "h100-80gb", "cpu": "h100-80gb"});
+    });
+    w.reconcile(&reserved).await;
+    let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
+    let msg = ours["message"].as_str().unwrap();
+    assert!(
+        msg.contains("h100-80gb") && msg.contains("a100-40gb"),
+        "{msg}"
+    );
+    assert!(applied(&w.get("pytorchjobs/mixed"))["gpu"]
+        .as_str()
+        .unwrap()
+        .contains("A100"));
+    let fl = flavors(&w);
+    w.kueue_writes(&wl_name, |wl| {
+        other_check_ready(wl);
+        kueue_start(wl, &mut job, &fl);
+    });
+    let master = assert_global_batch(
+        job.pointer("/spec/pytorchReplicaSpecs/Master/template")
+            .unwrap(),
+        4,
+    );
+    let worker = assert_global_batch(
+        job.pointer("/spec/pytorchReplicaSpecs/Worker/template")
+            .unwrap(),
+        4,
+    );
+    assert_eq!(master, worker, "one set of settings for every rank");
+}

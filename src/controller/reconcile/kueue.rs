@@ -393,8 +393,12 @@ async fn plan_gpu(
         }
     }
     let names = {
-        let mut f: Vec<&str> = train.iter().filter_map(|p| p.flavor.as_deref()).collect();
-        f.dedup();
+        let f: Vec<&str> = train
+            .iter()
+            .filter_map(|p| p.flavor.as_deref())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         if f.is_empty() {
             "(none)".to_string()
         } else {

@@ -58,6 +58,7 @@ CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("cert-manager.io/v1", "Certificate"),
     ("cert-manager.io/v1", "Issuer"),
+    ("kueue.x-k8s.io/v1beta1", "AdmissionCheck"),
 }
 
 CLUSTER_SCOPED = {
@@ -67,6 +68,7 @@ CLUSTER_SCOPED = {
     "ValidatingWebhookConfiguration",
     "CustomResourceDefinition",
     "Namespace",
+    "AdmissionCheck",
 }
 
 # Least privilege: (apiGroup, resource) -> verbs the controller may hold.
@@ -85,7 +87,14 @@ ALLOWED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "namespaces"): {"get", "list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    # Only with kueue.enabled (expect_kueue).
+    ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+    ("kueue.x-k8s.io", "admissionchecks"): {"get", "list", "watch"},
+    ("kueue.x-k8s.io", "admissionchecks/status"): {"patch"},
+    ("kueue.x-k8s.io", "resourceflavors"): {"get"},
 }
+KUEUE_RULES = {k: v for k, v in ALLOWED_RULES.items() if k[0] == "kueue.x-k8s.io"}
 # What the controller cannot work without (when RBAC is rendered).
 REQUIRED_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("gpufit.io", "trainingjobs"): {"get", "list", "watch"},
@@ -209,6 +218,7 @@ def expect_defaults(r: Rendered, p: Problems) -> None:
             "a SQLite history on a ReadWriteOnce volume needs the Recreate strategy",
         )
     p.check(len(r.of("ConfigMap")) >= 2, "defaults must ship the dashboard ConfigMaps")
+    expect_no_kueue(r, p)
 
 
 def expect_no_webhook(r: Rendered, p: Problems) -> None:
@@ -336,8 +346,45 @@ def expect_sidecar_only(r: Rendered, p: Problems) -> None:
     p.check(r.one("DaemonSet") is not None, "controller.enabled=false keeps the sidecar")
 
 
+def kueue_grants(r: Rendered) -> dict[tuple[str, str], set[str]]:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for role in r.of("ClusterRole"):
+        for rule in role.get("rules", []):
+            for g in rule.get("apiGroups", []):
+                for res in rule.get("resources", []):
+                    if g == "kueue.x-k8s.io":
+                        granted.setdefault((g, res), set()).update(rule.get("verbs", []))
+    return granted
+
+
+def expect_kueue(r: Rendered, p: Problems) -> None:
+    dep = r.one("Deployment")
+    if dep:
+        p.check("--kueue" in container(dep, "controller").get("args", []), "kueue.enabled must pass --kueue")
+    p.check(kueue_grants(r) == KUEUE_RULES, f"kueue.enabled: RBAC on Kueue must be {KUEUE_RULES}, got {kueue_grants(r)}")
+    checks = r.of("AdmissionCheck")
+    if p.check(len(checks) == 1, f"kueue.enabled: one AdmissionCheck, got {len(checks)}"):
+        p.check(checks[0]["spec"].get("controllerName") == "gpufit.io/advisor", "the AdmissionCheck's controllerName must be gpufit.io/advisor")
+        p.check(checks[0]["metadata"]["name"] == "gpu-advisor", "kueue.admissionCheck.name names it")
+
+
+def expect_kueue_without_check(r: Rendered, p: Problems) -> None:
+    p.check(r.of("AdmissionCheck") == [], "kueue.admissionCheck.create=false: no AdmissionCheck")
+    p.check(kueue_grants(r) == KUEUE_RULES, "kueue.enabled keeps its RBAC without the AdmissionCheck object")
+
+
+def expect_no_kueue(r: Rendered, p: Problems) -> None:
+    p.check(r.of("AdmissionCheck") == [], "kueue disabled: no AdmissionCheck")
+    p.check(kueue_grants(r) == {}, "kueue disabled: no RBAC on Kueue")
+    dep = r.one("Deployment")
+    if dep:
+        p.check("--kueue" not in container(dep, "controller").get("args", []), "kueue disabled: no --kueue")
+
+
 CASES: list[Case] = [
     Case("defaults", {}, expect_defaults),
+    Case("kueue", {"kueue": {"enabled": True, "admissionCheck": {"name": "gpu-advisor"}}}, expect_kueue),
+    Case("kueue-no-admission-check", {"kueue": {"enabled": True, "admissionCheck": {"create": False}}}, expect_kueue_without_check),
     Case("webhook-disabled", {"webhook": {"enabled": False}}, expect_no_webhook),
     Case("sidecar-disabled", {"sidecar": {"enabled": False}}, expect_no_sidecar),
     Case(

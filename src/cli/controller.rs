@@ -73,6 +73,11 @@ pub struct ControllerArgs {
     /// Watch TrainingJobs in this namespace only (default: all).
     #[arg(long, env = "GPUFIT_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// Answer Kueue AdmissionChecks whose controllerName is gpufit.io/advisor
+    /// (Kueue's API must be installed): jobs queued in Kueue get the settings
+    /// of the flavor and counts they are admitted with.
+    #[arg(long, env = "GPUFIT_KUEUE")]
+    pub kueue: bool,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "gpufit-controller", env = "GPUFIT_LEASE_NAME")]
     pub lease_name: String,
@@ -183,6 +188,7 @@ fn kubernetes_config(args: ControllerArgs, api_cfg: ApiConfig) -> ControllerConf
         prom_timeout: args.prom_timeout,
         sidecar_url: args.sidecar_url,
         watch_namespace: args.watch_namespace,
+        kueue: args.kueue,
         leader,
         cluster: args.cluster,
         targets: StrategyTargets::default(),

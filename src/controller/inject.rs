@@ -148,3 +148,142 @@ pub fn add_annotations(meta: &mut Value, anns: &BTreeMap<String, String>) {
         }
     }
 }
+
+// === Settings decided later (Kueue) ===
+//
+// A Job queued in Kueue is created suspended and gets its GPU type (the
+// ResourceFlavor) and its parallelism only when Kueue admits it; its
+// containers cannot take new environment variables then (only the pod
+// template's labels, annotations, node selector and tolerations change at
+// unsuspend). So at creation every container gets each setting as a
+// downward-API reference to a pod annotation, and the annotations arrive at
+// admission through the AdmissionCheck's `podSetUpdates`
+// (`super::reconcile::kueue`).
+
+/// Prefix of the pod annotation that carries one setting at admission:
+/// `gpufit.io/setting.micro_batch_size` (the placeholder's name).
+pub const SETTING_ANNOTATION_PREFIX: &str = "gpufit.io/setting.";
+
+/// The pod annotation one setting travels in.
+pub fn setting_annotation(v: &crate::core::settings::SettingVar) -> String {
+    format!("{SETTING_ANNOTATION_PREFIX}{}", v.placeholder)
+}
+
+/// The pod annotations carrying every setting (one per row of
+/// [`SETTING_VARS`], the values as the environment variables have them).
+pub fn setting_annotations(
+    s: &crate::core::settings::EngineeringSettings,
+) -> BTreeMap<String, String> {
+    SETTING_VARS
+        .iter()
+        .map(|v| (setting_annotation(v), (v.render)(s)))
+        .collect()
+}
+
+/// `{micro_batch_size}` → `$(GPUFIT_MICRO_BATCH_SIZE)`: the kubelet expands
+/// `$(VAR)` in `command`/`args` from the container's environment, so a
+/// placeholder still becomes the value decided at admission.
+pub fn placeholders_to_env_refs(word: &str) -> String {
+    if !word.contains('{') {
+        return word.to_string();
+    }
+    SETTING_VARS.iter().fold(word.to_string(), |out, v| {
+        out.replace(&v.placeholder_text(), &format!("$({})", v.env))
+    })
+}
+
+/// Injects into one container (or container-like object) the settings as
+/// downward-API references ([`setting_annotation`]) instead of values, the
+/// pod identity variables, and `$(VAR)` for the command's placeholders.
+pub fn inject_container_deferred(
+    c: &mut serde_json::Map<String, Value>,
+    set_termination_policy: bool,
+) {
+    let list = c.entry("env").or_insert_with(|| json!([]));
+    if !list.is_array() {
+        *list = json!([]);
+    }
+    if let Some(list) = list.as_array_mut() {
+        list.retain(|e| {
+            let n = e.get("name").and_then(Value::as_str).unwrap_or("");
+            !SETTING_VARS.iter().any(|v| v.env == n)
+                && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
+        });
+        for v in SETTING_VARS {
+            let path = format!("metadata.annotations['{}']", setting_annotation(&v));
+            list.push(json!({"name": v.env, "valueFrom": {"fieldRef": {"fieldPath": path}}}));
+        }
+        for (k, path) in POD_IDENTITY_ENV {
+            list.push(json!({"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}}));
+        }
+    }
+    for field in ["command", "args"] {
+        if let Some(words) = c.get_mut(field).and_then(Value::as_array_mut) {
+            for w in words.iter_mut() {
+                if let Some(s) = w.as_str() {
+                    *w = Value::String(placeholders_to_env_refs(s));
+                }
+            }
+        }
+    }
+    if set_termination_policy && !c.contains_key("terminationMessagePolicy") {
+        c.insert(
+            "terminationMessagePolicy".into(),
+            Value::String("FallbackToLogsOnError".into()),
+        );
+    }
+}
+
+/// [`inject_container_deferred`] for every container of a pod template
+/// (JSON). The template's annotations are left alone: Kueue refuses a
+/// `podSetUpdates` annotation that the template already has with another
+/// value.
+pub fn inject_pod_template_deferred(template: &mut Value) {
+    let Some(containers) = template
+        .pointer_mut("/spec/containers")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for c in containers.iter_mut() {
+        if let Some(c) = c.as_object_mut() {
+            inject_container_deferred(c, true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod deferred_tests {
+    use super::*;
+
+    #[test]
+    fn a_deferred_container_reads_every_setting_from_its_pod_annotation() {
+        let mut c = json!({"name": "t", "args": ["--mb", "{micro_batch_size}", "--ga={gradient_accumulation_steps}"],
+                           "env": [{"name": "GPUFIT_DTYPE", "value": "fp32"}, {"name": "KEEP", "value": "1"}]});
+        inject_container_deferred(c.as_object_mut().unwrap(), true);
+        let env = c["env"].as_array().unwrap();
+        // Every setting once, as a reference; the user's own variable kept.
+        for v in SETTING_VARS {
+            let refs: Vec<_> = env.iter().filter(|e| e["name"] == v.env).collect();
+            assert_eq!(refs.len(), 1, "{}", v.env);
+            assert_eq!(
+                refs[0]["valueFrom"]["fieldRef"]["fieldPath"],
+                format!(
+                    "metadata.annotations['gpufit.io/setting.{}']",
+                    v.placeholder
+                )
+            );
+            assert!(refs[0].get("value").is_none());
+        }
+        assert!(env.iter().any(|e| e["name"] == "KEEP"));
+        assert_eq!(
+            c["args"],
+            json!([
+                "--mb",
+                "$(GPUFIT_MICRO_BATCH_SIZE)",
+                "--ga=$(GPUFIT_GRAD_ACCUM_STEPS)"
+            ])
+        );
+        assert_eq!(c["terminationMessagePolicy"], "FallbackToLogsOnError");
+    }
+}

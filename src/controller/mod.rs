@@ -8,6 +8,7 @@
 //! | [`gpu`]       | pure: node labels (GPU Feature Discovery) → GPU model          |
 //! | [`build`]     | pure: suggestion → desired `batch/v1` Job                      |
 //! | [`inject`]    | the one injection code path (reconciler and webhook)          |
+//! | [`kueue`]     | pure: a Kueue Workload's admission → gpufit's check answer    |
 //! | [`reconcile`] | the pipeline: dereference → validate → build → apply → status |
 //! | [`prom`]      | Prometheus HTTP API client (peak GPU memory of a finished job)|
 //! | [`webhook`]   | mutating admission webhook over HTTPS                         |
@@ -20,6 +21,7 @@ pub mod build;
 pub mod crd;
 pub mod gpu;
 pub mod inject;
+pub mod kueue;
 pub mod leader;
 pub mod metrics;
 pub mod prom;

@@ -42,6 +42,8 @@ pub struct ControllerConfig {
     pub sidecar_url: Option<String>,
     /// Namespace to watch TrainingJobs in; `None`: all namespaces.
     pub watch_namespace: Option<String>,
+    /// Answer gpufit's Kueue AdmissionChecks (`--kueue`).
+    pub kueue: bool,
     pub leader: Option<LeaderConfig>,
     pub cluster: Option<String>,
     pub targets: StrategyTargets,
@@ -280,7 +282,18 @@ async fn reconcile_while_leading(
             ctx.clone(),
             cfg.watch_namespace.clone(),
         );
-        let controller = futures::future::join(controller, workloads);
+        // Kueue: gpufit's AdmissionChecks, when enabled.
+        let kueue = async {
+            if cfg.kueue {
+                reconcile::kueue::run_kueue_controllers(
+                    client.clone(),
+                    ctx.clone(),
+                    cfg.watch_namespace.clone(),
+                )
+                .await
+            }
+        };
+        let controller = futures::future::join3(controller, workloads, kueue);
         tokio::select! {
             _ = &mut stopping => return,
             _ = controller => {

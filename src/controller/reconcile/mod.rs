@@ -35,6 +35,7 @@ use super::ControllerError;
 
 mod context;
 mod decide;
+pub mod kueue;
 mod observe;
 mod peaks;
 mod record;

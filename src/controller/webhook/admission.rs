@@ -24,6 +24,7 @@ use crate::service::{Ask, Pipeline, PipelineError, SimilarRuns};
 use super::super::crd::Mode;
 use super::super::gpu;
 use super::super::inject;
+use super::super::kueue;
 use super::super::metrics::Via;
 use super::super::reconcile::{workloads, MODE_KEY};
 use super::super::validate::check_pins;
@@ -149,14 +150,6 @@ fn decide(
         Ok(s) => s,
         Err(warning) => return Ok(Decision::Warn(warning)),
     };
-    if object_gpus.is_none() && !inputs.contains_key("gpus") {
-        return Ok(Decision::Warn(format!(
-            "gpufit did not change this {}: its GPU count comes from its runtime; set \
-             spec.trainer.numNodes and nvidia.com/gpu in spec.trainer.resourcesPerNode, \
-             or annotate gpufit.io/gpus with the training GPUs of the whole job",
-            req.kind.kind
-        )));
-    }
     let first_pod: Option<PodSpec> = shape
         .templates
         .first()
@@ -170,6 +163,29 @@ fn decide(
         None => namespace_mode(req.namespace.as_deref(), &state.namespaces)?
             .unwrap_or(state.default_mode),
     };
+
+    // Queued in Kueue: the GPU (flavor) and the counts are decided at
+    // admission, so the settings are too (the AdmissionCheck controller),
+    // W included: a TrainJob whose runtime sets its GPUs is fine here.
+    if let Some(queue) = kueue::queue_name(original.get("metadata")) {
+        return Ok(queued(
+            original,
+            &shape,
+            &workload,
+            mode,
+            &req.kind.kind,
+            queue,
+        ));
+    }
+
+    if object_gpus.is_none() && !inputs.contains_key("gpus") {
+        return Ok(Decision::Warn(format!(
+            "gpufit did not change this {}: its GPU count comes from its runtime; set \
+             spec.trainer.numNodes and nvidia.com/gpu in spec.trainer.resourcesPerNode, \
+             or annotate gpufit.io/gpus with the training GPUs of the whole job",
+            req.kind.kind
+        )));
+    }
 
     let sharing = sharing(anns, req.namespace.as_deref(), &state.namespaces)?;
     let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), sharing, state)? {
@@ -193,6 +209,40 @@ fn decide(
         workloads::mark_for_recording(&mut mutated, &shape.templates, &workload);
     }
     Ok(Decision::Mutate(mutated, suggestion.warnings.clone()))
+}
+
+/// An object queued in Kueue: its containers read each setting from a pod
+/// annotation that the AdmissionCheck controller sets when Kueue admits it
+/// on a flavor (`podSetUpdates`); it is marked for recording now. In
+/// Recommend mode it is left untouched (the recommendation is written on it
+/// at admission).
+fn queued(
+    original: &Value,
+    shape: &Shape,
+    workload: &Workload,
+    mode: Mode,
+    kind: &str,
+    queue: &str,
+) -> Decision {
+    if mode == Mode::Recommend {
+        return Decision::Warn(format!(
+            "gpufit will recommend settings for this {kind} when Kueue admits it from queue {queue} \
+             (annotation gpufit.io/recommendation)"
+        ));
+    }
+    let mut mutated = original.clone();
+    for ptr in &shape.templates {
+        if let Some(t) = mutated.pointer_mut(ptr) {
+            inject::inject_pod_template_deferred(t);
+        }
+    }
+    if let Some(ptr) = &shape.trainer {
+        if let Some(trainer) = object_at(&mut mutated, ptr) {
+            inject::inject_container_deferred(trainer, false);
+        }
+    }
+    workloads::mark_for_recording(&mut mutated, &shape.templates, workload);
+    Decision::Mutate(mutated, Vec::new())
 }
 
 /// The GPU to plan for: the annotated one (denied when unknown), else the

@@ -204,6 +204,48 @@ pub fn workload_from_annotations(
         .map_err(|e| denied_workload(&e).0)
 }
 
+/// What an object's annotations ask for, read again when Kueue admits it
+/// (`crate::controller::reconcile::kueue`).
+#[derive(Debug, Clone)]
+pub struct AdmissionInputs {
+    pub workload: Workload,
+    pub strategy: Strategy,
+    pub mode: Option<Mode>,
+    pub pins: Pins,
+    /// `gpufit.io/gpu`, when set.
+    pub gpu: Option<String>,
+}
+
+/// The input annotations of an object Kueue admitted, for `gpus`
+/// data-parallel GPUs (the admitted counts: `gpufit.io/gpus` is not read,
+/// admission decides W). What gpufit wrote itself (applied settings,
+/// workload, run marks) is not input. `Ok(None)`: the object did not opt in.
+pub fn inputs_for_admission(
+    annotations: &BTreeMap<String, String>,
+    gpus: u32,
+) -> Result<Option<AdmissionInputs>, String> {
+    let ours: BTreeMap<&str, &str> = annotations
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("gpufit.io/").map(|k| (k, v.as_str())))
+        .filter(|(k, _)| INPUT_KEYS.contains(k) && *k != "gpus")
+        .collect();
+    if ours.is_empty() {
+        return Ok(None);
+    }
+    if !ours.contains_key("model") && !ours.contains_key("architecture") {
+        return Ok(None);
+    }
+    let (request, strategy, mode, pins, gpu) = parse_annotations(&ours, gpus).map_err(|d| d.0)?;
+    let workload = request.resolve().map_err(|e| denied_workload(&e).0)?;
+    Ok(Some(AdmissionInputs {
+        workload,
+        strategy,
+        mode,
+        pins,
+        gpu,
+    }))
+}
+
 /// `name=tiny-gpt,params=124000000,hidden_size=768,layers=12,heads=12,vocab_size=50257`
 /// (and `kv_heads`, `intermediate_size`, `tied_embeddings`, `max_seq_len`):
 /// the model by its numbers, the keys of a JSON request's `architecture`.

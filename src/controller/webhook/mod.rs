@@ -6,6 +6,10 @@
 //! (every rank; where per kind: `shape`).
 //!
 //! - Objects without `gpufit.io/…` input annotations are allowed untouched.
+//! - An object queued in Kueue (`kueue.x-k8s.io/queue-name`) gets its
+//!   settings when Kueue admits it on a flavor: now, each setting becomes a
+//!   downward-API reference to a pod annotation that gpufit's AdmissionCheck
+//!   sets then (`super::reconcile::kueue`); no GPU is resolved here.
 //! - A bad annotation (unknown key, unparsable value, contradictory fields)
 //!   is denied with a message that names it — never silently ignored.
 //! - When gpufit cannot help (GPU unknown, history store down, nothing fits,
@@ -58,7 +62,7 @@ mod server;
 mod shape;
 
 pub use admission::review;
-pub use annotations::workload_from_annotations;
+pub use annotations::{inputs_for_admission, workload_from_annotations, AdmissionInputs};
 pub use server::{review_json, tls_config, WebhookServer};
 
 /// The path the webhook answers on.

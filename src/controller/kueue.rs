@@ -1,0 +1,608 @@
+//! Kueue (pure): what a `Workload` says about the job Kueue admitted — the
+//! flavors and counts of its pod sets — and what gpufit's AdmissionCheck
+//! answers. The I/O is in [`super::reconcile::kueue`].
+//!
+//! API read: `kueue.x-k8s.io/v1beta1` (Kueue v0.9 – v0.19; from v0.15 it is
+//! also served as `v1beta2`, with the same shape for every field used here,
+//! and v1beta1 stays served — deprecated — in v0.20). Fields, from Kueue's
+//! `apis/kueue/v1beta1/workload_types.go`:
+//!
+//! - `spec.podSets[]`: `name` (default `main`; a batch Job's one pod set is
+//!   `main`, a PyTorchJob's are its replica types lower-cased, `master` and
+//!   `worker`), `count`, `minCount` (partial admission), `template`.
+//! - `status.admission.podSetAssignments[]`: `name`, `flavors` (resource →
+//!   ResourceFlavor name), `count` (the pods admitted: lower than the pod
+//!   set's `count` under partial admission).
+//! - `status.admissionChecks[]` (a map keyed by `name`): `state`
+//!   (`Pending`, `Ready`, `Retry`, `Rejected`), `message`,
+//!   `lastTransitionTime`, `podSetUpdates[]` (`name`, `labels`,
+//!   `annotations`, `nodeSelector`, `tolerations`).
+//! - `status.conditions`: `QuotaReserved`, `Admitted`, `Evicted`, `Finished`.
+//!
+//! Kueue adds the check as `Pending`; once quota is reserved it waits for
+//! every check to be `Ready`, then merges each check's `podSetUpdates` into
+//! the job's pod templates and unsuspends it. On eviction it suspends the
+//! job, restores the templates, and resets every check to `Pending`
+//! (clearing `podSetUpdates`); a new quota reservation clears `Evicted`.
+//! So the check is answered when quota is reserved, the check is
+//! `Pending`, and the workload is neither evicted nor finished — once per
+//! admission.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, PodSpec};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::gpu::{self, GpuError, Sharing};
+use crate::core::catalog::GpuSpec;
+
+/// The `spec.controllerName` of gpufit's AdmissionCheck.
+pub const CONTROLLER_NAME: &str = "gpufit.io/advisor";
+/// The label (older Kueue: also the annotation) naming a job's LocalQueue.
+pub const QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
+/// Kueue's API group and the version read.
+pub const GROUP: &str = "kueue.x-k8s.io";
+pub const VERSION: &str = "v1beta1";
+/// The AdmissionCheck condition a ClusterQueue needs to be active.
+pub const CONDITION_ACTIVE: &str = "Active";
+
+/// The LocalQueue an object is queued in (its `metadata`), when it is.
+pub fn queue_name(metadata: Option<&Value>) -> Option<&str> {
+    let m = metadata?;
+    ["labels", "annotations"]
+        .iter()
+        .filter_map(|k| m.get(*k)?.get(QUEUE_NAME)?.as_str())
+        .find(|q| !q.trim().is_empty())
+}
+
+/// A Workload as far as gpufit reads it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Workload {
+    #[serde(default)]
+    pub spec: WorkloadSpec,
+    #[serde(default)]
+    pub status: WorkloadStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadSpec {
+    #[serde(default)]
+    pub pod_sets: Vec<PodSet>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSet {
+    #[serde(default = "main")]
+    pub name: String,
+    #[serde(default)]
+    pub count: i64,
+    #[serde(default)]
+    pub min_count: Option<i64>,
+    #[serde(default)]
+    pub template: Value,
+}
+
+fn main() -> String {
+    "main".into()
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default)]
+    pub admission: Option<Admission>,
+    #[serde(default)]
+    pub admission_checks: Vec<CheckState>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Admission {
+    #[serde(default)]
+    pub cluster_queue: String,
+    #[serde(default)]
+    pub pod_set_assignments: Vec<Assignment>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignment {
+    #[serde(default = "main")]
+    pub name: String,
+    #[serde(default)]
+    pub flavors: BTreeMap<String, String>,
+    #[serde(default)]
+    pub count: Option<i64>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckState {
+    pub name: String,
+    pub state: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl Workload {
+    /// Reads a Workload from its JSON.
+    pub fn from_json(v: &Value) -> Result<Self, KueueError> {
+        Workload::deserialize(v).map_err(|e| KueueError::Unreadable(e.to_string()))
+    }
+
+    fn condition(&self, t: &str) -> bool {
+        self.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == "True")
+    }
+}
+
+/// Why a Workload cannot be configured.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KueueError {
+    #[error("the Workload cannot be read: {0}")]
+    Unreadable(String),
+    #[error("pod set {0} has no assignment in status.admission")]
+    NotAssigned(String),
+    #[error("the Workload has no pod sets")]
+    NoPodSets,
+}
+
+/// What to do with a Workload.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Nothing now; why (for the logs).
+    Wait(&'static str),
+    /// Answer check `check` for the current admission.
+    Configure { check: String },
+}
+
+/// Pure decision: configure when one of `ours` is `Pending` on a workload
+/// whose quota is reserved (an admission exists) and that is neither
+/// evicted nor finished. A check already answered (`Ready`, or set by
+/// Kueue to `Retry`/`Rejected`) is left alone, so duplicate and stale
+/// events change nothing.
+pub fn step(wl: &Workload, ours: &BTreeSet<String>) -> Step {
+    let Some(check) = wl
+        .status
+        .admission_checks
+        .iter()
+        .find(|c| ours.contains(&c.name))
+    else {
+        return Step::Wait("no gpufit admission check on this workload");
+    };
+    if check.state != "Pending" {
+        return Step::Wait("the check is already answered");
+    }
+    if wl.condition("Finished") {
+        return Step::Wait("finished");
+    }
+    // Between eviction and the release of the quota the old admission is
+    // still there: configuring now would answer for the old flavor.
+    if wl.condition("Evicted") {
+        return Step::Wait("evicted; waiting for a new admission");
+    }
+    if !wl.condition("QuotaReserved") || wl.status.admission.is_none() {
+        return Step::Wait("no quota reserved yet");
+    }
+    Step::Configure {
+        check: check.name.clone(),
+    }
+}
+
+/// One pod set as admitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admitted {
+    pub name: String,
+    /// Pods admitted (partial admission: fewer than asked).
+    pub count: u32,
+    /// GPUs (or MIG slices) one pod asks for.
+    pub gpus_per_pod: u32,
+    /// The flavor of its GPUs (of its first resource when it asks for none).
+    pub flavor: Option<String>,
+    /// The pod spec of its template (JSON).
+    pub pod_spec: Value,
+}
+
+/// The pod sets with their admitted counts and flavors.
+pub fn admitted(wl: &Workload) -> Result<Vec<Admitted>, KueueError> {
+    if wl.spec.pod_sets.is_empty() {
+        return Err(KueueError::NoPodSets);
+    }
+    let assignments = wl
+        .status
+        .admission
+        .as_ref()
+        .map(|a| a.pod_set_assignments.as_slice())
+        .unwrap_or(&[]);
+    wl.spec
+        .pod_sets
+        .iter()
+        .map(|ps| {
+            let a = assignments
+                .iter()
+                .find(|a| a.name == ps.name)
+                .ok_or_else(|| KueueError::NotAssigned(ps.name.clone()))?;
+            let pod_spec = ps.template.get("spec").cloned().unwrap_or(json!({}));
+            let gpus = gpu::pod_gpus_json(&pod_spec);
+            let resource = match &gpus.mig_profile {
+                Some(p) => format!("{}{p}", gpu::MIG_RESOURCE_PREFIX),
+                None => gpu::GPU_RESOURCE.to_string(),
+            };
+            let flavor = a
+                .flavors
+                .get(&resource)
+                .or_else(|| a.flavors.values().next())
+                .cloned();
+            let count = a.count.unwrap_or(ps.count).clamp(0, i64::from(u32::MAX)) as u32;
+            Ok(Admitted {
+                name: ps.name.clone(),
+                count,
+                gpus_per_pod: gpus.count,
+                flavor,
+                pod_spec,
+            })
+        })
+        .collect()
+}
+
+/// The pod sets that train: those asking for GPUs (all of them when none
+/// does, each pod then counted as one GPU, as the webhook counts a Job).
+pub fn training(pod_sets: &[Admitted]) -> Vec<&Admitted> {
+    let any = pod_sets.iter().any(|p| p.gpus_per_pod > 0);
+    pod_sets
+        .iter()
+        .filter(|p| !any || p.gpus_per_pod > 0)
+        .collect()
+}
+
+/// W: the data-parallel GPUs of the admitted job, Σ admitted pods × GPUs
+/// per pod over the training pod sets.
+pub fn admitted_gpus(training: &[&Admitted]) -> u32 {
+    training
+        .iter()
+        .fold(0u32, |w, p| {
+            w.saturating_add(p.count.saturating_mul(p.gpus_per_pod.max(1)))
+        })
+        .max(1)
+}
+
+/// The GPU one pod set gets on its flavor: the pod's template with the
+/// flavor's `nodeLabels` added to its node selector (what Kueue does at
+/// unsuspend), resolved against the nodes' GPU Feature Discovery labels;
+/// when no node matches (nodes that autoscaling has not created yet) and
+/// the flavor itself names the product (`nvidia.com/gpu.product`), from
+/// the flavor's labels.
+pub fn flavor_gpu<'a>(
+    ps: &Admitted,
+    flavor_labels: &BTreeMap<String, String>,
+    nodes: impl IntoIterator<Item = &'a Node>,
+    sharing: Sharing,
+) -> Result<GpuSpec, GpuError> {
+    let mut spec = ps.pod_spec.clone();
+    if let Some(o) = spec.as_object_mut() {
+        let sel = o.entry("nodeSelector").or_insert_with(|| json!({}));
+        if !sel.is_object() {
+            *sel = json!({});
+        }
+        if let Some(sel) = sel.as_object_mut() {
+            for (k, v) in flavor_labels {
+                sel.insert(k.clone(), Value::String(v.clone()));
+            }
+        }
+    }
+    let pod: Option<PodSpec> = serde_json::from_value(spec.clone()).ok();
+    match gpu::resolve_from_nodes_with(nodes, pod.as_ref(), sharing) {
+        Err(GpuError::NoGpuNodes | GpuError::NoMigNodes(_))
+            if flavor_labels.contains_key(gpu::LABEL_PRODUCT) =>
+        {
+            // The flavor as a node: its labels, the pod's selector only.
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {"name": "flavor", "labels": spec.get("nodeSelector")}
+            }))
+            .map_err(|e| GpuError::Catalog(e.to_string()))?;
+            let only_selector = pod.map(|p| PodSpec {
+                affinity: None,
+                ..p
+            });
+            gpu::resolve_from_nodes_with([&node], only_selector.as_ref(), sharing)
+        }
+        r => r,
+    }
+}
+
+/// The GPU to plan for when the training pod sets got different GPUs: the
+/// one with the least memory, so every rank fits (one set of settings for
+/// all ranks keeps m × a × W = G).
+pub fn smallest(gpus: Vec<GpuSpec>) -> Option<GpuSpec> {
+    gpus.into_iter().min_by_key(|g| g.memory_bytes)
+}
+
+/// gpufit's answer for its check: `Ready`, with `annotations` on every pod
+/// set (none when there is nothing to set), and a message. It never
+/// answers `Rejected` (Kueue would deactivate the workload) nor `Retry`
+/// (it would give up the quota): a job gpufit cannot configure still runs.
+pub fn ready_check(
+    check: &str,
+    pod_sets: &[String],
+    annotations: &BTreeMap<String, String>,
+    message: &str,
+    now: &str,
+) -> Value {
+    let mut c = json!({
+        "name": check,
+        "state": "Ready",
+        // The API allows 32768 characters.
+        "message": truncate(message, 32_000),
+        "lastTransitionTime": now,
+    });
+    if !annotations.is_empty() {
+        c["podSetUpdates"] = pod_sets
+            .iter()
+            .map(|n| json!({"name": n, "annotations": annotations}))
+            .collect();
+    }
+    c
+}
+
+/// The server-side apply body that sets one check's state on a Workload's
+/// status (`admissionChecks` is a map keyed by name: the other checks keep
+/// their owners). `resource_version` makes a copy that changed since it was
+/// read a conflict instead of an overwrite.
+pub fn status_apply(
+    name: &str,
+    namespace: &str,
+    resource_version: Option<&str>,
+    check: Value,
+) -> Value {
+    json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+        "status": {"admissionChecks": [check]},
+    })
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(gpus: u32) -> Value {
+        json!({"spec": {"containers": [{"name": "t",
+            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]}})
+    }
+
+    /// A Workload as Kueue writes it for a PyTorchJob (master 1, worker 3).
+    fn workload(conditions: Value, checks: Value, worker_count: Option<i64>) -> Workload {
+        Workload::from_json(&json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": "pytorchjob-ddp-1a2b3", "namespace": "ml"},
+            "spec": {"queueName": "team", "podSets": [
+                {"name": "master", "count": 1, "template": pod(1)},
+                {"name": "worker", "count": 3, "minCount": 1, "template": pod(1)}]},
+            "status": {
+                "conditions": conditions,
+                "admission": {"clusterQueue": "gpus", "podSetAssignments": [
+                    {"name": "master", "count": 1, "flavors": {"nvidia.com/gpu": "a100", "cpu": "default"}},
+                    {"name": "worker", "count": worker_count, "flavors": {"nvidia.com/gpu": "a100"}}]},
+                "admissionChecks": checks
+            }
+        }))
+        .expect("a workload")
+    }
+
+    fn ours() -> BTreeSet<String> {
+        ["gpufit".to_string()].into()
+    }
+
+    fn pending() -> Value {
+        json!([{"name": "gpufit", "state": "Pending", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+               {"name": "prov", "state": "Ready", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}])
+    }
+
+    fn reserved() -> Value {
+        json!([{"type": "QuotaReserved", "status": "True"}])
+    }
+
+    #[test]
+    fn a_pending_check_with_quota_reserved_is_configured_once() {
+        let wl = workload(reserved(), pending(), Some(3));
+        assert_eq!(
+            step(&wl, &ours()),
+            Step::Configure {
+                check: "gpufit".into()
+            }
+        );
+        let answered = workload(
+            reserved(),
+            json!([{"name": "gpufit", "state": "Ready", "message": "done"}]),
+            Some(3),
+        );
+        assert!(matches!(step(&answered, &ours()), Step::Wait(_)));
+        // Not our check: another controller's.
+        let other = BTreeSet::from(["prov".to_string()]);
+        assert!(matches!(step(&wl, &BTreeSet::new()), Step::Wait(_)));
+        assert!(matches!(step(&wl, &other), Step::Wait(_)));
+    }
+
+    #[test]
+    fn no_answer_before_quota_while_evicted_or_when_finished() {
+        let queued = workload(
+            json!([{"type": "QuotaReserved", "status": "False"}]),
+            pending(),
+            Some(3),
+        );
+        assert!(matches!(step(&queued, &ours()), Step::Wait(_)));
+        // Evicted, quota not yet released: the old admission must not be answered.
+        let evicted = workload(
+            json!([{"type": "QuotaReserved", "status": "True"}, {"type": "Evicted", "status": "True"}]),
+            pending(),
+            Some(3),
+        );
+        assert!(matches!(step(&evicted, &ours()), Step::Wait(_)));
+        let finished = workload(
+            json!([{"type": "QuotaReserved", "status": "True"}, {"type": "Finished", "status": "True"}]),
+            pending(),
+            Some(3),
+        );
+        assert!(matches!(step(&finished, &ours()), Step::Wait(_)));
+        // Re-admitted: Kueue turned Evicted to False.
+        let readmitted = workload(
+            json!([{"type": "QuotaReserved", "status": "True"}, {"type": "Evicted", "status": "False"}]),
+            pending(),
+            Some(3),
+        );
+        assert!(matches!(step(&readmitted, &ours()), Step::Configure { .. }));
+    }
+
+    #[test]
+    fn w_is_the_admitted_count_times_gpus_per_pod() {
+        let full = admitted(&workload(reserved(), pending(), Some(3))).unwrap();
+        assert_eq!(admitted_gpus(&training(&full)), 4);
+        assert_eq!(full[1].flavor.as_deref(), Some("a100"));
+        // Partial admission: one worker of three.
+        let partial = admitted(&workload(reserved(), pending(), Some(1))).unwrap();
+        assert_eq!(admitted_gpus(&training(&partial)), 2);
+        // No count in the assignment (older Kueue): the pod set's.
+        let none = admitted(&workload(reserved(), pending(), None)).unwrap();
+        assert_eq!(none[1].count, 3);
+    }
+
+    #[test]
+    fn a_pod_set_without_assignment_is_an_error_not_a_guess() {
+        let mut wl = workload(reserved(), pending(), Some(3));
+        if let Some(a) = wl.status.admission.as_mut() {
+            a.pod_set_assignments.pop();
+        }
+        assert_eq!(admitted(&wl), Err(KueueError::NotAssigned("worker".into())));
+        assert!(Workload::from_json(&json!({"spec": {"podSets": "x"}})).is_err());
+    }
+
+    #[test]
+    fn a_cpu_only_pod_set_does_not_count_when_others_train() {
+        let mut wl = workload(reserved(), pending(), Some(3));
+        wl.spec.pod_sets[0].template = json!({"spec": {"containers": [{"name": "launcher"}]}});
+        let ps = admitted(&wl).unwrap();
+        let t = training(&ps);
+        assert_eq!(t.len(), 1);
+        assert_eq!(admitted_gpus(&t), 3);
+    }
+
+    fn node(name: &str, product: &str, mem: &str, pool: &str) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {
+            "nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": mem, "pool": pool}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_flavor_node_labels_pick_the_gpu_among_the_nodes() {
+        let nodes = [
+            node("a", "NVIDIA-A100-SXM4-80GB", "81920", "a100"),
+            node("h", "NVIDIA-H100-80GB-HBM3", "81559", "h100"),
+        ];
+        let ps = &admitted(&workload(reserved(), pending(), Some(3))).unwrap()[1];
+        let a100 = BTreeMap::from([("pool".to_string(), "a100".to_string())]);
+        let h100 = BTreeMap::from([("pool".to_string(), "h100".to_string())]);
+        let g = flavor_gpu(ps, &a100, &nodes, Sharing::Share).unwrap();
+        assert!(g.name.contains("A100"), "{}", g.name);
+        let g = flavor_gpu(ps, &h100, &nodes, Sharing::Share).unwrap();
+        assert!(g.name.contains("H100"), "{}", g.name);
+        // Both pools without a flavor: two GPUs, no answer.
+        assert!(matches!(
+            flavor_gpu(ps, &BTreeMap::new(), &nodes, Sharing::Share),
+            Err(GpuError::Mixed(_))
+        ));
+    }
+
+    #[test]
+    fn a_flavor_naming_the_product_needs_no_node() {
+        let ps = &admitted(&workload(reserved(), pending(), Some(3))).unwrap()[0];
+        let labels = BTreeMap::from([(
+            gpu::LABEL_PRODUCT.to_string(),
+            "NVIDIA-H100-80GB-HBM3".to_string(),
+        )]);
+        let g = flavor_gpu(ps, &labels, std::iter::empty(), Sharing::Share).unwrap();
+        assert!(g.name.contains("H100"), "{}", g.name);
+        let none = BTreeMap::from([("pool".to_string(), "x".to_string())]);
+        assert_eq!(
+            flavor_gpu(ps, &none, std::iter::empty(), Sharing::Share),
+            Err(GpuError::NoGpuNodes)
+        );
+    }
+
+    #[test]
+    fn the_ready_answer_updates_every_pod_set_or_none() {
+        let anns = BTreeMap::from([(
+            "gpufit.io/setting.micro_batch_size".to_string(),
+            "4".to_string(),
+        )]);
+        let c = ready_check(
+            "gpufit",
+            &["master".into(), "worker".into()],
+            &anns,
+            "ok",
+            "2026-01-01T00:00:00Z",
+        );
+        assert_eq!(c["state"], "Ready");
+        assert_eq!(c["podSetUpdates"][1]["name"], "worker");
+        assert_eq!(
+            c["podSetUpdates"][1]["annotations"]["gpufit.io/setting.micro_batch_size"],
+            "4"
+        );
+        let c = ready_check(
+            "gpufit",
+            &["main".into()],
+            &BTreeMap::new(),
+            "does not fit",
+            "t",
+        );
+        assert!(c.get("podSetUpdates").is_none());
+        assert_eq!(c["state"], "Ready");
+        let long = "é".repeat(40_000);
+        let c = ready_check("gpufit", &[], &BTreeMap::new(), &long, "t");
+        assert!(c["message"].as_str().unwrap().len() <= 32_000);
+    }
+
+    #[test]
+    fn the_queue_is_read_from_the_label_or_the_older_annotation() {
+        assert_eq!(
+            queue_name(Some(&json!({"labels": {QUEUE_NAME: "team"}}))),
+            Some("team")
+        );
+        assert_eq!(
+            queue_name(Some(&json!({"annotations": {QUEUE_NAME: "old"}}))),
+            Some("old")
+        );
+        assert_eq!(
+            queue_name(Some(&json!({"labels": {QUEUE_NAME: " "}}))),
+            None
+        );
+        assert_eq!(queue_name(Some(&json!({}))), None);
+        assert_eq!(queue_name(None), None);
+    }
+}

@@ -699,6 +699,7 @@ fn partial_multi_node_records_are_shown_as_partial_by_list_and_report() {
         r.nodes = Some(NodeReports {
             reported: 1,
             expected: 2,
+            without_peak: Vec::new(),
         });
         r
     };

@@ -873,7 +873,9 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
         "the larger node's peak: {run:?}"
     );
     assert_eq!(
-        run.nodes.map(|n| (n.reported, n.expected, n.partial())),
+        run.nodes
+            .as_ref()
+            .map(|n| (n.reported, n.expected, n.partial())),
         Some((2, 2, false)),
         "{run:?}"
     );
@@ -897,6 +899,7 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
     again.nodes = Some(gpufit::core::run::NodeReports {
         reported: 1,
         expected: 2,
+        without_peak: Vec::new(),
     });
     let (status, body) = call(
         agent()
@@ -928,7 +931,10 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(runs[0].result.peak_memory_bytes, Some(peak_a));
     assert_eq!(
-        runs[0].nodes.map(|n| (n.reported, n.expected, n.partial())),
+        runs[0]
+            .nodes
+            .as_ref()
+            .map(|n| (n.reported, n.expected, n.partial())),
         Some((1, 2, true)),
         "{:?}",
         runs[0]

@@ -277,6 +277,7 @@ fn node_report(job: &str, node: &str, peak: u64) -> RunRecord {
     r.nodes = Some(gpufit::core::run::NodeReports {
         reported: 1,
         expected: 2,
+        without_peak: Vec::new(),
     });
     r
 }
@@ -303,7 +304,7 @@ fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
     assert_eq!(status, 201, "{body}");
     let runs = list();
     assert_eq!(runs.len(), 1);
-    let n = runs[0].nodes.expect("node counts");
+    let n = runs[0].nodes.clone().expect("node counts");
     assert_eq!((n.reported, n.expected, n.partial()), (1, 2, true));
 
     // Job 8: both nodes report at once (and gpu01 twice): one record,
@@ -320,7 +321,7 @@ fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
         .collect();
     assert_eq!(job8.len(), 1, "{runs:?}");
     assert_eq!(job8[0].result.peak_memory_bytes, Some(71_000_000_000));
-    let n = job8[0].nodes.expect("node counts");
+    let n = job8[0].nodes.clone().expect("node counts");
     assert_eq!((n.reported, n.expected, n.partial()), (2, 2, false));
     assert_eq!(job8[0].node.as_deref(), Some("gpu01,gpu02"));
 
@@ -342,6 +343,6 @@ fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
         .collect();
     assert_eq!(job7.len(), 1, "{runs:?}");
     assert_eq!(job7[0].result.peak_memory_bytes, Some(60_000_000_000));
-    assert_eq!(job7[0].nodes.map(|n| n.reported), Some(1));
+    assert_eq!(job7[0].nodes.as_ref().map(|n| n.reported), Some(1));
     assert!(runs.iter().all(|r| r.job_id.as_deref() != Some("9")));
 }

@@ -367,7 +367,7 @@ where
     }
     let st = state.clone();
     let id = blocking(move || {
-        let id = if run.nodes.is_some_and(|n| n.expected > 1) {
+        let id = if run.nodes.as_ref().is_some_and(|n| n.expected > 1) {
             // Every node's Epilog reports; the store merges each into the
             // job's one record in a transaction of its own (several
             // replicas may take the reports of one job).
@@ -529,11 +529,24 @@ fn validate_run(run: &RunRecord) -> Result<(), ApiError> {
     }
     if run
         .nodes
+        .as_ref()
         .is_some_and(|n| n.reported != 1 || n.expected == 0)
     {
         return Err(ApiError::bad_request(
             "run.nodes: a node reports itself (reported = 1) of a job of expected >= 1 nodes",
         ));
+    }
+    // Whether a node's peak is in is its peak's presence; a list that says
+    // otherwise (another node, or itself next to a peak) is refused.
+    if let Some(n) = run.nodes.as_ref().filter(|n| !n.without_peak.is_empty()) {
+        let own = n.without_peak.len() == 1
+            && run.node.as_deref().map(str::trim) == Some(n.without_peak[0].as_str())
+            && run.result.peak_memory_bytes.is_none();
+        if !own {
+            return Err(ApiError::bad_request(
+                "run.nodes.without_peak: a node's report lists at most itself, and only when it has no peak_memory_bytes",
+            ));
+        }
     }
     Ok(())
 }

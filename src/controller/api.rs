@@ -419,7 +419,21 @@ fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
     if run.is_oom() {
         m.ooms.inc();
     }
-    if let Some(e) = run.prediction_error().filter(|e| e.is_finite()) {
+    // A node's report of a multi-node job: its own peak against the
+    // per-GPU prediction (every node ran the predicted settings), one
+    // sample per node; the job's record holds only a lower bound until
+    // every node's peak is in, so it is not the record's error.
+    let error = match (
+        &run.nodes,
+        run.result.peak_memory_bytes,
+        run.predicted_peak_bytes,
+    ) {
+        (Some(n), Some(peak), Some(pred)) if n.expected > 1 && peak > 0 => {
+            Some((pred as f64 - peak as f64) / peak as f64)
+        }
+        _ => run.prediction_error(),
+    };
+    if let Some(e) = error.filter(|e| e.is_finite()) {
         m.observe_prediction_error(&gpu, e);
     }
 }

@@ -626,6 +626,30 @@ mod tests {
     use crate::core::advisor::Strategy;
 
     #[test]
+    fn a_node_report_feeds_the_prediction_error_with_its_own_peak() {
+        let m = super::super::metrics::Metrics::new();
+        let mut run: RunRecord = serde_json::from_value(serde_json::json!({
+            "id": null, "timestamp": "2026-01-01T00:00:00Z", "cluster": "c1", "node": "n1",
+            "source": "slurm", "job_id": "7", "model": "m", "method": "lora",
+            "gpu_model": "NVIDIA A100-SXM4-80GB", "seq_len": 2048, "lora_rank": 16, "gpus": 16,
+            "global_batch": 64, "settings": crate::core::settings::EngineeringSettings::default(),
+            "result": {"success": true, "failure_reason": null, "peak_memory_bytes": 40,
+                       "samples_per_sec": null, "tokens_per_sec": null, "duration_sec": null},
+            "predicted_peak_bytes": 50,
+            "nodes": {"reported": 1, "expected": 2}
+        }))
+        .expect("a node's report");
+        assert_eq!(run.prediction_error(), None, "the record's peak is partial");
+        count_posted_run(&m, &run);
+        assert_eq!(m.prediction_error.get_sample_count(), 1);
+        assert!((m.prediction_error.get_sample_sum() - 0.25).abs() < 1e-9);
+        // Without its peak: no sample.
+        run.result.peak_memory_bytes = None;
+        count_posted_run(&m, &run);
+        assert_eq!(m.prediction_error.get_sample_count(), 1);
+    }
+
+    #[test]
     fn list_filter_reads_model_gpu_and_limit() {
         let f = list_filter("gpu=NVIDIA+A100-SXM4-80GB&limit=5", 1000).unwrap();
         assert_eq!(f.gpu_model.as_deref(), Some("NVIDIA A100-SXM4-80GB"));

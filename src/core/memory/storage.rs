@@ -279,15 +279,59 @@ pub(super) fn weights(
     // Quantized bases are dequantized one linear at a time into the compute
     // dtype for the matmul (bitsandbytes `dequantize_4bit`).
     if base_quant(w, opts) != BaseQuant::None && w.method != Method::Full {
-        weights.phase_a_copies += p.largest_linear * l.compute_elem_bytes;
+        weights.phase_a_copies += if fabric_quantizes_head(w, opts) {
+            fabric_dequantized_linear(s, l)
+        } else {
+            p.largest_linear * l.compute_elem_bytes
+        };
     }
     weights
 }
 
+/// Whether Lightning Fabric's `BitsandbytesPrecision` quantized the base,
+/// as litgpt's `--quantize bnb.*` does: its `module_init_context` swaps
+/// `torch.nn.Linear` for a bitsandbytes layer while the model is built
+/// (`_ClassReplacementContextManager`, lightning/fabric/plugins/precision/
+/// bitsandbytes.py at 29136332, the `lightning==2.3.0.dev20240428` litgpt
+/// 0.4.5 pinned), and litgpt passes no `ignore_modules`, so every linear
+/// is replaced — the output head (`lm_head`, a `LoRALinear` whose `linear`
+/// is an `nn.Linear`) too, not only the block linears. Only 4-bit modes:
+/// `bnb.int8-training` keeps 16-bit weights.
+fn fabric_quantizes_head(w: &Workload, opts: &ModelOptions) -> bool {
+    w.framework == Framework::Litgpt
+        && w.method != Method::Full
+        && matches!(
+            base_quant(w, opts),
+            BaseQuant::Nf4 | BaseQuant::Nf4NoDoubleQuant
+        )
+}
+
+/// The dequantized copy of the largest 4-bit linear under Fabric, alive
+/// while its matmul runs (forward, and again in backward while every saved
+/// activation is still held — the output head's backward is the first).
+/// Fabric quantizes from fp16 (`_Linear4bit.quantize`:
+/// `weight.to(device, dtype=torch.half)`), so `quant_state.dtype` is fp16
+/// and bitsandbytes' `MatMul4Bit` (autograd/_functions.py, 0.41–0.43:
+/// `F.dequantize_4bit(B, state).to(A.dtype)`) makes an fp16 copy and then,
+/// for bf16 or fp32 activations, a second copy in their dtype while the
+/// first is alive. The largest is the output head (vocab × hidden) for
+/// every model litgpt ships.
+fn fabric_dequantized_linear(s: &EngineeringSettings, l: &Layout) -> f64 {
+    let p = &l.params;
+    let fp16 = 2.0;
+    let cast = if s.dtype == Dtype::Fp16 {
+        0.0
+    } else {
+        l.compute_elem_bytes
+    };
+    p.head.max(p.largest_linear) * (fp16 + cast)
+}
+
 /// The frozen base's bytes on this GPU: quantized block linears; the
-/// embeddings, head and norms in the compute dtype (bitsandbytes and
-/// torchtune quantize only the block linears), or in fp32 under PEFT's
-/// k-bit recipe ([`kbit_recipe`]).
+/// embeddings, head and norms in the compute dtype (transformers'
+/// bitsandbytes integration and torchtune quantize only the block linears;
+/// litgpt's Fabric also the head, [`fabric_quantizes_head`]), or in fp32
+/// under PEFT's k-bit recipe ([`kbit_recipe`]).
 fn frozen_weights(w: &Workload, opts: &ModelOptions, l: &Layout) -> f64 {
     let (pb, e) = (l.param_elem_bytes, l.compute_elem_bytes);
     let (frozen_body, frozen_rest) = match w.method {
@@ -322,9 +366,17 @@ fn frozen_weights(w: &Workload, opts: &ModelOptions, l: &Layout) -> f64 {
         BaseQuant::Nf4 => NF4_BYTES_PER_PARAM,
         BaseQuant::Nf4NoDoubleQuant => NF4_NO_DQ_BYTES_PER_PARAM,
     };
+    // Fabric quantizes litgpt's output head as well ([`fabric_quantizes_head`]);
+    // litgpt's head is always its own matrix (see `layout`).
+    let quantized_head = if fabric_quantizes_head(w, opts) {
+        l.params.head.min(frozen_rest)
+    } else {
+        0.0
+    };
     (quantized_body * frozen_body_bytes
         + unquantized_body * unquantized_body_bytes
-        + frozen_rest * frozen_rest_bytes)
+        + quantized_head * frozen_body_bytes
+        + (frozen_rest - quantized_head) * frozen_rest_bytes)
         / l.param_shards
 }
 

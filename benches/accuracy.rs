@@ -80,12 +80,12 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use gpufit::cli::common::{parse_framework, parse_lora_targets, parse_optimizer};
+use gpufit::cli::estimate::ModelOptionArgs;
 use gpufit::core::advisor::{
     first_run_plan, margin_from, under_prediction_margin, HEURISTIC_FIXED_MARGIN,
     HEURISTIC_SLOPE_MARGIN, UNDER_PREDICTION_P99_ALL,
 };
 use gpufit::core::catalog::lookup_gpu;
-use gpufit::cli::estimate::ModelOptionArgs;
 use gpufit::core::memory::{
     attention_materializes_scores, estimate_with, phase_terms, Estimate, ModelOptions,
 };
@@ -652,6 +652,11 @@ fn main() -> ExitCode {
     let (hm, hw) = median_worst(&h100);
     let (pm, pw) = median_worst(&published);
     let published_under = published.iter().copied().fold(0.0f64, f64::min);
+    let measured_under = scored
+        .iter()
+        .filter(|r| r.card.is_some())
+        .filter_map(|r| r.error())
+        .fold(0.0f64, f64::min);
     let checks = [
         ("all rows median", am <= ALL_MEDIAN),
         ("all rows worst", aw <= ALL_WORST),
@@ -659,9 +664,16 @@ fn main() -> ExitCode {
         ("H100 worst", hw <= H100_WORST),
         ("H100 fit/no-fit", fit_wrong.is_empty()),
         ("no under-prediction beyond 10%", -worst_under <= MAX_UNDER),
+        (
+            "H100/H200 rows: no under beyond 10%",
+            -measured_under <= MAX_UNDER,
+        ),
         ("published median", pm <= ALL_MEDIAN),
         ("published worst", pw <= ALL_WORST),
-        ("published: no under beyond 10%", -published_under <= MAX_UNDER),
+        (
+            "published: no under beyond 10%",
+            -published_under <= MAX_UNDER,
+        ),
     ];
     throughput_report(&rows);
     println!("\ntargets (issue 11; the published ones, issue 40):");
@@ -701,13 +713,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// The issue-11 targets the model does not meet yet, with the reason
-/// beside each. Empty since the twenty-first session (BENCHMARKS.md): the
-/// last, the H100 rows' worst error, was met when the first optimizer
-/// step's states were counted in the loss segments
-/// (`allocator::first_step_states`). Every target not listed failing
-/// fails the run.
-const NOT_YET_MET: &[&str] = &[];
+/// The targets the model does not meet yet, with the reason beside each;
+/// every target not listed failing fails the run. The issue-11 ones were
+/// all met from the twenty-first session (BENCHMARKS.md) until issue 40
+/// scored every published row: the two under-prediction bounds are missed
+/// by published rows alone (the H100 and H200 rows keep theirs, checked
+/// on their own): litgpt's 2024 config-hub QLoRA rows (8–14 % under:
+/// about one more copy of each quantized linear's kept input than the
+/// model counts, a cause not found in litgpt's, Fabric's or
+/// bitsandbytes' code) and torchtune's 8-bit AdamW row (11 % under).
+const NOT_YET_MET: &[&str] = &[
+    "no under-prediction beyond 10%",
+    "published: no under beyond 10%",
+];
 
 /// The default-allocator grid of `synthetic/` (the name its replays give).
 const GRID: &str = "synthetic/grid.csv";

@@ -926,7 +926,13 @@ fn head_flag_and_a_classifier_config_drop_the_vocabulary_logits() {
     // one naming the masked-LM head is not, and the flag wins over it
     let classifier = bert_large_config(dir.path(), "BertForSequenceClassification");
     let masked = bert_large_config(dir.path(), "BertForMaskedLM");
-    let from_config = alloc(bert_estimate(&classifier, &[]));
+    let from_config_json = bert_estimate(&classifier, &[]);
+    assert_eq!(from_config_json["head"], "classifier");
+    assert_eq!(
+        bert_estimate("bert-large-uncased", &[])["head"],
+        "language-model"
+    );
+    let from_config = alloc(from_config_json);
     assert_eq!(
         from_config,
         alloc(bert_estimate(&masked, &["--head", "classifier"]))

@@ -185,6 +185,9 @@ struct Output<'a> {
     dtype: &'static str,
     seq_len: u32,
     activation_checkpointing: bool,
+    /// The head the estimate counted (--head, or the config.json's
+    /// `architectures`).
+    head: Head,
     #[serde(flatten)]
     estimate: &'a Estimate,
     /// The raise that covers the model's measured under-prediction for
@@ -272,6 +275,7 @@ pub fn run(g: &Global, args: EstimateArgs) -> crate::Result<ExitCode> {
             dtype: s.dtype.as_str(),
             seq_len: w.seq_len,
             activation_checkpointing: s.activation_checkpointing,
+            head: opts.head,
             estimate: &est,
             under_prediction_margin: under_prediction_margin(w.framework),
             first_run_plan_bytes: first_run_plan(&est, w.framework).round() as u64,

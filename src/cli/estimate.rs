@@ -67,9 +67,10 @@ pub struct ModelOptionArgs {
     pub head: Option<String>,
     /// How the optimizer step runs: foreach (torch's default on CUDA),
     /// fused, or per-parameter (a Python loop over the parameters:
-    /// transformers' legacy `AdamW`, the Trainer's `optim="adamw_hf"`,
-    /// its default before 4.36). The Trainer's names are accepted:
-    /// adamw_hf, adamw_torch, adamw_torch_fused. Default: the framework's.
+    /// transformers' legacy `AdamW`, the Trainer's `optim="adamw_hf"`, its
+    /// default until transformers #25109, July 2023). The Trainer's names
+    /// are accepted: adamw_hf, adamw_torch, adamw_torch_fused. Default: the
+    /// framework's.
     #[arg(long)]
     pub optimizer_impl: Option<String>,
     /// Gradients stay allocated through the next forward:

@@ -1278,6 +1278,41 @@ mod tests {
     }
 
     #[test]
+    fn torchtune_compiles_its_loss_to_the_16_bit_logits_and_steps_in_backward() {
+        // torchtune compiles each chunk's upcast + cross-entropy: the loss
+        // holds the chunks' bf16 logits and, in backward, one chunk's bf16
+        // gradient (Llama 3.2 3B: 128,256 entries, 8 chunks); eager, its
+        // fp32 log-probs are saved too.
+        let mut w = workload("meta-llama/Llama-3.2-3B", Method::Lora);
+        w.framework = Framework::Torchtune;
+        let mut s = settings(1, Dtype::Bf16, true);
+        s.compile = true;
+        let o = ModelOptions::default();
+        let tv = 2048.0 * 128_256.0;
+        let compiled = phase_terms(&w, &s, &o).logits;
+        assert!(
+            (compiled - tv * 2.0 * (1.0 + 1.0 / 8.0)).abs() < 1.0,
+            "{compiled}"
+        );
+        s.compile = false;
+        assert!(phase_terms(&w, &s, &o).logits > tv * 6.0);
+        // a full fine-tune steps in backward: only the head's gradient is
+        // made, and it exists at backward's start; with accumulation
+        // torchtune refuses optimizer_in_bwd, so every gradient is kept
+        let mut full = w.clone();
+        full.method = Method::Full;
+        full.lora = None;
+        let one = phase_terms(&full, &s, &o);
+        let head = 128_256.0 * 3_072.0 * 2.0;
+        assert!((one.grads - head).abs() < 1.0, "{}", one.grads);
+        assert!((one.grads_in_a - head).abs() < 1.0, "{}", one.grads_in_a);
+        s.gradient_accumulation_steps = 4;
+        let acc = phase_terms(&full, &s, &o);
+        assert!(acc.grads > 3.0e9 * 2.0, "{}", acc.grads);
+        assert_eq!(acc.grads_in_a, acc.grads);
+    }
+
+    #[test]
     fn fabric_quantizes_litgpts_head_and_dequantizes_through_fp16() {
         // litgpt's `--quantize bnb.nf4` (Lightning Fabric's
         // BitsandbytesPrecision) replaces every nn.Linear, the output head

@@ -231,12 +231,16 @@ pub(super) fn adafactor_state_elems(w: &Workload) -> f64 {
 
 /// Whether the optimizer step runs inside backward, one parameter at a
 /// time (torchtune `optimizer_in_bwd: True`, shipped in its single-device
-/// full fine-tune configs): gradients never all exist at once.
-pub(super) fn optimizer_in_backward(w: &Workload) -> bool {
+/// full fine-tune configs): gradients never all exist at once. torchtune
+/// refuses it with gradient accumulation ("Gradient accumulation is not
+/// supported with optimizer in bwd", recipes/full_finetune_single_device.py),
+/// so an accumulating run steps after backward with every gradient.
+pub(super) fn optimizer_in_backward(w: &Workload, s: &EngineeringSettings) -> bool {
     w.framework == Framework::Torchtune
         && w.method == Method::Full
         && w.gpus == 1
         && w.sharding == Sharding::None
+        && s.gradient_accumulation_steps <= 1
 }
 
 /// Stored weights (frozen and trainable, with master copies) and the
@@ -436,7 +440,7 @@ pub(super) fn gradients(
         // unless `gradient_as_bucket_view=True` (torch DDP docs).
         g.total += trainable * grad_bytes;
     }
-    if optimizer_in_backward(w) {
+    if optimizer_in_backward(w, s) {
         // Only the gradient being applied exists: the largest tensor.
         g.total = p.head.max(p.largest_linear) * grad_bytes;
     }
@@ -447,7 +451,7 @@ pub(super) fn gradients(
         && l.gradient_shards == 1.0
         && !l.deepspeed
         && w.gpus <= 1
-        && !optimizer_in_backward(w)
+        && !optimizer_in_backward(w, s)
     {
         g.largest_block = p.largest_param() * grad_bytes;
     }
@@ -459,6 +463,16 @@ pub(super) fn gradients(
     // default `set_to_none=False`).
     if s.gradient_accumulation_steps > 1 || opts.grads_kept_between_steps {
         g.kept_in_phase_a = g.total;
+    }
+    // With the step inside backward, the output head's gradient is the
+    // first one made and it accumulates over every chunk of torchtune's
+    // chunked output (and, tied, over the embedding's use at the very end)
+    // before its hook (`register_post_accumulate_grad_hook`,
+    // torchtune/training/memory.py `register_optim_in_bwd_hooks`) steps and
+    // frees it: it exists beside the loss path's buffers and the saved
+    // activations at the start of backward, the phase-A peak.
+    if optimizer_in_backward(w, s) {
+        g.kept_in_phase_a = p.head * grad_bytes;
     }
     g
 }
@@ -511,7 +525,12 @@ fn optimizer_impl(w: &Workload, opts: &ModelOptions, l: &Layout) -> OptimizerImp
 
 /// Optimizer state, the optimizer step's temporaries (phase B) and the
 /// bytes the step moves.
-pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout) -> OptimizerTerms {
+pub(super) fn optimizer(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+    l: &Layout,
+) -> OptimizerTerms {
     let trainable = l.trainable_params;
     // torch optimizers create state like the parameter (`zeros_like(p)`),
     // so AdamW on bf16 params keeps bf16 moments; DeepSpeed keeps fp32.
@@ -537,7 +556,7 @@ pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout) -> Optimi
     // buffer. Fused kernels make none; bitsandbytes and SGD update in place.
     let imp = optimizer_impl(w, opts, l);
     let step_temporaries = match (w.optimizer, imp) {
-        _ if optimizer_in_backward(w) => 0.0,
+        _ if optimizer_in_backward(w, s) => 0.0,
         (Optimizer::Adamw, OptimizerImpl::Foreach) => trainable * state_elem / l.optimizer_shards,
         // transformers' legacy AdamW: `exp_avg_sq.sqrt()` of one parameter.
         (Optimizer::Adamw, OptimizerImpl::PerParameter) => l.params.largest_param() * state_elem,

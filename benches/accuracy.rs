@@ -3,7 +3,10 @@
 //! Sources (all under `bench/data/`, each described in its README):
 //! - `published_peaks.csv`: peaks published by framework documentation and
 //!   papers; each row says which quantity it is (allocated, reserved or
-//!   device memory) and in which unit.
+//!   device memory) and in which unit. Every row is scored unless its
+//!   setting is one gpufit cannot express (`include=no`, the reason in its
+//!   note); a row's model options are the `gpufit estimate` flags its
+//!   columns stand for, parsed by the CLI's own parser (`option_flags`).
 //! - `h100/peaks.csv`, `h100/throughput.csv`, `h100/compile_accum.csv`,
 //!   `h100/families.csv`, `h100/holdout.csv`, `h100/steps.csv` (its
 //!   fixed-length rows) and the same grids under `h100/expandable/`:

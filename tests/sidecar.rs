@@ -496,6 +496,7 @@ fn in_process_sidecar_serves_until_stopped_and_then_refuses_connections() {
                 memory_bytes: Some(8 * GIB),
                 node: "inproc".into(),
                 demo_jobs: 0,
+                mig: Default::default(),
             },
         },
         listen: "127.0.0.1:0".parse().expect("socket address"),

@@ -37,6 +37,10 @@ pub struct BackendArgs {
     /// Synthetic demo jobs for `--backend simulate` whose memory rises, peaks and falls every minute.
     #[arg(long, default_value_t = 0, env = "GPUFIT_SIDECAR_SIMULATE_DEMO_JOBS")]
     pub simulate_demo_jobs: u32,
+    /// GPUs in MIG mode for `--backend simulate` and their slices, `GPU:PROFILE,PROFILE…;GPU:…`
+    /// (e.g. `0:1g.10gb,1g.10gb,3g.40gb`): profiles of --simulate-model, each slice its own device.
+    #[arg(long, env = "GPUFIT_SIDECAR_SIMULATE_MIG")]
+    pub simulate_mig: Option<String>,
 }
 
 impl BackendArgs {
@@ -51,6 +55,11 @@ impl BackendArgs {
             }
             None => None,
         };
+        let mig = match &self.simulate_mig {
+            Some(text) => crate::sidecar::simulate::parse_mig_layout(text)
+                .map_err(|e| crate::Error::Usage(format!("--simulate-mig: {e}")))?,
+            None => Default::default(),
+        };
         Ok(BackendConfig {
             backend: self.backend,
             inventory: self.inventory.clone(),
@@ -61,6 +70,7 @@ impl BackendArgs {
                 memory_bytes,
                 node: node.to_string(),
                 demo_jobs: self.simulate_demo_jobs,
+                mig,
             },
         })
     }

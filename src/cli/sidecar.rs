@@ -241,9 +241,16 @@ pub fn print_live(g: &Global, source: &BackendArgs, name: Option<&str>) -> crate
             crate::core::units::fmt_gib(gpu.memory_free_bytes),
             opt(gpu.compute_capability.clone()),
             opt(gpu.utilization_ratio.map(|u| format!("{:.0}%", u * 100.0))),
-            opt(gpu
-                .mig_enabled
-                .map(|m| if m { "on" } else { "off" }.to_string())),
+            match &gpu.mig {
+                // A slice: its place on the card and, when known, its GPU instance.
+                Some(m) => match m.gpu_instance_id {
+                    Some(gi) => format!("slice {} (GI {gi})", m.device),
+                    None => format!("slice {}", m.device),
+                },
+                None => opt(gpu
+                    .mig_enabled
+                    .map(|m| if m { "on" } else { "off" }.to_string())),
+            },
             match &gpu.error {
                 Some(e) => format!("unhealthy: {e}"),
                 None => "ok".into(),

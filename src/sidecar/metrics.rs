@@ -164,10 +164,8 @@ impl Metrics {
             ];
             self.set("gpufit_gpu_healthy", &l, if g.healthy { 1.0 } else { 0.0 });
             // A card in MIG mode: its slices carry its memory.
-            let has_slices = g.mig.is_none()
-                && gpus
-                    .iter()
-                    .any(|s| s.index == g.index && s.mig.is_some());
+            let has_slices =
+                g.mig.is_none() && gpus.iter().any(|s| s.index == g.index && s.mig.is_some());
             if !g.healthy || has_slices {
                 continue;
             }
@@ -192,7 +190,8 @@ impl Metrics {
             let slurm = j.slurm_job_id.as_deref().unwrap_or("");
             for g in &j.gpus {
                 let gpu = g.gpu.to_string();
-                let (device, profile) = slice_labels(g.mig.as_ref().map(|m| (m.device, &m.profile)));
+                let (device, profile) =
+                    slice_labels(g.mig.as_ref().map(|m| (m.device, &m.profile)));
                 let measured = g.method.as_str();
                 let l = [ns, pod, slurm, &gpu, &device, profile, node, measured];
                 self.set("gpufit_job_gpu_memory_bytes", &l, g.current_bytes as f64);

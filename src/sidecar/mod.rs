@@ -204,12 +204,24 @@ pub fn local_gpu() -> Result<crate::core::catalog::GpuSpec, SidecarError> {
     // flags (--nvml-lib, --backend) are not this command's.
     let source = nvml::NvmlSource::open_with_advice(None, "")?;
     let gpus = source.sample().gpus;
-    let g = gpus.into_iter().find(|g| g.healthy).ok_or_else(|| {
+    let g = usable_devices(&gpus)
+        .find(|g| g.healthy)
+        .cloned()
+        .ok_or_else(|| {
         SidecarError::Nvml(
             "NVML works but reports no readable GPU on this node: check `nvidia-smi`, or name the GPU with --gpu".into(),
         )
     })?;
     Ok(gpu_spec_from_live(&g))
+}
+
+/// The devices a job can run on: every GPU and MIG slice listed, less the
+/// cards in MIG mode that list slices (CUDA sees a MIG-mode card only
+/// through its slices), in the source's order.
+pub fn usable_devices(gpus: &[GpuInfo]) -> impl Iterator<Item = &GpuInfo> {
+    gpus.iter().filter(move |g| {
+        g.mig.is_some() || !gpus.iter().any(|s| s.index == g.index && s.mig.is_some())
+    })
 }
 
 /// A live GPU as a catalog-shaped spec (the one rule:

@@ -417,7 +417,10 @@ mod tests {
     #[test]
     fn the_profile_is_read_from_nvmls_mig_device_name() {
         assert_eq!(mig_profile_of("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), "1g.5gb");
-        assert_eq!(mig_profile_of("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me"), "1g.10gb+me");
+        assert_eq!(
+            mig_profile_of("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me"),
+            "1g.10gb+me"
+        );
         assert_eq!(mig_profile_of("NVIDIA H200 MIG 7g.141gb"), "7g.141gb");
         assert_eq!(mig_profile_of("Odd Name"), "Odd Name");
     }

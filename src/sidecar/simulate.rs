@@ -85,7 +85,9 @@ pub fn parse_mig_layout(text: &str) -> Result<BTreeMap<u32, Vec<String>>, String
             .filter(|p| !p.is_empty())
             .collect();
         if profiles.is_empty() {
-            return Err(format!("`{part}`: GPU {gpu} needs at least one MIG profile"));
+            return Err(format!(
+                "`{part}`: GPU {gpu} needs at least one MIG profile"
+            ));
         }
         if out.insert(gpu, profiles).is_some() {
             return Err(format!("GPU {gpu} is given twice"));
@@ -606,5 +608,135 @@ mod tests {
         c.memory_bytes = Some(1 << 30);
         let s = SimulatedSource::new(&c).expect("memory given");
         assert_eq!(s.sample().gpus[0].memory_total_bytes, 1 << 30);
+    }
+
+    fn mig_cfg(layout: &str) -> SimulateConfig {
+        SimulateConfig {
+            gpus: 2,
+            model: "NVIDIA A100-SXM4-40GB".into(),
+            mig: parse_mig_layout(layout).expect("a valid layout"),
+            ..cfg("n")
+        }
+    }
+
+    #[test]
+    fn mig_slices_are_devices_with_their_catalog_memory_after_their_card() {
+        let s = SimulatedSource::new(&mig_cfg("0:1g.5gb,1g.5gb,3g.20gb")).expect("simulate");
+        let gpus = s.sample().gpus;
+        let names: Vec<(u32, &str)> = gpus.iter().map(|g| (g.index, g.name.as_str())).collect();
+        assert_eq!(
+            names,
+            [
+                (0, "NVIDIA A100-SXM4-40GB"),
+                (0, "NVIDIA A100-SXM4-40GB MIG 1g.5gb"),
+                (0, "NVIDIA A100-SXM4-40GB MIG 1g.5gb"),
+                (0, "NVIDIA A100-SXM4-40GB MIG 3g.20gb"),
+                (1, "NVIDIA A100-SXM4-40GB"),
+            ]
+        );
+        assert_eq!(gpus[0].mig_enabled, Some(true));
+        assert_eq!(gpus[4].mig_enabled, Some(false));
+        for g in &gpus[1..4] {
+            let spec = lookup_gpu(&g.name).expect("the slice name resolves");
+            assert_eq!(g.memory_total_bytes, spec.memory_bytes);
+            let m = g.mig.as_ref().expect("a slice");
+            assert_eq!(m.parent_uuid, gpus[0].uuid);
+            assert!(g.uuid.starts_with("MIG-"), "{}", g.uuid);
+        }
+        assert_eq!(gpus[1].memory_total_bytes, 4864 * crate::core::units::MIB);
+        let devices: Vec<u32> = gpus[1..4]
+            .iter()
+            .filter_map(|g| g.mig.as_ref().map(|m| m.device))
+            .collect();
+        assert_eq!(devices, [0, 1, 2]);
+        assert_ne!(
+            gpus[1].uuid, gpus[2].uuid,
+            "two slices of one profile differ"
+        );
+    }
+
+    #[test]
+    fn a_process_on_a_slice_fills_that_slice_and_its_card_only() {
+        let s = SimulatedSource::new(&mig_cfg("0:1g.5gb,3g.20gb")).expect("simulate");
+        let job = SimJob::Slurm {
+            slurm_job_id: "5".into(),
+        };
+        let p = |pid: u32, gpu: u32, mig: Option<u32>, memory_bytes: u64| SimProcess {
+            pid,
+            gpu,
+            job: job.clone(),
+            memory_bytes,
+            mig,
+        };
+        s.upsert(p(1, 0, Some(1), 3 << 30))
+            .expect("slice 1 holds 3 GiB");
+        let sample = s.sample();
+        let used: Vec<u64> = sample.gpus.iter().map(|g| g.memory_used_bytes).collect();
+        assert_eq!(used, [3 << 30, 0, 3 << 30, 0]);
+        assert_eq!(
+            sample.processes[0].mig,
+            Some(SliceRef {
+                device: 1,
+                profile: "3g.20gb".into()
+            })
+        );
+        for (bad, want) in [
+            (p(2, 0, None, 1), "is in MIG mode"),
+            (p(2, 0, Some(2), 1), "no slice 2"),
+            (p(2, 1, Some(0), 1), "not in MIG mode"),
+            // 5 GiB does not fit a 1g.5gb slice (4.75 GiB).
+            (p(2, 0, Some(0), 5 << 30), "more than GPU 0 MIG slice 0"),
+        ] {
+            let err = s.upsert(bad).expect_err("refused").to_string();
+            assert!(err.contains(want), "{err}");
+        }
+    }
+
+    #[test]
+    fn bad_mig_layouts_are_clear_errors() {
+        for (layout, want) in [
+            ("1g.5gb", "GPU:PROFILE"),
+            ("x:1g.5gb", "not a GPU index"),
+            ("0:", "at least one"),
+            ("0:1g.5gb;0:1g.5gb", "twice"),
+        ] {
+            let err = parse_mig_layout(layout).expect_err("refused");
+            assert!(err.contains(want), "{layout}: {err}");
+        }
+        for (layout, want) in [
+            ("5:1g.5gb", "does not exist"),
+            ("0:1g.18gb", "not a MIG profile"),
+            (
+                "0:1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb,1g.5gb",
+                "at most 7",
+            ),
+            ("0:7g.40gb,1g.5gb", "more than the card"),
+        ] {
+            let err = SimulatedSource::new(&mig_cfg(layout))
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(err.contains(want), "{layout}: {err}");
+        }
+    }
+
+    #[test]
+    fn demo_jobs_on_a_mig_card_run_on_its_slices_within_their_memory() {
+        let mut c = mig_cfg("0:1g.5gb,3g.20gb");
+        c.demo_jobs = 8;
+        let s = SimulatedSource::new(&c).expect("simulate");
+        let slice_memory = |d: u32| s.slices[&0][d as usize].spec.memory_bytes;
+        let mut slices_used = std::collections::BTreeSet::new();
+        for t in 0..60 {
+            for p in s.demo_processes(std::time::Duration::from_secs(t)) {
+                assert_eq!(p.gpu == 0, p.mig.is_some(), "{p:?}");
+                if let Some(d) = p.mig {
+                    assert!(p.memory_bytes <= slice_memory(d), "{p:?}");
+                    slices_used.insert(d);
+                }
+                s.upsert(p).expect("a demo process is a valid process");
+            }
+        }
+        assert_eq!(slices_used.len(), 2, "both slices get demo jobs");
     }
 }

@@ -308,14 +308,17 @@ pub fn sidecar_gpu(
 }
 
 /// Picks the job's GPU out of the sidecar's GPU list (the first of the
-/// job's indices, else the first GPU) and turns it into a spec: the catalog
+/// job's indices, else the first GPU; a card in MIG mode by its first
+/// slice) and turns it into a spec: the catalog
 /// entry with the live memory, or the live values alone
 /// ([`GpuSpec::from_live`]); a GPU without memory is named only.
 pub fn gpu_from_sidecar(v: &GpusResponse, indices: &[u32]) -> Option<GpuRef> {
+    // A card in MIG mode runs jobs only on its slices: its first slice.
+    let mut usable = crate::sidecar::usable_devices(&v.gpus);
     let gpu = indices
         .first()
-        .and_then(|want| v.gpus.iter().find(|g| g.index == *want))
-        .or_else(|| v.gpus.first())?;
+        .and_then(|want| crate::sidecar::usable_devices(&v.gpus).find(|g| g.index == *want))
+        .or_else(|| usable.next())?;
     let name = gpu.name.clone();
     let m = gpu.memory_total_bytes;
     match lookup_gpu(&name) {
@@ -739,6 +742,32 @@ mod tests {
             gpu_from_sidecar(&list(vec![gpu(0, "X", 0, "")]), &[0]),
             Some(GpuRef::Name("X".into()))
         );
+    }
+
+    #[test]
+    fn a_card_in_mig_mode_is_planned_for_as_its_slice_with_the_cards_capabilities() {
+        let card = serde_json::json!({"index": 0, "uuid": "GPU-0", "name": "NVIDIA A100-SXM4-40GB",
+            "memory_total_bytes": 42_949_672_960u64, "memory_used_bytes": 0,
+            "memory_free_bytes": 42_949_672_960u64, "compute_capability": "8.0",
+            "mig_enabled": true, "healthy": true});
+        let slice = serde_json::json!({"index": 0, "uuid": "MIG-1",
+            "name": "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "memory_total_bytes": 5_100_273_664u64,
+            "memory_used_bytes": 0, "memory_free_bytes": 5_100_273_664u64,
+            "compute_capability": "8.0", "healthy": true,
+            "mig": {"device": 0, "profile": "1g.5gb", "parent_uuid": "GPU-0"}});
+        let v: GpusResponse = serde_json::from_value(serde_json::json!({"node": "n1",
+            "backend": "nvml", "sampled_at": null, "gpus": [card, slice]}))
+        .expect("the sidecar's /v1/gpus shape");
+        for indices in [&[0u32][..], &[]] {
+            match gpu_from_sidecar(&v, indices) {
+                Some(GpuRef::Spec(s)) => {
+                    assert_eq!(s.name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb");
+                    assert_eq!(s.memory_bytes, 5_100_273_664, "the slice's live memory");
+                    assert!(s.bf16, "bf16 from the A100");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

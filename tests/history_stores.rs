@@ -48,6 +48,7 @@ fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
+            host_oom: false,
             success: true,
             failure_reason: None,
             peak_memory_bytes: Some(20_000_000_000 + batch as u64 * 1_000_000_000),
@@ -61,6 +62,7 @@ fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
 
 fn oom(mut r: RunRecord) -> RunRecord {
     r.result = RunResult {
+        host_oom: false,
         success: false,
         failure_reason: Some(FailureReason::Oom),
         peak_memory_bytes: None,

@@ -741,6 +741,7 @@ pub fn build_run(
         key,
         s.settings.clone(),
         RunResult {
+            host_oom: false,
             success,
             failure_reason,
             peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),

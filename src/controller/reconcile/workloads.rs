@@ -249,6 +249,7 @@ pub fn run_record(
         RunKey::of(&w, gpu),
         settings,
         RunResult {
+            host_oom: false,
             success,
             failure_reason: match outcome {
                 AttemptOutcome::Succeeded => None,

@@ -499,10 +499,12 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         None => None,
     };
     let (exit_status, derived_status) = plan::exit_state(env);
+    let (outputs, out_of_memory) = output_files(env, job_id, state.job_name.as_deref());
+    let mut host_oom = out_of_memory;
     let mut oom = false;
     let mut log = plan::LogFacts::default();
     let mut read_any = false;
-    for path in output_files(env, job_id, state.job_name.as_deref()) {
+    for path in outputs {
         let Some(tail) = read_output_tail(&path, env.get("SLURM_JOB_UID")) else {
             tracing::debug!(
                 "gpufit epilog: job {job_id}: output {} not readable",
@@ -512,6 +514,8 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         };
         read_any = true;
         oom |= is_cuda_oom(&tail);
+        // slurmstepd writes its cgroup oom-kill line into the job's output.
+        host_oom |= crate::core::logs::oom::first_host_oom_kill_line(&tail).is_some();
         if let Ok(parsed) = crate::core::logs::parse_str(&tail) {
             log.peak_memory_bytes = log.peak_memory_bytes.or(parsed.peak_memory_bytes());
             log.tokens_per_sec = log.tokens_per_sec.or(parsed.tokens_per_sec);
@@ -529,6 +533,7 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         exit_status,
         derived_status,
         oom,
+        host_oom,
         peak_memory_bytes: peak,
         log,
         ended_at: Utc::now(),
@@ -551,16 +556,20 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
 /// `StdErr=` (`scontrol show job`, the only source that knows `%x` and the
 /// default name for sure), then what the environment and the TaskProlog's
 /// saved job name allow (Slurm 22.05 gives the Epilog no
-/// `SLURM_JOB_STDOUT` when `--output` was not given).
-fn output_files(env: &Env, job_id: &str, job_name: Option<&str>) -> Vec<PathBuf> {
-    let mut paths = match run_with_timeout(
+/// `SLURM_JOB_STDOUT` when `--output` was not given). Also whether
+/// slurmctld says the job ran out of host memory (`JobState=OUT_OF_MEMORY`).
+fn output_files(env: &Env, job_id: &str, job_name: Option<&str>) -> (Vec<PathBuf>, bool) {
+    let (mut paths, out_of_memory) = match run_with_timeout(
         Command::new("scontrol").args(["show", "job", job_id]),
         EPILOG_HTTP_TIMEOUT,
     ) {
-        Ok(out) => plan::parse_scontrol_outputs(&out),
+        Ok(out) => (
+            plan::parse_scontrol_outputs(&out),
+            plan::scontrol_out_of_memory(&out),
+        ),
         Err(e) => {
             tracing::debug!("gpufit epilog: job {job_id}: {e}");
-            Vec::new()
+            (Vec::new(), false)
         }
     };
     for p in plan::output_candidates(env, job_name) {
@@ -568,7 +577,7 @@ fn output_files(env: &Env, job_id: &str, job_name: Option<&str>) -> Vec<PathBuf>
             paths.push(p);
         }
     }
-    paths
+    (paths, out_of_memory)
 }
 
 /// Reads the TaskProlog's state, trusting it only when the job's own user

@@ -15,6 +15,7 @@
 //!   (MiB) and more; pods ask for `nvidia.com/mig-<profile>`. The
 //!   profile's own `.product` label is read (else the card's product plus
 //!   the profile). GFD writes a `+me` profile with a dot (`1g.10gb.me`).
+//!
 //! Time-slicing / MPS: the GPU Operator sets `nvidia.com/gpu.replicas` and
 //! (with `renameByDefault`) appends `-SHARED` to the product; memory is not
 //! isolated between the pods sharing a card, so gpufit plans for the card's

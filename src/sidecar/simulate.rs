@@ -637,8 +637,11 @@ mod tests {
         assert_eq!(gpus[0].mig_enabled, Some(true));
         assert_eq!(gpus[4].mig_enabled, Some(false));
         for g in &gpus[1..4] {
+            // NVML's MIG device name resolves to the slice: its memory,
+            // the card's capabilities.
             let spec = lookup_gpu(&g.name).expect("the slice name resolves");
             assert_eq!(g.memory_total_bytes, spec.memory_bytes);
+            assert!(spec.bf16 && !spec.fp8 && spec.compute_capability == "8.0");
             let m = g.mig.as_ref().expect("a slice");
             assert_eq!(m.parent_uuid, gpus[0].uuid);
             assert!(g.uuid.starts_with("MIG-"), "{}", g.uuid);

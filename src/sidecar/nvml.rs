@@ -277,13 +277,17 @@ fn read_slice(
     d: u32,
     known: &mut Known,
 ) -> Result<(GpuInfo, Vec<ProcessObservation>), String> {
-    if known.uuid.is_empty() {
-        known.uuid = slice.uuid().map_err(|e| format!("uuid: {e}"))?;
+    // Read every sample, not cached as a card's are: an administrator may
+    // destroy and create MIG instances while the sidecar runs, and the
+    // device at this place is then another slice.
+    let uuid = slice.uuid().map_err(|e| format!("uuid: {e}"))?;
+    if uuid != known.uuid {
         known.name = slice.name().map_err(|e| format!("name: {e}"))?;
-        // A MIG device has its card's architecture.
-        known.compute_capability = card.compute_capability.clone();
-        known.instance = legacy_mig_uuid_ids(&known.uuid);
+        known.instance = legacy_mig_uuid_ids(&uuid);
+        known.uuid = uuid;
     }
+    // A MIG device has its card's architecture.
+    known.compute_capability = card.compute_capability.clone();
     let mem = slice.memory_info().map_err(|e| format!("memory: {e}"))?;
     known.total = mem.total;
     let procs = slice

@@ -14,7 +14,7 @@ use crate::core::settings::Dtype;
 use crate::core::workload::Method;
 
 /// Columns in insert/select order (without `id`, which comes first on select).
-pub const COLUMNS: [&str; 31] = [
+pub const COLUMNS: [&str; 32] = [
     "timestamp_us",
     "cluster",
     "node",
@@ -46,6 +46,7 @@ pub const COLUMNS: [&str; 31] = [
     "predicted_peak_bytes",
     "nodes_reported",
     "nodes_expected",
+    "host_oom",
 ];
 
 /// `CREATE TABLE` body for one dialect: integer, boolean and float type names.
@@ -105,6 +106,14 @@ pub fn add_node_counts(int: &str) -> String {
         "ALTER TABLE runs ADD COLUMN nodes_reported {int};
         ALTER TABLE runs ADD COLUMN nodes_expected {int};"
     )
+}
+
+/// Migration 4: the run was killed for host memory
+/// ([`RunResult::host_oom`]); false for older rows.
+///
+/// [`RunResult::host_oom`]: crate::core::run::RunResult::host_oom
+pub fn add_host_oom(boolean: &str, no: &str) -> String {
+    format!("ALTER TABLE runs ADD COLUMN host_oom {boolean} NOT NULL DEFAULT {no};")
 }
 
 /// `INSERT INTO runs (<columns>, run_key) VALUES (…) ON CONFLICT (run_key)

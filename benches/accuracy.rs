@@ -3,7 +3,10 @@
 //! Sources (all under `bench/data/`, each described in its README):
 //! - `published_peaks.csv`: peaks published by framework documentation and
 //!   papers; each row says which quantity it is (allocated, reserved or
-//!   device memory) and in which unit.
+//!   device memory) and in which unit. Every row is scored unless its
+//!   setting is one gpufit cannot express (`include=no`, the reason in its
+//!   note); a row's model options are the `gpufit estimate` flags its
+//!   columns stand for, parsed by the CLI's own parser (`option_flags`).
 //! - `h100/peaks.csv`, `h100/throughput.csv`, `h100/compile_accum.csv`,
 //!   `h100/families.csv`, `h100/holdout.csv`, `h100/steps.csv` (its
 //!   fixed-length rows) and the same grids under `h100/expandable/`:
@@ -80,21 +83,22 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use gpufit::cli::common::{parse_framework, parse_lora_targets, parse_optimizer};
+use gpufit::cli::estimate::ModelOptionArgs;
 use gpufit::core::advisor::{
     first_run_plan, margin_from, under_prediction_margin, HEURISTIC_FIXED_MARGIN,
     HEURISTIC_SLOPE_MARGIN, UNDER_PREDICTION_P99_ALL,
 };
 use gpufit::core::catalog::lookup_gpu;
 use gpufit::core::memory::{
-    attention_materializes_scores, estimate_with, phase_terms, BaseQuant, Estimate, Head,
-    ModelOptions, OptimizerImpl,
+    attention_materializes_scores, estimate_with, phase_terms, Estimate, ModelOptions,
 };
 use gpufit::core::settings::{Dtype, EngineeringSettings};
 use gpufit::core::throughput::tokens_per_sec;
 use gpufit::core::units::{GB, GIB, MIB};
 use gpufit::core::workload::{Attention, LoraConfig, Method, Sharding, Workload};
 
-/// Targets from issue 11.
+/// Targets from issue 11; issue 40 holds the published rows (all sources,
+/// none left out for disagreeing) to the all-rows ones.
 const ALL_MEDIAN: f64 = 0.06;
 const ALL_WORST: f64 = 0.20;
 const H100_MEDIAN: f64 = 0.03;
@@ -358,7 +362,19 @@ fn main() -> ExitCode {
         .collect();
     println!("overall:");
     println!("  {}", summary("all scored rows", &all));
-    println!("  {}", summary("published rows", &published));
+    println!("  {}", summary("published rows, all sources", &published));
+    // The published rows left out: only those whose setting gpufit cannot
+    // express (each says why in its note), never for disagreeing.
+    let unscored: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.card.is_none() && !r.include)
+        .map(|r| r.id.as_str())
+        .collect();
+    println!(
+        "  published rows not scored (a setting gpufit cannot express, see each note): {}{}",
+        unscored.len(),
+        listed(" — ", "", &unscored)
+    );
     println!("  {}", summary("H100 rows (default allocator)", &h100));
     println!(
         "  {}",
@@ -637,6 +653,13 @@ fn main() -> ExitCode {
 
     let (am, aw) = median_worst(&all);
     let (hm, hw) = median_worst(&h100);
+    let (pm, pw) = median_worst(&published);
+    let published_under = published.iter().copied().fold(0.0f64, f64::min);
+    let measured_under = scored
+        .iter()
+        .filter(|r| r.card.is_some())
+        .filter_map(|r| r.error())
+        .fold(0.0f64, f64::min);
     let checks = [
         ("all rows median", am <= ALL_MEDIAN),
         ("all rows worst", aw <= ALL_WORST),
@@ -644,9 +667,19 @@ fn main() -> ExitCode {
         ("H100 worst", hw <= H100_WORST),
         ("H100 fit/no-fit", fit_wrong.is_empty()),
         ("no under-prediction beyond 10%", -worst_under <= MAX_UNDER),
+        (
+            "H100/H200 rows: no under beyond 10%",
+            -measured_under <= MAX_UNDER,
+        ),
+        ("published median", pm <= ALL_MEDIAN),
+        ("published worst", pw <= ALL_WORST),
+        (
+            "published: no under beyond 10%",
+            -published_under <= MAX_UNDER,
+        ),
     ];
     throughput_report(&rows);
-    println!("\ntargets (issue 11):");
+    println!("\ntargets (issue 11; the published ones, issue 40):");
     let mut regressed = Vec::new();
     for (name, pass) in checks {
         println!("  {:<32} {}", name, if pass { "met" } else { "NOT met" });
@@ -683,13 +716,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// The issue-11 targets the model does not meet yet, with the reason
-/// beside each. Empty since the twenty-first session (BENCHMARKS.md): the
-/// last, the H100 rows' worst error, was met when the first optimizer
-/// step's states were counted in the loss segments
-/// (`allocator::first_step_states`). Every target not listed failing
-/// fails the run.
-const NOT_YET_MET: &[&str] = &[];
+/// The targets the model does not meet yet, with the reason beside each;
+/// every target not listed failing fails the run. The issue-11 ones were
+/// all met from the twenty-first session (BENCHMARKS.md) until issue 40
+/// scored every published row: the two under-prediction bounds are missed
+/// by published rows alone (the H100 and H200 rows keep theirs, checked
+/// on their own): litgpt's 2024 config-hub QLoRA rows (8–14 % under:
+/// about one more copy of each quantized linear's kept input than the
+/// model counts, a cause not found in litgpt's, Fabric's or
+/// bitsandbytes' code) and torchtune's 8-bit AdamW row (14 % under).
+const NOT_YET_MET: &[&str] = &[
+    "no under-prediction beyond 10%",
+    "published: no under beyond 10%",
+];
 
 /// The default-allocator grid of `synthetic/` (the name its replays give).
 const GRID: &str = "synthetic/grid.csv";
@@ -1528,22 +1567,61 @@ fn scenario(
         dtype,
         activation_checkpointing: opt(r, "checkpointing", "off") == "on",
         compile: matches!(opt(r, "compile", "false"), "True" | "true" | "on"),
+        activation_offloading: opt(r, "offloading", "off") == "on",
         ..Default::default()
     };
-    let base_quant = match opt(r, "base_quant", "none") {
-        "none" => None,
-        "nf4" => Some(BaseQuant::Nf4),
-        "nf4-no-dq" => Some(BaseQuant::Nf4NoDoubleQuant),
-        "int8" => Some(BaseQuant::Int8),
-        other => return Err(format!("unknown base_quant `{other}`")),
+    let o = options_of(r)?;
+    Ok((w, s, o))
+}
+
+/// The flags of `gpufit estimate` that state a row's model options, parsed
+/// by the CLI's own parser ([`ModelOptionArgs`]): the bench scores each row
+/// through the path a user takes, with nothing a user cannot state.
+#[derive(clap::Parser)]
+struct OptionFlags {
+    #[command(flatten)]
+    options: ModelOptionArgs,
+}
+
+/// The command-line flags a row's columns stand for (`base_quant`, `head`,
+/// `optimizer_impl`, `grads_kept`, the `bitsandbytes` and `torch` releases,
+/// `expandable_segments`, the measured CUDA context), and the options the
+/// CLI makes of them.
+fn option_flags(r: &HashMap<String, String>) -> Result<Vec<String>, String> {
+    let mut flags = vec!["estimate".to_string()];
+    let mut flag = |name: &str, value: Option<&str>| {
+        flags.push(format!("--{name}"));
+        if let Some(v) = value {
+            flags.push(v.to_string());
+        }
     };
-    let optimizer_impl = match opt(r, "optimizer_impl", "") {
-        "" => None,
-        "foreach" => Some(OptimizerImpl::Foreach),
-        "fused" => Some(OptimizerImpl::Fused),
-        "per-parameter" => Some(OptimizerImpl::PerParameter),
-        other => return Err(format!("unknown optimizer_impl `{other}`")),
-    };
+    match opt(r, "base_quant", "none") {
+        "none" => {}
+        q => flag("base-quant", Some(q)),
+    }
+    if opt(r, "head", "lm") != "lm" {
+        flag("head", Some(opt(r, "head", "lm")));
+    }
+    if let v @ ("foreach" | "fused" | "per-parameter") = opt(r, "optimizer_impl", "") {
+        flag("optimizer-impl", Some(v));
+    } else if !opt(r, "optimizer_impl", "").is_empty() {
+        return Err(format!(
+            "unknown optimizer_impl `{}`",
+            opt(r, "optimizer_impl", "")
+        ));
+    }
+    if opt(r, "grads_kept", "false") == "true" {
+        flag("grads-kept", None);
+    }
+    if version_before(opt(r, "bitsandbytes", ""), (0, 43, 2))? {
+        flag("old-bitsandbytes", None);
+    }
+    if version_before(opt(r, "torch", ""), (1, 11, 0))? {
+        flag("old-torch", None);
+    }
+    if opt(r, "expandable_segments", "false") == "true" {
+        flag("expandable-segments", None);
+    }
     // The H100 files give the context in bytes as measured (`context_bytes`).
     let ctx_bytes = opt(r, "context_bytes", "");
     let ctx = if ctx_bytes.is_empty() {
@@ -1555,30 +1633,17 @@ fn scenario(
             / MIB)
             .to_string()
     };
-    let ctx = ctx.as_str();
-    let o = ModelOptions {
-        base_quant,
-        head: if opt(r, "head", "lm") == "classifier" {
-            Head::Classifier
-        } else {
-            Head::LanguageModel
-        },
-        optimizer_impl,
-        grads_kept_between_steps: opt(r, "grads_kept", "false") == "true",
-        bnb_keeps_matmul_inputs: version_before(opt(r, "bitsandbytes", ""), (0, 43, 2))?,
-        softmax_saves_input: version_before(opt(r, "torch", ""), (1, 11, 0))?,
-        expandable_segments: opt(r, "expandable_segments", "false") == "true",
-        cuda_context_bytes: if ctx.is_empty() {
-            None
-        } else {
-            Some(
-                ctx.parse::<u64>()
-                    .map_err(|_| format!("bad cuda_context_mib `{ctx}`"))?
-                    * MIB,
-            )
-        },
-    };
-    Ok((w, s, o))
+    if !ctx.is_empty() {
+        flag("cuda-context-mib", Some(&ctx));
+    }
+    Ok(flags)
+}
+
+fn options_of(r: &HashMap<String, String>) -> Result<ModelOptions, String> {
+    let flags = option_flags(r)?;
+    let parsed = <OptionFlags as clap::Parser>::try_parse_from(&flags)
+        .map_err(|e| format!("{}: {e}", flags.join(" ")))?;
+    parsed.options.options(None).map_err(|e| e.to_string())
 }
 
 /// Whether a row's release of a library (its `bitsandbytes` or `torch`

@@ -261,6 +261,7 @@ fn record(
 ) -> RunRecord {
     let ok = peak.is_some();
     let result = RunResult {
+        host_oom: false,
         success: ok,
         failure_reason: (!ok).then_some(FailureReason::Oom),
         peak_memory_bytes: peak,

@@ -67,6 +67,7 @@ fn runs(n: usize, now: DateTime<Utc>) -> impl Iterator<Item = Result<RunRecord, 
                 ..EngineeringSettings::default()
             },
             result: RunResult {
+                host_oom: false,
                 success: !oom,
                 failure_reason: oom.then_some(FailureReason::Oom),
                 peak_memory_bytes: (!oom).then_some((peak * GIB) as u64),

@@ -105,6 +105,7 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
                 ..EngineeringSettings::default()
             },
             result: RunResult {
+                host_oom: false,
                 success: !oom,
                 failure_reason: oom.then_some(FailureReason::Oom),
                 peak_memory_bytes: (!oom).then_some(peak as u64),

@@ -112,6 +112,7 @@ fn synthetic_run(i: u64, rng: &mut Rng, canonical: &str) -> RunRecord {
             dataloader: DataLoaderSettings::default(),
         },
         result: RunResult {
+            host_oom: false,
             success: !oom,
             failure_reason: oom.then_some(FailureReason::Oom),
             peak_memory_bytes: (!oom).then_some(peak),

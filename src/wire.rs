@@ -65,6 +65,41 @@ pub mod sidecar {
         pub healthy: bool,
         /// What failed, when unhealthy.
         pub error: Option<String>,
+        /// Set when this entry is a MIG slice of GPU `index` (a card in MIG
+        /// mode is listed itself, then each of its slices); absent for a whole GPU.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub mig: Option<MigSlice>,
+    }
+
+    /// Where a MIG slice sits on its card. A slice is its own device: its
+    /// own `uuid` (`MIG-…`), `name` (NVML's, e.g. `NVIDIA A100-SXM4-40GB MIG
+    /// 1g.5gb`), memory and processes; `index` is its card's.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct MigSlice {
+        /// The slice's place among its card's MIG devices (the index NVML's
+        /// `nvmlDeviceGetMigDeviceHandleByIndex` takes, 0 to 6): with `index`,
+        /// what identifies the slice on this node.
+        pub device: u32,
+        /// The MIG profile, e.g. `1g.5gb`.
+        pub profile: String,
+        /// The card's `GPU-…` UUID.
+        pub parent_uuid: String,
+        /// The GPU instance id, when known (NVML reports it with the
+        /// slice's processes).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub gpu_instance_id: Option<u32>,
+        /// The compute instance id within the GPU instance, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub compute_instance_id: Option<u32>,
+    }
+
+    /// A MIG slice as a job's device: its place on the card and its profile.
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+    pub struct SliceRef {
+        /// [`MigSlice::device`].
+        pub device: u32,
+        /// [`MigSlice::profile`].
+        pub profile: String,
     }
 
     /// How a peak was measured.
@@ -94,6 +129,9 @@ pub mod sidecar {
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
     pub struct JobGpuView {
         pub gpu: u32,
+        /// The MIG slice of GPU `gpu` the job ran on; absent for a whole GPU.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub mig: Option<SliceRef>,
         pub current_bytes: u64,
         pub peak_bytes: u64,
         pub method: PeakMethod,

@@ -120,6 +120,7 @@ impl Truth {
         let peak = self.peak(&s) * (1.0 + noise);
         let ok = peak <= self.capacity();
         let result = RunResult {
+            host_oom: false,
             success: ok,
             failure_reason: (!ok).then_some(FailureReason::Oom),
             peak_memory_bytes: ok.then_some(peak as u64),

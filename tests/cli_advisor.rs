@@ -232,3 +232,83 @@ fn suggest_plans_for_a_mig_slice_in_every_spelling() {
     }
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
 }
+
+/// `--cpus-per-gpu` sizes the data loader for the job's own CPUs (one core
+/// stays with the training process, at most 8 workers); without it the
+/// host's CPUs ÷ GPUs are used, and the reasoning says which.
+#[test]
+fn cpus_per_gpu_stated_or_from_this_host_size_the_data_loader_and_the_reasoning_says_which() {
+    let env = Env::new();
+    let ask = |more: &[&str]| {
+        env.json(
+            &args(
+                &["suggest"],
+                &args(
+                    MODEL,
+                    &args(&["--gpu", A100, "--no-history", "-o", "json"], more),
+                ),
+            ),
+            &[],
+        )
+    };
+    let workers = |v: &serde_json::Value| v["dataloader"]["num_workers"].as_u64();
+    let reasoning = |v: &serde_json::Value| v["reasoning"].as_str().unwrap_or("").to_string();
+    for (cpus, want) in [("16", 8), ("5", 4), ("2", 1), ("1", 0)] {
+        let v = ask(&["--cpus-per-gpu", cpus]);
+        assert_eq!(workers(&v), Some(want), "{cpus} cores per GPU: {v}");
+        assert!(
+            reasoning(&v).contains(&format!("{cpus} CPU core"))
+                && reasoning(&v).contains("stated with --cpus-per-gpu"),
+            "{}",
+            reasoning(&v)
+        );
+    }
+    // The environment, like every flag.
+    let v = env.json(
+        &args(
+            &["suggest"],
+            &args(MODEL, &["--gpu", A100, "--no-history", "-o", "json"]),
+        ),
+        &[("GPUFIT_CPUS_PER_GPU", "16".to_string())],
+    );
+    assert_eq!(workers(&v), Some(8));
+    // Without it: this host's cores over the GPUs.
+    let host = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let v = ask(&["--gpus", "2"]);
+    assert!(
+        reasoning(&v).contains(&format!("this host's {host} CPU cores over 2 GPUs")),
+        "{}",
+        reasoning(&v)
+    );
+    assert_eq!(
+        workers(&v),
+        Some((host / 2).max(1).saturating_sub(1).min(8))
+    );
+    // A pinned worker count is kept and no CPU sentence is added.
+    let v = ask(&["--cpus-per-gpu", "16", "--num-workers", "3"]);
+    assert_eq!(workers(&v), Some(3));
+    assert!(!reasoning(&v).contains("Data loader:"), "{}", reasoning(&v));
+    // `plan` takes it too.
+    let out = env.run(
+        &args(
+            &["plan"],
+            &args(
+                MODEL,
+                &["--gpu", A100, "--no-history", "--cpus-per-gpu", "3"],
+            ),
+        ),
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("num_workers=2"), "{}", text(&out));
+    // Zero cores is a usage error, not a panic.
+    let out = env.run(
+        &args(
+            &["suggest"],
+            &args(MODEL, &["--gpu", A100, "--cpus-per-gpu", "0"]),
+        ),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--cpus-per-gpu 0"), "{}", text(&out));
+}

@@ -256,9 +256,9 @@ fn old_torch_flag_counts_the_softmax_input_in_eager_attention_only() {
             "-o",
             "json",
         ];
-        if old {
-            args.push("--old-torch");
-        }
+        // --old-torch also keeps the gradients (PyTorch 1.x `zero_grad`):
+        // the same on both sides, so the difference is the softmax input
+        args.push(if old { "--old-torch" } else { "--grads-kept" });
         peak_allocated(&args)
     };
     let kept: u64 = 24 * 4 * 16 * 512 * 512 * 4;
@@ -865,4 +865,174 @@ fn the_line_is_printed_as_the_peak_only_where_it_is_the_peak() {
     let large = run("8", "4096");
     assert!(large.contains("peak ≈"), "{large}");
     assert!(!large.contains("sets the peak"), "{large}");
+}
+
+/// BERT-large's numbers (google-bert/bert-large-uncased config.json), with
+/// `architectures` as given.
+fn bert_large_config(dir: &std::path::Path, architectures: &str) -> String {
+    let path = dir.join(format!("{architectures}.json"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"{{"architectures":["{architectures}"],"model_type":"bert","hidden_size":1024,
+            "num_hidden_layers":24,"num_attention_heads":16,"intermediate_size":4096,
+            "vocab_size":30522,"max_position_embeddings":512,"type_vocab_size":2}}"#
+        ),
+    )
+    .expect("write config");
+    path.to_string_lossy().into_owned()
+}
+
+fn bert_estimate(model: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "estimate",
+        "--model",
+        model,
+        "--method",
+        "full",
+        "--framework",
+        "hf",
+        "--attention",
+        "eager",
+        "--dtype",
+        "fp32",
+        "--seq-len",
+        "512",
+        "-o",
+        "json",
+    ];
+    if !extra.contains(&"--micro-batch") {
+        args.extend_from_slice(&["--micro-batch", "4"]);
+    }
+    args.extend_from_slice(extra);
+    let o = gpufit(&args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    json(&o)
+}
+
+#[test]
+fn head_flag_and_a_classifier_config_drop_the_vocabulary_logits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let alloc = |v: serde_json::Value| v["peak_allocated_bytes"].as_u64().expect("allocated");
+    let lm = alloc(bert_estimate("bert-large-uncased", &[]));
+    let cls = alloc(bert_estimate(
+        "bert-large-uncased",
+        &["--head", "classifier"],
+    ));
+    // at least the fp32 logits over the 30,522-entry vocabulary go
+    let logits: u64 = 4 * 512 * 30522 * 4;
+    assert!(lm > cls + logits, "lm {lm} classifier {cls}");
+    // a config.json naming a sequence classifier is one without the flag;
+    // one naming the masked-LM head is not, and the flag wins over it
+    let classifier = bert_large_config(dir.path(), "BertForSequenceClassification");
+    let masked = bert_large_config(dir.path(), "BertForMaskedLM");
+    let from_config_json = bert_estimate(&classifier, &[]);
+    assert_eq!(from_config_json["head"], "classifier");
+    assert_eq!(
+        bert_estimate("bert-large-uncased", &[])["head"],
+        "language-model"
+    );
+    let from_config = alloc(from_config_json);
+    assert_eq!(
+        from_config,
+        alloc(bert_estimate(&masked, &["--head", "classifier"]))
+    );
+    assert!(alloc(bert_estimate(&masked, &[])) > from_config + logits);
+    assert!(alloc(bert_estimate(&classifier, &["--head", "lm"])) > from_config + logits);
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "bert-large-uncased",
+            "--seq-len",
+            "512",
+            "--head",
+            "pooler",
+        ],
+        "--head",
+    );
+}
+
+#[test]
+fn old_torch_keeps_gradients_and_loads_every_kernel_into_the_context() {
+    let device = |extra: &[&str]| {
+        bert_estimate("bert-large-uncased", extra)["device_bytes"]
+            .as_u64()
+            .expect("device_bytes")
+    };
+    const MIB: u64 = 1 << 20;
+    // the context of a CUDA without lazy loading (1343 MiB, measured by
+    // transformers' v4.20 performance page) and the gradients kept by
+    // PyTorch 1.x's zero_grad: as stating both
+    let old = device(&["--old-torch"]);
+    let stated = device(&["--old-torch", "--cuda-context-mib", "1343", "--grads-kept"]);
+    assert_eq!(old, stated);
+    let current = device(&["--grads-kept"]);
+    assert!(old >= current + (1343 - 610) * MIB, "{old} vs {current}");
+    // a stated context wins over the implied one
+    let own = device(&["--old-torch", "--cuda-context-mib", "700"]);
+    assert_eq!(old - own, (1343 - 700) * MIB);
+    // kept gradients (BERT-large: 335 M fp32) are alive through the forward
+    let kept = bert_estimate("bert-large-uncased", &["--grads-kept"])["peak_allocated_bytes"]
+        .as_u64()
+        .expect("allocated");
+    let freed = bert_estimate("bert-large-uncased", &[])["peak_allocated_bytes"]
+        .as_u64()
+        .expect("allocated");
+    assert!(kept > freed + 1_000_000_000, "{kept} vs {freed}");
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "bert-large-uncased",
+            "--seq-len",
+            "512",
+            "--cuda-context-mib",
+            "0",
+        ],
+        "--cuda-context-mib",
+    );
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "bert-large-uncased",
+            "--cuda-context-mib",
+            "lots",
+        ],
+        "--cuda-context-mib",
+    );
+}
+
+#[test]
+fn optimizer_impl_flag_takes_the_trainers_names() {
+    let alloc = |extra: &[&str]| {
+        bert_estimate("bert-large-uncased", extra)["peak_allocated_bytes"]
+            .as_u64()
+            .expect("allocated")
+    };
+    let per_param = alloc(&["--optimizer-impl", "per-parameter", "--micro-batch", "1"]);
+    assert_eq!(
+        per_param,
+        alloc(&["--optimizer-impl", "adamw_hf", "--micro-batch", "1"])
+    );
+    assert_eq!(
+        alloc(&["--optimizer-impl", "foreach", "--micro-batch", "1"]),
+        alloc(&["--optimizer-impl", "adamw_torch", "--micro-batch", "1"])
+    );
+    // foreach makes whole-model temporaries in the step; a Python loop one
+    // parameter's
+    assert!(alloc(&["--optimizer-impl", "foreach", "--micro-batch", "1"]) > per_param);
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "bert-large-uncased",
+            "--seq-len",
+            "512",
+            "--optimizer-impl",
+            "sgd_loop",
+        ],
+        "--optimizer-impl",
+    );
 }

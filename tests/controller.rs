@@ -688,6 +688,50 @@ async fn a_stale_cached_training_job_announces_and_counts_each_job_once() {
     assert_eq!(s.history.all().len(), 1, "the OOM recorded once");
 }
 
+/// A container killed for host memory (`OOMKilled`, exit 137): the attempt
+/// failed for another reason than GPU memory (no retry with a smaller micro
+/// batch), says so in its status, and its run is recorded `other_error`
+/// with `host_oom` for the data loader to learn from.
+#[tokio::test]
+async fn a_host_memory_kill_fails_the_attempt_and_is_recorded_for_the_data_loader() {
+    let s = Scenario::new(lora_tj(), a100_nodes());
+    s.reconcile().await.expect("create");
+    s.finish_job("llama-3-1-8b-lora-1", false, "");
+    {
+        let mut api = s.api.lock().unwrap();
+        let pod = api.pods.last_mut().expect("the job's pod");
+        pod["status"]["containerStatuses"][0]["state"]["terminated"] =
+            json!({"exitCode": 137, "reason": "OOMKilled"});
+    }
+    s.reconcile().await.expect("settle");
+    s.assert_no_unexpected_requests();
+    let st = s.status();
+    assert_eq!(
+        st.attempts.len(),
+        1,
+        "no retry: the micro batch is not at fault"
+    );
+    assert_eq!(st.attempts[0].outcome, AttemptOutcome::Failed);
+    assert!(st.attempts[0].host_oom);
+    assert!(
+        st.attempts[0]
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("host memory"),
+        "{:?}",
+        st.attempts[0].message
+    );
+    let runs = s.history.all();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        runs[0].result.failure_reason,
+        Some(gpufit::core::run::FailureReason::OtherError)
+    );
+    assert!(runs[0].result.host_oom);
+    assert_eq!(s.ctx.metrics.ooms.get(), 0, "not a GPU OOM");
+}
+
 #[tokio::test]
 async fn when_oom_retries_are_exhausted_the_training_job_fails() {
     let mut tj = lora_tj();

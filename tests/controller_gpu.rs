@@ -284,3 +284,172 @@ fn cpus_per_gpu_come_from_the_pods_own_resources() {
         None
     );
 }
+
+/// Labels exactly as GPU Feature Discovery writes them on an A100-40GB node
+/// with two cards in MIG mode. Key names, values and which labels appear per
+/// strategy follow NVIDIA/k8s-device-plugin `internal/lm/mig-strategy.go`
+/// (`newGPULabelers`: MIG-mode cards keep a card label set with replicas 0;
+/// `newMigStrategySingleLabeler` / `newMigStrategyMixedLabeler`),
+/// `internal/lm/resource.go` (`productLabel`: `<card>-MIG-<profile>`, spaces
+/// as dashes; `replicasLabel`; `newMigAttributeLabels`) and
+/// `internal/resource/nvml-mig-device.go` (`GetAttributes`: memory in MiB,
+/// multiprocessors, slices.gi/ci, engines.*; `GetName`: the profile with
+/// `+` as `.`); the expected sets of `internal/lm/mig-strategy_test.go`.
+fn gfd_card_labels(strategy: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("nvidia.com/gpu.compute.major", "8".into()),
+        ("nvidia.com/gpu.compute.minor", "0".into()),
+        ("nvidia.com/gpu.family", "ampere".into()),
+        ("nvidia.com/mig.capable", "true".into()),
+        ("nvidia.com/mig.strategy", strategy.into()),
+    ]
+}
+
+fn gfd_mig_attributes(prefix: &str, memory: &str, sm: &str, gi: &str) -> Vec<(String, String)> {
+    [
+        ("memory", memory),
+        ("multiprocessors", sm),
+        ("slices.gi", gi),
+        ("slices.ci", gi),
+        ("engines.copy", gi),
+        ("engines.decoder", "0"),
+        ("engines.encoder", "0"),
+        ("engines.jpeg", "0"),
+        ("engines.ofa", "0"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("{prefix}.{k}"), v.to_string()))
+    .collect()
+}
+
+fn gfd_node(name: &str, labels: Vec<(String, String)>) -> k8s_openapi::api::core::v1::Node {
+    let refs: Vec<(&str, &str)> = labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    node(name, &refs)
+}
+
+#[test]
+fn gfd_single_strategy_labels_resolve_to_the_slice_the_node_is_cut_into() {
+    let mut labels: Vec<(String, String)> = gfd_card_labels("single")
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    labels.extend([
+        (
+            "nvidia.com/gpu.product".into(),
+            "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb".into(),
+        ),
+        ("nvidia.com/gpu.count".into(), "14".into()),
+        ("nvidia.com/gpu.replicas".into(), "1".into()),
+    ]);
+    labels.extend(gfd_mig_attributes("nvidia.com/gpu", "4864", "14", "1"));
+    let nodes = [gfd_node("single", labels)];
+    let pod = pod_spec(json!({"containers": [
+        {"name": "t", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    ]}));
+    let gpu = resolve_from_nodes(nodes.iter(), Some(&pod)).expect("the 1g.5gb slice");
+    assert_eq!(gpu.name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb");
+    assert_eq!(gpu.memory_bytes, 4864 << 20);
+    assert!(gpu.bf16, "the A100's bf16");
+}
+
+#[test]
+fn gfd_mixed_strategy_labels_resolve_each_profile_a_pod_asks_for() {
+    let mut labels: Vec<(String, String)> = gfd_card_labels("mixed")
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    // The MIG-mode cards' own set: the card's product, replicas 0.
+    labels.extend([
+        (
+            "nvidia.com/gpu.product".into(),
+            "NVIDIA-A100-SXM4-40GB".into(),
+        ),
+        ("nvidia.com/gpu.count".into(), "2".into()),
+        ("nvidia.com/gpu.replicas".into(), "0".into()),
+        ("nvidia.com/gpu.memory".into(), "40960".into()),
+    ]);
+    for (profile, count, memory, sm, gi) in [
+        ("1g.5gb", "7", "4864", "14", "1"),
+        ("3g.20gb", "2", "20096", "42", "3"),
+    ] {
+        let prefix = format!("nvidia.com/mig-{profile}");
+        labels.extend([
+            (
+                format!("{prefix}.product"),
+                format!("NVIDIA-A100-SXM4-40GB-MIG-{profile}"),
+            ),
+            (format!("{prefix}.count"), count.into()),
+            (format!("{prefix}.replicas"), "1".into()),
+        ]);
+        labels.extend(gfd_mig_attributes(&prefix, memory, sm, gi));
+    }
+    let nodes = [gfd_node("mixed", labels.clone())];
+    let asks = |resource: &str| {
+        pod_spec(json!({"containers": [
+            {"name": "t", "resources": {"limits": {resource: "1"}}}
+        ]}))
+    };
+    let small = resolve_from_nodes(nodes.iter(), Some(&asks("nvidia.com/mig-1g.5gb")))
+        .expect("the 1g.5gb slice");
+    assert_eq!(small.name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb");
+    assert_eq!(small.memory_bytes, 4864 << 20);
+    assert!(small.bf16);
+    let large = resolve_from_nodes(nodes.iter(), Some(&asks("nvidia.com/mig-3g.20gb")))
+        .expect("the 3g.20gb slice");
+    assert_eq!(large.name, "NVIDIA A100-SXM4-40GB MIG 3g.20gb");
+    assert_eq!(large.memory_bytes, 20096 << 20);
+    // A pod asking for a whole GPU on this node sees the card (replicas 0: not shared).
+    let card = resolve_from_nodes(nodes.iter(), Some(&asks("nvidia.com/gpu"))).expect("the card");
+    assert_eq!(card.name, "NVIDIA A100-SXM4-40GB");
+
+    // Time-sliced MIG (sharing.timeSlicing on nvidia.com/mig-1g.5gb,
+    // replicas 2): GFD appends -SHARED to that profile's product and sets
+    // its replicas; the slice is planned for half its memory.
+    let shared: Vec<(String, String)> = labels
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "nvidia.com/mig-1g.5gb.product" => (k, format!("{v}-SHARED")),
+            "nvidia.com/mig-1g.5gb.replicas" => (k, "2".into()),
+            _ => (k, v),
+        })
+        .collect();
+    let nodes = [gfd_node("mixed-shared", shared)];
+    let half = resolve_from_nodes(nodes.iter(), Some(&asks("nvidia.com/mig-1g.5gb")))
+        .expect("half the slice");
+    assert_eq!(half.memory_bytes, (4864 << 20) / 2);
+    assert!(half.name.contains("time-shared by 2"), "{}", half.name);
+    let whole = resolve_from_nodes_with(
+        nodes.iter(),
+        Some(&asks("nvidia.com/mig-1g.5gb")),
+        Sharing::Whole,
+    )
+    .expect("the slice");
+    assert_eq!(whole.memory_bytes, 4864 << 20);
+}
+
+/// A `+me` profile as GFD writes it: resource and labels with `.me`.
+#[test]
+fn gfd_media_extension_profiles_resolve_to_their_slice() {
+    let nodes = [node(
+        "me",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/mig.strategy", "mixed"),
+            (
+                "nvidia.com/mig-1g.10gb.me.product",
+                "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me",
+            ),
+            ("nvidia.com/mig-1g.10gb.me.count", "1"),
+            ("nvidia.com/mig-1g.10gb.me.memory", "9984"),
+        ],
+    )];
+    let pod = pod_spec(json!({"containers": [
+        {"name": "t", "resources": {"limits": {"nvidia.com/mig-1g.10gb.me": "1"}}}
+    ]}));
+    let gpu = resolve_from_nodes(nodes.iter(), Some(&pod)).expect("the 1g.10gb slice");
+    assert_eq!(gpu.name, "NVIDIA H100 80GB HBM3 MIG 1g.10gb");
+    assert_eq!(gpu.memory_bytes, 9984 << 20);
+}

@@ -97,6 +97,7 @@ fn record(job: &str) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
+            host_oom: false,
             success: true,
             failure_reason: None,
             peak_memory_bytes: Some(40_000_000_000),

@@ -48,6 +48,7 @@ fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
+            host_oom: false,
             success: true,
             failure_reason: None,
             peak_memory_bytes: Some(20_000_000_000 + batch as u64 * 1_000_000_000),
@@ -61,6 +62,7 @@ fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
 
 fn oom(mut r: RunRecord) -> RunRecord {
     r.result = RunResult {
+        host_oom: false,
         success: false,
         failure_reason: Some(FailureReason::Oom),
         peak_memory_bytes: None,
@@ -604,6 +606,80 @@ fn nodes_report_concurrently(url: &str, tag: &str, processes: bool) {
     }
 }
 
+/// A run killed for host memory keeps that fact through the store
+/// (migration 4) and teaches the next suggestion of the workload, read from
+/// that store, fewer data-loader workers and no pinned memory — not a
+/// smaller micro batch.
+fn host_memory_kills_reach_the_advisor(store: &dyn HistoryStore) {
+    use gpufit::core::advisor::{Strategy, StrategyTargets};
+    use gpufit::core::request::{ModelRequest, WorkloadRequest};
+    use gpufit::core::settings::Pins;
+    use gpufit::service::{Ask, Pipeline};
+
+    let model = "Qwen/Qwen2.5-7B";
+    let w = WorkloadRequest {
+        model: Some(ModelRequest::Catalog(model.into())),
+        method: Some(Method::Lora),
+        seq_len: Some(4096),
+        ..WorkloadRequest::default()
+    }
+    .resolve()
+    .unwrap();
+    let gpu = gpufit::core::catalog::lookup_gpu(A100).unwrap();
+    let pins = Pins::default();
+    let ask = Ask {
+        workload: &w,
+        gpu: &gpu,
+        strategy: Strategy::Balanced,
+        pins: &pins,
+    };
+    let pipeline = Pipeline::new(StrategyTargets::default()).with_cpus_per_gpu(Some(16));
+    let before = pipeline.suggest(store, &ask).unwrap();
+    assert_eq!(before.settings.dataloader.num_workers, 8);
+    assert!(before.settings.dataloader.pin_memory);
+
+    let mut killed = run(
+        &w.model.name,
+        A100,
+        4096,
+        before.settings.micro_batch_size,
+        30,
+    );
+    killed.result = RunResult {
+        host_oom: true,
+        success: false,
+        failure_reason: Some(FailureReason::OtherError),
+        peak_memory_bytes: None,
+        samples_per_sec: None,
+        tokens_per_sec: None,
+        duration_sec: Some(40.0),
+    };
+    killed.settings.dataloader.num_workers = 8;
+    killed.settings.dataloader.pin_memory = true;
+    store.record(&killed).unwrap();
+    let q = HistoryQuery::new(&w.model.name, Method::Lora, A100, 4096);
+    let back = store.similar(&q).unwrap();
+    assert_eq!(back.len(), 1);
+    assert!(back[0].result.host_oom, "host_oom survives the store");
+    assert_eq!(
+        back[0].result.failure_reason,
+        Some(FailureReason::OtherError)
+    );
+
+    let after = pipeline.suggest(store, &ask).unwrap();
+    assert_eq!(
+        after.settings.micro_batch_size,
+        before.settings.micro_batch_size
+    );
+    assert_eq!(after.settings.dataloader.num_workers, 4);
+    assert!(!after.settings.dataloader.pin_memory);
+    assert!(
+        after.reasoning.contains("killed for host memory"),
+        "{}",
+        after.reasoning
+    );
+}
+
 #[test]
 fn sqlite_store_meets_the_contract() {
     let d = tmp();
@@ -611,6 +687,54 @@ fn sqlite_store_meets_the_contract() {
     contract(&store);
     a_run_recorded_twice_is_stored_once(&store);
     node_reports_make_one_record(&store);
+    host_memory_kills_reach_the_advisor(&store);
+}
+
+/// A history written before migration 4 opens, gains `host_oom` = false
+/// on its rows, and keeps every row.
+#[test]
+fn a_version_3_sqlite_history_is_migrated_to_host_oom() {
+    use gpufit::history::schema;
+    let d = tmp();
+    let path = d.path().join("v3.db");
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(&schema::create_runs(
+            "INTEGER",
+            "INTEGER",
+            "REAL",
+            "INTEGER PRIMARY KEY",
+        ))
+        .unwrap();
+        c.execute_batch(schema::ADD_RUN_KEY).unwrap();
+        c.execute_batch(&schema::add_node_counts("INTEGER"))
+            .unwrap();
+        c.execute_batch(
+            "INSERT INTO runs (timestamp_us, source, model, method, gpu_model, seq_len, gpus,
+                micro_batch_size, gradient_accumulation_steps, dtype, activation_checkpointing,
+                activation_offloading, compile, num_workers, pin_memory, persistent_workers,
+                prefetch_factor, success, failure_reason)
+             VALUES (1767261600000000, 'cli', 'meta-llama/Llama-3.1-8B', 'lora',
+                'NVIDIA A100-SXM4-80GB', 8192, 1, 4, 16, 'bf16', 1, 0, 0, 4, 1, 1, 2, 0, 'other_error');
+             PRAGMA user_version = 3;",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let rows = store
+        .similar(&HistoryQuery::new(M, Method::Lora, A100, 8192))
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(!rows[0].result.host_oom);
+    assert_eq!(
+        rows[0].result.failure_reason,
+        Some(FailureReason::OtherError)
+    );
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, gpufit::history::sqlite::schema_version());
 }
 
 #[test]
@@ -942,6 +1066,7 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
     let nodes = pg.create_db("nodes");
     nodes_report_concurrently(&nodes, "threads", false);
     nodes_report_concurrently(&nodes, "processes", true);
+    host_memory_kills_reach_the_advisor(store.as_ref());
 
     // Reconnecting (a second replica) migrates nothing and sees every record.
     let n = store.count().unwrap();

@@ -54,6 +54,7 @@ fn run(
             ..EngineeringSettings::default()
         },
         result: RunResult {
+            host_oom: false,
             success: ok,
             failure_reason: (!ok).then_some(FailureReason::Oom),
             peak_memory_bytes: peak_gib.map(|g| g * GIB),

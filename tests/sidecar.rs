@@ -496,6 +496,7 @@ fn in_process_sidecar_serves_until_stopped_and_then_refuses_connections() {
                 memory_bytes: Some(8 * GIB),
                 node: "inproc".into(),
                 demo_jobs: 0,
+                mig: Default::default(),
             },
         },
         listen: "127.0.0.1:0".parse().expect("socket address"),
@@ -687,4 +688,221 @@ fn idle_connections_do_not_block_the_sidecar_and_are_closed() {
         }
     }
     assert_eq!(get_json(&format!("{}/healthz", sc.base))["status"], "ok");
+}
+
+/// Registers a process on MIG slice `mig` of GPU `gpu` (simulate backend).
+fn post_on_slice(sc: &Sidecar, pid: u32, gpu: u32, mig: u32, job: Value, bytes: u64) -> Value {
+    let (code, body) = call(
+        "POST",
+        &format!("{}/v1/simulate/processes", sc.base),
+        Some(json!({"pid": pid, "gpu": gpu, "mig": mig, "job": job, "memory_bytes": bytes})),
+    );
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).expect("JSON body")
+}
+
+#[test]
+fn mig_slices_serve_their_own_memory_and_per_job_peaks_that_stay_on_their_slice() {
+    let sc = start(
+        &[
+            "--backend",
+            "simulate",
+            "--simulate-model",
+            "NVIDIA A100-SXM4-40GB",
+            "--simulate-gpus",
+            "2",
+            "--simulate-mig",
+            "0:1g.5gb,1g.5gb,3g.20gb",
+            "--node",
+            "mig-node",
+        ],
+        &[],
+    );
+    const MIB: u64 = 1 << 20;
+    let (a, b) = (
+        json!({"namespace": "team-a", "pod": "small-0"}),
+        json!({"namespace": "team-a", "pod": "small-1"}),
+    );
+    // Job a rises to 4 GiB on slice 0 and falls; job b holds 512 MiB on
+    // slice 1; Slurm job 77 holds 12 GiB on the 3g.20gb slice, then ends.
+    for gib in [1u64, 4, 2] {
+        post_on_slice(&sc, 11, 0, 0, a.clone(), gib * GIB);
+    }
+    post_on_slice(&sc, 12, 0, 1, b.clone(), 512 * MIB);
+    post_on_slice(&sc, 13, 0, 2, json!({"slurm_job_id": "77"}), 12 * GIB);
+
+    let gpus = get_json(&format!("{}/v1/gpus", sc.base));
+    let list = gpus["gpus"].as_array().expect("a list");
+    let rows: Vec<(u64, &str, u64, u64)> = list
+        .iter()
+        .map(|g| {
+            (
+                g["index"].as_u64().unwrap_or(99),
+                g["name"].as_str().unwrap_or(""),
+                g["memory_total_bytes"].as_u64().unwrap_or(0),
+                g["memory_used_bytes"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    // The catalog's slice memory: nvidia-smi mig -lgip's 4.75 / 19.62 GiB.
+    assert_eq!(
+        rows,
+        [
+            (
+                0,
+                "NVIDIA A100-SXM4-40GB",
+                40960 * MIB,
+                2 * GIB + 512 * MIB + 12 * GIB
+            ),
+            (0, "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 4864 * MIB, 2 * GIB),
+            (0, "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 4864 * MIB, 512 * MIB),
+            (
+                0,
+                "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                20096 * MIB,
+                12 * GIB
+            ),
+            (1, "NVIDIA A100-SXM4-40GB", 40960 * MIB, 0),
+        ]
+    );
+    assert_eq!(list[0]["mig_enabled"], true);
+    assert_eq!(list[2]["mig"]["device"], 1);
+    assert_eq!(list[2]["mig"]["profile"], "1g.5gb");
+    assert_eq!(list[2]["mig"]["parent_uuid"], list[0]["uuid"]);
+    assert!(list[4].get("mig").is_none(), "a whole GPU has no mig field");
+
+    // Per-job peaks per slice: a's 4 GiB never reaches its sibling b.
+    let ja = get_json(&format!("{}/v1/jobs/team-a/small-0", sc.base));
+    let jb = get_json(&format!("{}/v1/jobs/team-a/small-1", sc.base));
+    assert_eq!(
+        (ja["peak_bytes"].as_u64(), ja["current_bytes"].as_u64()),
+        (Some(4 * GIB), Some(2 * GIB))
+    );
+    assert_eq!(jb["peak_bytes"].as_u64(), Some(512 * MIB));
+    assert_eq!(
+        ja["gpus"][0]["mig"],
+        json!({"device": 0, "profile": "1g.5gb"})
+    );
+    assert_eq!(jb["gpus"].as_array().map(Vec::len), Some(1));
+    assert_eq!(jb["gpus"][0]["mig"]["device"], 1);
+
+    let text = call("GET", &format!("{}/metrics", sc.base), None).1;
+    let peak = |pod: &str, device: &str| {
+        metric(
+            &text,
+            "gpufit_job_gpu_memory_peak_bytes",
+            &[
+                ("pod", pod),
+                ("gpu", "0"),
+                ("mig_device", device),
+                ("mig_profile", "1g.5gb"),
+            ],
+        )
+    };
+    assert_eq!(peak("small-0", "0"), Some((4 * GIB) as f64), "{text}");
+    assert_eq!(peak("small-1", "1"), Some((512 * MIB) as f64));
+    assert_eq!(peak("small-0", "1"), None, "no series of a on b's slice");
+    // The controller's peak query filters on namespace and pod only: it
+    // finds the slice's series (max over the pod's series).
+    assert_eq!(
+        metric(
+            &text,
+            "gpufit_job_gpu_memory_peak_bytes",
+            &[("namespace", "team-a"), ("pod", "small-0")]
+        ),
+        Some((4 * GIB) as f64)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gpufit_gpu_memory_total_bytes",
+            &[
+                ("gpu", "0"),
+                ("mig_device", "2"),
+                ("mig_profile", "3g.20gb")
+            ]
+        ),
+        Some((20096 * MIB) as f64)
+    );
+    // The MIG-mode card: healthy, but its memory only through its slices.
+    let card = [("gpu", "0"), ("mig_device", ""), ("node", "mig-node")];
+    assert_eq!(metric(&text, "gpufit_gpu_healthy", &card), Some(1.0));
+    assert_eq!(metric(&text, "gpufit_gpu_memory_total_bytes", &card), None);
+    assert_eq!(
+        metric(
+            &text,
+            "gpufit_gpu_memory_total_bytes",
+            &[("gpu", "1"), ("mig_device", "")]
+        ),
+        Some((40960 * MIB) as f64)
+    );
+
+    // The Slurm Epilog's read of an ended job on a slice: its slice peak.
+    let (code, _) = call(
+        "DELETE",
+        &format!("{}/v1/simulate/processes/13", sc.base),
+        None,
+    );
+    assert_eq!(code, 200);
+    let peak = gpufit::slurm::exec::sidecar_peak(&sc.base, "77").expect("the sidecar answers");
+    assert_eq!(peak, Some(12 * GIB));
+
+    // A process on the MIG-mode card itself, or on a slice that is not there, is refused.
+    for body in [
+        json!({"pid": 20, "gpu": 0, "job": {"slurm_job_id": "1"}, "memory_bytes": 1}),
+        json!({"pid": 20, "gpu": 0, "mig": 3, "job": {"slurm_job_id": "1"}, "memory_bytes": 1}),
+        json!({"pid": 20, "gpu": 0, "mig": 0, "job": {"slurm_job_id": "1"}, "memory_bytes": 5 * GIB}),
+    ] {
+        let (code, body) = call(
+            "POST",
+            &format!("{}/v1/simulate/processes", sc.base),
+            Some(body),
+        );
+        assert_eq!(code, 400, "{body}");
+    }
+
+    // `gpus --live` lists the slices.
+    let out = Command::new(BIN)
+        .args([
+            "gpus",
+            "--live",
+            "--backend",
+            "simulate",
+            "--simulate-model",
+            "NVIDIA A100-SXM4-40GB",
+            "--simulate-gpus",
+            "1",
+            "--simulate-mig",
+            "0:3g.20gb,3g.20gb",
+        ])
+        .output()
+        .expect("gpufit binary runs");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        table.matches("NVIDIA A100-SXM4-40GB MIG 3g.20gb").count(),
+        2,
+        "{table}"
+    );
+    assert!(table.contains("slice 1 (GI 2)"), "{table}");
+    let bad = Command::new(BIN)
+        .args([
+            "gpus",
+            "--live",
+            "--backend",
+            "simulate",
+            "--simulate-mig",
+            "0:9g.99gb",
+        ])
+        .output()
+        .expect("gpufit binary runs");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("not a MIG profile"),
+        "{err}"
+    );
 }

@@ -757,6 +757,24 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
         );
     }
 
+    // 6b'. A job its cgroup killed for host memory: slurmstepd writes
+    //      `Detected 1 oom_kill event in StepId=…` into the job's output
+    //      (this test cluster enforces no memory limit, so the job writes
+    //      slurmstepd's line itself). Recorded `other_error` with host_oom,
+    //      never a GPU OOM.
+    let killed_script = "#!/bin/sh\necho \"slurmstepd: error: Detected 1 oom_kill event in StepId=$SLURM_JOB_ID.batch. Some of the step tasks have been OOM Killed.\" >&2\nexit 137\n";
+    let (job, _, ok) = cluster.sbatch(&[], &workload_env, killed_script);
+    assert!(!ok, "job {job} failed");
+    let run = wait_until("the host-OOM run record", Duration::from_secs(20), || {
+        runs_of_job(&ctl_url, &job)
+    });
+    assert_eq!(
+        run.result.failure_reason,
+        Some(FailureReason::OtherError),
+        "{run:?}"
+    );
+    assert!(run.result.host_oom, "{run:?}");
+
     // 6c. Output thrown away: the Epilog says (at info) it read nothing.
     let (job, _, _) = cluster.sbatch(&["--output=/dev/null"], &workload_env, oom_script);
     wait_until("the /dev/null run record", Duration::from_secs(20), || {

@@ -94,6 +94,7 @@ fn run_record(job: &str) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
+            host_oom: false,
             success: true,
             failure_reason: None,
             peak_memory_bytes: Some(50_000_000_000),

@@ -629,8 +629,9 @@ fn job_failed() -> Value {
 
 #[tokio::test]
 async fn a_peak_missing_when_the_job_ends_is_filled_in_later_and_a_host_oomkill_is_other_error() {
-    let w = World::new();
+    let mut w = World::new();
     let job = w.submit(JOB, batch_job("late"));
+    let first = applied(&job);
     w.api.lock().unwrap().pods = vec![job_pod(
         &job,
         "late-abcde",
@@ -646,6 +647,7 @@ async fn a_peak_missing_when_the_job_ends_is_filled_in_later_and_a_host_oomkill_
         runs[0].result.failure_reason,
         Some(FailureReason::OtherError)
     );
+    assert!(runs[0].result.host_oom, "OOMKilled: host memory");
     assert_eq!(
         runs[0].result.peak_memory_bytes, None,
         "not in Prometheus yet"
@@ -669,6 +671,27 @@ async fn a_peak_missing_when_the_job_ends_is_filled_in_later_and_a_host_oomkill_
     );
     let done = w.api.lock().unwrap().objects["jobs/late"].clone();
     assert!(done["metadata"]["annotations"]["gpufit.io/peak-pending"].is_null());
+    assert!(
+        w.runs()[0].result.host_oom,
+        "kept when the peak is filled in"
+    );
+
+    // The next submission of the workload: the same micro batch, half the
+    // data-loader workers, no pinned memory.
+    w.later();
+    let again = applied(&w.submit(JOB, batch_job("late-2")));
+    let workers = first["settings"]["numWorkers"].as_u64().expect("workers");
+    assert!(workers >= 2, "{first}");
+    assert_eq!(
+        again["settings"]["numWorkers"].as_u64(),
+        Some(workers / 2),
+        "{again}"
+    );
+    assert_eq!(again["settings"]["pinMemory"], false, "{again}");
+    assert_eq!(
+        again["settings"]["microBatchSize"],
+        first["settings"]["microBatchSize"]
+    );
 }
 
 #[tokio::test]

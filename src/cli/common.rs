@@ -4,7 +4,9 @@
 use std::path::Path;
 
 use crate::core::advisor::{Change, ChangeNames};
-use crate::core::catalog::{all_models, arch_from_hf_config, lookup_model};
+use crate::core::catalog::{
+    all_models, arch_from_hf_config, lookup_model, small_task_head_in_hf_config,
+};
 use crate::core::request::{ArchNumbers, ModelRequest, WorkloadRequest};
 use crate::core::workload::{
     ArchKind, Attention, FieldNames, Framework, LoraTarget, Method, ModelArch, Optimizer, Sharding,
@@ -146,6 +148,22 @@ impl WorkloadArgs {
         Ok(self.request()?.resolve()?)
     }
 
+    /// Whether `--model` is a config.json whose `architectures` names a
+    /// small task head (a classifier): what `from_pretrained` builds.
+    /// `false` for catalog ids (their heads are the LM heads).
+    pub fn config_names_small_head(&self) -> crate::Result<bool> {
+        let Some(m) = &self.model else {
+            return Ok(false);
+        };
+        let path = Path::new(m);
+        if m.ends_with(".json") || path.is_dir() || path.is_file() {
+            let (_, text) = config_text(path)?;
+            Ok(small_task_head_in_hf_config(&text))
+        } else {
+            Ok(false)
+        }
+    }
+
     /// The model the shape flags start from: `--model` (catalog name or
     /// config.json path), else the catalog shape closest to `--params`;
     /// plus the method the name implies (torchtune recipe names).
@@ -226,6 +244,12 @@ fn usage(flag: &str, msg: &str) -> crate::Error {
 
 /// Reads a Hugging Face config.json (or a directory holding one).
 fn read_config(path: &Path) -> crate::Result<ModelArch> {
+    let (file, text) = config_text(path)?;
+    Ok(arch_from_hf_config(&file.display().to_string(), &text)?)
+}
+
+/// The config.json at `path` (a file, or a directory holding one).
+fn config_text(path: &Path) -> crate::Result<(std::path::PathBuf, String)> {
     let file = if path.is_dir() {
         path.join("config.json")
     } else {
@@ -237,7 +261,7 @@ fn read_config(path: &Path) -> crate::Result<ModelArch> {
             file.display()
         ))
     })?;
-    Ok(arch_from_hf_config(&file.display().to_string(), &text)?)
+    Ok((file, text))
 }
 
 /// `--params 7e9`, `7B`, `1.5b`, `350M`: a positive parameter count.

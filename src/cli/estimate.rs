@@ -9,9 +9,9 @@ use super::common::{OnOff, WorkloadArgs};
 use super::{Global, OutputFormat};
 use crate::core::advisor::{first_run_plan, under_prediction_margin};
 use crate::core::catalog::{lookup_gpu, GpuSpec};
-use crate::core::memory::{self, BaseQuant, Estimate, ModelOptions};
+use crate::core::memory::{self, BaseQuant, Estimate, Head, ModelOptions, OptimizerImpl};
 use crate::core::settings::{Dtype, EngineeringSettings};
-use crate::core::units::{fmt_gib, to_gib};
+use crate::core::units::{fmt_gib, to_gib, MIB};
 use crate::core::workload::Workload;
 
 #[derive(Debug, clap::Args)]
@@ -39,26 +39,143 @@ pub struct EstimateArgs {
     /// Gradient accumulation steps (> 1 keeps gradients alive during forward).
     #[arg(long, default_value_t = 1)]
     pub grad_accum: u32,
-    /// Storage of a LoRA model's frozen base: none (training dtype), int8,
-    /// nf4 (default: nf4 for qlora, none otherwise).
-    #[arg(long)]
-    pub base_quant: Option<String>,
-    /// The job's bitsandbytes is older than 0.43.2 (July 2024), whose 4-bit
-    /// matmul keeps every quantized linear's input until the backward.
-    #[arg(long)]
-    pub old_bitsandbytes: bool,
-    /// The job's PyTorch is older than 1.11 (March 2022), whose softmax
-    /// keeps its input for backward as well as its output (eager attention).
-    #[arg(long)]
-    pub old_torch: bool,
-    /// The job runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
-    /// (less allocator cache beside the tensors; see docs/memory-model.md).
-    #[arg(long)]
-    pub expandable_segments: bool,
+    /// What the model cannot read from the workload: the frozen base's
+    /// storage, the head, library versions, the machine's CUDA context.
+    #[command(flatten)]
+    pub options: ModelOptionArgs,
     /// GPU to compare with (NVML name such as `NVIDIA A100-SXM4-80GB`, see
     /// `gpufit gpus`): prints the fraction used and the largest micro batch that fits.
     #[arg(long, env = "GPUFIT_GPU")]
     pub gpu: Option<String>,
+}
+
+/// The memory model's options ([`ModelOptions`]) as flags: what the model
+/// cannot read from the workload itself. The accuracy benchmark states its
+/// published rows with these same flags (benches/accuracy.rs).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ModelOptionArgs {
+    /// Storage of a LoRA model's frozen base: none (training dtype), int8,
+    /// nf4 (default: nf4 for qlora, none otherwise).
+    #[arg(long)]
+    pub base_quant: Option<String>,
+    /// What sits on the transformer: lm (a head over the vocabulary: causal
+    /// or masked LM) or classifier (`AutoModelForSequenceClassification`:
+    /// a few logits per sequence). Default: read from a config.json's
+    /// `architectures` (`…ForSequenceClassification` is a classifier),
+    /// else lm.
+    #[arg(long)]
+    pub head: Option<String>,
+    /// How the optimizer step runs: foreach (torch's default on CUDA),
+    /// fused, or per-parameter (a Python loop over the parameters:
+    /// transformers' legacy `AdamW`, the Trainer's `optim="adamw_hf"`, its
+    /// default until transformers #25109, July 2023). The Trainer's names
+    /// are accepted: adamw_hf, adamw_torch, adamw_torch_fused. Default: the
+    /// framework's.
+    #[arg(long)]
+    pub optimizer_impl: Option<String>,
+    /// Gradients stay allocated through the next forward:
+    /// `zero_grad(set_to_none=False)` (PyTorch's default before 2.0, implied
+    /// by --old-torch) or `zero_grad()` called after the forward.
+    #[arg(long)]
+    pub grads_kept: bool,
+    /// The job's bitsandbytes is older than 0.43.2 (July 2024), whose 4-bit
+    /// matmul keeps every quantized linear's input until the backward.
+    #[arg(long)]
+    pub old_bitsandbytes: bool,
+    /// The job's PyTorch is older than 1.11 (March 2022): softmax keeps its
+    /// input for backward as well as its output (eager attention),
+    /// `zero_grad()` keeps the gradients (as --grads-kept), and its CUDA
+    /// (≤ 11.3) loads every kernel when the context is made (as
+    /// --cuda-context-mib 1343, unless given).
+    #[arg(long)]
+    pub old_torch: bool,
+    /// The machine's CUDA context and kernel images in MiB, as nvidia-smi
+    /// shows a process that has only initialised CUDA (default: 610, lazy
+    /// module loading on a current driver).
+    #[arg(long)]
+    pub cuda_context_mib: Option<u64>,
+    /// The job runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
+    /// (less allocator cache beside the tensors; see docs/memory-model.md).
+    #[arg(long)]
+    pub expandable_segments: bool,
+}
+
+/// The CUDA context of PyTorch builds before 1.11: their CUDA (10.2–11.3)
+/// predates lazy module loading (CUDA 11.7, `CUDA_MODULE_LOADING=LAZY`),
+/// so every kernel image is loaded when the context is made. Transformers'
+/// "Model training anatomy" page (v4.20, `perf_train_gpu_one`) measures
+/// 1343 MiB for `torch.ones((1, 1)).to("cuda")` on its V100 with such a
+/// build.
+const EAGER_LOADING_CONTEXT_MIB: u64 = 1343;
+
+impl ModelOptionArgs {
+    /// The options these flags state; `config_head` is the head a
+    /// config.json's `architectures` names, used when --head is not given.
+    pub fn options(&self, config_head: Option<Head>) -> crate::Result<ModelOptions> {
+        let base_quant = match self
+            .base_quant
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None => None,
+            Some("none" | "bf16" | "fp16" | "fp32") => Some(BaseQuant::None),
+            Some("int8" | "8bit" | "llm.int8") => Some(BaseQuant::Int8),
+            Some("nf4" | "4bit" | "nf4-dq") => Some(BaseQuant::Nf4),
+            Some("nf4-no-dq" | "nf4-nodq") => Some(BaseQuant::Nf4NoDoubleQuant),
+            Some(other) => {
+                return Err(crate::Error::Usage(format!(
+                    "--base-quant: unknown `{other}`: use none, int8, nf4 or nf4-no-dq"
+                )))
+            }
+        };
+        let head = match self.head.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None => config_head.unwrap_or_default(),
+            Some("lm" | "language-model" | "causal-lm" | "masked-lm") => Head::LanguageModel,
+            Some("classifier" | "sequence-classification") => Head::Classifier,
+            Some(other) => {
+                return Err(crate::Error::Usage(format!(
+                    "--head: unknown `{other}`: use lm or classifier"
+                )))
+            }
+        };
+        let optimizer_impl = match self
+            .optimizer_impl
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None => None,
+            Some("foreach" | "adamw_torch") => Some(OptimizerImpl::Foreach),
+            Some("fused" | "adamw_torch_fused") => Some(OptimizerImpl::Fused),
+            Some("per-parameter" | "adamw_hf") => Some(OptimizerImpl::PerParameter),
+            Some(other) => {
+                return Err(crate::Error::Usage(format!(
+                    "--optimizer-impl: unknown `{other}`: use foreach, fused or per-parameter \
+                     (or the Trainer's adamw_torch, adamw_torch_fused, adamw_hf)"
+                )))
+            }
+        };
+        let context_mib = self
+            .cuda_context_mib
+            .or(self.old_torch.then_some(EAGER_LOADING_CONTEXT_MIB));
+        if context_mib == Some(0) {
+            return Err(crate::Error::Usage(
+                "--cuda-context-mib must be positive: a process that uses the GPU has a context"
+                    .into(),
+            ));
+        }
+        Ok(ModelOptions {
+            base_quant,
+            head,
+            optimizer_impl,
+            grads_kept_between_steps: self.grads_kept || self.old_torch,
+            bnb_keeps_matmul_inputs: self.old_bitsandbytes,
+            softmax_saves_input: self.old_torch,
+            expandable_segments: self.expandable_segments,
+            cuda_context_bytes: context_mib.map(|m| m * MIB),
+        })
+    }
 }
 
 /// The JSON document `--output json` prints.
@@ -69,6 +186,9 @@ struct Output<'a> {
     dtype: &'static str,
     seq_len: u32,
     activation_checkpointing: bool,
+    /// The head the estimate counted (--head, or the config.json's
+    /// `architectures`).
+    head: Head,
     #[serde(flatten)]
     estimate: &'a Estimate,
     /// The raise that covers the model's measured under-prediction for
@@ -135,37 +255,14 @@ pub fn settings_from(args: &EstimateArgs) -> crate::Result<EngineeringSettings> 
     })
 }
 
-fn options_from(args: &EstimateArgs) -> crate::Result<ModelOptions> {
-    let base_quant = match args
-        .base_quant
-        .as_deref()
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        None => None,
-        Some("none" | "bf16" | "fp16" | "fp32") => Some(BaseQuant::None),
-        Some("int8" | "8bit" | "llm.int8") => Some(BaseQuant::Int8),
-        Some("nf4" | "4bit" | "nf4-dq") => Some(BaseQuant::Nf4),
-        Some("nf4-no-dq" | "nf4-nodq") => Some(BaseQuant::Nf4NoDoubleQuant),
-        Some(other) => {
-            return Err(crate::Error::Usage(format!(
-                "--base-quant: unknown `{other}`: use none, int8, nf4 or nf4-no-dq"
-            )))
-        }
-    };
-    Ok(ModelOptions {
-        base_quant,
-        expandable_segments: args.expandable_segments,
-        bnb_keeps_matmul_inputs: args.old_bitsandbytes,
-        softmax_saves_input: args.old_torch,
-        ..Default::default()
-    })
-}
-
 pub fn run(g: &Global, args: EstimateArgs) -> crate::Result<ExitCode> {
     let w = args.workload.resolve()?;
     let s = settings_from(&args)?;
-    let opts = options_from(&args)?;
+    let config_head = args
+        .workload
+        .config_names_small_head()?
+        .then_some(Head::Classifier);
+    let opts = args.options.options(config_head)?;
     let gpu = args.gpu.as_deref().map(lookup_gpu).transpose()?;
     let est = memory::estimate_with(&w, &s, &opts)?;
     let fit = gpu
@@ -179,6 +276,7 @@ pub fn run(g: &Global, args: EstimateArgs) -> crate::Result<ExitCode> {
             dtype: s.dtype.as_str(),
             seq_len: w.seq_len,
             activation_checkpointing: s.activation_checkpointing,
+            head: opts.head,
             estimate: &est,
             under_prediction_margin: under_prediction_margin(w.framework),
             first_run_plan_bytes: first_run_plan(&est, w.framework).round() as u64,

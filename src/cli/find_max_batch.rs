@@ -572,6 +572,7 @@ fn record_for(
         RunKey::of(w, gpu),
         s,
         RunResult {
+            host_oom: false,
             success: t.outcome == TrialOutcome::Success,
             failure_reason: FailureReason::of(
                 t.outcome == TrialOutcome::Success,

@@ -295,6 +295,7 @@ fn result_of(
         notes.push("samples/s = the log's iterations/s × micro batch".into());
     }
     Ok(RunResult {
+        host_oom: false,
         success,
         failure_reason,
         peak_memory_bytes: peak_flag.or(log_result.as_ref().and_then(|r| r.peak_memory_bytes)),

@@ -37,6 +37,10 @@ pub struct BackendArgs {
     /// Synthetic demo jobs for `--backend simulate` whose memory rises, peaks and falls every minute.
     #[arg(long, default_value_t = 0, env = "GPUFIT_SIDECAR_SIMULATE_DEMO_JOBS")]
     pub simulate_demo_jobs: u32,
+    /// GPUs in MIG mode for `--backend simulate` and their slices, `GPU:PROFILE,PROFILE…;GPU:…`
+    /// (e.g. `0:1g.10gb,1g.10gb,3g.40gb`): profiles of --simulate-model, each slice its own device.
+    #[arg(long, env = "GPUFIT_SIDECAR_SIMULATE_MIG")]
+    pub simulate_mig: Option<String>,
 }
 
 impl BackendArgs {
@@ -51,6 +55,11 @@ impl BackendArgs {
             }
             None => None,
         };
+        let mig = match &self.simulate_mig {
+            Some(text) => crate::sidecar::simulate::parse_mig_layout(text)
+                .map_err(|e| crate::Error::Usage(format!("--simulate-mig: {e}")))?,
+            None => Default::default(),
+        };
         Ok(BackendConfig {
             backend: self.backend,
             inventory: self.inventory.clone(),
@@ -61,6 +70,7 @@ impl BackendArgs {
                 memory_bytes,
                 node: node.to_string(),
                 demo_jobs: self.simulate_demo_jobs,
+                mig,
             },
         })
     }
@@ -231,9 +241,16 @@ pub fn print_live(g: &Global, source: &BackendArgs, name: Option<&str>) -> crate
             crate::core::units::fmt_gib(gpu.memory_free_bytes),
             opt(gpu.compute_capability.clone()),
             opt(gpu.utilization_ratio.map(|u| format!("{:.0}%", u * 100.0))),
-            opt(gpu
-                .mig_enabled
-                .map(|m| if m { "on" } else { "off" }.to_string())),
+            match &gpu.mig {
+                // A slice: its place on the card and, when known, its GPU instance.
+                Some(m) => match m.gpu_instance_id {
+                    Some(gi) => format!("slice {} (GI {gi})", m.device),
+                    None => format!("slice {}", m.device),
+                },
+                None => opt(gpu
+                    .mig_enabled
+                    .map(|m| if m { "on" } else { "off" }.to_string())),
+            },
             match &gpu.error {
                 Some(e) => format!("unhealthy: {e}"),
                 None => "ok".into(),

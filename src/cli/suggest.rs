@@ -157,6 +157,10 @@ pub struct AdviceArgs {
     /// Target fraction of GPU memory for aggressive.
     #[arg(long, default_value_t = StrategyTargets::default().aggressive, env = "GPUFIT_TARGET_AGGRESSIVE")]
     pub target_aggressive: f64,
+    /// CPU cores the job has per GPU, for its data-loader workers (e.g. for a
+    /// job that will run on another machine); default: this host's CPUs ÷ --gpus.
+    #[arg(long, env = "GPUFIT_CPUS_PER_GPU")]
+    pub cpus_per_gpu: Option<u32>,
 }
 
 /// What the advisor was given, resolved from flags, catalog and history.
@@ -168,6 +172,53 @@ pub struct Resolved {
     pub history: Arc<Vec<RunRecord>>,
     /// Problems with the history store that did not stop the suggestion.
     pub notes: Vec<String>,
+    /// CPU cores per GPU for the data loader, and where the figure came from.
+    pub cpus: Option<Cpus>,
+}
+
+/// The CPU cores per GPU the data-loader advice is sized for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cpus {
+    /// Stated with `--cpus-per-gpu`.
+    Stated(u32),
+    /// This host's cores over the job's GPUs (at most 8 on one node).
+    Host { cpus: u32, gpus: u32 },
+}
+
+impl Cpus {
+    /// Cores per GPU.
+    pub fn per_gpu(self) -> u32 {
+        match self {
+            Cpus::Stated(c) => c,
+            // More than 8 GPUs are not on one node; spread over at most 8.
+            Cpus::Host { cpus, gpus } => (cpus / gpus.clamp(1, 8)).max(1),
+        }
+    }
+
+    /// The sentence the reasoning gets: how many workers, from what.
+    fn sentence(self, workers: u32) -> String {
+        match self {
+            Cpus::Stated(c) => format!(
+                "Data loader: {workers} worker{} for the {c} CPU core{} per GPU stated with --cpus-per-gpu.",
+                plural(workers),
+                plural(c)
+            ),
+            Cpus::Host { cpus, gpus } => format!(
+                "Data loader: {workers} worker{} for this host's {cpus} CPU cores over {} GPU{} (no --cpus-per-gpu given; pass it for a job that runs on another machine).",
+                plural(workers),
+                gpus.clamp(1, 8),
+                plural(gpus.clamp(1, 8))
+            ),
+        }
+    }
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }
 
 impl AdviceArgs {
@@ -181,6 +232,15 @@ impl AdviceArgs {
             aggressive: self.target_aggressive,
         };
         targets.validate()?;
+        let cpus = match self.cpus_per_gpu {
+            Some(c) if (1..=MAX_CPUS_PER_GPU).contains(&c) => Some(Cpus::Stated(c)),
+            Some(c) => {
+                return Err(crate::Error::Usage(format!(
+                    "--cpus-per-gpu {c} is out of range: give 1 to {MAX_CPUS_PER_GPU} (the cores each GPU's process and its data loader have)"
+                )))
+            }
+            None => host_cpus(workload.gpus),
+        };
         let mut notes = Vec::new();
         let history = if self.no_history {
             Arc::default()
@@ -215,15 +275,21 @@ impl AdviceArgs {
             targets,
             history,
             notes,
+            cpus,
         })
     }
 }
 
-/// CPU cores per data-parallel GPU on this machine, for data-loader advice.
-pub fn cpus_per_gpu(gpus: u32) -> Option<u32> {
-    let cpus = std::thread::available_parallelism().ok()?.get() as u32;
-    // More than 8 GPUs are not on one node; spread over at most 8.
-    Some((cpus / gpus.clamp(1, 8)).max(1))
+/// Most `--cpus-per-gpu` accepted: more than any node has per GPU.
+const MAX_CPUS_PER_GPU: u32 = 1024;
+
+/// This machine's CPU cores over `gpus` data-parallel GPUs.
+pub fn host_cpus(gpus: u32) -> Option<Cpus> {
+    let cpus = std::thread::available_parallelism().ok()?.get();
+    Some(Cpus::Host {
+        cpus: u32::try_from(cpus).unwrap_or(u32::MAX),
+        gpus,
+    })
 }
 
 impl Resolved {
@@ -236,8 +302,15 @@ impl Resolved {
             pins: &self.pins,
         };
         let mut s = Pipeline::new(self.targets)
-            .with_cpus_per_gpu(cpus_per_gpu(self.workload.gpus))
+            .with_cpus_per_gpu(self.cpus.map(Cpus::per_gpu))
             .advise(&ask, &self.history)?;
+        if let (Some(cpus), None) = (self.cpus, self.pins.num_workers) {
+            s.reasoning = format!(
+                "{} {}",
+                s.reasoning,
+                cpus.sentence(s.settings.dataloader.num_workers)
+            );
+        }
         s.warnings.extend(self.notes.iter().cloned());
         Ok(s)
     }

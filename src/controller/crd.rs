@@ -450,6 +450,10 @@ pub struct Attempt {
     /// Why the attempt ended as it did (termination message excerpt, exit code).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A container was killed for host memory (`OOMKilled`): the next
+    /// attempt's data loader gets fewer workers and no pinned memory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_oom: bool,
     /// `metadata.generation` of the spec this attempt ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
@@ -492,6 +496,7 @@ impl Attempt {
             tokens_per_sec: None,
             run_id: None,
             message: None,
+            host_oom: false,
             last_peak_lookup: None,
             job_uid: None,
             generation,

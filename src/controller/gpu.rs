@@ -3,10 +3,19 @@
 //! `nvidia.com/gpu.count`), restricted to the nodes the pod template's node
 //! selector and required node affinity allow. Pure: nodes are handed in.
 //!
-//! MIG: with the device plugin's `single` strategy the product label names
-//! the slice (`NVIDIA-A100-SXM4-40GB-MIG-1g.5gb`), which the catalog
-//! resolves; with `mixed` the pod asks for `nvidia.com/mig-<profile>` and
-//! the node's product stays the card's, so the slice is that card's profile.
+//! MIG, as GPU Feature Discovery labels it (NVIDIA/k8s-device-plugin,
+//! `internal/lm/mig-strategy.go` and `internal/lm/resource.go`):
+//! - `single`: `nvidia.com/gpu.product` names the slice
+//!   (`NVIDIA-A100-SXM4-40GB-MIG-1g.5gb`: the card's name, `MIG`, the
+//!   profile, spaces as dashes) and `nvidia.com/gpu.memory` is the slice's
+//!   MiB; pods ask for `nvidia.com/gpu`. The catalog resolves the product.
+//! - `mixed`: `nvidia.com/gpu.product` stays the card's, and each profile
+//!   offered gets `nvidia.com/mig-<profile>.product` (the same
+//!   `<card>-MIG-<profile>` spelling), `.count`, `.replicas`, `.memory`
+//!   (MiB) and more; pods ask for `nvidia.com/mig-<profile>`. The
+//!   profile's own `.product` label is read (else the card's product plus
+//!   the profile). GFD writes a `+me` profile with a dot (`1g.10gb.me`).
+//!
 //! Time-slicing / MPS: the GPU Operator sets `nvidia.com/gpu.replicas` and
 //! (with `renameByDefault`) appends `-SHARED` to the product; memory is not
 //! isolated between the pods sharing a card, so gpufit plans for the card's
@@ -248,10 +257,10 @@ pub fn resolve_from_nodes_with<'a>(
         let number = |key: &str| labels.get(key).and_then(|m| m.trim().parse::<u64>().ok());
         let seen = match &mig {
             // `mixed` strategy: GFD labels each profile the node offers
-            // (`nvidia.com/mig-1g.5gb.count`, `.memory` in MiB).
+            // (`nvidia.com/mig-1g.5gb.count`, `.product`, `.replicas`, `.memory` in MiB).
             Some(p) => {
-                let offered = number(&format!("{MIG_RESOURCE_PREFIX}{p}.count"))
-                    .is_some_and(|c| c > 0)
+                let label = |suffix: &str| format!("{MIG_RESOURCE_PREFIX}{p}.{suffix}");
+                let offered = number(&label("count")).is_some_and(|c| c > 0)
                     || n.status
                         .as_ref()
                         .and_then(|s| s.allocatable.as_ref())
@@ -260,9 +269,12 @@ pub fn resolve_from_nodes_with<'a>(
                     continue;
                 }
                 Seen {
-                    product: format!("{}-MIG-{p}", product.trim_end_matches(SHARED_SUFFIX)),
-                    memory_mib: number(&format!("{MIG_RESOURCE_PREFIX}{p}.memory")),
-                    replicas: None,
+                    product: labels.get(&label("product")).cloned().unwrap_or_else(|| {
+                        format!("{}-MIG-{p}", product.trim_end_matches(SHARED_SUFFIX))
+                    }),
+                    memory_mib: number(&label("memory")),
+                    // A time-sliced MIG resource: GFD's replicas for it.
+                    replicas: number(&label("replicas")).map(|r| r.min(u32::MAX as u64) as u32),
                 }
             }
             None => Seen {

@@ -646,6 +646,49 @@ pub fn largest_success(runs: &[&RunRecord]) -> Option<u32> {
         .max()
 }
 
+// === host memory and the data loader ===
+
+/// What runs killed for host memory teach the data loader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostMemoryLesson {
+    /// Most data-loader workers to suggest: half the fewest a killed run had.
+    pub max_workers: u32,
+    /// The fewest workers a killed run had.
+    pub killed_with: u32,
+    /// Killed runs learned from.
+    pub killed: usize,
+}
+
+/// What the runs among `runs` that were killed for host memory
+/// ([`crate::core::run::RunResult::host_oom`]) teach: at most half the
+/// fewest workers any of them had, and no pinned memory. Each DataLoader
+/// worker is a process holding its own copy of the dataset object and its
+/// prefetched batches (PyTorch, `torch.utils.data`, "Multi-process data
+/// loading"), and pinned memory is page-locked host memory the kernel
+/// cannot reclaim; both count against the job's memory limit, the
+/// micro batch's GPU memory does not. A kill is forgotten once a later run
+/// succeeded with at least as many workers (its memory limit was raised).
+/// None when no run was killed for host memory.
+pub fn host_memory_lesson(runs: &[&RunRecord]) -> Option<HostMemoryLesson> {
+    let workers = |r: &RunRecord| r.settings.dataloader.num_workers;
+    let killed: Vec<&RunRecord> = runs
+        .iter()
+        .copied()
+        .filter(|k| k.result.host_oom)
+        .filter(|k| {
+            !runs
+                .iter()
+                .any(|r| r.result.success && r.timestamp > k.timestamp && workers(r) >= workers(k))
+        })
+        .collect();
+    let killed_with = killed.iter().map(|r| workers(r)).min()?;
+    Some(HostMemoryLesson {
+        max_workers: killed_with / 2,
+        killed_with,
+        killed: killed.len(),
+    })
+}
+
 // === prediction error tracking ===
 
 /// How well predictions matched measurements over a set of runs.

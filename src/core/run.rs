@@ -70,6 +70,13 @@ impl<'de> Deserialize<'de> for FailureReason {
 pub struct RunResult {
     pub success: bool,
     pub failure_reason: Option<FailureReason>,
+    /// The run was killed for host memory (Kubernetes' `OOMKilled`, Slurm's
+    /// `OUT_OF_MEMORY` / a cgroup oom-kill): its micro batch says nothing
+    /// (`failure_reason` stays `other_error`), but its data loader used too
+    /// much host memory, which the next suggestion of the workload heeds
+    /// ([`crate::core::learner::host_memory_lesson`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_oom: bool,
     /// Measured peak GPU memory in bytes; None when unknown (filled in later).
     pub peak_memory_bytes: Option<u64>,
     pub samples_per_sec: Option<f64>,
@@ -255,6 +262,8 @@ pub fn merge_node_report(
     let success = a.success && b.success;
     let oom = prev.is_oom() || report.is_oom();
     out.result = RunResult {
+        // One node's data loader killed for host memory teaches the job's.
+        host_oom: a.host_oom || b.host_oom,
         success,
         failure_reason: FailureReason::of(success, oom),
         peak_memory_bytes: a.peak_memory_bytes.max(b.peak_memory_bytes),
@@ -651,6 +660,7 @@ mod identity_tests {
             global_batch: None,
             settings: EngineeringSettings::default(),
             result: RunResult {
+                host_oom: false,
                 success: true,
                 failure_reason: None,
                 peak_memory_bytes: Some(1),
@@ -913,6 +923,7 @@ mod validation_tests {
                 ..EngineeringSettings::default()
             },
             result: RunResult {
+                host_oom: false,
                 success: true,
                 failure_reason: None,
                 peak_memory_bytes: Some(50_000_000_000),
@@ -1027,6 +1038,7 @@ mod new_tests {
             attention: Attention::Sdpa,
         };
         let result = RunResult {
+            host_oom: false,
             success: false,
             failure_reason: FailureReason::of(false, true),
             peak_memory_bytes: Some(7),

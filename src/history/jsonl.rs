@@ -165,6 +165,9 @@ struct Extra {
     /// through an export and re-import).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nodes: Option<NodeReports>,
+    /// [`RunResult::host_oom`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    host_oom: bool,
 }
 
 // === name resolution (cached: a million lines share a few names) ===
@@ -404,6 +407,7 @@ fn result_of(
         })
     });
     Ok(RunResult {
+        host_oom: extra.host_oom,
         success,
         failure_reason,
         peak_memory_bytes,
@@ -721,6 +725,7 @@ pub fn write_record<W: Write>(w: &mut W, r: &RunRecord) -> std::io::Result<()> {
             job_id: r.job_id.clone(),
             dataloader: Some(s.dataloader.clone()),
             nodes: r.nodes.clone(),
+            host_oom: r.result.host_oom,
         },
     };
     serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::other)?;
@@ -995,6 +1000,7 @@ mod tests {
             peak in proptest::option::of(0u64..=MAX_PEAK_BYTES),
             samples in proptest::option::of(0.0f64..1e6),
             oom_fail in any::<bool>(),
+            host_oom in any::<bool>(),
             model in "[a-zA-Z0-9_./-]{1,40}",
             gpu in "[a-zA-Z0-9 -]{1,30}",
         ) {
@@ -1018,6 +1024,7 @@ mod tests {
             r.result.failure_reason = if flags[3] { None } else if oom_fail { Some(FailureReason::Oom) } else { Some(FailureReason::OtherError) };
             r.result.peak_memory_bytes = peak;
             r.result.samples_per_sec = samples;
+            r.result.host_oom = host_oom && !flags[3];
             let mut out = Vec::new();
             write_record(&mut out, &r).unwrap();
             let text = String::from_utf8(out).unwrap();

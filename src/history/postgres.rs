@@ -38,7 +38,7 @@ fn migrations() -> Vec<String> {
         ),
         schema::ADD_RUN_KEY.to_string(),
         schema::add_node_counts("BIGINT"),
-        schema::RESERVED_4.to_string(),
+        schema::add_host_oom("BOOLEAN", "FALSE"),
         schema::ADD_NODES_WITHOUT_PEAK.to_string(),
     ]
 }
@@ -175,7 +175,7 @@ impl PostgresStore {
 struct Params {
     ints: [Option<i64>; 13],
     texts: [Option<String>; 10],
-    bools: [bool; 6],
+    bools: [bool; 7],
     floats: [Option<f64>; 3],
 }
 
@@ -218,6 +218,7 @@ fn to_params(r: &RunRecord) -> Params {
             s.dataloader.pin_memory,
             s.dataloader.persistent_workers,
             r.result.success,
+            r.result.host_oom,
         ],
         floats: [
             r.result.samples_per_sec.filter(|v| v.is_finite()),
@@ -262,6 +263,7 @@ fn column_types() -> Vec<Type> {
         T::INT8,
         T::INT8,
         T::INT8,
+        T::BOOL,
         T::TEXT,
     ]
 }
@@ -273,7 +275,7 @@ impl Params {
         vec![
             &n[0], &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &n[1], &n[2], &n[3], &n[4],
             &n[5], &n[6], &t[7], &b[0], &b[1], &b[2], &n[7], &b[3], &b[4], &n[8], &b[5], &t[8],
-            &n[9], &f[0], &f[1], &f[2], &n[10], &n[11], &n[12], &t[9],
+            &n[9], &f[0], &f[1], &f[2], &n[10], &n[11], &n[12], &b[6], &t[9],
         ]
     }
 }
@@ -323,6 +325,7 @@ fn from_row(url: &str, row: &Row) -> Result<RunRecord, HistoryError> {
             },
         },
         result: RunResult {
+            host_oom: row.try_get(32).map_err(g)?,
             success: row.try_get(23).map_err(g)?,
             failure_reason: match failure {
                 Some(f) => Some(
@@ -340,7 +343,7 @@ fn from_row(url: &str, row: &Row) -> Result<RunRecord, HistoryError> {
         nodes: schema::node_reports(
             row.try_get(30).map_err(g)?,
             row.try_get(31).map_err(g)?,
-            row.try_get::<_, Option<String>>(32).map_err(g)?.as_deref(),
+            row.try_get::<_, Option<String>>(33).map_err(g)?.as_deref(),
         ),
     })
 }

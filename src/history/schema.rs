@@ -14,7 +14,7 @@ use crate::core::settings::Dtype;
 use crate::core::workload::Method;
 
 /// Columns in insert/select order (without `id`, which comes first on select).
-pub const COLUMNS: [&str; 32] = [
+pub const COLUMNS: [&str; 33] = [
     "timestamp_us",
     "cluster",
     "node",
@@ -46,6 +46,7 @@ pub const COLUMNS: [&str; 32] = [
     "predicted_peak_bytes",
     "nodes_reported",
     "nodes_expected",
+    "host_oom",
     "nodes_without_peak",
 ];
 
@@ -108,10 +109,13 @@ pub fn add_node_counts(int: &str) -> String {
     )
 }
 
-/// Migration 4 is the `host_oom` column's (added on a parallel branch);
-/// until it is merged here, this placeholder keeps migration 5's number so
-/// a history migrated by either build is never read at a wrong version.
-pub const RESERVED_4: &str = "SELECT 1;";
+/// Migration 4: the run was killed for host memory
+/// ([`RunResult::host_oom`]); false for older rows.
+///
+/// [`RunResult::host_oom`]: crate::core::run::RunResult::host_oom
+pub fn add_host_oom(boolean: &str, no: &str) -> String {
+    format!("ALTER TABLE runs ADD COLUMN host_oom {boolean} NOT NULL DEFAULT {no};")
+}
 
 /// Migration 5: the nodes of a multi-node job that reported without a
 /// peak ([`NodeReports::without_peak`], comma-separated, sorted); NULL

@@ -29,7 +29,7 @@ fn migrations() -> Vec<String> {
         schema::create_runs("INTEGER", "INTEGER", "REAL", "INTEGER PRIMARY KEY"),
         schema::ADD_RUN_KEY.to_string(),
         schema::add_node_counts("INTEGER"),
-        schema::RESERVED_4.to_string(),
+        schema::add_host_oom("INTEGER", "0"),
         schema::ADD_NODES_WITHOUT_PEAK.to_string(),
     ]
 }
@@ -355,11 +355,9 @@ fn map_err(url: &str, busy: Duration, e: rusqlite::Error) -> HistoryError {
 
 /// The row's values with the run's identity last (the upsert's key),
 /// borrowed from the record: binding them copies nothing on the Rust side
-/// (a 1 M-line import made 10 strings per row before).
-fn keyed_params<'a>(
-    r: &'a RunRecord,
-    key: &'a str,
-) -> rusqlite::ParamsFromIter<[ToSqlOutput<'a>; 33]> {
+/// (a 1 M-line import made 10 strings per row before). Bound through
+/// `params_from_iter`: rusqlite implements `Params` for arrays of at most 32.
+fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 34] {
     use rusqlite::types::ValueRef::{Integer, Null, Real, Text};
     let v = ToSqlOutput::Borrowed;
     let opt_i = |x: Option<u64>| v(x.map_or(Null, |n| Integer(i(n))));
@@ -369,7 +367,7 @@ fn keyed_params<'a>(
     let int = |n: i64| v(Integer(n));
     let b = |x: bool| int(x as i64);
     let s = &r.settings;
-    rusqlite::params_from_iter([
+    [
         int(schema::ts_to_us(r.timestamp)),
         opt_t(&r.cluster),
         opt_t(&r.node),
@@ -403,12 +401,13 @@ fn keyed_params<'a>(
         opt_i(r.predicted_peak_bytes),
         opt_i(r.nodes.as_ref().map(|n| u64::from(n.reported))),
         opt_i(r.nodes.as_ref().map(|n| u64::from(n.expected))),
+        b(r.result.host_oom),
         match schema::without_peak_str(r.nodes.as_ref()) {
             Some(t) => ToSqlOutput::Owned(rusqlite::types::Value::Text(t)),
             None => v(Null),
         },
         text(key),
-    ])
+    ]
 }
 
 fn bad(col: usize, what: &str, v: &str) -> rusqlite::Error {
@@ -455,6 +454,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
             },
         },
         result: RunResult {
+            host_oom: row.get(32)?,
             success: row.get(23)?,
             failure_reason: match failure {
                 Some(f) => {
@@ -471,7 +471,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         nodes: schema::node_reports(
             row.get(30)?,
             row.get(31)?,
-            row.get::<_, Option<String>>(32)?.as_deref(),
+            row.get::<_, Option<String>>(33)?.as_deref(),
         ),
     })
 }
@@ -499,8 +499,11 @@ impl HistoryStore for SqliteStore {
         let mut stmt = conn
             .prepare_cached(&insert_sql())
             .map_err(|e| self.err(e))?;
-        stmt.query_row(keyed_params(run.run(), run.key()), |row| row.get(0))
-            .map_err(|e| self.err(e))
+        stmt.query_row(
+            rusqlite::params_from_iter(keyed_params(run.run(), run.key())),
+            |row| row.get(0),
+        )
+        .map_err(|e| self.err(e))
     }
 
     fn record_batch_keyed(
@@ -543,8 +546,11 @@ impl HistoryStore for SqliteStore {
         let id = match merge_node_report(so_far.as_ref(), report.run())? {
             Some(merged) => {
                 let mut stmt = tx.prepare_cached(&insert_sql()).map_err(|e| self.err(e))?;
-                stmt.query_row(keyed_params(&merged, report.key()), |row| row.get(0))
-                    .map_err(|e| self.err(e))?
+                stmt.query_row(
+                    rusqlite::params_from_iter(keyed_params(&merged, report.key())),
+                    |row| row.get(0),
+                )
+                .map_err(|e| self.err(e))?
             }
             // Already counted: nothing to write.
             None => so_far.and_then(|r| r.id).unwrap_or_default(),
@@ -609,7 +615,7 @@ impl SqliteStore {
                 // On any error the transaction is dropped, i.e. rolled back:
                 // the batch is all or nothing, existing rows are untouched.
                 let r = r?;
-                stmt.execute(keyed_params(r.run(), r.key()))
+                stmt.execute(rusqlite::params_from_iter(keyed_params(r.run(), r.key())))
                     .map_err(|e| self.err(e))?;
                 n += 1;
             }

@@ -517,6 +517,7 @@ mod tests {
         let mut obs = vec![super::super::source::ProcessObservation {
             pid: 4321,
             gpu: 0,
+            mig: None,
             used_bytes: 1,
             max_bytes: None,
             running: true,

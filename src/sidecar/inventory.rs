@@ -141,6 +141,7 @@ impl InventorySource {
                     accounting_enabled: None,
                     healthy: true,
                     error: None,
+                    mig: None,
                 });
             }
         }

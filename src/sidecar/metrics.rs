@@ -5,6 +5,14 @@
 //! Label values are bounded: GPU index/UUID/model/node are fixed per node;
 //! job labels name pods and Slurm jobs, whose number is capped by the
 //! tracker's `max_jobs`. Process ids are never labels.
+//!
+//! MIG: a slice is a series of its own, told apart from its card and its
+//! siblings by `mig_device` (its place on the card, 0 to 6) and named by
+//! `mig_profile` (`1g.10gb`; one of a card's few profiles); both are empty
+//! for a whole GPU. That is at most 7 more series per card and per job, and
+//! `uuid` is the slice's own `MIG-…` UUID. A card in MIG mode exports only
+//! `gpufit_gpu_healthy` itself: its memory is its slices', so a sum over a
+//! node's series counts it once.
 
 use prometheus::{Encoder, GaugeVec, Opts, Registry, TextEncoder};
 
@@ -28,10 +36,19 @@ pub struct MetricDef {
 }
 
 /// Labels of per-GPU series.
-pub const GPU_LABELS: &[&str] = &["gpu", "uuid", "model", "node"];
-/// Labels of per-job series (docs/design.md, "Measuring peaks"): the job by pod or Slurm id, plus GPU,
-/// node and how the value was measured.
-pub const JOB_LABELS: &[&str] = &["namespace", "pod", "slurm_job_id", "gpu", "node", "method"];
+pub const GPU_LABELS: &[&str] = &["gpu", "mig_device", "mig_profile", "uuid", "model", "node"];
+/// Labels of per-job series (docs/design.md, "Measuring peaks"): the job by pod or Slurm id, plus GPU
+/// (and MIG slice), node and how the value was measured.
+pub const JOB_LABELS: &[&str] = &[
+    "namespace",
+    "pod",
+    "slurm_job_id",
+    "gpu",
+    "mig_device",
+    "mig_profile",
+    "node",
+    "method",
+];
 
 /// Every metric the sidecar exports.
 pub const METRICS: &[MetricDef] = &[
@@ -136,9 +153,20 @@ impl Metrics {
         }
         for g in gpus {
             let index = g.index.to_string();
-            let l = [index.as_str(), g.uuid.as_str(), g.name.as_str(), node];
+            let (device, profile) = slice_labels(g.mig.as_ref().map(|m| (m.device, &m.profile)));
+            let l = [
+                index.as_str(),
+                device.as_str(),
+                profile,
+                g.uuid.as_str(),
+                g.name.as_str(),
+                node,
+            ];
             self.set("gpufit_gpu_healthy", &l, if g.healthy { 1.0 } else { 0.0 });
-            if !g.healthy {
+            // A card in MIG mode: its slices carry its memory.
+            let has_slices =
+                g.mig.is_none() && gpus.iter().any(|s| s.index == g.index && s.mig.is_some());
+            if !g.healthy || has_slices {
                 continue;
             }
             self.set(
@@ -162,23 +190,18 @@ impl Metrics {
             let slurm = j.slurm_job_id.as_deref().unwrap_or("");
             for g in &j.gpus {
                 let gpu = g.gpu.to_string();
+                let (device, profile) =
+                    slice_labels(g.mig.as_ref().map(|m| (m.device, &m.profile)));
                 let measured = g.method.as_str();
-                self.set(
-                    "gpufit_job_gpu_memory_bytes",
-                    &[ns, pod, slurm, &gpu, node, measured],
-                    g.current_bytes as f64,
-                );
-                self.set(
-                    "gpufit_job_gpu_memory_peak_bytes",
-                    &[ns, pod, slurm, &gpu, node, measured],
-                    g.peak_bytes as f64,
-                );
+                let l = [ns, pod, slurm, &gpu, &device, profile, node, measured];
+                self.set("gpufit_job_gpu_memory_bytes", &l, g.current_bytes as f64);
+                self.set("gpufit_job_gpu_memory_peak_bytes", &l, g.peak_bytes as f64);
             }
             if j.method == super::tracker::PeakMethod::Log {
                 // The log states one per-GPU peak for the whole job.
                 self.set(
                     "gpufit_job_gpu_memory_peak_bytes",
-                    &[ns, pod, slurm, "", node, "log"],
+                    &[ns, pod, slurm, "", "", "", node, "log"],
                     j.peak_bytes as f64,
                 );
             }
@@ -194,6 +217,14 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .map_err(|e| SidecarError::Other(format!("encoding metrics: {e}")))?;
         String::from_utf8(buf).map_err(|e| SidecarError::Other(format!("encoding metrics: {e}")))
+    }
+}
+
+/// The `mig_device` and `mig_profile` label values: empty for a whole GPU.
+fn slice_labels(mig: Option<(u32, &String)>) -> (String, &str) {
+    match mig {
+        Some((device, profile)) => (device.to_string(), profile.as_str()),
+        None => (String::new(), ""),
     }
 }
 
@@ -231,12 +262,13 @@ mod tests {
             accounting_enabled: Some(false),
             healthy: true,
             error: None,
+            mig: None,
         };
         let text = m.render("node-1", &[gpu], &[], 0.1).expect("render");
         assert!(text.contains("# HELP gpufit_gpu_memory_total_bytes Total GPU memory"));
         assert!(text.contains(
-            r#"gpufit_gpu_memory_used_bytes{gpu="3",model="NVIDIA A100-SXM4-80GB",node="node-1",uuid="GPU-x"} 40"#
+            r#"gpufit_gpu_memory_used_bytes{gpu="3",mig_device="",mig_profile="",model="NVIDIA A100-SXM4-80GB",node="node-1",uuid="GPU-x"} 40"#
         ), "{text}");
-        assert!(text.contains(r#"gpufit_gpu_utilization_ratio{gpu="3",model="NVIDIA A100-SXM4-80GB",node="node-1",uuid="GPU-x"} 0.5"#));
+        assert!(text.contains(r#"gpufit_gpu_utilization_ratio{gpu="3",mig_device="",mig_profile="",model="NVIDIA A100-SXM4-80GB",node="node-1",uuid="GPU-x"} 0.5"#));
     }
 }

@@ -37,7 +37,9 @@ use thiserror::Error;
 pub use crate::wire::sidecar::{GpusResponse, Health, JobsResponse};
 pub use attribution::{Attributor, JobKey};
 pub use simulate::{SimJob, SimProcess, SimulateConfig, SimulatedSource};
-pub use source::{Backend, GpuInfo, GpuSource, ProcessObservation, SourceSample};
+pub use source::{
+    Backend, GpuInfo, GpuSource, MigSlice, ProcessObservation, SliceRef, SourceSample,
+};
 pub use tracker::{JobView, PeakMethod, Tracker, TrackerConfig};
 
 #[derive(Debug, Error)]
@@ -88,6 +90,7 @@ impl BackendConfig {
                 memory_bytes: None,
                 node: node_name(),
                 demo_jobs: 0,
+                mig: Default::default(),
             },
         }
     }
@@ -201,12 +204,24 @@ pub fn local_gpu() -> Result<crate::core::catalog::GpuSpec, SidecarError> {
     // flags (--nvml-lib, --backend) are not this command's.
     let source = nvml::NvmlSource::open_with_advice(None, "")?;
     let gpus = source.sample().gpus;
-    let g = gpus.into_iter().find(|g| g.healthy).ok_or_else(|| {
+    let g = usable_devices(&gpus)
+        .find(|g| g.healthy)
+        .cloned()
+        .ok_or_else(|| {
         SidecarError::Nvml(
             "NVML works but reports no readable GPU on this node: check `nvidia-smi`, or name the GPU with --gpu".into(),
         )
     })?;
     Ok(gpu_spec_from_live(&g))
+}
+
+/// The devices a job can run on: every GPU and MIG slice listed, less the
+/// cards in MIG mode that list slices (CUDA sees a MIG-mode card only
+/// through its slices), in the source's order.
+pub fn usable_devices(gpus: &[GpuInfo]) -> impl Iterator<Item = &GpuInfo> {
+    gpus.iter().filter(move |g| {
+        g.mig.is_some() || !gpus.iter().any(|s| s.index == g.index && s.mig.is_some())
+    })
 }
 
 /// A live GPU as a catalog-shaped spec (the one rule:
@@ -542,6 +557,7 @@ mod tests {
             accounting_enabled: None,
             healthy: true,
             error: None,
+            mig: None,
         };
         let s = gpu_spec_from_live(&g);
         assert_eq!((s.bf16, s.fp8, s.memory_bytes), (true, true, 24 << 30));
@@ -575,6 +591,7 @@ mod tests {
                 accounting_enabled: Some(false),
                 healthy: true,
                 error: None,
+                mig: None,
             };
             let broken = GpuInfo {
                 index: 1,
@@ -588,6 +605,7 @@ mod tests {
                 processes: vec![ProcessObservation {
                     pid: 77,
                     gpu: 0,
+                    mig: None,
                     used_bytes: 5 << 30,
                     max_bytes: None,
                     running: true,
@@ -619,8 +637,8 @@ mod tests {
         assert_eq!(h.status, "ok");
         assert_eq!(h.unhealthy_gpus, vec![1]);
         let text = sc.render_metrics().expect("metrics");
-        assert!(text.contains(r#"gpufit_gpu_healthy{gpu="1",model="NVIDIA A100-SXM4-80GB",node="n1",uuid="GPU-b"} 0"#), "{text}");
-        assert!(text.contains(r#"gpufit_gpu_memory_used_bytes{gpu="0",model="NVIDIA A100-SXM4-80GB",node="n1",uuid="GPU-a"} 5368709120"#), "{text}");
+        assert!(text.contains(r#"gpufit_gpu_healthy{gpu="1",mig_device="",mig_profile="",model="NVIDIA A100-SXM4-80GB",node="n1",uuid="GPU-b"} 0"#), "{text}");
+        assert!(text.contains(r#"gpufit_gpu_memory_used_bytes{gpu="0",mig_device="",mig_profile="",model="NVIDIA A100-SXM4-80GB",node="n1",uuid="GPU-a"} 5368709120"#), "{text}");
         assert!(
             !text.contains(r#"gpufit_gpu_memory_used_bytes{gpu="1""#),
             "{text}"

@@ -3,6 +3,14 @@
 //! running compute processes with their memory. Where NVML accounting is on
 //! (`nvidia-smi -am 1`), each process's exact lifetime maximum is read too,
 //! including one last time right after the process has ended.
+//!
+//! MIG: under a card in MIG mode each MIG device (NVML's
+//! `nvmlDeviceGetMigDeviceHandleByIndex`, up to the card's maximum count) is
+//! read as a device of its own — its name (`NVIDIA A100-SXM4-40GB MIG
+//! 1g.5gb`), `MIG-…` UUID, memory and processes — and listed after its card.
+//! The card's own process list is not read then (in MIG mode it is an
+//! aggregate, and privileged), so a process counts on its slice only.
+//! NVML's accounting mode is not available on MIG devices: slice peaks are sampled.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -10,9 +18,12 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
 
-use super::source::{Backend, GpuInfo, GpuSource, ProcessObservation, SourceSample};
+use super::source::{
+    Backend, GpuInfo, GpuSource, MigSlice, ProcessObservation, SliceRef, SourceSample,
+};
 use super::SidecarError;
 
 /// What the sidecar remembers about a device between samples.
@@ -24,13 +35,18 @@ struct Known {
     compute_capability: Option<String>,
     /// PIDs seen at the last sample, to report accounting maxima of those that ended.
     pids: HashSet<u32>,
+    /// A slice's GPU and compute instance ids, once seen.
+    instance: (Option<u32>, Option<u32>),
 }
+
+/// A device of this node: a card by index, or the MIG device `.1` of card `.0`.
+type DeviceKey = (u32, Option<u32>);
 
 /// Reads GPUs through NVML.
 pub struct NvmlSource {
     nvml: Nvml,
     count: u32,
-    known: Mutex<HashMap<u32, Known>>,
+    known: Mutex<HashMap<DeviceKey, Known>>,
 }
 
 /// The library name NVML is loaded by when no path is given.
@@ -108,9 +124,13 @@ impl NvmlSource {
             .map(|u| f64::from(u.gpu.min(100)) / 100.0);
         let mig_enabled = dev.mig_mode().ok().map(|m| m.current == 1);
         let accounting = dev.is_accounting_enabled().unwrap_or(false);
-        let procs = dev
-            .running_compute_processes()
-            .map_err(|e| format!("running processes: {e}"))?;
+        // In MIG mode the slices' processes are read on the slices.
+        let procs = if mig_enabled == Some(true) {
+            Vec::new()
+        } else {
+            dev.running_compute_processes()
+                .map_err(|e| format!("running processes: {e}"))?
+        };
         let mut out = Vec::with_capacity(procs.len());
         let mut now_pids = HashSet::with_capacity(procs.len());
         for p in procs {
@@ -129,6 +149,7 @@ impl NvmlSource {
             out.push(ProcessObservation {
                 pid: p.pid,
                 gpu: index,
+                mig: None,
                 used_bytes: used,
                 max_bytes,
                 running: true,
@@ -147,6 +168,7 @@ impl NvmlSource {
                     out.push(ProcessObservation {
                         pid: *pid,
                         gpu: index,
+                        mig: None,
                         used_bytes: 0,
                         max_bytes: Some(max),
                         running: false,
@@ -170,9 +192,179 @@ impl NvmlSource {
                 accounting_enabled: Some(accounting),
                 healthy: true,
                 error: None,
+                mig: None,
             },
             out,
         ))
+    }
+
+    /// Reads the MIG devices of card `card` (in MIG mode) into `sample`,
+    /// each as its own device; a slice that cannot be read is listed
+    /// unhealthy, the others are still read.
+    fn read_slices(
+        &self,
+        card: &GpuInfo,
+        known: &mut HashMap<DeviceKey, Known>,
+        sample: &mut SourceSample,
+    ) {
+        let index = card.index;
+        let dev = match self.nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(error) => {
+                tracing::warn!(gpu = index, %error, "cannot reopen a MIG-mode GPU to read its slices");
+                return;
+            }
+        };
+        let max = match dev.mig_device_count() {
+            Ok(n) => n,
+            Err(error) => {
+                tracing::warn!(gpu = index, %error, "cannot count the MIG devices");
+                return;
+            }
+        };
+        for d in 0..max {
+            let slice = match dev.mig_device_by_index(d) {
+                Ok(s) => s,
+                // No MIG device at this place: the card is not fully partitioned.
+                Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
+                Err(error) => {
+                    tracing::warn!(gpu = index, mig = d, %error, "cannot open a MIG device");
+                    continue;
+                }
+            };
+            let k = known.entry((index, Some(d))).or_default();
+            match read_slice(&slice, card, d, k) {
+                Ok((gpu, procs)) => {
+                    sample.gpus.push(gpu);
+                    sample.processes.extend(procs);
+                }
+                Err(error) => {
+                    tracing::warn!(gpu = index, mig = d, %error, "MIG device read failed; reported unhealthy");
+                    sample.gpus.push(GpuInfo {
+                        mig: Some(slice_info(card, d, k)),
+                        ..unhealthy(index, k, error)
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A device that could not be read, with what is known of it.
+fn unhealthy(index: u32, k: &Known, error: String) -> GpuInfo {
+    GpuInfo {
+        index,
+        uuid: k.uuid.clone(),
+        name: k.name.clone(),
+        memory_total_bytes: k.total,
+        memory_used_bytes: 0,
+        memory_free_bytes: 0,
+        compute_capability: k.compute_capability.clone(),
+        utilization_ratio: None,
+        mig_enabled: None,
+        accounting_enabled: None,
+        healthy: false,
+        error: Some(error),
+        mig: None,
+    }
+}
+
+/// Reads one MIG device `d` of `card`: name, UUID, memory (the slice's
+/// own: NVML's memory info on a MIG handle) and its processes.
+fn read_slice(
+    slice: &Device<'_>,
+    card: &GpuInfo,
+    d: u32,
+    known: &mut Known,
+) -> Result<(GpuInfo, Vec<ProcessObservation>), String> {
+    // Read every sample, not cached as a card's are: an administrator may
+    // destroy and create MIG instances while the sidecar runs, and the
+    // device at this place is then another slice.
+    let uuid = slice.uuid().map_err(|e| format!("uuid: {e}"))?;
+    if uuid != known.uuid {
+        known.name = slice.name().map_err(|e| format!("name: {e}"))?;
+        known.instance = legacy_mig_uuid_ids(&uuid);
+        known.uuid = uuid;
+    }
+    // A MIG device has its card's architecture.
+    known.compute_capability = card.compute_capability.clone();
+    let mem = slice.memory_info().map_err(|e| format!("memory: {e}"))?;
+    known.total = mem.total;
+    let procs = slice
+        .running_compute_processes()
+        .map_err(|e| format!("running processes: {e}"))?;
+    let slice_ref = SliceRef {
+        device: d,
+        profile: mig_profile_of(&known.name),
+    };
+    let mut out = Vec::with_capacity(procs.len());
+    for p in procs {
+        if p.gpu_instance_id.is_some() {
+            known.instance = (p.gpu_instance_id, p.compute_instance_id);
+        }
+        out.push(ProcessObservation {
+            pid: p.pid,
+            gpu: card.index,
+            mig: Some(slice_ref.clone()),
+            used_bytes: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => b,
+                UsedGpuMemory::Unavailable => 0,
+            },
+            max_bytes: None,
+            running: true,
+            job: None,
+        });
+    }
+    Ok((
+        GpuInfo {
+            index: card.index,
+            uuid: known.uuid.clone(),
+            name: known.name.clone(),
+            memory_total_bytes: mem.total,
+            memory_used_bytes: mem.used,
+            memory_free_bytes: mem.free,
+            compute_capability: known.compute_capability.clone(),
+            utilization_ratio: None,
+            mig_enabled: None,
+            accounting_enabled: Some(false),
+            healthy: true,
+            error: None,
+            mig: Some(slice_info(card, d, known)),
+        },
+        out,
+    ))
+}
+
+/// Where slice `d` of `card` sits, as far as it is known.
+fn slice_info(card: &GpuInfo, d: u32, k: &Known) -> MigSlice {
+    MigSlice {
+        device: d,
+        profile: mig_profile_of(&k.name),
+        parent_uuid: card.uuid.clone(),
+        gpu_instance_id: k.instance.0,
+        compute_instance_id: k.instance.1,
+    }
+}
+
+/// The profile in a MIG device's NVML name: `NVIDIA A100-SXM4-40GB MIG
+/// 1g.5gb` → `1g.5gb`; the whole name when it has no ` MIG ` part.
+pub fn mig_profile_of(name: &str) -> String {
+    name.rsplit_once(" MIG ")
+        .map_or(name, |(_, p)| p)
+        .trim()
+        .to_string()
+}
+
+/// The GPU and compute instance ids in a MIG UUID of drivers before R470
+/// (`MIG-GPU-<card uuid>/<gi>/<ci>`); later drivers' `MIG-<uuid>` carries none.
+pub fn legacy_mig_uuid_ids(uuid: &str) -> (Option<u32>, Option<u32>) {
+    let Some(rest) = uuid.strip_prefix("MIG-GPU-") else {
+        return (None, None);
+    };
+    let mut parts = rest.split('/').skip(1).map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(gi), ci) => (Some(gi), ci),
+        _ => (None, None),
     }
 }
 
@@ -202,31 +394,52 @@ impl GpuSource for NvmlSource {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let mut sample = SourceSample::default();
         for index in 0..self.count {
-            let k = known.entry(index).or_default();
+            let k = known.entry((index, None)).or_default();
             match self.read_device(index, k) {
                 Ok((gpu, procs)) => {
-                    sample.gpus.push(gpu);
+                    let mig_mode = gpu.mig_enabled == Some(true);
+                    sample.gpus.push(gpu.clone());
                     sample.processes.extend(procs);
+                    if mig_mode {
+                        self.read_slices(&gpu, &mut known, &mut sample);
+                    }
                 }
                 Err(error) => {
                     tracing::warn!(gpu = index, %error, "GPU read failed; reported unhealthy");
-                    sample.gpus.push(GpuInfo {
-                        index,
-                        uuid: k.uuid.clone(),
-                        name: k.name.clone(),
-                        memory_total_bytes: k.total,
-                        memory_used_bytes: 0,
-                        memory_free_bytes: 0,
-                        compute_capability: k.compute_capability.clone(),
-                        utilization_ratio: None,
-                        mig_enabled: None,
-                        accounting_enabled: None,
-                        healthy: false,
-                        error: Some(error),
-                    });
+                    sample.gpus.push(unhealthy(index, k, error));
                 }
             }
         }
         sample
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_is_read_from_nvmls_mig_device_name() {
+        assert_eq!(mig_profile_of("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), "1g.5gb");
+        assert_eq!(
+            mig_profile_of("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me"),
+            "1g.10gb+me"
+        );
+        assert_eq!(mig_profile_of("NVIDIA H200 MIG 7g.141gb"), "7g.141gb");
+        assert_eq!(mig_profile_of("Odd Name"), "Odd Name");
+    }
+
+    #[test]
+    fn instance_ids_come_from_old_mig_uuids_only() {
+        assert_eq!(
+            legacy_mig_uuid_ids("MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f/7/0"),
+            (Some(7), Some(0))
+        );
+        assert_eq!(
+            legacy_mig_uuid_ids("MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"),
+            (None, None)
+        );
+        assert_eq!(legacy_mig_uuid_ids("MIG-GPU-x/y/z"), (None, None));
+        assert_eq!(legacy_mig_uuid_ids("GPU-abc"), (None, None));
     }
 }

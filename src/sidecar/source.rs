@@ -5,7 +5,7 @@
 use super::attribution::JobKey;
 
 // The wire types live in `crate::wire` (one definition for server and clients).
-pub use crate::wire::sidecar::{Backend, GpuInfo};
+pub use crate::wire::sidecar::{Backend, GpuInfo, MigSlice, SliceRef};
 
 /// One process's use of one GPU at one sampling instant.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,6 +14,9 @@ pub struct ProcessObservation {
     pub pid: u32,
     /// GPU index.
     pub gpu: u32,
+    /// The MIG slice of GPU `gpu` it runs on (a slice is its own device:
+    /// its memory and peaks are the slice's, not the card's); None on a whole GPU.
+    pub mig: Option<SliceRef>,
     /// GPU memory the process holds now (0 once it has ended).
     pub used_bytes: u64,
     /// The process's exact maximum from NVML accounting, when accounting is on.

@@ -4,6 +4,11 @@
 //! job runs into: `peak_bytes` of a job is the largest per-GPU peak, the
 //! figure the advisor compares with one GPU's capacity.
 //!
+//! A MIG slice is a device of its own (its memory is isolated from its
+//! siblings'): a job's processes on a slice count on that slice, keyed by
+//! the card's index and the slice's place on it, never on the card or a
+//! sibling slice.
+//!
 //! Per GPU, the current value is the sum of the job's processes on it; the
 //! peak is the largest such sum seen. With NVML accounting on, each process
 //! contributes its exact lifetime maximum instead of its current use (the
@@ -21,8 +26,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::attribution::JobKey;
-use super::source::ProcessObservation;
+use super::source::{ProcessObservation, SliceRef};
 pub use crate::wire::sidecar::{JobGpuView, JobView, PeakMethod};
+
+/// A device a job's memory is tracked on: a whole GPU (`None`) or one MIG
+/// slice of it.
+type Device = (u32, Option<SliceRef>);
 
 /// Bounds on what the tracker keeps.
 #[derive(Debug, Clone)]
@@ -56,7 +65,7 @@ struct GpuUsage {
 #[derive(Debug, Clone)]
 struct TrackedJob {
     key: JobKey,
-    gpus: BTreeMap<u32, GpuUsage>,
+    gpus: BTreeMap<Device, GpuUsage>,
     processes: usize,
     first_seen: DateTime<Utc>,
     last_seen: DateTime<Utc>,
@@ -67,7 +76,7 @@ struct TrackedJob {
 
 /// One job in one sample: its key, per GPU (sum of current, sum of peak
 /// candidates, all from accounting?), and its running process count.
-type Seen = (JobKey, BTreeMap<u32, (u64, u64, bool)>, usize);
+type Seen = (JobKey, BTreeMap<Device, (u64, u64, bool)>, usize);
 
 /// The per-job state machine, fed one sample at a time.
 #[derive(Debug, Default)]
@@ -97,14 +106,17 @@ impl Tracker {
     /// Folds one sample in. Processes without a job are ignored; jobs with
     /// no process in this sample are marked ended (their peak is kept).
     pub fn update(&mut self, processes: &[ProcessObservation], now: DateTime<Utc>) {
-        // (job id) → (gpu) → (sum of current, sum of peak candidates, all exact?)
+        // (job id) → (device) → (sum of current, sum of peak candidates, all exact?)
         let mut seen: HashMap<String, Seen> = HashMap::new();
         for p in processes {
             let Some(job) = &p.job else { continue };
             let entry = seen
                 .entry(job.id())
                 .or_insert_with(|| (job.clone(), BTreeMap::new(), 0));
-            let g = entry.1.entry(p.gpu).or_insert((0, 0, true));
+            let g = entry
+                .1
+                .entry((p.gpu, p.mig.clone()))
+                .or_insert((0, 0, true));
             if p.running {
                 g.0 = g.0.saturating_add(p.used_bytes);
                 entry.2 += 1;
@@ -244,8 +256,9 @@ fn view(j: &TrackedJob, node: &str) -> JobView {
     let gpus: Vec<JobGpuView> = j
         .gpus
         .iter()
-        .map(|(gpu, u)| JobGpuView {
+        .map(|((gpu, mig), u)| JobGpuView {
             gpu: *gpu,
+            mig: mig.clone(),
             current_bytes: u.current,
             peak_bytes: u.peak,
             method: if u.exact {
@@ -308,6 +321,7 @@ mod tests {
         ProcessObservation {
             pid,
             gpu,
+            mig: None,
             used_bytes: used,
             max_bytes: max,
             running: true,
@@ -425,5 +439,37 @@ mod tests {
         let v = tr.read("11", "n", t(2)).expect("tracked");
         assert!(v.running);
         assert_eq!((v.current_bytes, v.peak_bytes), (10, 90));
+    }
+
+    #[test]
+    fn peaks_on_mig_slices_of_one_card_stay_apart_and_off_the_card() {
+        let (a, b) = (slurm("a"), slurm("b"));
+        let slice = |device: u32| {
+            Some(SliceRef {
+                device,
+                profile: "1g.10gb".into(),
+            })
+        };
+        let on = |pid: u32, device: u32, used: u64, job: &JobKey| ProcessObservation {
+            mig: slice(device),
+            ..obs(pid, 0, used, None, job)
+        };
+        let mut tr = Tracker::new(TrackerConfig::default());
+        // Two jobs on two slices of GPU 0; a second process of `a` on its slice.
+        tr.update(&[on(1, 0, 8, &a), on(2, 1, 3, &b), on(3, 0, 1, &a)], t(0));
+        tr.update(&[on(1, 0, 2, &a), on(2, 1, 9, &b)], t(1));
+        let va = tr.read("a", "n", t(1)).expect("tracked");
+        let vb = tr.read("b", "n", t(1)).expect("tracked");
+        assert_eq!((va.peak_bytes, va.current_bytes), (9, 2), "8 + 1 at t0");
+        assert_eq!((vb.peak_bytes, vb.current_bytes), (9, 9));
+        assert_eq!(va.gpus.len(), 1);
+        assert_eq!(va.gpus[0].mig, slice(0));
+        assert_eq!(vb.gpus[0].mig, slice(1));
+        // The same job on the whole GPU 1 and on slice 0 of GPU 0: two devices.
+        tr.update(&[on(1, 0, 4, &a), obs(4, 1, 50, None, &a)], t(2));
+        let va = tr.read("a", "n", t(2)).expect("tracked");
+        assert_eq!(va.gpus.len(), 2);
+        assert_eq!(va.peak_bytes, 50);
+        assert_eq!(va.gpus[0].peak_bytes, 9, "the slice keeps its own peak");
     }
 }

@@ -351,14 +351,17 @@ pub fn sidecar_gpu(
 }
 
 /// Picks the job's GPU out of the sidecar's GPU list (the first of the
-/// job's indices, else the first GPU) and turns it into a spec: the catalog
+/// job's indices, else the first GPU; a card in MIG mode by its first
+/// slice) and turns it into a spec: the catalog
 /// entry with the live memory, or the live values alone
 /// ([`GpuSpec::from_live`]); a GPU without memory is named only.
 pub fn gpu_from_sidecar(v: &GpusResponse, indices: &[u32]) -> Option<GpuRef> {
+    // A card in MIG mode runs jobs only on its slices: its first slice.
+    let mut usable = crate::sidecar::usable_devices(&v.gpus);
     let gpu = indices
         .first()
-        .and_then(|want| v.gpus.iter().find(|g| g.index == *want))
-        .or_else(|| v.gpus.first())?;
+        .and_then(|want| crate::sidecar::usable_devices(&v.gpus).find(|g| g.index == *want))
+        .or_else(|| usable.next())?;
     let name = gpu.name.clone();
     let m = gpu.memory_total_bytes;
     match lookup_gpu(&name) {
@@ -548,10 +551,12 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         None => None,
     };
     let (exit_status, derived_status) = plan::exit_state(env);
+    let (outputs, out_of_memory) = output_files(env, job_id, state.job_name.as_deref());
+    let mut host_oom = out_of_memory;
     let mut oom = false;
     let mut log = plan::LogFacts::default();
     let mut read_any = false;
-    for path in output_files(env, job_id, state.job_name.as_deref()) {
+    for path in outputs {
         let Some(tail) = read_output_tail(&path, env.get("SLURM_JOB_UID")) else {
             tracing::debug!(
                 "gpufit epilog: job {job_id}: output {} not readable",
@@ -561,6 +566,8 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         };
         read_any = true;
         oom |= is_cuda_oom(&tail);
+        // slurmstepd writes its cgroup oom-kill line into the job's output.
+        host_oom |= crate::core::logs::oom::first_host_oom_kill_line(&tail).is_some();
         if let Ok(parsed) = crate::core::logs::parse_str(&tail) {
             log.peak_memory_bytes = log.peak_memory_bytes.or(parsed.peak_memory_bytes());
             log.tokens_per_sec = log.tokens_per_sec.or(parsed.tokens_per_sec);
@@ -586,6 +593,7 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         exit_status,
         derived_status,
         oom,
+        host_oom,
         peak_memory_bytes: peak,
         log,
         ended_at: Utc::now(),
@@ -609,16 +617,20 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
 /// `StdErr=` (`scontrol show job`, the only source that knows `%x` and the
 /// default name for sure), then what the environment and the TaskProlog's
 /// saved job name allow (Slurm 22.05 gives the Epilog no
-/// `SLURM_JOB_STDOUT` when `--output` was not given).
-fn output_files(env: &Env, job_id: &str, job_name: Option<&str>) -> Vec<PathBuf> {
-    let mut paths = match run_with_timeout(
+/// `SLURM_JOB_STDOUT` when `--output` was not given). Also whether
+/// slurmctld says the job ran out of host memory (`JobState=OUT_OF_MEMORY`).
+fn output_files(env: &Env, job_id: &str, job_name: Option<&str>) -> (Vec<PathBuf>, bool) {
+    let (mut paths, out_of_memory) = match run_with_timeout(
         Command::new("scontrol").args(["show", "job", job_id]),
         EPILOG_HTTP_TIMEOUT,
     ) {
-        Ok(out) => plan::parse_scontrol_outputs(&out),
+        Ok(out) => (
+            plan::parse_scontrol_outputs(&out),
+            plan::scontrol_out_of_memory(&out),
+        ),
         Err(e) => {
             tracing::debug!("gpufit epilog: job {job_id}: {e}");
-            Vec::new()
+            (Vec::new(), false)
         }
     };
     for p in plan::output_candidates(env, job_name) {
@@ -626,7 +638,7 @@ fn output_files(env: &Env, job_id: &str, job_name: Option<&str>) -> Vec<PathBuf>
             paths.push(p);
         }
     }
-    paths
+    (paths, out_of_memory)
 }
 
 /// Reads the TaskProlog's state, trusting it only when the job's own user
@@ -800,6 +812,32 @@ mod tests {
             gpu_from_sidecar(&list(vec![gpu(0, "X", 0, "")]), &[0]),
             Some(GpuRef::Name("X".into()))
         );
+    }
+
+    #[test]
+    fn a_card_in_mig_mode_is_planned_for_as_its_slice_with_the_cards_capabilities() {
+        let card = serde_json::json!({"index": 0, "uuid": "GPU-0", "name": "NVIDIA A100-SXM4-40GB",
+            "memory_total_bytes": 42_949_672_960u64, "memory_used_bytes": 0,
+            "memory_free_bytes": 42_949_672_960u64, "compute_capability": "8.0",
+            "mig_enabled": true, "healthy": true});
+        let slice = serde_json::json!({"index": 0, "uuid": "MIG-1",
+            "name": "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "memory_total_bytes": 5_100_273_664u64,
+            "memory_used_bytes": 0, "memory_free_bytes": 5_100_273_664u64,
+            "compute_capability": "8.0", "healthy": true,
+            "mig": {"device": 0, "profile": "1g.5gb", "parent_uuid": "GPU-0"}});
+        let v: GpusResponse = serde_json::from_value(serde_json::json!({"node": "n1",
+            "backend": "nvml", "sampled_at": null, "gpus": [card, slice]}))
+        .expect("the sidecar's /v1/gpus shape");
+        for indices in [&[0u32][..], &[]] {
+            match gpu_from_sidecar(&v, indices) {
+                Some(GpuRef::Spec(s)) => {
+                    assert_eq!(s.name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb");
+                    assert_eq!(s.memory_bytes, 5_100_273_664, "the slice's live memory");
+                    assert!(s.bf16, "bf16 from the A100");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -695,6 +695,9 @@ pub struct JobEnd {
     pub derived_status: Option<i64>,
     /// A CUDA out-of-memory error was found in the job's output.
     pub oom: bool,
+    /// The job was killed for host memory: Slurm's `OUT_OF_MEMORY` state or
+    /// a cgroup oom-kill line in its output. Not a GPU OOM.
+    pub host_oom: bool,
     /// Peak GPU memory of the job from the sidecar.
     pub peak_memory_bytes: Option<u64>,
     /// What the job's own output says (log parsers), when it says anything.
@@ -819,6 +822,8 @@ pub fn build_run(
         key,
         s.settings.clone(),
         RunResult {
+            // A GPU OOM is the micro batch's lesson; a host kill the data loader's.
+            host_oom: outcome.host_oom && !success && !outcome.oom,
             success,
             failure_reason,
             peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),
@@ -880,6 +885,13 @@ pub fn output_path(pattern: &str, env: &Env) -> Option<PathBuf> {
         env.get("SLURM_JOB_WORK_DIR")
             .map(|d| Path::new(d).join(path))
     }
+}
+
+/// Whether `scontrol show job` says the job ended out of host memory
+/// (`JobState=OUT_OF_MEMORY`: its cgroup's OOM killer ended it).
+pub fn scontrol_out_of_memory(out: &str) -> bool {
+    out.split_whitespace()
+        .any(|f| f == "JobState=OUT_OF_MEMORY")
 }
 
 /// `StdOut=` and `StdErr=` of `scontrol show job` output: slurmctld's

@@ -225,6 +225,7 @@ fn record(
         global_batch: None,
         settings: s.clone(),
         result: RunResult {
+            host_oom: false,
             success: res.is_some(),
             failure_reason: res.is_none().then_some(FailureReason::Oom),
             peak_memory_bytes: res.map(|(d, _)| d as u64),

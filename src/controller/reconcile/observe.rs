@@ -269,6 +269,26 @@ pub fn classify_pods(pods: &[Pod]) -> Option<(AttemptOutcome, String)> {
     other.map(|msg| (AttemptOutcome::Failed, msg))
 }
 
+/// Whether a container of `pods` was killed for host memory: the kubelet's
+/// termination reason `OOMKilled` (its cgroup's memory limit), now or in
+/// its last state. Not a GPU OOM: the run stays `other_error`, and the
+/// data loader learns from it ([`crate::core::run::RunResult::host_oom`]).
+/// A bare exit code 137 is any SIGKILL (preemption, eviction), so only the
+/// reason counts.
+pub fn host_oom_killed(pods: &[Pod]) -> bool {
+    pods.iter()
+        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .flat_map(|cs| {
+            [
+                cs.state.as_ref().and_then(|s| s.terminated.as_ref()),
+                cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()),
+            ]
+        })
+        .flatten()
+        .any(|t| t.reason.as_deref() == Some("OOMKilled"))
+}
+
 fn time_str(t: Option<&Time>) -> Option<String> {
     t.map(|t| t.0.to_string())
 }
@@ -319,6 +339,7 @@ pub(super) async fn finish_attempt(
         let (outcome, msg) = classify_failure(job, pods);
         a.outcome = outcome;
         a.message = Some(msg.clone());
+        a.host_oom = outcome == AttemptOutcome::Failed && host_oom_killed(pods);
         if outcome == AttemptOutcome::Oom {
             ctx.metrics.ooms.inc();
             ctx.event(tj, EventType::Warning, "OutOfMemory", msg).await;

@@ -72,6 +72,7 @@ pub fn run_record(
         RunKey::of(w, gpu),
         settings,
         RunResult {
+            host_oom: a.outcome == AttemptOutcome::Failed && a.host_oom,
             success: a.outcome == AttemptOutcome::Succeeded,
             // Only finished attempts are recorded: Succeeded, Oom or Failed.
             failure_reason: match a.outcome {

@@ -60,7 +60,7 @@ use crate::core::run::{
 use crate::core::workload::Workload;
 
 use super::context::{Context, PeakQuery, PodRef};
-use super::observe::{classify_pods, reported_tokens_per_sec, unix};
+use super::observe::{classify_pods, host_oom_killed, reported_tokens_per_sec, unix};
 use super::peaks::read_peak;
 use super::MAX_PEAK_LOOKUPS;
 
@@ -256,6 +256,7 @@ pub fn run_record(
         RunKey::of(&w, gpu),
         settings,
         RunResult {
+            host_oom: outcome == AttemptOutcome::Failed && host_oom_killed(&pods),
             success,
             failure_reason: match outcome {
                 AttemptOutcome::Succeeded => None,
@@ -703,6 +704,26 @@ mod tests {
         let pods = [pod("llama-master-0", "master", 137, "", Some("OOMKilled"))];
         let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
         assert_eq!(r.result.failure_reason, Some(FailureReason::OtherError));
+        assert!(r.result.host_oom, "the data loader's lesson");
+        // A bare SIGKILL (preemption, eviction) is no host-memory kill.
+        let pods = [pod("llama-master-0", "master", 137, "", None)];
+        let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
+        assert_eq!(r.result.failure_reason, Some(FailureReason::OtherError));
+        assert!(!r.result.host_oom);
+        // A CUDA OOM on one worker and a host kill on another: the GPU's lesson.
+        let pods = [
+            pod("llama-master-0", "master", 137, "", Some("OOMKilled")),
+            pod(
+                "llama-worker-0",
+                "worker",
+                1,
+                "torch.OutOfMemoryError: CUDA out of memory.",
+                None,
+            ),
+        ];
+        let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
+        assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+        assert!(!r.result.host_oom);
     }
 
     #[test]

@@ -148,10 +148,9 @@ impl Ctx<'_> {
                     .key_runs
                     .iter()
                     .any(|r| r.result.success && r.settings.compile);
-                let compiled_broke = self
-                    .key_runs
-                    .iter()
-                    .any(|r| r.settings.compile && !r.result.success && !r.is_oom());
+                let compiled_broke = self.key_runs.iter().any(|r| {
+                    r.settings.compile && !r.result.success && !r.is_oom() && !r.result.host_oom
+                });
                 let baseline = self
                     .key_runs
                     .iter()

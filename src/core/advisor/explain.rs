@@ -180,6 +180,7 @@ impl<'a> Ctx<'a> {
                 self.req.gpu.compute_capability
             ));
         }
+        let (dataloader, host_memory) = self.dataloader(&mut warnings);
         let settings = EngineeringSettings {
             micro_batch_size: e.m,
             gradient_accumulation_steps: a,
@@ -187,7 +188,7 @@ impl<'a> Ctx<'a> {
             activation_checkpointing: e.cand.ckpt,
             activation_offloading: e.cand.offload,
             compile: e.cand.compile,
-            dataloader: self.dataloader(),
+            dataloader,
         };
         if let Some(advice) = self.eager_attention_advice(&settings) {
             warnings.push(advice);
@@ -201,7 +202,7 @@ impl<'a> Ctx<'a> {
             source,
             strategy: s,
             gpu: self.gpu_name().to_string(),
-            reasoning: format!("{reason}. {batch_sentence}"),
+            reasoning: format!("{reason}. {batch_sentence}{host_memory}"),
             warnings,
             predicted_tokens_per_sec: e.speed.predicted,
             measured_tokens_per_sec: e.speed.measured,
@@ -211,23 +212,47 @@ impl<'a> Ctx<'a> {
     /// Data-loader advice: one core per GPU stays with the training process;
     /// the rest (up to 8, beyond which tokenised text loading gains nothing)
     /// become workers. Pinned host memory speeds host→device copies; workers
-    /// persist across epochs to avoid re-forking.
-    fn dataloader(&self) -> DataLoaderSettings {
+    /// persist across epochs to avoid re-forking. A similar run killed for
+    /// host memory ([`learner::host_memory_lesson`]) lowers the workers and
+    /// turns pinned memory off — never the micro batch; the sentence for
+    /// the reasoning says so (empty otherwise).
+    fn dataloader(&self, warnings: &mut Vec<String>) -> (DataLoaderSettings, String) {
         let d = DataLoaderSettings::default();
-        let workers = self
-            .req
-            .pins
-            .num_workers
-            .unwrap_or_else(|| match self.opts.cpus_per_gpu {
-                Some(c) => c.saturating_sub(1).min(8),
-                None => d.num_workers,
-            });
-        DataLoaderSettings {
-            num_workers: workers,
-            pin_memory: true,
-            persistent_workers: workers > 0,
-            prefetch_factor: if workers > 0 { d.prefetch_factor } else { 0 },
+        let lesson = learner::host_memory_lesson(&self.key_runs);
+        let pinned = self.req.pins.num_workers;
+        let mut workers = pinned.unwrap_or_else(|| match self.opts.cpus_per_gpu {
+            Some(c) => c.saturating_sub(1).min(8),
+            None => d.num_workers,
+        });
+        let mut sentence = String::new();
+        if let Some(l) = lesson {
+            match pinned {
+                Some(p) if p > l.max_workers => warnings.push(format!(
+                    "num_workers is pinned at {p}, but a similar run with {} workers was killed for host memory: {} or fewer would be safer, or raise the job's memory limit",
+                    l.killed_with, l.max_workers
+                )),
+                Some(_) => {}
+                None => workers = workers.min(l.max_workers),
+            }
+            sentence = format!(
+                " {} similar run{} {} killed for host memory (OOMKilled / OUT_OF_MEMORY, not GPU memory; the smallest had {} data-loader worker{}), so the data loader gets {workers} worker{} and no pinned memory; the micro batch is not lowered for it.",
+                l.killed,
+                plural(l.killed),
+                if l.killed == 1 { "was" } else { "were" },
+                l.killed_with,
+                plural(l.killed_with as usize),
+                plural(workers as usize),
+            );
         }
+        (
+            DataLoaderSettings {
+                num_workers: workers,
+                pin_memory: lesson.is_none(),
+                persistent_workers: workers > 0,
+                prefetch_factor: if workers > 0 { d.prefetch_factor } else { 0 },
+            },
+            sentence,
+        )
     }
 
     /// `learned_from_failures`: every similar run failed, so micro batch 1
@@ -243,6 +268,8 @@ impl<'a> Ctx<'a> {
             .copied()
             .filter(|r| pins.dtype.is_none_or(|d| r.settings.dtype == d))
             .collect();
+        // A run killed for host memory says nothing about the GPU's.
+        let runs: Vec<&RunRecord> = runs.into_iter().filter(|r| !r.result.host_oom).collect();
         if runs.is_empty() || runs.iter().any(|r| r.result.success) {
             return Ok(None);
         }

@@ -17,10 +17,10 @@ use crate::core::workload::Framework;
 /// | framework | scored rows | under-predicted | 99th percentile of the raise |
 /// |---|---|---|---|
 /// | hf | 441 | 187 | 11.1 % (11.04) |
-/// | litgpt | 51 | 41 | 10.4 % (10.38) |
-/// | torchtune | 4 | 4 | 8.0 % (7.97) |
+/// | litgpt | 67 | 49 | 16.2 % (16.11) |
+/// | torchtune | 9 | 7 | 16.5 % (16.45) |
 /// | lightning | 11 | 0 | — |
-/// | all rows | 507 | 232 | 11.1 % (11.03) |
+/// | all rows | 528 | 243 | 15.6 % (15.60) |
 ///
 /// Why the 99th and not the 95th percentile: a first run must not run out
 /// of memory. With the 95th (9.9 % for hf since the memory model learnt
@@ -37,18 +37,22 @@ use crate::core::workload::Framework;
 /// became the raise of the estimate rather than the shortfall's share of
 /// the measurement (a row 10.3 % under needs 11.5 %). Back to 11.1 % when
 /// the default allocator's shares were refitted under the bound that no
-/// row falls more than 10 % short (`memory::allocator`).
+/// row falls more than 10 % short (`memory::allocator`). litgpt's rose from
+/// 10.4 to 16.2 %, torchtune's from 8.0 to 16.5 % and the all-rows figure
+/// from 11.1 to 15.6 % when every published row was scored (issue 40):
+/// litgpt's 2024 config-hub QLoRA rows are 8–14 % under and torchtune's
+/// 8-bit AdamW row 14 % (BENCHMARKS.md).
 ///
 /// Entries: (framework, 99th percentile, under-predicted rows it rests on).
 pub const UNDER_PREDICTION_P99: &[(Framework, f64, usize)] = &[
     (Framework::Hf, 0.111, 187),
-    (Framework::Litgpt, 0.104, 41),
-    (Framework::Torchtune, 0.080, 4),
+    (Framework::Litgpt, 0.162, 49),
+    (Framework::Torchtune, 0.165, 7),
 ];
 
 /// See [`UNDER_PREDICTION_P99`]: the all-rows figure, the margin of the
 /// frameworks without enough rows of their own (generic, lightning).
-pub const UNDER_PREDICTION_P99_ALL: f64 = 0.111;
+pub const UNDER_PREDICTION_P99_ALL: f64 = 0.156;
 
 /// A framework's own figure counts alone from this many under-predicted
 /// rows; below it the all-rows figure is the floor (a small sample proves
@@ -95,7 +99,7 @@ mod tests {
         // enough rows: the framework's own figure, even below the floor
         assert_eq!(under_prediction_margin(Framework::Hf), 0.111);
         // few rows: the larger of their own figure and the all-rows one
-        // (torchtune's own 8.0 % rests on 4 rows)
+        // (torchtune's own 16.5 % rests on 7 rows)
         let own = UNDER_PREDICTION_P99
             .iter()
             .find(|(f, _, _)| *f == Framework::Torchtune)

@@ -163,6 +163,7 @@ fn run(m: u32, dtype: Dtype, ckpt: bool) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
+            host_oom: false,
             success: true,
             failure_reason: None,
             peak_memory_bytes: None,
@@ -1081,6 +1082,103 @@ fn data_loader_advice_follows_the_cpus_per_gpu() {
     let s = suggest_with(&req, &few).unwrap();
     assert_eq!(s.settings.dataloader.num_workers, 0);
     assert!(!s.settings.dataloader.persistent_workers);
+}
+
+/// A run killed for host memory (Kubernetes `OOMKilled`, Slurm
+/// `OUT_OF_MEMORY`) with `workers` data-loader workers and pinned memory.
+fn host_killed(m: u32, workers: u32) -> RunRecord {
+    let mut r = ok(m);
+    r.result.success = false;
+    r.result.failure_reason = Some(FailureReason::OtherError);
+    r.result.host_oom = true;
+    r.settings.dataloader.num_workers = workers;
+    r.settings.dataloader.pin_memory = true;
+    r
+}
+
+#[test]
+fn a_host_memory_kill_lowers_the_workers_and_unpins_memory_not_the_micro_batch() {
+    let fresh = balanced(&[]);
+    let s = balanced(&[host_killed(fresh.settings.micro_batch_size, 8)]);
+    assert_eq!(
+        s.settings.micro_batch_size, fresh.settings.micro_batch_size,
+        "the micro batch is the one without the kill"
+    );
+    assert_eq!(
+        s.settings.dataloader.num_workers, 4,
+        "half the 8 that were killed"
+    );
+    assert!(!s.settings.dataloader.pin_memory);
+    assert!(s.settings.dataloader.persistent_workers);
+    assert!(
+        s.reasoning.contains("killed for host memory")
+            && s.reasoning.contains("4 workers and no pinned memory"),
+        "{}",
+        s.reasoning
+    );
+    // The same failure as a GPU OOM is the other lesson: a smaller micro batch.
+    let mut gpu_oom = host_killed(fresh.settings.micro_batch_size, 8);
+    gpu_oom.result.host_oom = false;
+    gpu_oom.result.failure_reason = Some(FailureReason::Oom);
+    let g = balanced(&[gpu_oom]);
+    assert!(g.settings.micro_batch_size < fresh.settings.micro_batch_size);
+    assert!(g.settings.dataloader.pin_memory);
+    assert!(!g.reasoning.contains("host memory"), "{}", g.reasoning);
+}
+
+#[test]
+fn repeated_host_memory_kills_keep_halving_and_a_later_success_with_more_workers_lifts_them() {
+    let m = balanced(&[]).settings.micro_batch_size;
+    let mut first = host_killed(m, 8);
+    first.timestamp = Utc::now() - chrono::Duration::hours(2);
+    let mut second = host_killed(m, 4);
+    second.timestamp = Utc::now() - chrono::Duration::hours(1);
+    let s = balanced(&[first.clone(), second.clone()]);
+    assert_eq!(
+        s.settings.dataloader.num_workers, 2,
+        "half the fewest killed (4)"
+    );
+    assert!(
+        s.reasoning.contains("2 similar runs were killed"),
+        "{}",
+        s.reasoning
+    );
+    // One worker killed: none next time.
+    let s = balanced(&[host_killed(m, 1)]);
+    assert_eq!(s.settings.dataloader.num_workers, 0);
+    assert!(!s.settings.dataloader.persistent_workers);
+    // A later success with 8 workers (its memory limit raised): both kills forgotten.
+    let mut later = ok(m);
+    later.settings.dataloader.num_workers = 8;
+    let s = balanced(&[first, second, later]);
+    assert_eq!(s.settings.dataloader.num_workers, 8);
+    assert!(s.settings.dataloader.pin_memory);
+    assert!(!s.reasoning.contains("host memory"), "{}", s.reasoning);
+}
+
+#[test]
+fn a_pinned_worker_count_is_kept_with_a_warning_after_a_host_memory_kill() {
+    let pins = Pins {
+        num_workers: Some(6),
+        ..Pins::default()
+    };
+    let s = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &pins,
+        &[host_killed(2, 6)],
+    )
+    .expect("a suggestion");
+    assert_eq!(s.settings.dataloader.num_workers, 6);
+    assert!(!s.settings.dataloader.pin_memory);
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("pinned at 6") && w.contains("3 or fewer")),
+        "{:?}",
+        s.warnings
+    );
 }
 
 #[test]

@@ -513,13 +513,15 @@ pub fn lookup_gpu(name: &str) -> Result<GpuSpec, CatalogError> {
 
 /// A MIG slice named by a card alias and a profile (`a100-40gb MIG
 /// 1g.5gb`, `h100-sxm-mig-1g.10gb+me`): the card resolved on its own, the
-/// profile's media-extension suffix (`+me`: same memory) dropped.
+/// profile's media-extension suffix (`+me`, or `.me` as GPU Feature
+/// Discovery writes it in resource names: same memory) dropped.
 fn mig_by_parts(name: &str) -> Option<GpuSpec> {
     let at = name.to_ascii_lowercase().rfind("mig")?;
     let (parent, profile) = (&name[..at], &name[at + 3..]);
     let profile = profile
         .trim_matches(|c: char| !c.is_ascii_alphanumeric())
-        .trim_end_matches("+me");
+        .trim_end_matches("+me")
+        .trim_end_matches(".me");
     let card = lookup_gpu(parent.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())).ok()?;
     let idx = index();
     let key = normalize(&format!("{} MIG {profile}", card.name));
@@ -713,6 +715,15 @@ mod tests {
         // a card alias, the media-extension variant, the resource name
         let me = lookup_gpu("h100-sxm MIG 1g.10gb+me").unwrap();
         assert_eq!(me.name, "NVIDIA H100 80GB HBM3 MIG 1g.10gb");
+        // GPU Feature Discovery's spelling of the same (`+` as `.`).
+        assert_eq!(
+            lookup_gpu("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me").unwrap(),
+            me
+        );
+        assert_eq!(
+            lookup_mig("NVIDIA-H100-80GB-HBM3", "1g.10gb.me").unwrap(),
+            me
+        );
         let r = lookup_mig("NVIDIA-A100-SXM4-80GB", "mig-1g.10gb").unwrap();
         assert_eq!(r.memory_bytes, 9728 * MIB);
         assert_eq!(

@@ -30,7 +30,9 @@ fn did_you_mean(s: &[String]) -> String {
 }
 
 pub use gpus::{all_gpus, all_mig_slices, lookup_gpu, lookup_mig, GpuSpec};
-pub use models::{all_models, arch_from_hf_config, lookup_model, ModelRef};
+pub use models::{
+    all_models, arch_from_hf_config, lookup_model, small_task_head_in_hf_config, ModelRef,
+};
 
 /// Levenshtein distance over bytes (names are ASCII after normalisation),
 /// used to list close matches for an unknown name.

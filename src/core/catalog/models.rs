@@ -976,6 +976,32 @@ fn sliding_window(v: &Value, model_type: &str) -> u32 {
     }
 }
 
+/// Whether a config.json's `architectures` names a task head of a few
+/// outputs per sequence or token (`BertForSequenceClassification`,
+/// `…ForTokenClassification`, `…ForQuestionAnswering`,
+/// `…ForMultipleChoice`) rather than one over the vocabulary
+/// (`…ForCausalLM`, `…ForMaskedLM`): `from_pretrained` of such a class
+/// builds that head. `false` when the field is absent or names none.
+pub fn small_task_head_in_hf_config(json: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<Value>(json) else {
+        return false;
+    };
+    v.get("architectures")
+        .and_then(Value::as_array)
+        .is_some_and(|list| {
+            list.iter().filter_map(Value::as_str).any(|a| {
+                [
+                    "ForSequenceClassification",
+                    "ForTokenClassification",
+                    "ForQuestionAnswering",
+                    "ForMultipleChoice",
+                ]
+                .iter()
+                .any(|suffix| a.ends_with(suffix))
+            })
+        })
+}
+
 /// Parses a Hugging Face `config.json` text into an architecture.
 ///
 /// Understands the Llama/Mistral/Qwen/Gemma/Phi-3/Mixtral key names

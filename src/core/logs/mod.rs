@@ -171,6 +171,7 @@ impl ParsedLog {
             _ => None,
         };
         RunResult {
+            host_oom: false,
             success,
             failure_reason,
             peak_memory_bytes: self.peak_memory_bytes(),

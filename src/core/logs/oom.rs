@@ -109,6 +109,27 @@ pub fn failure_reason(text: &str) -> FailureReason {
     }
 }
 
+/// The lines Slurm's slurmstepd and srun write into a job's output when
+/// the job's cgroup ran out of host memory (Slurm `src/slurmd/slurmstepd`,
+/// `task/cgroup` and `jobacct_gather`): `Detected 1 oom_kill event in
+/// StepId=7.0. Some of the step tasks have been OOM Killed.` (older:
+/// `Detected 1 oom-kill event(s) in StepId=7.batch. Some of your processes
+/// may have been killed by the cgroup out-of-memory handler.`), `StepId=7.0
+/// exceeded memory limit (734003200 > 52428800), being killed`, and srun's
+/// `task 0: Out Of Memory`. Host memory, never the GPU's.
+static HOST_OOM_KILL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\bdetected \d+ oom[-_]kill event|\bexceeded memory limit \(\d+ > \d+\), being killed|\btasks? [\d,-]+: out of memory\s*$",
+    )
+    .expect("static regex")
+});
+
+/// The first line of `text` that says the host's OOM killer (a cgroup
+/// memory limit) ended the job, as Slurm writes it ([`HOST_OOM_KILL`]).
+pub fn first_host_oom_kill_line(text: &str) -> Option<&str> {
+    text.lines().find(|l| HOST_OOM_KILL.is_match(l.trim_end()))
+}
+
 /// The first line of `text` that is a GPU out-of-memory error.
 pub fn first_oom_line(text: &str) -> Option<&str> {
     text.lines().find(|l| is_oom_line(l))
@@ -273,6 +294,29 @@ mod tests {
             ("", OtherError),
         ] {
             assert_eq!(failure_reason(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn slurms_cgroup_oom_kill_lines_are_host_memory_and_cuda_ooms_are_not() {
+        for line in [
+            "slurmstepd: error: Detected 1 oom_kill event in StepId=1054.0. Some of the step tasks have been OOM Killed.",
+            "[2026-09-21T10:00:00.123] error: Detected 2 oom_kill events in StepId=7.0. Some of the step tasks have been OOM Killed.",
+            "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=7.batch. Some of your processes may have been killed by the cgroup out-of-memory handler.",
+            "slurmstepd: error: StepId=7.batch exceeded memory limit (734003200 > 52428800), being killed",
+            "srun: error: nid005475: tasks 0-2,5,7: Out Of Memory",
+            "srun: error: ana: task 0: Out Of Memory",
+        ] {
+            let text = format!("step 10 loss 1.2\n{line}\n");
+            assert_eq!(super::first_host_oom_kill_line(&text), Some(line), "{line}");
+        }
+        for text in [
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            "RuntimeError: CUDA error: out of memory",
+            "task 0 finished; memory fine",
+            "",
+        ] {
+            assert_eq!(super::first_host_oom_kill_line(text), None, "{text}");
         }
     }
 

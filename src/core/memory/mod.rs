@@ -1278,6 +1278,94 @@ mod tests {
     }
 
     #[test]
+    fn torchtune_compiles_its_loss_to_the_16_bit_logits_and_steps_in_backward() {
+        // torchtune compiles each chunk's upcast + cross-entropy: the loss
+        // holds the chunks' bf16 logits and, in backward, one chunk's bf16
+        // gradient (Llama 3.2 3B: 128,256 entries, 8 chunks); eager, its
+        // fp32 log-probs are saved too.
+        let mut w = workload("meta-llama/Llama-3.2-3B", Method::Lora);
+        w.framework = Framework::Torchtune;
+        let mut s = settings(1, Dtype::Bf16, true);
+        s.compile = true;
+        let o = ModelOptions::default();
+        let tv = 2048.0 * 128_256.0;
+        let compiled = phase_terms(&w, &s, &o).logits;
+        assert!(
+            (compiled - tv * 2.0 * (1.0 + 1.0 / 8.0)).abs() < 1.0,
+            "{compiled}"
+        );
+        s.compile = false;
+        assert!(phase_terms(&w, &s, &o).logits > tv * 6.0);
+        // a full fine-tune steps in backward: only the head's gradient is
+        // made, and it exists at backward's start; with accumulation
+        // torchtune refuses optimizer_in_bwd, so every gradient is kept
+        let mut full = w.clone();
+        full.method = Method::Full;
+        full.lora = None;
+        let one = phase_terms(&full, &s, &o);
+        let head = 128_256.0 * 3_072.0 * 2.0;
+        assert!((one.grads - head).abs() < 1.0, "{}", one.grads);
+        assert!((one.grads_in_a - head).abs() < 1.0, "{}", one.grads_in_a);
+        s.gradient_accumulation_steps = 4;
+        let acc = phase_terms(&full, &s, &o);
+        assert!(acc.grads > 3.0e9 * 2.0, "{}", acc.grads);
+        assert_eq!(acc.grads_in_a, acc.grads);
+    }
+
+    #[test]
+    fn fabric_quantizes_litgpts_head_and_dequantizes_through_fp16() {
+        // litgpt's `--quantize bnb.nf4` (Lightning Fabric's
+        // BitsandbytesPrecision) replaces every nn.Linear, the output head
+        // too: Llama 3.1 8B's 128,256 × 4,096 head is stored in 4.5 bits,
+        // not 16; and the dequantized copy of the largest 4-bit linear (that
+        // head) is fp16 then bf16, both alive: 4 bytes per weight in phase A.
+        let mut w = workload("meta-llama/Llama-3.1-8B", Method::Qlora);
+        w.framework = Framework::Litgpt;
+        let o = ModelOptions {
+            base_quant: Some(BaseQuant::Nf4NoDoubleQuant),
+            ..ModelOptions::default()
+        };
+        let head = 128_256.0 * 4_096.0;
+        let terms = |w: &Workload, d: Dtype| phase_terms(w, &settings(1, d, false), &o);
+        let lit = terms(&w, Dtype::Bf16);
+        assert!(
+            (lit.weights_transient_a - 4.0 * head).abs() < 1.0,
+            "{}",
+            lit.weights_transient_a
+        );
+        // fp16 compute: the fp16 dequantization is the matmul's operand
+        let fp16 = terms(&w, Dtype::Fp16);
+        assert!((fp16.weights_transient_a - 2.0 * head).abs() < 1.0);
+        // transformers' bitsandbytes integration keeps its head unquantized
+        // and dequantizes one block linear (14,336 × 4,096) into bf16
+        let mut hf = w.clone();
+        hf.framework = Framework::Torchtune;
+        let other = terms(&hf, Dtype::Bf16);
+        assert!((other.weights_transient_a - 2.0 * 14_336.0 * 4_096.0).abs() < 1.0);
+        // the stored head: 4.5 bits under litgpt, 16 bits once LoRA is not
+        // 4-bit (litgpt LoRA: the same model in bf16 stores the head at 2)
+        let stored = |w: &Workload, o: &ModelOptions| {
+            estimate_with(w, &settings(1, Dtype::Bf16, false), o)
+                .unwrap()
+                .breakdown
+                .weights as f64
+                - phase_terms(w, &settings(1, Dtype::Bf16, false), o).weights_transient_a
+        };
+        let mut plain = w.clone();
+        plain.framework = Framework::Generic;
+        let saved = stored(&plain, &o) - stored(&w, &o);
+        assert!(
+            (saved - head * (2.0 - 4.5 / 8.0)).abs() < head * 0.01,
+            "{saved}"
+        );
+        // a full fine-tune quantizes nothing
+        let mut full = w.clone();
+        full.method = Method::Full;
+        full.lora = None;
+        assert_eq!(terms(&full, Dtype::Bf16).weights_transient_a, 0.0);
+    }
+
+    #[test]
     fn old_bitsandbytes_keeps_each_quantized_linears_input() {
         // bitsandbytes before 0.43.2 kept `MatMul4Bit`'s input on
         // `ctx.tensors`; a plain frozen linear saves nothing. Llama 3.2 1B

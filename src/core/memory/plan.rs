@@ -3,29 +3,34 @@
 //! (storage → gradients → optimizer → loss buffers → activations).
 
 use crate::core::settings::EngineeringSettings;
-use crate::core::workload::{Method, Workload};
+use crate::core::workload::{Framework, Method, Workload};
 
 use super::activations;
 use super::allocator::{CACHING_ALLOCATOR, EXPANDABLE_SEGMENTS};
 use super::constants::{
     COMPILE_BLOCK_FACTOR, COMPILE_LOSS_FACTOR, CUBLAS_WORKSPACES_BYTES, CUDA_CONTEXT_BYTES,
+    TORCHTUNE_CE_CHUNKS,
 };
 use super::loss;
+use super::precision::{activation_dtype, compute_bytes};
 use super::storage::{gradients, largest_size_blocks, layout, optimizer, weights};
-use super::types::{Activations, AllocatorSetup, LossBuffers, ModelOptions, Overheads, Plan};
+use super::types::{Activations, AllocatorSetup, Head, LossBuffers, ModelOptions, Overheads, Plan};
 
 /// The plan of a workload under some settings.
 pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -> Plan {
     let l = layout(w, s);
     let weights = weights(w, s, opts, &l);
     let mut gradients = gradients(w, s, opts, &l);
-    let mut optimizer = optimizer(w, opts, &l);
+    let mut optimizer = optimizer(w, s, opts, &l);
     (gradients.largest_size_blocks, gradients.second_use_block) =
         largest_size_blocks(w, &l, gradients.largest_block, optimizer.step_temporaries);
     let mut loss = loss::buffers(w, s, opts);
     let mut activations = activations::per_sample(w, s, opts, &loss);
     if s.compile {
         compiled(&mut activations, &mut loss);
+        if w.framework == Framework::Torchtune && opts.head == Head::LanguageModel {
+            torchtune_compiled_loss(w, s, opts, &mut loss);
+        }
     }
     let checkpointing = s.activation_checkpointing;
     // AdamW and the others make their states in the first `step()`, and a
@@ -80,6 +85,27 @@ fn compiled(acts: &mut Activations, loss: &mut LossBuffers) {
     loss.head_output = 0.0;
 }
 
+/// torchtune under `compile: True` compiles only the upcast and
+/// cross-entropy of each chunk of `CEWithChunkedOutputLoss`
+/// (torchtune/training/_compile.py `compile_loss`:
+/// `loss.compute_cross_entropy = torch.compile(loss.compute_cross_entropy)`,
+/// not the chunking). Inductor fuses the fp32 upcast and the log-softmax
+/// into the loss kernel and recomputes them in backward from the chunk's
+/// 16-bit logits, so the loss holds the chunks' logits (kept for that
+/// backward) and, in backward, one chunk's 16-bit gradient: not the fitted
+/// HF factor, which scales a loss that keeps its fp32 log-probs.
+fn torchtune_compiled_loss(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+    loss: &mut LossBuffers,
+) {
+    let tv = w.seq_len as f64 * w.model.vocab_size as f64;
+    let e = compute_bytes(activation_dtype(w, s, opts));
+    loss.at_forward_end = tv * e;
+    loss.peak = tv * (e + e / TORCHTUNE_CE_CHUNKS);
+}
+
 /// The optimizer step's bytes alone (see `storage::optimizer`), without
 /// the rest of the plan: the throughput model asks for them once per
 /// candidate.
@@ -88,5 +114,5 @@ pub(super) fn optimizer_step_bytes(
     s: &EngineeringSettings,
     opts: &ModelOptions,
 ) -> f64 {
-    optimizer(w, opts, &layout(w, s)).step_traffic
+    optimizer(w, s, opts, &layout(w, s)).step_traffic
 }

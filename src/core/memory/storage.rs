@@ -231,12 +231,16 @@ pub(super) fn adafactor_state_elems(w: &Workload) -> f64 {
 
 /// Whether the optimizer step runs inside backward, one parameter at a
 /// time (torchtune `optimizer_in_bwd: True`, shipped in its single-device
-/// full fine-tune configs): gradients never all exist at once.
-pub(super) fn optimizer_in_backward(w: &Workload) -> bool {
+/// full fine-tune configs): gradients never all exist at once. torchtune
+/// refuses it with gradient accumulation ("Gradient accumulation is not
+/// supported with optimizer in bwd", recipes/full_finetune_single_device.py),
+/// so an accumulating run steps after backward with every gradient.
+pub(super) fn optimizer_in_backward(w: &Workload, s: &EngineeringSettings) -> bool {
     w.framework == Framework::Torchtune
         && w.method == Method::Full
         && w.gpus == 1
         && w.sharding == Sharding::None
+        && s.gradient_accumulation_steps <= 1
 }
 
 /// Stored weights (frozen and trainable, with master copies) and the
@@ -279,15 +283,59 @@ pub(super) fn weights(
     // Quantized bases are dequantized one linear at a time into the compute
     // dtype for the matmul (bitsandbytes `dequantize_4bit`).
     if base_quant(w, opts) != BaseQuant::None && w.method != Method::Full {
-        weights.phase_a_copies += p.largest_linear * l.compute_elem_bytes;
+        weights.phase_a_copies += if fabric_quantizes_head(w, opts) {
+            fabric_dequantized_linear(s, l)
+        } else {
+            p.largest_linear * l.compute_elem_bytes
+        };
     }
     weights
 }
 
+/// Whether Lightning Fabric's `BitsandbytesPrecision` quantized the base,
+/// as litgpt's `--quantize bnb.*` does: its `module_init_context` swaps
+/// `torch.nn.Linear` for a bitsandbytes layer while the model is built
+/// (`_ClassReplacementContextManager`, lightning/fabric/plugins/precision/
+/// bitsandbytes.py at 29136332, the `lightning==2.3.0.dev20240428` litgpt
+/// 0.4.5 pinned), and litgpt passes no `ignore_modules`, so every linear
+/// is replaced — the output head (`lm_head`, a `LoRALinear` whose `linear`
+/// is an `nn.Linear`) too, not only the block linears. Only 4-bit modes:
+/// `bnb.int8-training` keeps 16-bit weights.
+fn fabric_quantizes_head(w: &Workload, opts: &ModelOptions) -> bool {
+    w.framework == Framework::Litgpt
+        && w.method != Method::Full
+        && matches!(
+            base_quant(w, opts),
+            BaseQuant::Nf4 | BaseQuant::Nf4NoDoubleQuant
+        )
+}
+
+/// The dequantized copy of the largest 4-bit linear under Fabric, alive
+/// while its matmul runs (forward, and again in backward while every saved
+/// activation is still held — the output head's backward is the first).
+/// Fabric quantizes from fp16 (`_Linear4bit.quantize`:
+/// `weight.to(device, dtype=torch.half)`), so `quant_state.dtype` is fp16
+/// and bitsandbytes' `MatMul4Bit` (autograd/_functions.py, 0.41–0.43:
+/// `F.dequantize_4bit(B, state).to(A.dtype)`) makes an fp16 copy and then,
+/// for bf16 or fp32 activations, a second copy in their dtype while the
+/// first is alive. The largest is the output head (vocab × hidden) for
+/// every model litgpt ships.
+fn fabric_dequantized_linear(s: &EngineeringSettings, l: &Layout) -> f64 {
+    let p = &l.params;
+    let fp16 = 2.0;
+    let cast = if s.dtype == Dtype::Fp16 {
+        0.0
+    } else {
+        l.compute_elem_bytes
+    };
+    p.head.max(p.largest_linear) * (fp16 + cast)
+}
+
 /// The frozen base's bytes on this GPU: quantized block linears; the
-/// embeddings, head and norms in the compute dtype (bitsandbytes and
-/// torchtune quantize only the block linears), or in fp32 under PEFT's
-/// k-bit recipe ([`kbit_recipe`]).
+/// embeddings, head and norms in the compute dtype (transformers'
+/// bitsandbytes integration and torchtune quantize only the block linears;
+/// litgpt's Fabric also the head, [`fabric_quantizes_head`]), or in fp32
+/// under PEFT's k-bit recipe ([`kbit_recipe`]).
 fn frozen_weights(w: &Workload, opts: &ModelOptions, l: &Layout) -> f64 {
     let (pb, e) = (l.param_elem_bytes, l.compute_elem_bytes);
     let (frozen_body, frozen_rest) = match w.method {
@@ -322,9 +370,17 @@ fn frozen_weights(w: &Workload, opts: &ModelOptions, l: &Layout) -> f64 {
         BaseQuant::Nf4 => NF4_BYTES_PER_PARAM,
         BaseQuant::Nf4NoDoubleQuant => NF4_NO_DQ_BYTES_PER_PARAM,
     };
+    // Fabric quantizes litgpt's output head as well ([`fabric_quantizes_head`]);
+    // litgpt's head is always its own matrix (see `layout`).
+    let quantized_head = if fabric_quantizes_head(w, opts) {
+        l.params.head.min(frozen_rest)
+    } else {
+        0.0
+    };
     (quantized_body * frozen_body_bytes
         + unquantized_body * unquantized_body_bytes
-        + frozen_rest * frozen_rest_bytes)
+        + quantized_head * frozen_body_bytes
+        + (frozen_rest - quantized_head) * frozen_rest_bytes)
         / l.param_shards
 }
 
@@ -384,7 +440,7 @@ pub(super) fn gradients(
         // unless `gradient_as_bucket_view=True` (torch DDP docs).
         g.total += trainable * grad_bytes;
     }
-    if optimizer_in_backward(w) {
+    if optimizer_in_backward(w, s) {
         // Only the gradient being applied exists: the largest tensor.
         g.total = p.head.max(p.largest_linear) * grad_bytes;
     }
@@ -395,7 +451,7 @@ pub(super) fn gradients(
         && l.gradient_shards == 1.0
         && !l.deepspeed
         && w.gpus <= 1
-        && !optimizer_in_backward(w)
+        && !optimizer_in_backward(w, s)
     {
         g.largest_block = p.largest_param() * grad_bytes;
     }
@@ -407,6 +463,16 @@ pub(super) fn gradients(
     // default `set_to_none=False`).
     if s.gradient_accumulation_steps > 1 || opts.grads_kept_between_steps {
         g.kept_in_phase_a = g.total;
+    }
+    // With the step inside backward, the output head's gradient is the
+    // first one made and it accumulates over every chunk of torchtune's
+    // chunked output (and, tied, over the embedding's use at the very end)
+    // before its hook (`register_post_accumulate_grad_hook`,
+    // torchtune/training/memory.py `register_optim_in_bwd_hooks`) steps and
+    // frees it: it exists beside the loss path's buffers and the saved
+    // activations at the start of backward, the phase-A peak.
+    if optimizer_in_backward(w, s) {
+        g.kept_in_phase_a = p.head * grad_bytes;
     }
     g
 }
@@ -459,7 +525,12 @@ fn optimizer_impl(w: &Workload, opts: &ModelOptions, l: &Layout) -> OptimizerImp
 
 /// Optimizer state, the optimizer step's temporaries (phase B) and the
 /// bytes the step moves.
-pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout) -> OptimizerTerms {
+pub(super) fn optimizer(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+    l: &Layout,
+) -> OptimizerTerms {
     let trainable = l.trainable_params;
     // torch optimizers create state like the parameter (`zeros_like(p)`),
     // so AdamW on bf16 params keeps bf16 moments; DeepSpeed keeps fp32.
@@ -485,7 +556,7 @@ pub(super) fn optimizer(w: &Workload, opts: &ModelOptions, l: &Layout) -> Optimi
     // buffer. Fused kernels make none; bitsandbytes and SGD update in place.
     let imp = optimizer_impl(w, opts, l);
     let step_temporaries = match (w.optimizer, imp) {
-        _ if optimizer_in_backward(w) => 0.0,
+        _ if optimizer_in_backward(w, s) => 0.0,
         (Optimizer::Adamw, OptimizerImpl::Foreach) => trainable * state_elem / l.optimizer_shards,
         // transformers' legacy AdamW: `exp_avg_sq.sqrt()` of one parameter.
         (Optimizer::Adamw, OptimizerImpl::PerParameter) => l.params.largest_param() * state_elem,

@@ -395,6 +395,7 @@ fn the_run_says_success_oom_or_other_error_from_the_exit_state() {
             exit_status: *exit,
             derived_status: *derived,
             oom: *oom,
+            host_oom: false,
             peak_memory_bytes: Some(123),
             log: LogFacts::default(),
             ended_at: end,
@@ -471,6 +472,50 @@ fn the_output_pattern_is_filled_in_like_slurm_does() {
     }
 }
 
+/// Slurm's `OUT_OF_MEMORY` (or a cgroup oom-kill line) is a host-memory
+/// kill: `other_error` for the micro batch, flagged for the data loader; a
+/// CUDA OOM in the same job stays the GPU's.
+#[test]
+fn a_host_memory_kill_is_an_other_error_flagged_for_the_data_loader() {
+    let end: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")
+        .unwrap()
+        .into();
+    let mut out = JobEnd {
+        // 9 << 8 would be SIGKILL's wait status; Slurm reports the OOM kill as 0:125 too.
+        exit_status: Some(9),
+        derived_status: Some(0),
+        oom: false,
+        host_oom: true,
+        peak_memory_bytes: None,
+        log: LogFacts::default(),
+        ended_at: end,
+    };
+    let run = build_run(&state(), &out, None, None);
+    assert!(!run.result.success);
+    assert_eq!(run.result.failure_reason, Some(FailureReason::OtherError));
+    assert!(run.result.host_oom);
+    out.oom = true;
+    let run = build_run(&state(), &out, None, None);
+    assert_eq!(run.result.failure_reason, Some(FailureReason::Oom));
+    assert!(
+        !run.result.host_oom,
+        "a GPU OOM is the micro batch's lesson"
+    );
+    out.oom = false;
+    out.exit_status = Some(0);
+    let run = build_run(&state(), &out, None, None);
+    assert!(
+        run.result.success && !run.result.host_oom,
+        "a job that succeeded was not killed"
+    );
+    assert!(scontrol_out_of_memory(
+        "JobId=7 JobName=x\n   JobState=OUT_OF_MEMORY Reason=OutOfMemory Dependency=(null)\n"
+    ));
+    assert!(!scontrol_out_of_memory(
+        "JobId=7\n   JobState=FAILED Reason=NonZeroExitCode\n"
+    ));
+}
+
 #[test]
 fn a_peak_the_log_states_wins_over_the_sidecars() {
     let end: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-01-01T00:01:00Z")
@@ -480,6 +525,7 @@ fn a_peak_the_log_states_wins_over_the_sidecars() {
         exit_status: Some(0),
         derived_status: Some(0),
         oom: false,
+        host_oom: false,
         peak_memory_bytes: Some(100),
         log: LogFacts {
             peak_memory_bytes: Some(90),

@@ -1779,7 +1779,10 @@ async fn a_jobset_gets_its_flavor_settings_in_every_training_job_and_new_ones_on
         "lastTransitionTime": "2026-01-01T02:00:00Z"}]});
     let leader_t = js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"].clone();
     let workers_t = js["spec"]["replicatedJobs"][2]["template"]["spec"]["template"].clone();
-    let mut pods = jobset_pods("llm", "uid-llm", "leader", 1, &leader_t);
+    let driver_t = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"].clone();
+    let mut pods = jobset_pods("llm", "uid-llm", "driver", 1, &driver_t);
+    pods[0]["status"]["startTime"] = json!("2026-01-01T00:55:00Z");
+    pods.extend(jobset_pods("llm", "uid-llm", "leader", 1, &leader_t));
     pods.extend(jobset_pods("llm", "uid-llm", "workers", 6, &workers_t));
     // A pod left by an earlier JobSet of the same name is not this run's.
     let mut stale = jobset_pods("llm", "uid-old", "workers", 1, &workers_t);
@@ -1912,6 +1915,12 @@ async fn trainjob_through_kueue(legacy: bool) {
         api.objects.insert("trainjobs/tj".into(), tj.clone());
         api.objects.insert("jobsets/tj".into(), child.clone());
         api.pods = jobset_pods("tj", "js-tj", "node", 2, &t);
+        // The initializers ran first (from 00:40): not the training's time.
+        let js = trainer_jobset(&tj);
+        let init_t = &js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+        let mut init = jobset_pods("tj", "js-tj", "dataset-initializer", 1, init_t);
+        init[0]["status"]["startTime"] = json!("2026-01-01T00:40:00Z");
+        api.pods.extend(init);
     }
     record(&w, JOBSET, &child).await;
     assert!(w.history.list(&ListFilter::default()).unwrap().is_empty());
@@ -1924,7 +1933,11 @@ async fn trainjob_through_kueue(legacy: bool) {
     assert_eq!(r.gpus, 8);
     assert_eq!(r.predicted_peak_bytes, a100["predictedPeakBytes"].as_u64());
     assert_eq!(r.job_id.as_deref(), Some("TrainJob:ml/tj/uid-tj"));
-    assert_eq!(r.result.duration_sec, Some(1800.0));
+    assert_eq!(
+        r.result.duration_sec,
+        Some(1800.0),
+        "from the trainer pods' start, not the initializers'"
+    );
     assert_eq!(r.result.peak_memory_bytes, Some(30 << 30));
     assert!(
         w.api.lock().unwrap().unexpected.is_empty(),

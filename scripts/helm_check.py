@@ -95,6 +95,11 @@ ALLOWED_RULES: dict[tuple[str, str], set[str]] = {
     ("kueue.x-k8s.io", "resourceflavors"): {"get"},
 }
 KUEUE_RULES = {k: v for k, v in ALLOWED_RULES.items() if k[0] == "kueue.x-k8s.io"}
+# A managedJobsNamespaceSelector as an admin copies it from Kueue's configuration.
+KUEUE_SELECTOR = {
+    "matchLabels": {"team": "ml"},
+    "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kueue-system"]}],
+}
 # What the controller cannot work without (when RBAC is rendered).
 REQUIRED_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("gpufit.io", "trainingjobs"): {"get", "list", "watch"},
@@ -373,17 +378,43 @@ def expect_kueue_without_check(r: Rendered, p: Problems) -> None:
     p.check(kueue_grants(r) == KUEUE_RULES, "kueue.enabled keeps its RBAC without the AdmissionCheck object")
 
 
+def expect_kueue_unlabelled(r: Rendered, p: Problems) -> None:
+    dep = r.one("Deployment")
+    if dep:
+        args = container(dep, "controller").get("args", [])
+        p.check("--kueue-manage-jobs-without-queue-name" in args, "kueue.manageJobsWithoutQueueName must pass --kueue-manage-jobs-without-queue-name")
+        sel = [a.split("=", 1)[1] for a in args if a.startswith("--kueue-managed-jobs-namespace-selector=")]
+        if p.check(len(sel) == 1, f"kueue.managedJobsNamespaceSelector must pass the selector once, got {args}"):
+            p.check(json.loads(sel[0]) == KUEUE_SELECTOR, f"the selector must travel as JSON, got {sel[0]}")
+
+
+def expect_kueue_unlabelled_default_selector(r: Rendered, p: Problems) -> None:
+    dep = r.one("Deployment")
+    if dep:
+        args = container(dep, "controller").get("args", [])
+        p.check("--kueue-manage-jobs-without-queue-name" in args, "kueue.manageJobsWithoutQueueName must pass its flag")
+        p.check(not any(a.startswith("--kueue-managed-jobs-namespace-selector") for a in args), "an empty selector leaves gpufit's default (Kueue's)")
+
+
 def expect_no_kueue(r: Rendered, p: Problems) -> None:
     p.check(r.of("AdmissionCheck") == [], "kueue disabled: no AdmissionCheck")
     p.check(kueue_grants(r) == {}, "kueue disabled: no RBAC on Kueue")
     dep = r.one("Deployment")
     if dep:
-        p.check("--kueue" not in container(dep, "controller").get("args", []), "kueue disabled: no --kueue")
+        args = container(dep, "controller").get("args", [])
+        p.check("--kueue" not in args, "kueue disabled: no --kueue")
+        p.check(not any(a.startswith("--kueue-") for a in args), "kueue disabled: no Kueue flags")
 
 
 CASES: list[Case] = [
     Case("defaults", {}, expect_defaults),
     Case("kueue", {"kueue": {"enabled": True, "admissionCheck": {"name": "gpu-advisor"}}}, expect_kueue),
+    Case(
+        "kueue-manage-unlabelled",
+        {"kueue": {"enabled": True, "manageJobsWithoutQueueName": True, "managedJobsNamespaceSelector": KUEUE_SELECTOR}},
+        expect_kueue_unlabelled,
+    ),
+    Case("kueue-manage-unlabelled-default-selector", {"kueue": {"enabled": True, "manageJobsWithoutQueueName": True}}, expect_kueue_unlabelled_default_selector),
     Case("kueue-no-admission-check", {"kueue": {"enabled": True, "admissionCheck": {"create": False}}}, expect_kueue_without_check),
     Case("webhook-disabled", {"webhook": {"enabled": False}}, expect_no_webhook),
     Case("sidecar-disabled", {"sidecar": {"enabled": False}}, expect_no_sidecar),
@@ -449,6 +480,12 @@ FAILING: list[FailingCase] = [
     FailingCase("sidecar interval not a duration", {"sidecar": {"interval": "fast"}}, "/sidecar/interval"),
     FailingCase("bad watch namespace", {"controller": {"watchNamespace": "Team A"}}, "not a namespace name"),
     FailingCase("zero replicas", {"controller": {"replicas": 0}}, "/controller/replicas"),
+    FailingCase(
+        "Kueue namespace selector with an unknown operator",
+        {"kueue": {"enabled": True, "manageJobsWithoutQueueName": True,
+                   "managedJobsNamespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Near"}]}}},
+        "managedJobsNamespaceSelector",
+    ),
 ]
 
 

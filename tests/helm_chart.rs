@@ -173,6 +173,14 @@ fn every_rendered_command_line_is_accepted_by_the_gpufit_cli() {
                 "value set {case:?}: the {component} container runs `{}`",
                 rendered.command.join(" ")
             );
+            // The Kueue namespace selector is read after the flags: it must
+            // be a LabelSelector gpufit reads, not only a string clap takes.
+            if let Command::Controller(args) = &cli.command {
+                gpufit::controller::kueue::Unlabelled::managing(
+                    &args.kueue_managed_jobs_namespace_selector,
+                )
+                .unwrap_or_else(|e| panic!("value set {case:?}: {e}"));
+            }
             checked += 1;
         }
     }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use gpufit::controller::crd::Mode;
 use gpufit::controller::inject::{ANN_APPLIED, SETTING_ANNOTATION_PREFIX};
-use gpufit::controller::kueue::CONTROLLER_NAME;
+use gpufit::controller::kueue::{Unlabelled, CONTROLLER_NAME, DEFAULT_NAMESPACE_SELECTOR};
 use gpufit::controller::metrics::Metrics;
 use gpufit::controller::reconcile::kueue::{
     activation, admission_checks, our_checks, reconcile_kueue_workload, KueueContext,
@@ -93,10 +93,25 @@ fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value)
         return (201, body);
     }
     if path == "/api/v1/namespaces/ml/pods" && method == "GET" {
+        // `labelSelector=key` or `key=value`, as the recorder asks.
+        let query = query.replace("%2F", "/").replace("%3D", "=");
+        let selector = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("labelSelector="))
+            .unwrap_or_default()
+            .to_string();
+        let (key, value) = match selector.split_once('=') {
+            Some((k, v)) => (k.to_string(), Some(v.to_string())),
+            None => (selector.clone(), None),
+        };
         let items: Vec<Value> = api
             .pods
             .iter()
-            .filter(|p| p["metadata"]["labels"][LABEL_CONFIGURED] == "true")
+            .filter(|p| match (&p["metadata"]["labels"][&key], &value) {
+                (Value::String(v), Some(want)) => v == want,
+                (Value::String(_), None) => !key.is_empty(),
+                _ => false,
+            })
             .cloned()
             .collect();
         return (
@@ -163,7 +178,7 @@ fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value)
             _ => {}
         }
     }
-    for plural in ["jobs", "pytorchjobs"] {
+    for plural in ["jobs", "pytorchjobs", "jobsets", "trainjobs"] {
         let Some(name) = path
             .rsplit_once(&format!("/namespaces/ml/{plural}/"))
             .map(|(_, n)| n.to_string())
@@ -251,6 +266,12 @@ struct World {
 
 impl World {
     fn new() -> Self {
+        World::with(Unlabelled::default(), &[])
+    }
+
+    /// A world whose webhook knows these namespaces (name, labels) and
+    /// which jobs without a queue label Kueue manages.
+    fn with(unlabelled: Unlabelled, ns: &[(&str, Value)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite:{}", dir.path().join("h.db").display());
         let history: Arc<dyn HistoryStore> = Arc::from(gpufit::history::open(&url).expect("db"));
@@ -272,7 +293,16 @@ impl World {
                        "metadata": {"name": "spot"}, "spec": {"nodeLabels": {"pool": "spot"}}}),
             );
         }
-        let (namespaces, _w) = reflector::store::<Namespace>();
+        let (namespaces, mut ns_writer) = reflector::store::<Namespace>();
+        for (name, labels) in ns {
+            // The API server labels every namespace with its name.
+            let mut l = labels.clone();
+            l["kubernetes.io/metadata.name"] = json!(name);
+            ns_writer.apply_watcher_event(&watcher::Event::Apply(
+                serde_json::from_value(json!({"metadata": {"name": name, "labels": l}}))
+                    .expect("namespace"),
+            ));
+        }
         let client = mock_api::mock_client(api.clone(), answer);
         let mut ctx = Context::new(
             client,
@@ -292,6 +322,7 @@ impl World {
                 targets: StrategyTargets::default(),
                 default_mode: Mode::Inject,
                 cache: Default::default(),
+                kueue_unlabelled: unlabelled,
             },
             kueue: Arc::new(KueueContext {
                 ctx: Arc::new(ctx),
@@ -303,20 +334,40 @@ impl World {
         }
     }
 
-    /// The webhook's answer for `obj`: (allowed, mutated object, warnings).
-    fn admit(&self, kind: (&str, &str, &str, &str), obj: &Value) -> (Value, Vec<String>) {
+    /// The webhook's AdmissionResponse for `obj` created in namespace `ns`.
+    fn review_in(
+        &self,
+        ns: &str,
+        kind: (&str, &str, &str, &str),
+        obj: &Value,
+    ) -> kube::core::admission::AdmissionResponse {
         let (group, version, k, plural) = kind;
         let body = json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {
                 "uid": "705ab4f5", "kind": {"group": group, "version": version, "kind": k},
                 "resource": {"group": group, "version": version, "resource": plural},
-                "name": obj["metadata"]["name"].clone(), "namespace": "ml", "operation": "CREATE",
+                "name": obj["metadata"]["name"].clone(), "namespace": ns, "operation": "CREATE",
                 "userInfo": {"username": "alice"}, "object": obj.clone(), "dryRun": false
             }
         });
         let out = review(&serde_json::to_vec(&body).unwrap(), &self.webhook);
-        let resp = out.response.expect("a response");
+        out.response.expect("a response")
+    }
+
+    /// The webhook's answer for `obj`: (allowed, mutated object, warnings).
+    fn admit(&self, kind: (&str, &str, &str, &str), obj: &Value) -> (Value, Vec<String>) {
+        self.admit_in("ml", kind, obj)
+    }
+
+    /// [`Self::admit`] in namespace `ns`.
+    fn admit_in(
+        &self,
+        ns: &str,
+        kind: (&str, &str, &str, &str),
+        obj: &Value,
+    ) -> (Value, Vec<String>) {
+        let resp = self.review_in(ns, kind, obj);
         assert!(resp.allowed, "{:?}", resp.result);
         let mut admitted = obj.clone();
         if let Some(p) = resp.patch {
@@ -415,21 +466,57 @@ fn pytorchjob(name: &str) -> Value {
     })
 }
 
-/// Pointers of a job's pod templates by Kueue pod set name.
-fn templates(kind: &str) -> Vec<(&'static str, &'static str)> {
-    match kind {
-        "Job" => vec![("main", "/spec/template")],
-        _ => vec![
-            ("master", "/spec/pytorchReplicaSpecs/Master/template"),
-            ("worker", "/spec/pytorchReplicaSpecs/Worker/template"),
-        ],
+/// A Job's pods at once: parallelism, at most completions (Kueue's count).
+fn job_pods(spec: &Value) -> u64 {
+    let p = spec["parallelism"].as_u64().unwrap_or(1);
+    spec["completions"].as_u64().map_or(p, |c| c.min(p))
+}
+
+/// A job's pod templates as Kueue names its pod sets: (name, JSON pointer,
+/// pods). A Job's one `main`; a PyTorchJob's replica types lower-cased; a
+/// JobSet's replicated Jobs by name, replicas × min(parallelism,
+/// completions) pods each (`pkg/controller/jobs/jobset`: `podsCount`).
+fn templates(job: &Value) -> Vec<(String, String, u64)> {
+    match job["kind"].as_str().unwrap() {
+        "Job" => vec![(
+            "main".into(),
+            "/spec/template".into(),
+            job_pods(&job["spec"]),
+        )],
+        "JobSet" => job["spec"]["replicatedJobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, rj)| {
+                (
+                    rj["name"].as_str().unwrap().to_string(),
+                    format!("/spec/replicatedJobs/{i}/template/spec/template"),
+                    rj["replicas"].as_u64().unwrap_or(1) * job_pods(&rj["template"]["spec"]),
+                )
+            })
+            .collect(),
+        _ => ["Master", "Worker"]
+            .iter()
+            .map(|r| {
+                (
+                    r.to_lowercase(),
+                    format!("/spec/pytorchReplicaSpecs/{r}/template"),
+                    job["spec"]["pytorchReplicaSpecs"][r]["replicas"]
+                        .as_u64()
+                        .unwrap_or(1),
+                )
+            })
+            .collect(),
     }
 }
 
 /// The Workload Kueue's job reconciler creates for `job`
 /// (jobframework: name `<kind>-<name>-<hash>`, controller owner reference,
 /// job-uid label; a Job's pod set `main` with `minCount` from
-/// `kueue.x-k8s.io/job-min-parallelism`; a PyTorchJob's per replica type).
+/// `kueue.x-k8s.io/job-min-parallelism`; a PyTorchJob's per replica type;
+/// a JobSet's per replicated Job; a TrainJob's those of the JobSet its
+/// runtime makes, `pkg/controller/jobs/trainjob`: `getChildJobSet`).
 fn kueue_workload(kind: (&str, &str, &str, &str), job: &Value) -> Value {
     let (group, version, k, _) = kind;
     let name = job["metadata"]["name"].as_str().unwrap();
@@ -439,18 +526,16 @@ fn kueue_workload(kind: (&str, &str, &str, &str), job: &Value) -> Value {
     } else {
         format!("{group}/{version}")
     };
-    let pod_sets: Vec<Value> = templates(k)
+    let source = if k == "TrainJob" {
+        trainer_jobset(job)
+    } else {
+        job.clone()
+    };
+    let pod_sets: Vec<Value> = templates(&source)
         .into_iter()
-        .map(|(ps, ptr)| {
-            let count = if k == "Job" {
-                job["spec"]["parallelism"].clone()
-            } else {
-                job["spec"]["pytorchReplicaSpecs"][if ps == "master" { "Master" } else { "Worker" }]
-                    ["replicas"]
-                    .clone()
-            };
-            let mut p =
-                json!({"name": ps, "count": count, "template": job.pointer(ptr).cloned().unwrap()});
+        .map(|(ps, ptr, count)| {
+            let mut p = json!({"name": ps, "count": count,
+                               "template": source.pointer(&ptr).cloned().unwrap()});
             if let Some(min) = job["metadata"]["annotations"]["kueue.x-k8s.io/job-min-parallelism"]
                 .as_str()
                 .and_then(|m| m.parse::<u32>().ok())
@@ -492,12 +577,23 @@ fn condition(wl: &mut Value, t: &str, status: &str, reason: &str) {
 /// Kueue's scheduler reserves quota on `flavor` for `counts` pods per pod
 /// set (workload.SetQuotaReservation: QuotaReserved, Evicted reset).
 fn reserve(wl: &mut Value, flavor: &str, counts: &[(&str, u32)]) {
+    let pod_sets = wl["spec"]["podSets"].as_array().unwrap().clone();
     let assignments: Vec<Value> = counts
         .iter()
         .map(|(ps, n)| {
-            json!({"name": ps, "count": n,
-                   "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor},
-                   "resourceUsage": {"nvidia.com/gpu": n.to_string(), "cpu": (8 * n).to_string()}})
+            // A pod set gets a flavor for each resource it asks for: a
+            // driver without GPUs gets only its CPUs'.
+            let template = &pod_sets.iter().find(|p| p["name"] == *ps).expect("pod set")["template"];
+            let gpus = template["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+                .as_str()
+                .and_then(|g| g.parse::<u32>().ok());
+            match gpus {
+                Some(g) => json!({"name": ps, "count": n,
+                    "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor},
+                    "resourceUsage": {"nvidia.com/gpu": (g * n).to_string(), "cpu": (8 * n).to_string()}}),
+                None => json!({"name": ps, "count": n, "flavors": {"cpu": flavor},
+                    "resourceUsage": {"cpu": (2 * n).to_string()}}),
+            }
         })
         .collect();
     wl["status"]["admission"] =
@@ -531,64 +627,138 @@ fn check<'a>(wl: &'a Value, name: &str) -> &'a Value {
         .expect("check")
 }
 
+/// The PodSetInfo Kueue starts a pod set with (`podset.FromAssignment`,
+/// then every check's `podSetUpdates` merged, `podset.FromUpdate`): the
+/// flavors' nodeLabels as node selector, the updates' annotations, labels
+/// and node selector. A key present with another value is a conflict.
+fn pod_set_info(wl: &Value, ps: &str, flavors: &BTreeMap<String, Value>) -> Value {
+    let a = wl["status"]["admission"]["podSetAssignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == ps)
+        .unwrap()
+        .clone();
+    let mut info =
+        json!({"annotations": {}, "labels": {}, "nodeSelector": {}, "count": a["count"]});
+    let mut merge = |field: &str, add: &Value| {
+        for (k, v) in add.as_object().into_iter().flatten() {
+            if let Some(old) = info[field].get(k) {
+                assert_eq!(old, v, "Kueue refuses a conflicting podSetUpdate for {k}");
+            }
+            info[field][k] = v.clone();
+        }
+    };
+    for f in a["flavors"].as_object().unwrap().values() {
+        merge(
+            "nodeSelector",
+            &flavors[f.as_str().unwrap()]["spec"]["nodeLabels"],
+        );
+    }
+    for c in wl["status"]["admissionChecks"].as_array().unwrap() {
+        for u in c["podSetUpdates"].as_array().into_iter().flatten() {
+            if u["name"] == ps {
+                merge("annotations", &u["annotations"]);
+                merge("labels", &u["labels"]);
+                merge("nodeSelector", &u["nodeSelector"]);
+            }
+        }
+    }
+    info
+}
+
+/// Merges string maps (`podset.Merge`: a key already there with another
+/// value is a conflict Kueue refuses).
+fn merge_into(target: &mut Value, add: &Value) {
+    if target.is_null() {
+        *target = json!({});
+    }
+    for (k, v) in add.as_object().into_iter().flatten() {
+        if let Some(old) = target.get(k) {
+            assert_eq!(old, v, "Kueue refuses a conflicting podSetUpdate for {k}");
+        }
+        target[k] = v.clone();
+    }
+}
+
 /// Kueue admits (every check Ready) and starts the job
-/// (jobframework.startJob → podset.Merge): each pod set's flavor
-/// nodeLabels into the node selector and every check's podSetUpdates
-/// into the template, a key present with another value being a conflict;
-/// a Job's parallelism set to the admitted count.
+/// (jobframework.startJob → RunWithPodSetsInfo): a Job's, PyTorchJob's or
+/// JobSet's templates get each pod set's info merged (`podset.Merge`), a
+/// Job's parallelism the admitted count; a TrainJob's info goes into the
+/// runtime patch Kueue owns (v0.17+: `spec.runtimePatches[manager
+/// kueue.x-k8s.io/manager]`) or, in Kueue v0.15 – v0.16, appended
+/// `spec.podTemplateOverrides`, which Kubeflow Trainer applies to the
+/// runtime's JobSet ([`trainer_jobset`]).
 fn kueue_start(wl: &mut Value, job: &mut Value, flavors: &BTreeMap<String, Value>) {
     let checks = wl["status"]["admissionChecks"].as_array().unwrap().clone();
     assert!(checks.iter().all(|c| c["state"] == "Ready"), "{checks:#?}");
     condition(wl, "Admitted", "True", "Admitted");
     let kind = job["kind"].as_str().unwrap().to_string();
-    for (ps, ptr) in templates(&kind) {
-        let a = wl["status"]["admission"]["podSetAssignments"]
+    if kind == "TrainJob" {
+        let infos: Vec<(String, Value)> = wl["spec"]["podSets"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|a| a["name"] == ps)
-            .unwrap()
-            .clone();
-        let flavor = a["flavors"]["nvidia.com/gpu"].as_str().unwrap();
-        let t = job.pointer_mut(ptr).unwrap();
-        let mut merge = |field: &str, add: &Value| {
-            let target = match field {
-                "nodeSelector" => &mut t["spec"]["nodeSelector"],
-                f => &mut t["metadata"][f],
-            };
-            if target.is_null() {
-                *target = json!({});
+            .map(|p| {
+                let n = p["name"].as_str().unwrap().to_string();
+                let info = pod_set_info(wl, &n, flavors);
+                (n, info)
+            })
+            .collect();
+        let kueue_patch = job["spec"]["runtimePatches"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+            .find(|p| p["manager"] == "kueue.x-k8s.io/manager");
+        match kueue_patch {
+            Some(patch) => {
+                patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"] = infos
+                    .iter()
+                    .map(|(n, i)| {
+                        json!({"name": n, "template": {"spec": {"template": {
+                        "metadata": {"annotations": i["annotations"], "labels": i["labels"]},
+                        "spec": {"nodeSelector": i["nodeSelector"]}}}}})
+                    })
+                    .collect();
             }
-            for (k, v) in add.as_object().into_iter().flatten() {
-                if let Some(old) = target.get(k) {
-                    assert_eq!(old, v, "Kueue refuses a conflicting podSetUpdate for {k}");
+            None => {
+                let overrides = job["spec"]["podTemplateOverrides"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let mut all = overrides;
+                for (n, i) in &infos {
+                    all.push(json!({"targetJobs": [{"name": n}],
+                        "metadata": {"annotations": i["annotations"],
+                                     "labels": {"kueue.x-k8s.io/podset": n}},
+                        "spec": {"nodeSelector": i["nodeSelector"]}}));
                 }
-                target[k] = v.clone();
-            }
-        };
-        merge("nodeSelector", &flavors[flavor]["spec"]["nodeLabels"]);
-        for c in &checks {
-            for u in c["podSetUpdates"].as_array().into_iter().flatten() {
-                if u["name"] == ps {
-                    merge("annotations", &u["annotations"]);
-                    merge("labels", &u["labels"]);
-                    merge("nodeSelector", &u["nodeSelector"]);
-                }
+                job["spec"]["podTemplateOverrides"] = json!(all);
             }
         }
+        job["spec"]["suspend"] = json!(false);
+        return;
+    }
+    for (ps, ptr, _) in templates(job) {
+        let info = pod_set_info(wl, &ps, flavors);
+        let t = job.pointer_mut(&ptr).unwrap();
+        merge_into(&mut t["spec"]["nodeSelector"], &info["nodeSelector"]);
+        merge_into(&mut t["metadata"]["annotations"], &info["annotations"]);
+        merge_into(&mut t["metadata"]["labels"], &info["labels"]);
         if kind == "Job" {
-            job["spec"]["parallelism"] = a["count"].clone();
+            job["spec"]["parallelism"] = info["count"].clone();
         }
     }
     match kind.as_str() {
-        "Job" => job["spec"]["suspend"] = json!(false),
-        _ => job["spec"]["runPolicy"]["suspend"] = json!(false),
+        "PyTorchJob" => job["spec"]["runPolicy"]["suspend"] = json!(false),
+        _ => job["spec"]["suspend"] = json!(false),
     }
 }
 
 /// Kueue evicts (preemption): Evicted, every check reset to Pending
 /// without its podSetUpdates; the job suspended and its templates restored
-/// from the Workload's pod sets (RestorePodSetsInfo).
+/// from the Workload's pod sets (RestorePodSetsInfo; a TrainJob's: Kueue's
+/// runtime patch emptied, or its podTemplateOverrides dropped).
 fn kueue_evict(wl: &mut Value, job: &mut Value) {
     condition(wl, "Evicted", "True", "Preempted");
     condition(wl, "Admitted", "False", "NoReservation");
@@ -599,22 +769,41 @@ fn kueue_evict(wl: &mut Value, job: &mut Value) {
                     "lastTransitionTime": "2026-01-01T00:30:00Z"});
     }
     let kind = job["kind"].as_str().unwrap().to_string();
-    for (ps, ptr) in templates(&kind) {
+    if kind == "TrainJob" {
+        for p in job["spec"]["runtimePatches"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            if p["manager"] == "kueue.x-k8s.io/manager" {
+                p["trainingRuntimeSpec"]["template"]["spec"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("replicatedJobs");
+            }
+        }
+        if let Some(o) = job["spec"]["podTemplateOverrides"].as_array_mut() {
+            o.retain(|o| o["metadata"]["labels"]["kueue.x-k8s.io/podset"].is_null());
+        }
+        job["spec"]["suspend"] = json!(true);
+        return;
+    }
+    for (ps, ptr, _) in templates(job) {
         let original = wl["spec"]["podSets"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|p| p["name"] == ps)
+            .find(|p| p["name"] == ps.as_str())
             .unwrap()["template"]
             .clone();
-        let t = job.pointer_mut(ptr).unwrap();
+        let t = job.pointer_mut(&ptr).unwrap();
         t["metadata"]["annotations"] = original["metadata"]["annotations"].clone();
         t["metadata"]["labels"] = original["metadata"]["labels"].clone();
         t["spec"]["nodeSelector"] = original["spec"]["nodeSelector"].clone();
     }
     match kind.as_str() {
-        "Job" => job["spec"]["suspend"] = json!(true),
-        _ => job["spec"]["runPolicy"]["suspend"] = json!(true),
+        "PyTorchJob" => job["spec"]["runPolicy"]["suspend"] = json!(true),
+        _ => job["spec"]["suspend"] = json!(true),
     }
 }
 
@@ -975,8 +1164,8 @@ async fn partial_admission_lowers_w_and_raises_the_accumulation() {
 async fn a_pytorchjob_gets_the_flavor_settings_on_master_and_workers_and_new_ones_on_readmission() {
     let w = World::new();
     let (mut job, wl_name) = w.submit(PYTORCHJOB, pytorchjob("ddp"));
-    for (_, ptr) in templates("PyTorchJob") {
-        let c = &job.pointer(ptr).unwrap()["spec"]["containers"][0];
+    for (_, ptr, _) in templates(&job) {
+        let c = &job.pointer(&ptr).unwrap()["spec"]["containers"][0];
         assert!(c["env"].as_array().unwrap().iter().any(|e| e["name"]
             == "GPUFIT_MICRO_BATCH_SIZE"
             && e["valueFrom"]["fieldRef"]["fieldPath"]
@@ -1012,8 +1201,8 @@ async fn a_pytorchjob_gets_the_flavor_settings_on_master_and_workers_and_new_one
         kueue_start(wl, &mut job, &fl);
     });
     let mut h100 = Vec::new();
-    for (_, ptr) in templates("PyTorchJob") {
-        h100.push(assert_global_batch(job.pointer(ptr).unwrap(), 4));
+    for (_, ptr, _) in templates(&job) {
+        h100.push(assert_global_batch(job.pointer(&ptr).unwrap(), 4));
     }
     assert_eq!(h100[0], h100[1], "every rank the same settings");
     assert!(applied(&w.get("pytorchjobs/ddp"))["gpu"]
@@ -1033,8 +1222,8 @@ async fn a_pytorchjob_gets_the_flavor_settings_on_master_and_workers_and_new_one
         other_check_ready(wl);
         kueue_start(wl, &mut job, &fl);
     });
-    for (_, ptr) in templates("PyTorchJob") {
-        let t = job.pointer(ptr).unwrap();
+    for (_, ptr, _) in templates(&job) {
+        let t = job.pointer(&ptr).unwrap();
         assert_eq!(t["spec"]["nodeSelector"]["pool"], "a100");
         let a100 = assert_global_batch(t, 4);
         assert!(
@@ -1251,4 +1440,678 @@ async fn pod_sets_admitted_to_different_flavors_are_planned_for_the_smaller_gpu(
         4,
     );
     assert_eq!(master, worker, "one set of settings for every rank");
+}
+
+// === JobSet and TrainJob through Kueue admission ===
+
+const JOBSET: (&str, &str, &str, &str) = ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets");
+const TRAINJOB: (&str, &str, &str, &str) =
+    ("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs");
+
+/// A JobSet: a CPU-only driver, a leader with 2 GPUs, and 3 worker Jobs of
+/// 2 one-GPU pods each (parallelism 2, completions 2): W = 1 × 2 + 3 × 2 × 1 = 8.
+fn jobset(name: &str) -> Value {
+    let pod = |c: Value| json!({"spec": {"restartPolicy": "Never", "containers": [c]}});
+    let mut leader = container("train");
+    leader["resources"]["limits"] = json!({"nvidia.com/gpu": "2", "cpu": "16"});
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": "ml", "annotations": annotations(),
+                     "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"suspend": true, "replicatedJobs": [
+            {"name": "driver", "replicas": 1, "template": {"spec": {"parallelism": 1, "completions": 1,
+                "template": pod(json!({"name": "driver", "image": "ghcr.io/acme/driver:1",
+                                       "resources": {"limits": {"cpu": "2"}}}))}}},
+            {"name": "leader", "replicas": 1, "template": {"spec": {"parallelism": 1, "completions": 1,
+                "template": pod(leader)}}},
+            {"name": "workers", "replicas": 3, "template": {"spec": {"parallelism": 2, "completions": 2,
+                "template": pod(container("train"))}}}
+        ]}
+    })
+}
+
+/// The ClusterTrainingRuntime the TrainJobs use, shaped like Kubeflow
+/// Trainer's torchtune runtimes (`manifests/base/runtimes/torchtune`): two
+/// CPU-only initializer Jobs and the `node` Job (ancestor `trainer`, one
+/// container `node`) that trains; `mlPolicy.numNodes` 1 unless the TrainJob says.
+fn training_runtime() -> Value {
+    let step = |s: &str| json!({"trainer.kubeflow.org/trainjob-ancestor-step": s});
+    json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "torchtune-llama"},
+        "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [
+            {"name": "dataset-initializer", "template": {"metadata": {"labels": step("dataset-initializer")},
+                "spec": {"template": {"spec": {"containers": [
+                    {"name": "dataset-initializer", "image": "ghcr.io/kubeflow/trainer/dataset-initializer"}]}}}}},
+            {"name": "model-initializer", "template": {"metadata": {"labels": step("model-initializer")},
+                "spec": {"template": {"spec": {"containers": [
+                    {"name": "model-initializer", "image": "ghcr.io/kubeflow/trainer/model-initializer"}]}}}}},
+            {"name": "node", "template": {"metadata": {"labels": step("trainer")},
+                "spec": {"template": {"spec": {"containers": [
+                    {"name": "node", "image": "ghcr.io/kubeflow/trainer/torchtune-trainer",
+                     "command": ["tune", "run", "full_finetune_distributed"],
+                     "env": [{"name": "HF_HOME", "value": "/workspace/cache"}],
+                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}}
+        ]}}}
+    })
+}
+
+/// A TrainJob on that runtime: 2 nodes of 4 GPUs (W = 8), suspended with
+/// the empty runtime patch Kueue's webhook adds (v0.17+; `legacy`: Kueue
+/// v0.15 – v0.16, which uses `podTemplateOverrides` instead).
+fn trainjob(name: &str, legacy: bool) -> Value {
+    let mut tj = json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": "ml", "annotations": annotations(),
+                     "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"suspend": true,
+                 "runtimeRef": {"name": "torchtune-llama", "apiGroup": "trainer.kubeflow.org",
+                                "kind": "ClusterTrainingRuntime"},
+                 "trainer": {"numNodes": 2,
+                             "resourcesPerNode": {"limits": {"nvidia.com/gpu": "4", "cpu": "32"}},
+                             "args": ["--micro-batch", "{micro_batch_size}",
+                                      "--grad-accum={gradient_accumulation_steps}"]}}
+    });
+    if !legacy {
+        tj["spec"]["runtimePatches"] = json!([{"manager": "kueue.x-k8s.io/manager",
+            "trainingRuntimeSpec": {"template": {"spec": {}}}}]);
+    }
+    tj
+}
+
+/// The JobSet Kubeflow Trainer makes of a TrainJob (`pkg/runtime/core/
+/// trainingruntime.go` and `plugins/jobset/builder.go`, v2.1 – v2.3): the
+/// runtime's JobSet template with the runtime patches merged (replicated
+/// Jobs by name) or the podTemplateOverrides applied to their target Jobs;
+/// each replicated Job 1 replica; the trainer Job's parallelism and
+/// completions `numNodes`; its `node` container with the TrainJob's
+/// command/args, `resourcesPerNode` merged into its resources and
+/// `spec.trainer.env` upserted into its env.
+fn trainer_jobset(tj: &Value) -> Value {
+    let rt = training_runtime();
+    let mut spec = rt["spec"]["template"]["spec"].clone();
+    let mut apply = |name: &Value, meta: &Value, pod_spec: &Value| {
+        let rj = spec["replicatedJobs"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|r| r["name"] == *name)
+            .expect("a patch names a replicated Job of the runtime");
+        let t = &mut rj["template"]["spec"]["template"];
+        for (field, add) in [
+            ("annotations", &meta["annotations"]),
+            ("labels", &meta["labels"]),
+        ] {
+            for (k, v) in add.as_object().into_iter().flatten() {
+                t["metadata"][field][k] = v.clone();
+            }
+        }
+        for (k, v) in pod_spec["nodeSelector"].as_object().into_iter().flatten() {
+            t["spec"]["nodeSelector"][k] = v.clone();
+        }
+    };
+    for p in tj["spec"]["runtimePatches"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for rj in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let t = &rj["template"]["spec"]["template"];
+            apply(&rj["name"], &t["metadata"], &t["spec"]);
+        }
+    }
+    for o in tj["spec"]["podTemplateOverrides"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for target in o["targetJobs"].as_array().into_iter().flatten() {
+            apply(&target["name"], &o["metadata"], &o["spec"]);
+        }
+    }
+    let trainer = &tj["spec"]["trainer"];
+    let nodes = trainer["numNodes"]
+        .as_u64()
+        .or(rt["spec"]["mlPolicy"]["numNodes"].as_u64())
+        .unwrap_or(1);
+    for rj in spec["replicatedJobs"].as_array_mut().unwrap() {
+        rj["replicas"] = json!(1);
+        if rj["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"]
+            != "trainer"
+        {
+            continue;
+        }
+        rj["template"]["spec"]["parallelism"] = json!(nodes);
+        rj["template"]["spec"]["completions"] = json!(nodes);
+        for c in rj["template"]["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+        {
+            if c["name"] != "node" {
+                continue;
+            }
+            for f in ["image", "command", "args"] {
+                if !trainer[f].is_null() {
+                    c[f] = trainer[f].clone();
+                }
+            }
+            for kind in ["limits", "requests"] {
+                for (k, v) in trainer["resourcesPerNode"][kind]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                {
+                    c["resources"][kind][k] = v.clone();
+                }
+            }
+            let env = c["env"].as_array_mut().unwrap();
+            for e in trainer["env"].as_array().into_iter().flatten() {
+                env.retain(|x| x["name"] != e["name"]);
+                env.push(e.clone());
+            }
+        }
+    }
+    let name = tj["metadata"]["name"].as_str().unwrap();
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("js-{name}"),
+            "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "name": name, "uid": tj["metadata"]["uid"], "controller": true}]},
+        "spec": spec
+    })
+}
+
+/// The `node` (trainer) pod template of a TrainJob's JobSet.
+fn trainer_template(tj: &Value) -> Value {
+    let js = trainer_jobset(tj);
+    js["spec"]["replicatedJobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "node")
+        .expect("the trainer Job")["template"]["spec"]["template"]
+        .clone()
+}
+
+/// Pods as the JobSet controller creates them from `template`: labelled
+/// with the JobSet's name and uid, started, succeeded.
+fn jobset_pods(jobset: &str, uid: &str, rj: &str, n: usize, template: &Value) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let mut labels = template["metadata"]["labels"].clone();
+            if labels.is_null() {
+                labels = json!({});
+            }
+            labels["jobset.sigs.k8s.io/jobset-name"] = json!(jobset);
+            labels["jobset.sigs.k8s.io/jobset-uid"] = json!(uid);
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("{jobset}-{rj}-0-{i}-x"), "namespace": "ml",
+                    "labels": labels, "annotations": template["metadata"]["annotations"]},
+                "spec": {"nodeName": "h100-1", "containers": template["spec"]["containers"]},
+                "status": {"phase": "Succeeded", "hostIP": "10.0.0.2",
+                           "startTime": "2026-01-01T01:00:00Z"}})
+        })
+        .collect()
+}
+
+/// Runs the webhook-path run recorder once on `obj` (of `kind`).
+async fn record(w: &World, kind: (&str, &str, &str, &str), obj: &Value) {
+    let recorder = Arc::new(WorkloadContext {
+        ctx: w.kueue.ctx.clone(),
+        resource: ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(kind.0, kind.1, kind.2),
+            kind.3,
+        ),
+    });
+    let o: DynamicObject = serde_json::from_value(obj.clone()).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        reconcile_workload(Arc::new(o), recorder),
+    )
+    .await
+    .expect("in time")
+    .expect("recorded");
+}
+
+#[tokio::test]
+async fn a_jobset_gets_its_flavor_settings_in_every_training_job_and_new_ones_on_readmission() {
+    let w = World::new();
+    let (mut js, wl_name) = w.submit(JOBSET, jobset("llm"));
+    let wl = w.get(&format!("workloads/{wl_name}"));
+    // Kueue's pod sets: one per replicated Job, replicas × min(parallelism, completions).
+    let sets: Vec<(String, i64)> = wl["spec"]["podSets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().into(),
+                p["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sets,
+        [
+            ("driver".into(), 1),
+            ("leader".into(), 1),
+            ("workers".into(), 6)
+        ]
+    );
+    // The driver asks for no GPU: its container is left alone.
+    let driver = &js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+    assert!(
+        driver["spec"]["containers"][0]["env"].is_null(),
+        "{driver:#}"
+    );
+
+    let counts = [("driver", 1), ("leader", 1), ("workers", 6)];
+    let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "a100-40gb", &counts));
+    w.reconcile(&reserved).await;
+    let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
+    assert_eq!(ours["state"], "Ready", "{ours:#}");
+    assert!(
+        ours["message"].as_str().unwrap().contains("W 8 GPUs"),
+        "{ours:#}"
+    );
+    let a100 = applied(&w.get("jobsets/llm"));
+    assert!(a100["gpu"].as_str().unwrap().contains("A100"), "{a100}");
+    let recorded_w: Value = serde_json::from_str(
+        w.get("jobsets/llm")["metadata"]["annotations"][ANN_WORKLOAD]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        recorded_w["gpus"], 8,
+        "W over every training replicated Job"
+    );
+
+    let fl = flavors(&w);
+    w.kueue_writes(&wl_name, |wl| {
+        other_check_ready(wl);
+        kueue_start(wl, &mut js, &fl);
+    });
+    assert_eq!(js["spec"]["suspend"], false);
+    let mut a100_settings = Vec::new();
+    for i in [1, 2] {
+        let t = &js["spec"]["replicatedJobs"][i]["template"]["spec"]["template"];
+        assert_eq!(t["spec"]["nodeSelector"]["pool"], "a100");
+        a100_settings.push(assert_global_batch(t, 8));
+    }
+    assert_eq!(a100_settings[0], a100_settings[1], "every rank the same");
+    assert_eq!(
+        a100_settings[0].0 as u64,
+        a100["settings"]["microBatchSize"].as_u64().unwrap()
+    );
+
+    // Preempted, then re-admitted to the H100 flavor.
+    w.kueue_writes(&wl_name, |wl| kueue_evict(wl, &mut js));
+    w.kueue_writes(&wl_name, kueue_release);
+    let t = &js["spec"]["replicatedJobs"][2]["template"]["spec"]["template"];
+    assert_eq!(container_view(t).0["GPUFIT_MICRO_BATCH_SIZE"], "");
+    let readmitted = w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &counts));
+    w.reconcile(&readmitted).await;
+    js["metadata"]["annotations"] = w.get("jobsets/llm")["metadata"]["annotations"].clone();
+    w.kueue_writes(&wl_name, |wl| {
+        other_check_ready(wl);
+        kueue_start(wl, &mut js, &fl);
+    });
+    let h100 = applied(&w.get("jobsets/llm"));
+    assert!(h100["gpu"].as_str().unwrap().contains("H100"), "{h100}");
+    let mut h100_settings = Vec::new();
+    for i in [1, 2] {
+        let t = &js["spec"]["replicatedJobs"][i]["template"]["spec"]["template"];
+        assert_eq!(t["spec"]["nodeSelector"]["pool"], "h100");
+        h100_settings.push(assert_global_batch(t, 8));
+    }
+    assert!(
+        h100_settings[0].0 > a100_settings[0].0,
+        "the larger GPU, a larger micro batch: {a100_settings:?} → {h100_settings:?}"
+    );
+
+    // It completes: one run recorded, with the H100 admission's prediction.
+    js["status"] = json!({"conditions": [{"type": "Completed", "status": "True",
+        "lastTransitionTime": "2026-01-01T02:00:00Z"}]});
+    let leader_t = js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"].clone();
+    let workers_t = js["spec"]["replicatedJobs"][2]["template"]["spec"]["template"].clone();
+    let driver_t = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"].clone();
+    let mut pods = jobset_pods("llm", "uid-llm", "driver", 1, &driver_t);
+    pods[0]["status"]["startTime"] = json!("2026-01-01T00:55:00Z");
+    pods.extend(jobset_pods("llm", "uid-llm", "leader", 1, &leader_t));
+    pods.extend(jobset_pods("llm", "uid-llm", "workers", 6, &workers_t));
+    // A pod left by an earlier JobSet of the same name is not this run's.
+    let mut stale = jobset_pods("llm", "uid-old", "workers", 1, &workers_t);
+    stale[0]["metadata"]["name"] = json!("llm-old-pod");
+    pods.extend(stale);
+    {
+        let mut api = w.api.lock().unwrap();
+        api.objects.insert("jobsets/llm".into(), js.clone());
+        api.pods = pods;
+    }
+    record(&w, JOBSET, &js).await;
+    // A stale event for the same JobSet records nothing more.
+    record(&w, JOBSET, &js).await;
+    let runs = w.history.list(&ListFilter::default()).expect("runs");
+    assert_eq!(runs.len(), 1, "one record for the JobSet");
+    let r = &runs[0];
+    assert!(r.gpu_model.contains("H100"), "{}", r.gpu_model);
+    assert_eq!(r.gpus, 8);
+    assert_eq!(r.predicted_peak_bytes, h100["predictedPeakBytes"].as_u64());
+    assert_eq!(
+        r.settings.micro_batch_size as u64,
+        h100["settings"]["microBatchSize"].as_u64().unwrap()
+    );
+    assert_eq!(r.job_id.as_deref(), Some("JobSet:ml/llm/uid-llm"));
+    assert!(r.result.success);
+    assert_eq!(r.result.duration_sec, Some(3600.0));
+    assert!(
+        w.api.lock().unwrap().unexpected.is_empty(),
+        "{:?}",
+        w.api.lock().unwrap().unexpected
+    );
+}
+
+/// A TrainJob through Kueue: its pod sets come from its runtime's JobSet;
+/// gpufit's settings reach the trainer's `node` containers through
+/// `spec.trainer.env` (downward-API references) and the pod annotations
+/// Kueue puts in the runtime patch (or the podTemplateOverrides).
+async fn trainjob_through_kueue(legacy: bool) {
+    let w = World::new();
+    let (mut tj, wl_name) = w.submit(TRAINJOB, trainjob("tj", legacy));
+    let wl = w.get(&format!("workloads/{wl_name}"));
+    let sets: Vec<(String, i64)> = wl["spec"]["podSets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().into(),
+                p["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sets,
+        [
+            ("dataset-initializer".into(), 1),
+            ("model-initializer".into(), 1),
+            ("node".into(), 2)
+        ]
+    );
+    // Before admission the trainer's variables read as empty.
+    let (env, args) = container_view(&trainer_template(&tj));
+    assert_eq!(env["GPUFIT_MICRO_BATCH_SIZE"], "");
+    assert_eq!(env["HF_HOME"], "/workspace/cache", "the runtime's env kept");
+    assert_eq!(args[1], "");
+
+    let counts = [
+        ("dataset-initializer", 1),
+        ("model-initializer", 1),
+        ("node", 2),
+    ];
+    let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &counts));
+    w.reconcile(&reserved).await;
+    let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
+    assert_eq!(ours["state"], "Ready", "{ours:#}");
+    assert!(
+        ours["message"].as_str().unwrap().contains("W 8 GPUs"),
+        "{ours:#}"
+    );
+    let h100 = applied(&w.get("trainjobs/tj"));
+    assert!(h100["gpu"].as_str().unwrap().contains("H100"), "{h100}");
+    let fl = flavors(&w);
+    w.kueue_writes(&wl_name, |wl| {
+        other_check_ready(wl);
+        kueue_start(wl, &mut tj, &fl);
+    });
+    assert_eq!(tj["spec"]["suspend"], false);
+    let t = trainer_template(&tj);
+    assert_eq!(t["spec"]["nodeSelector"]["pool"], "h100");
+    let h100_settings = assert_global_batch(&t, 8);
+    assert_eq!(
+        h100_settings.0 as u64,
+        h100["settings"]["microBatchSize"].as_u64().unwrap()
+    );
+
+    // Evicted, re-admitted to the A100 flavor: the A100's settings.
+    w.kueue_writes(&wl_name, |wl| kueue_evict(wl, &mut tj));
+    w.kueue_writes(&wl_name, kueue_release);
+    assert_eq!(
+        container_view(&trainer_template(&tj)).0["GPUFIT_MICRO_BATCH_SIZE"],
+        "",
+        "Kueue's patch was removed"
+    );
+    let readmitted = w.kueue_writes(&wl_name, |wl| reserve(wl, "a100-40gb", &counts));
+    w.reconcile(&readmitted).await;
+    tj["metadata"]["annotations"] = w.get("trainjobs/tj")["metadata"]["annotations"].clone();
+    w.kueue_writes(&wl_name, |wl| {
+        other_check_ready(wl);
+        kueue_start(wl, &mut tj, &fl);
+    });
+    let t = trainer_template(&tj);
+    assert_eq!(t["spec"]["nodeSelector"]["pool"], "a100");
+    let a100_settings = assert_global_batch(&t, 8);
+    assert!(
+        a100_settings.0 < h100_settings.0,
+        "the smaller GPU, a smaller micro batch: {h100_settings:?} → {a100_settings:?}"
+    );
+    let a100 = applied(&w.get("trainjobs/tj"));
+    assert!(a100["gpu"].as_str().unwrap().contains("A100"), "{a100}");
+
+    // It completes: one run for the TrainJob, none for its JobSet.
+    tj["status"] = json!({"conditions": [
+        {"type": "Created", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T01:30:00Z"}]});
+    let mut child = trainer_jobset(&tj);
+    child["status"] = json!({"conditions": [{"type": "Completed", "status": "True",
+        "lastTransitionTime": "2026-01-01T01:30:00Z"}]});
+    {
+        let mut api = w.api.lock().unwrap();
+        api.objects.insert("trainjobs/tj".into(), tj.clone());
+        api.objects.insert("jobsets/tj".into(), child.clone());
+        api.pods = jobset_pods("tj", "js-tj", "node", 2, &t);
+        // The initializers ran first (from 00:40): not the training's time.
+        let js = trainer_jobset(&tj);
+        let init_t = &js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+        let mut init = jobset_pods("tj", "js-tj", "dataset-initializer", 1, init_t);
+        init[0]["status"]["startTime"] = json!("2026-01-01T00:40:00Z");
+        api.pods.extend(init);
+    }
+    record(&w, JOBSET, &child).await;
+    assert!(w.history.list(&ListFilter::default()).unwrap().is_empty());
+    record(&w, TRAINJOB, &tj).await;
+    record(&w, TRAINJOB, &tj).await;
+    let runs = w.history.list(&ListFilter::default()).expect("runs");
+    assert_eq!(runs.len(), 1, "one record for the TrainJob");
+    let r = &runs[0];
+    assert!(r.gpu_model.contains("A100"), "{}", r.gpu_model);
+    assert_eq!(r.gpus, 8);
+    assert_eq!(r.predicted_peak_bytes, a100["predictedPeakBytes"].as_u64());
+    assert_eq!(r.job_id.as_deref(), Some("TrainJob:ml/tj/uid-tj"));
+    assert_eq!(
+        r.result.duration_sec,
+        Some(1800.0),
+        "from the trainer pods' start, not the initializers'"
+    );
+    assert_eq!(r.result.peak_memory_bytes, Some(30 << 30));
+    assert!(
+        w.api.lock().unwrap().unexpected.is_empty(),
+        "{:?}",
+        w.api.lock().unwrap().unexpected
+    );
+}
+
+#[tokio::test]
+async fn a_trainjob_gets_its_flavor_settings_through_kueues_runtime_patch() {
+    trainjob_through_kueue(false).await;
+}
+
+#[tokio::test]
+async fn a_trainjob_gets_its_flavor_settings_through_pod_template_overrides_on_older_kueue() {
+    trainjob_through_kueue(true).await;
+}
+
+// === Jobs Kueue manages without a queue label ===
+
+/// A Job without `kueue.x-k8s.io/queue-name`.
+fn unlabelled_job(name: &str) -> Value {
+    let mut j = batch_job(name, 2, json!({}));
+    j["metadata"]["labels"] = json!({});
+    j
+}
+
+fn deferred(job: &Value) -> bool {
+    job["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|e| e["name"] == "GPUFIT_MICRO_BATCH_SIZE" && e["valueFrom"]["fieldRef"].is_object())
+}
+
+#[tokio::test]
+async fn with_the_flag_unlabelled_jobs_in_kueues_namespaces_are_configured_at_admission() {
+    let policy = Unlabelled::managing(DEFAULT_NAMESPACE_SELECTOR).unwrap();
+    let w = World::with(
+        policy,
+        &[
+            ("ml", json!({})),
+            ("kube-system", json!({})),
+            ("research", json!({"gpufit.io/kueue": "unmanaged"})),
+            ("typo", json!({"gpufit.io/kueue": "on"})),
+        ],
+    );
+    // In a namespace Kueue manages: configured at admission, like a queued job.
+    let (job, warnings) = w.admit_in("ml", JOB, &unlabelled_job("auto"));
+    assert!(deferred(&job), "{job:#}");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(job["metadata"]["annotations"][ANN_WORKLOAD].is_string());
+    // Kueue's webhook gives it the namespace's default LocalQueue; the
+    // admission then goes as for any queued job.
+    let mut job = job;
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("default");
+    job["metadata"]["uid"] = json!("uid-auto");
+    let wl = kueue_workload(JOB, &job);
+    let wl_name = wl["metadata"]["name"].as_str().unwrap().to_string();
+    {
+        let mut api = w.api.lock().unwrap();
+        api.objects.insert("jobs/auto".into(), job.clone());
+        api.objects.insert(format!("workloads/{wl_name}"), wl);
+    }
+    let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    w.reconcile(&reserved).await;
+    let fl = flavors(&w);
+    w.kueue_writes(&wl_name, |wl| {
+        other_check_ready(wl);
+        kueue_start(wl, &mut job, &fl);
+    });
+    assert_global_batch(&job["spec"]["template"], 2);
+
+    // kube-system (outside Kueue's default selector) and a namespace
+    // labelled unmanaged: the job is judged now, as without Kueue (the two
+    // node pools are two GPUs, so it is left alone with a warning).
+    for ns in ["kube-system", "research"] {
+        let plain = unlabelled_job("plain");
+        let (out, warnings) = w.admit_in(ns, JOB, &plain);
+        assert_eq!(out, plain, "{ns}");
+        assert!(
+            warnings.iter().any(|m| m.contains("different GPUs")),
+            "{ns}: {warnings:?}"
+        );
+    }
+    // A Job its JobSet controls is admitted with the JobSet, not on its
+    // own: judged now (here: left alone, two GPUs in the pools).
+    let mut child = unlabelled_job("llm-workers-0");
+    child["metadata"]["ownerReferences"] = json!([{"apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet", "name": "llm", "uid": "u", "controller": true}]);
+    let (out, _) = w.admit_in("ml", JOB, &child);
+    assert!(!deferred(&out), "{out:#}");
+    // A namespace label gpufit does not know: denied, naming it.
+    let resp = w.review_in("typo", JOB, &unlabelled_job("t"));
+    assert!(!resp.allowed);
+    assert!(
+        resp.result.message.contains("gpufit.io/kueue"),
+        "{:?}",
+        resp.result
+    );
+    // A job that did not opt in is untouched anywhere.
+    let mut other = unlabelled_job("other");
+    other["metadata"]["annotations"] = json!({});
+    assert_eq!(w.admit_in("ml", JOB, &other).0, other);
+}
+
+#[tokio::test]
+async fn without_the_flag_a_namespace_labelled_managed_is_kueues() {
+    let w = World::with(
+        Unlabelled::default(),
+        &[
+            ("ml", json!({})),
+            ("team-b", json!({"gpufit.io/kueue": "managed"})),
+        ],
+    );
+    let (job, _) = w.admit_in("team-b", JOB, &unlabelled_job("b"));
+    assert!(deferred(&job), "{job:#}");
+    // A JobSet there too: every training template.
+    let mut js = jobset("js-b");
+    js["metadata"]["labels"] = json!({});
+    let (js, _) = w.admit_in("team-b", JOBSET, &js);
+    let workers = &js["spec"]["replicatedJobs"][2]["template"]["spec"]["template"];
+    assert!(container_view(workers)
+        .0
+        .contains_key("GPUFIT_MICRO_BATCH_SIZE"));
+    // Elsewhere (no flag, no label): not Kueue's.
+    let plain = unlabelled_job("plain");
+    let (out, _) = w.admit_in("ml", JOB, &plain);
+    assert!(!deferred(&out));
+    // Recommend mode in a managed namespace: untouched, told when.
+    let mut rec = unlabelled_job("rec");
+    rec["metadata"]["annotations"]["gpufit.io/mode"] = json!("Recommend");
+    let (out, warnings) = w.admit_in("team-b", JOB, &rec);
+    assert_eq!(out, rec);
+    assert!(
+        warnings.iter().any(|m| m.contains("when Kueue admits it")),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn the_controller_refuses_a_namespace_selector_it_cannot_read_and_the_flag_alone() {
+    let gpufit = env!("CARGO_BIN_EXE_gpufit");
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("h.db").display());
+    let out = std::process::Command::new(gpufit)
+        .args([
+            "controller",
+            "--kueue",
+            "--kueue-manage-jobs-without-queue-name",
+            "--kueue-managed-jobs-namespace-selector",
+            "matchExpressions: [{key: team, operator: Near, values: [ml]}]",
+            "--history",
+            &db,
+        ])
+        .env("KUBECONFIG", dir.path().join("none"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--kueue-managed-jobs-namespace-selector"),
+        "{err}"
+    );
+    // Without --kueue nothing would answer the admission: refused.
+    let out = std::process::Command::new(gpufit)
+        .args([
+            "controller",
+            "--kueue-manage-jobs-without-queue-name",
+            "--history",
+            &db,
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kueue"));
 }

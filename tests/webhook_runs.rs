@@ -250,6 +250,7 @@ impl World {
                 targets: StrategyTargets::default(),
                 default_mode: Mode::Inject,
                 cache: Default::default(),
+                kueue_unlabelled: Default::default(),
             },
             history,
             peaks,

@@ -12,6 +12,7 @@ use super::history::StoreArgs;
 use super::Global;
 use crate::controller::api::{self, ApiConfig};
 use crate::controller::crd::Mode;
+use crate::controller::kueue::Unlabelled;
 use crate::controller::leader::LeaderConfig;
 use crate::controller::prom::DEFAULT_PEAK_QUERY;
 use crate::controller::run::{self, ControllerConfig};
@@ -78,6 +79,28 @@ pub struct ControllerArgs {
     /// of the flavor and counts they are admitted with.
     #[arg(long, env = "GPUFIT_KUEUE")]
     pub kueue: bool,
+    /// Kueue manages jobs without a `kueue.x-k8s.io/queue-name` label too
+    /// (set when Kueue's configuration has `manageJobsWithoutQueueName:
+    /// true`): the webhook configures such jobs at admission, in the
+    /// namespaces --kueue-managed-jobs-namespace-selector matches. A
+    /// namespace's `gpufit.io/kueue` label (`managed`, `unmanaged`)
+    /// overrides both.
+    #[arg(
+        long,
+        env = "GPUFIT_KUEUE_MANAGE_JOBS_WITHOUT_QUEUE_NAME",
+        requires = "kueue"
+    )]
+    pub kueue_manage_jobs_without_queue_name: bool,
+    /// Kueue's `managedJobsNamespaceSelector`, copied from its
+    /// configuration: a LabelSelector in JSON or YAML on the namespaces'
+    /// labels (default: Kueue's default, every namespace but kube-system
+    /// and kueue-system).
+    #[arg(
+        long,
+        default_value = crate::controller::kueue::DEFAULT_NAMESPACE_SELECTOR,
+        env = "GPUFIT_KUEUE_MANAGED_JOBS_NAMESPACE_SELECTOR"
+    )]
+    pub kueue_managed_jobs_namespace_selector: String,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "gpufit-controller", env = "GPUFIT_LEASE_NAME")]
     pub lease_name: String,
@@ -124,7 +147,7 @@ pub fn run(_g: &Global, args: ControllerArgs) -> crate::Result<ExitCode> {
             "--lease-duration must be at least 3s (the Lease is renewed every third of it)".into(),
         ));
     }
-    let cfg = kubernetes_config(args, api_cfg);
+    let cfg = kubernetes_config(args, api_cfg)?;
     rt.block_on(run::run(cfg, shutdown_signal()))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -155,7 +178,13 @@ async fn serve_slurm_api(api_cfg: ApiConfig) -> Result<(), crate::controller::Co
 }
 
 /// The Kubernetes-mode configuration from the flags.
-fn kubernetes_config(args: ControllerArgs, api_cfg: ApiConfig) -> ControllerConfig {
+fn kubernetes_config(args: ControllerArgs, api_cfg: ApiConfig) -> crate::Result<ControllerConfig> {
+    // A selector that does not parse is the operator's input to fix (exit 2).
+    let mut kueue_unlabelled = Unlabelled::managing(&args.kueue_managed_jobs_namespace_selector)
+        .map_err(|e| {
+            crate::Error::Usage(format!("--kueue-managed-jobs-namespace-selector: {e}"))
+        })?;
+    kueue_unlabelled.manage = args.kueue_manage_jobs_without_queue_name;
     let webhook = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(WebhookConfig {
             listen: args.webhook_listen,
@@ -176,7 +205,7 @@ fn kubernetes_config(args: ControllerArgs, api_cfg: ApiConfig) -> ControllerConf
         lease_duration: args.lease_duration,
         renew_every: args.lease_duration / 3,
     });
-    ControllerConfig {
+    Ok(ControllerConfig {
         api: api_cfg,
         webhook,
         mode: match args.mode {
@@ -189,8 +218,9 @@ fn kubernetes_config(args: ControllerArgs, api_cfg: ApiConfig) -> ControllerConf
         sidecar_url: args.sidecar_url,
         watch_namespace: args.watch_namespace,
         kueue: args.kueue,
+        kueue_unlabelled,
         leader,
         cluster: args.cluster,
         targets: StrategyTargets::default(),
-    }
+    })
 }

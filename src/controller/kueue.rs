@@ -31,6 +31,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -54,6 +56,123 @@ pub fn queue_name(metadata: Option<&Value>) -> Option<&str> {
         .iter()
         .filter_map(|k| m.get(*k)?.get(QUEUE_NAME)?.as_str())
         .find(|q| !q.trim().is_empty())
+}
+
+// === Jobs Kueue manages without a queue label ===
+//
+// Kueue's `Configuration` (`apis/config/v1beta1/configuration_types.go`):
+// with `manageJobsWithoutQueueName: true`, a job without the queue label in
+// a namespace that `managedJobsNamespaceSelector` matches is suspended and
+// admitted through a LocalQueue anyway (the namespace's `default` one, which
+// Kueue's webhook writes as the job's queue label — possibly after gpufit's
+// webhook has seen the job). The selector defaults to every namespace but
+// `kube-system` and Kueue's own. gpufit cannot read Kueue's configuration,
+// so the admin states the same here: the controller flags mirror the two
+// fields, and a namespace label overrides them for one namespace.
+
+/// Namespace label: `managed` (jobs without a queue label here are Kueue's)
+/// or `unmanaged` (they are not), whatever the controller's flags say.
+pub const NAMESPACE_LABEL: &str = "gpufit.io/kueue";
+/// The label the API server sets on every namespace to its name (what
+/// Kueue's default selector matches on).
+pub const LABEL_NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
+/// Kueue's default `managedJobsNamespaceSelector` (`apis/config/v1beta1/
+/// defaults.go`, with Kueue installed in its default namespace `kueue-system`).
+pub const DEFAULT_NAMESPACE_SELECTOR: &str = r#"{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"NotIn","values":["kube-system","kueue-system"]}]}"#;
+
+/// Kinds Kueue admits as one job (its job integrations,
+/// `pkg/controller/jobs`): an object one of them controls (a JobSet's Jobs,
+/// a TrainJob's JobSet) is admitted with its owner, never on its own
+/// (`jobframework.FindAncestorJobManagedByKueue`).
+pub const INTEGRATION_KINDS: [&str; 14] = [
+    "Job",
+    "JobSet",
+    "TrainJob",
+    "PyTorchJob",
+    "TFJob",
+    "XGBoostJob",
+    "PaddleJob",
+    "JAXJob",
+    "MPIJob",
+    "RayJob",
+    "RayCluster",
+    "AppWrapper",
+    "LeaderWorkerSet",
+    "SparkApplication",
+];
+
+/// Whether an object (its `metadata`) is controlled by a kind Kueue admits
+/// as a whole ([`INTEGRATION_KINDS`]).
+pub fn owned_by_integration(metadata: Option<&Value>) -> bool {
+    metadata
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
+        .filter_map(|o| o.get("kind").and_then(Value::as_str))
+        .any(|k| INTEGRATION_KINDS.contains(&k))
+}
+
+/// Which jobs without a queue label Kueue manages, as gpufit was told.
+#[derive(Debug, Clone, Default)]
+pub struct Unlabelled {
+    /// Kueue's `manageJobsWithoutQueueName`.
+    pub manage: bool,
+    /// Kueue's `managedJobsNamespaceSelector` (every namespace when None).
+    pub namespaces: Option<Selector>,
+}
+
+impl Unlabelled {
+    /// `manageJobsWithoutQueueName: true` with this
+    /// `managedJobsNamespaceSelector` (a `LabelSelector` in JSON or YAML,
+    /// as in Kueue's configuration).
+    pub fn managing(selector: &str) -> Result<Self, KueueError> {
+        let bad = |e: String| KueueError::Selector(format!("{selector:?}: {e}"));
+        let ls: LabelSelector = serde_yaml::from_str(selector).map_err(|e| bad(e.to_string()))?;
+        let sel = Selector::try_from(ls).map_err(|e| bad(e.to_string()))?;
+        Ok(Unlabelled {
+            manage: true,
+            namespaces: Some(sel),
+        })
+    }
+
+    /// Whether a job without a queue label in namespace `ns` (with these
+    /// labels; None when the namespace is not known yet) is Kueue's. The
+    /// namespace's [`NAMESPACE_LABEL`] decides first; a value other than
+    /// `managed`/`unmanaged` is an error naming it.
+    pub fn managed(
+        &self,
+        ns: &str,
+        labels: Option<&BTreeMap<String, String>>,
+    ) -> Result<bool, KueueError> {
+        match labels
+            .and_then(|l| l.get(NAMESPACE_LABEL))
+            .map(String::as_str)
+        {
+            Some("managed") => return Ok(true),
+            Some("unmanaged") => return Ok(false),
+            Some(other) => {
+                return Err(KueueError::NamespaceLabel {
+                    namespace: ns.to_string(),
+                    value: other.to_string(),
+                })
+            }
+            None => {}
+        }
+        if !self.manage {
+            return Ok(false);
+        }
+        let Some(sel) = &self.namespaces else {
+            return Ok(true);
+        };
+        // The API server sets the name label on every namespace; a
+        // namespace not in the cache yet is matched by its name alone.
+        let mut l = labels.cloned().unwrap_or_default();
+        l.entry(LABEL_NAMESPACE_NAME.to_string())
+            .or_insert_with(|| ns.to_string());
+        Ok(sel.matches(&l))
+    }
 }
 
 /// A Workload as far as gpufit reads it.
@@ -160,6 +279,12 @@ pub enum KueueError {
     NotAssigned(String),
     #[error("the Workload has no pod sets")]
     NoPodSets,
+    #[error("not a LabelSelector: {0}")]
+    Selector(String),
+    #[error(
+        "namespace {namespace} label gpufit.io/kueue: {value:?} is neither managed nor unmanaged"
+    )]
+    NamespaceLabel { namespace: String, value: String },
 }
 
 /// What to do with a Workload.
@@ -604,5 +729,92 @@ mod tests {
         );
         assert_eq!(queue_name(Some(&json!({}))), None);
         assert_eq!(queue_name(None), None);
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn unlabelled_jobs_are_kueues_where_the_admin_says_as_kueue_decides() {
+        // Off (Kueue's default): only the namespace label says so.
+        let off = Unlabelled::default();
+        assert!(!off.managed("ml", Some(&labels(&[]))).unwrap());
+        assert!(off
+            .managed("ml", Some(&labels(&[(NAMESPACE_LABEL, "managed")])))
+            .unwrap());
+        // On with Kueue's default selector: every namespace but kube-system
+        // and kueue-system, matched on the name label the API server sets
+        // (and by name alone for a namespace not cached yet).
+        let mut on = Unlabelled::managing(DEFAULT_NAMESPACE_SELECTOR).unwrap();
+        assert!(on.manage);
+        assert!(on.managed("ml", None).unwrap());
+        assert!(!on
+            .managed(
+                "kube-system",
+                Some(&labels(&[(LABEL_NAMESPACE_NAME, "kube-system")]))
+            )
+            .unwrap());
+        assert!(!on.managed("kueue-system", None).unwrap());
+        // The namespace label overrides the flag both ways.
+        assert!(!on
+            .managed("ml", Some(&labels(&[(NAMESPACE_LABEL, "unmanaged")])))
+            .unwrap());
+        assert!(on
+            .managed(
+                "kube-system",
+                Some(&labels(&[(NAMESPACE_LABEL, "managed")]))
+            )
+            .unwrap());
+        // A typo is an error naming the label, not a silent "no".
+        let e = on
+            .managed("ml", Some(&labels(&[(NAMESPACE_LABEL, "yes")])))
+            .unwrap_err();
+        assert!(e.to_string().contains("gpufit.io/kueue"), "{e}");
+        // The flag without a selector: every namespace.
+        on.namespaces = None;
+        assert!(on.managed("kube-system", None).unwrap());
+    }
+
+    #[test]
+    fn a_child_of_a_job_kueue_admits_is_not_a_job_of_its_own() {
+        let owned = |kind: &str, controller: bool| {
+            json!({"ownerReferences": [{"apiVersion": "x/v1", "kind": kind, "name": "o",
+                                        "uid": "u", "controller": controller}]})
+        };
+        assert!(owned_by_integration(Some(&owned("JobSet", true))));
+        assert!(owned_by_integration(Some(&owned("TrainJob", true))));
+        // A CronJob's Job is Kueue's to admit; a non-controller owner is no owner.
+        assert!(!owned_by_integration(Some(&owned("CronJob", true))));
+        assert!(!owned_by_integration(Some(&owned("JobSet", false))));
+        assert!(!owned_by_integration(Some(&json!({}))));
+        assert!(!owned_by_integration(None));
+    }
+
+    #[test]
+    fn the_namespace_selector_is_kueues_label_selector_in_yaml_or_json() {
+        let yaml = "matchLabels:\n  team: ml\nmatchExpressions:\n- {key: tier, operator: In, values: [gpu]}\n";
+        let u = Unlabelled::managing(yaml).unwrap();
+        assert!(u
+            .managed("a", Some(&labels(&[("team", "ml"), ("tier", "gpu")])))
+            .unwrap());
+        assert!(!u.managed("b", Some(&labels(&[("team", "ml")]))).unwrap());
+        assert!(!u.managed("c", None).unwrap());
+        // An empty selector matches everything, as in Kubernetes.
+        assert!(Unlabelled::managing("{}")
+            .unwrap()
+            .managed("x", None)
+            .unwrap());
+        for bad in [
+            "matchLabels: [1",
+            r#"{"matchExpressions":[{"key":"a","operator":"Near","values":["b"]}]}"#,
+            r#"{"matchLabels": "team"}"#,
+        ] {
+            let e = Unlabelled::managing(bad).unwrap_err();
+            assert!(matches!(e, KueueError::Selector(_)), "{bad}: {e}");
+        }
     }
 }

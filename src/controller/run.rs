@@ -44,6 +44,9 @@ pub struct ControllerConfig {
     pub watch_namespace: Option<String>,
     /// Answer gpufit's Kueue AdmissionChecks (`--kueue`).
     pub kueue: bool,
+    /// Jobs without a queue label that Kueue manages
+    /// (`--kueue-manage-jobs-without-queue-name`).
+    pub kueue_unlabelled: super::kueue::Unlabelled,
     pub leader: Option<LeaderConfig>,
     pub cluster: Option<String>,
     pub targets: StrategyTargets,
@@ -87,6 +90,7 @@ pub async fn run(
             targets: cfg.targets,
             default_mode: cfg.mode,
             cache: Default::default(),
+            kueue_unlabelled: cfg.kueue_unlabelled.clone(),
         });
         serve_webhook(&wcfg, state, &stop).await?;
     }

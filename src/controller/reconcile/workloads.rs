@@ -21,7 +21,8 @@
 //!   pod); a peak not there yet is filled in later, paced like a
 //!   TrainingJob's ([`MAX_PEAK_LOOKUPS`]).
 //! - Duration: from `status.startTime`, or (a JobSet, a TrainJob: their
-//!   status has none) the earliest pod's start, to the end condition.
+//!   status has none) the earliest training pod's start (those asking for
+//!   GPUs: not a TrainJob's initializers), to the end condition.
 //! - Tokens/s: as the job printed it, read from the lowest rank that
 //!   printed one (the master first) — not summed over ranks, like the
 //!   single-pod TrainingJob, whose one pod prints what its rank 0 prints.
@@ -51,6 +52,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 
 use crate::controller::crd::{AttemptOutcome, SettingsStatus};
+use crate::controller::gpu::pod_gpus;
 use crate::controller::inject::ANN_APPLIED;
 use crate::controller::metrics::RunOutcome;
 use crate::controller::ControllerError;
@@ -274,11 +276,17 @@ pub fn run_record(
 }
 
 /// When the workload started (Unix seconds): its `status.startTime` (a
-/// Job, a PyTorchJob), else its earliest pod's (a TrainJob's status has no
-/// start time; a JobSet's neither).
+/// Job, a PyTorchJob), else its earliest training pod's (a TrainJob's
+/// status has no start time; a JobSet's neither). The training pods are
+/// those asking for GPUs (all when none does): a TrainJob's dataset and
+/// model initializers, or a JobSet's CPU-only driver, run before training
+/// starts, and the run's duration is the training's.
 fn started(obj: &DynamicObject, pods: &[Pod]) -> Option<f64> {
+    let gpus = |p: &&Pod| p.spec.as_ref().is_some_and(|s| pod_gpus(s).count > 0);
+    let any_gpu = pods.iter().any(|p| gpus(&p));
     unix(obj.data["status"]["startTime"].as_str()).or_else(|| {
         pods.iter()
+            .filter(|p| !any_gpu || gpus(p))
             .filter_map(|p| {
                 let t = p.status.as_ref()?.start_time.as_ref()?;
                 Some(t.0.as_millisecond() as f64 / 1000.0)

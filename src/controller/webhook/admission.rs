@@ -167,14 +167,14 @@ fn decide(
     // Queued in Kueue: the GPU (flavor) and the counts are decided at
     // admission, so the settings are too (the AdmissionCheck controller),
     // W included: a TrainJob whose runtime sets its GPUs is fine here.
-    if let Some(queue) = kueue::queue_name(original.get("metadata")) {
+    if let Some(queue) = kueue_queue(original, req.namespace.as_deref(), state)? {
         return Ok(queued(
             original,
             &shape,
             &workload,
             mode,
             &req.kind.kind,
-            queue,
+            &queue,
         ));
     }
 
@@ -209,6 +209,32 @@ fn decide(
         workloads::mark_for_recording(&mut mutated, &shape.templates, &workload);
     }
     Ok(Decision::Mutate(mutated, suggestion.warnings.clone()))
+}
+
+/// The Kueue queue an object goes through, for the messages: its
+/// `kueue.x-k8s.io/queue-name`, else — in a namespace whose jobs without
+/// one Kueue manages (`state.kueue_unlabelled`) — the namespace's default
+/// LocalQueue; None when Kueue does not manage it.
+fn kueue_queue(
+    original: &Value,
+    ns: Option<&str>,
+    state: &WebhookState,
+) -> Result<Option<String>, Denied> {
+    if let Some(q) = kueue::queue_name(original.get("metadata")) {
+        return Ok(Some(q.to_string()));
+    }
+    // A JobSet's Job or a TrainJob's JobSet is admitted with its owner.
+    if kueue::owned_by_integration(original.get("metadata")) {
+        return Ok(None);
+    }
+    let Some(ns) = ns else { return Ok(None) };
+    let obj = state.namespaces.get(&ObjectRef::new(ns));
+    let labels = obj.as_ref().and_then(|o| o.metadata.labels.as_ref());
+    match state.kueue_unlabelled.managed(ns, labels) {
+        Ok(true) => Ok(Some(format!("(namespace {ns}'s default LocalQueue)"))),
+        Ok(false) => Ok(None),
+        Err(e) => Err(Denied(format!("gpufit: {e}"))),
+    }
 }
 
 /// An object queued in Kueue: its containers read each setting from a pod

@@ -6,10 +6,12 @@
 //! (every rank; where per kind: `shape`).
 //!
 //! - Objects without `gpufit.io/…` input annotations are allowed untouched.
-//! - An object queued in Kueue (`kueue.x-k8s.io/queue-name`) gets its
-//!   settings when Kueue admits it on a flavor: now, each setting becomes a
-//!   downward-API reference to a pod annotation that gpufit's AdmissionCheck
-//!   sets then (`super::reconcile::kueue`); no GPU is resolved here.
+//! - An object queued in Kueue (`kueue.x-k8s.io/queue-name`, or none in a
+//!   namespace declared Kueue-managed: [`super::kueue::Unlabelled`]) gets
+//!   its settings when Kueue admits it on a flavor: now, each setting
+//!   becomes a downward-API reference to a pod annotation that gpufit's
+//!   AdmissionCheck sets then (`super::reconcile::kueue`); no GPU is
+//!   resolved here.
 //! - A bad annotation (unknown key, unparsable value, contradictory fields)
 //!   is denied with a message that names it — never silently ignored.
 //! - When gpufit cannot help (GPU unknown, history store down, nothing fits,
@@ -81,6 +83,10 @@ pub struct WebhookState {
     /// Recent history answers, so a burst of submissions of one workload
     /// does not run the same history query for each.
     pub cache: HistoryCache,
+    /// Which jobs without a `kueue.x-k8s.io/queue-name` label Kueue manages
+    /// (`--kueue-manage-jobs-without-queue-name`, the namespace's
+    /// `gpufit.io/kueue` label): they are configured at admission too.
+    pub kueue_unlabelled: super::kueue::Unlabelled,
 }
 
 /// Similar-run lists by query, kept for [`HistoryCache::TTL`]. The history

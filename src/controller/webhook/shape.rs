@@ -4,9 +4,9 @@
 //!
 //! | kind | what gets the settings | W |
 //! |---|---|---|
-//! | `batch/v1` Job (and any kind with `spec.template`) | `spec.template` | parallelism × GPUs per pod |
+//! | `batch/v1` Job (and any kind with `spec.template`) | `spec.template` | min(parallelism, completions) × GPUs per pod |
 //! | `kubeflow.org/v1` PyTorchJob | every `pytorchReplicaSpecs.*.template` | Σ replicas × GPUs per pod |
-//! | `jobset.x-k8s.io/v1alpha2` JobSet | every training `replicatedJobs[].template.spec.template` | Σ replicas × parallelism × GPUs per pod |
+//! | `jobset.x-k8s.io/v1alpha2` JobSet | every training `replicatedJobs[].template.spec.template` | Σ replicas × min(parallelism, completions) × GPUs per pod |
 //! | `trainer.kubeflow.org/v1alpha1` TrainJob | `spec.trainer` (env, command, args) | numNodes × GPUs in resourcesPerNode |
 //!
 //! A JobSet's training templates are those that ask for GPUs (a driver or a
@@ -44,7 +44,7 @@ pub(super) fn shape(kind: &str, obj: &Value) -> Result<Shape, String> {
         "TrainJob" => Ok(trainjob(obj)),
         _ if obj.pointer("/spec/template").is_some() => {
             let t = "/spec/template".to_string();
-            let pods = count(obj.pointer("/spec/parallelism"));
+            let pods = job_pods(obj.get("spec"));
             let gpus = pods.saturating_mul(gpu_limit(obj.pointer(&t)).max(1));
             Ok(Shape {
                 templates: vec![t],
@@ -104,8 +104,7 @@ fn jobset(obj: &Value) -> Result<Shape, String> {
         let Some(t) = rj.pointer("/template/spec/template") else {
             continue;
         };
-        let pods = count(rj.get("replicas"))
-            .saturating_mul(count(rj.pointer("/template/spec/parallelism")));
+        let pods = count(rj.get("replicas")).saturating_mul(job_pods(rj.pointer("/template/spec")));
         found.push((
             format!("/spec/replicatedJobs/{i}/template/spec/template"),
             pods,
@@ -164,6 +163,19 @@ fn count(v: Option<&Value>) -> u32 {
         .unwrap_or(1)
 }
 
+/// Pods a Job runs at once: its parallelism, at most its completions (as
+/// Kueue counts a Job's, and a JobSet replicated Job's, pod set).
+fn job_pods(spec: Option<&Value>) -> u32 {
+    let parallelism = count(spec.and_then(|s| s.get("parallelism")));
+    match spec
+        .and_then(|s| s.get("completions"))
+        .and_then(Value::as_u64)
+    {
+        Some(c) => parallelism.min(u32::try_from(c).unwrap_or(u32::MAX)),
+        None => parallelism,
+    }
+}
+
 /// A GPU quantity: `"8"` as the API server writes it, or a bare number.
 fn quantity(v: &Value) -> Option<u32> {
     match v {
@@ -203,17 +215,22 @@ mod tests {
         let obj = json!({"spec": {"replicatedJobs": [
             {"name": "driver", "replicas": 1, "template": {"spec": {"template": pod(None)}}},
             {"name": "a", "replicas": 2, "template": {"spec": {"parallelism": 2, "template": pod(Some(4))}}},
-            {"name": "b", "template": {"spec": {"template": pod(Some(8))}}}
+            {"name": "b", "template": {"spec": {"template": pod(Some(8))}}},
+            // Parallelism 4 but 2 completions: 2 pods at a time (Kueue counts 2).
+            {"name": "c", "template": {"spec": {"parallelism": 4, "completions": 2, "template": pod(Some(1))}}}
         ]}});
         let s = shape("JobSet", &obj).unwrap();
-        assert_eq!(s.gpus, Some(2 * 2 * 4 + 8));
+        assert_eq!(s.gpus, Some(2 * 2 * 4 + 8 + 2));
         assert_eq!(
             s.templates,
             [
                 "/spec/replicatedJobs/1/template/spec/template",
-                "/spec/replicatedJobs/2/template/spec/template"
+                "/spec/replicatedJobs/2/template/spec/template",
+                "/spec/replicatedJobs/3/template/spec/template"
             ]
         );
+        let job = json!({"spec": {"parallelism": 8, "completions": 3, "template": pod(Some(2))}});
+        assert_eq!(shape("Job", &job).unwrap().gpus, Some(3 * 2));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! random histories of a simulated truth (issue 40), that learning never
 //! overshoots: measured peaks bound predictions across candidates, OOMs
 //! bound only settings that need at least as much, and a run measured at
-//! or above the target is never followed by a larger batch of it.
+//! or above the target is never followed by a larger batch of it; a
+//! multi-node job's partial peak (some nodes' only) raises floors and is
+//! never extrapolated from.
 
 #[path = "common/sweep.rs"]
 mod sweep;
@@ -16,12 +18,14 @@ use chrono::Utc;
 use proptest::prelude::*;
 
 use gpufit::core::advisor::{
-    suggest, AdviceRequest, Strategy, StrategyTargets, Suggestion, CACHE_FILLED_RATIO,
-    CACHE_FILLED_SHARE,
+    suggest, AdviceRequest, Strategy, StrategyTargets, Suggestion, SuggestionSource,
+    CACHE_FILLED_RATIO, CACHE_FILLED_SHARE,
 };
 use gpufit::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
 use gpufit::core::memory::estimate;
-use gpufit::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{
+    FailureReason, NodeReports, RunKey, RunOrigin, RunRecord, RunResult, RunSource,
+};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
 use gpufit::core::workload::{Framework, Method, Workload};
 
@@ -244,6 +248,130 @@ proptest! {
             // 3: never past a run of these settings measured over the target.
             if same_settings(r, &s) && peak as f64 >= budget {
                 prop_assert!(m <= rm, "m {m} past {rm} measured at {peak} (target {budget}): {s:?}");
+            }
+        }
+    }
+}
+
+/// `r` as a two-node job's record whose peak is one node's only: that node
+/// peaked at `share` of the job's peak, and the other either never reported
+/// (`missing`) or reported without a peak.
+fn partial(mut r: RunRecord, share: f64, missing: bool) -> RunRecord {
+    r.result.peak_memory_bytes = r
+        .result
+        .peak_memory_bytes
+        .map(|p| (p as f64 * share) as u64);
+    r.source = RunSource::Slurm;
+    r.node = Some(if missing { "n1" } else { "n1,n2" }.into());
+    r.nodes = Some(NodeReports {
+        reported: if missing { 1 } else { 2 },
+        expected: 2,
+        without_peak: if missing {
+            Vec::new()
+        } else {
+            vec!["n2".into()]
+        },
+    });
+    r
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Issue 38 follow-up: a partial multi-node peak is a lower bound of the
+    /// job's. Over random histories of such records (the reporting node at
+    /// 30–100 % of the job's peak), it floors every prediction at or above
+    /// its batch, it is never learned from as a measurement (no memory
+    /// analysis), and a suggestion predicts no less than the same settings
+    /// would with those peaks unknown — a peak taken as the job's would
+    /// scale the model down and predict less.
+    #[test]
+    fn a_partial_peak_raises_floors_and_is_never_extrapolated_from(
+        case in 0usize..CASES.len(),
+        u in 0.85f64..1.2,
+        v in 0.7f64..1.45,
+        runs in arb_runs(),
+        shares in proptest::collection::vec(0.3f64..1.0, 7),
+        missing in proptest::collection::vec(any::<bool>(), 7),
+        strategy in 0usize..3,
+        pin_ckpt in proptest::option::of(any::<bool>()),
+    ) {
+        let t = Truth::new(case, u, v);
+        let top = t.largest_fitting() as f64;
+        let history: Vec<RunRecord> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, &(share, ckpt, compile, noise))| {
+                let m = ((share * top).ceil() as u32).max(1);
+                partial(t.run(settings(m, ckpt, compile), noise), shares[i], missing[i])
+            })
+            .collect();
+        let unknown: Vec<RunRecord> = history
+            .iter()
+            .cloned()
+            .map(|mut r| {
+                r.result.peak_memory_bytes = None;
+                r
+            })
+            .collect();
+        let strategy = Strategy::ALL[strategy];
+        let targets = StrategyTargets::default();
+        let pins = Pins {
+            dtype: Some(Dtype::Bf16),
+            activation_checkpointing: pin_ckpt,
+            ..Pins::default()
+        };
+        let ask = |history: &[RunRecord], pins: &Pins| {
+            suggest(&AdviceRequest {
+                workload: &t.w,
+                gpu: &t.gpu,
+                strategy,
+                targets,
+                pins,
+                history,
+            })
+        };
+        let Ok(s) = ask(&history, &pins) else {
+            return Ok(());
+        };
+        prop_assert!(
+            s.source != SuggestionSource::HistoricalDataWithMemory,
+            "learned from partial peaks: {s:?}"
+        );
+        let m = s.settings.micro_batch_size;
+        for r in &history {
+            let rm = r.settings.micro_batch_size;
+            let Some(peak) = r.result.peak_memory_bytes.filter(|_| r.result.success) else {
+                continue;
+            };
+            if t.cache_filled(r, peak) {
+                continue;
+            }
+            if saves_at_least(r, &s) && m >= rm {
+                prop_assert!(
+                    s.predicted_peak_bytes >= peak,
+                    "predicted {} at {m} below the partial peak {peak} at {rm}: {s:?}",
+                    s.predicted_peak_bytes
+                );
+            }
+        }
+        // The same settings, the partial peaks unknown: predicted no higher.
+        let same = Pins {
+            micro_batch_size: Some(m),
+            dtype: Some(s.settings.dtype),
+            activation_checkpointing: Some(s.settings.activation_checkpointing),
+            activation_offloading: Some(s.settings.activation_offloading),
+            compile: Some(s.settings.compile),
+            ..Pins::default()
+        };
+        if let Ok(b) = ask(&unknown, &same) {
+            if b.settings == s.settings {
+                prop_assert!(
+                    s.predicted_peak_bytes >= b.predicted_peak_bytes,
+                    "with partial peaks {} < {} with them unknown: {s:?}",
+                    s.predicted_peak_bytes,
+                    b.predicted_peak_bytes
+                );
             }
         }
     }

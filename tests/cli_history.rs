@@ -673,7 +673,8 @@ fn a_read_only_shared_history_is_read_by_other_users_and_never_written() {
 }
 
 /// A multi-node job's record says how many nodes it covers; a partial one
-/// (a node never reported) says so in `history list`, and `report` leaves
+/// (a node never reported, or reported without a peak) says so in
+/// `history list` (and which node lacks its peak), and `report` leaves
 /// its peak (a lower bound) out of the unused memory and the prediction
 /// error.
 #[test]
@@ -699,17 +700,32 @@ fn partial_multi_node_records_are_shown_as_partial_by_list_and_report() {
         r.nodes = Some(NodeReports {
             reported: 1,
             expected: 2,
+            without_peak: Vec::new(),
         });
         r
     };
     store.record_node_report(&report("1", "n1", 30)).unwrap();
     store.record_node_report(&report("1", "n2", 50)).unwrap();
     store.record_node_report(&report("2", "n1", 20)).unwrap();
+    // Job 3: both nodes reported, n2 without a peak (its sidecar was not
+    // readable): 2/2 nodes, but the peak is n1's only.
+    store.record_node_report(&report("3", "n1", 25)).unwrap();
+    let mut peakless = report("3", "n2", 0);
+    peakless.result.peak_memory_bytes = None;
+    store.record_node_report(&peakless).unwrap();
     drop(store);
 
     let table = ok(gpufit(&db).args(["history", "list"]).output().unwrap());
     assert!(table.contains("50.00 GiB (2/2 nodes)"), "{table}");
     assert!(table.contains("20.00 GiB (1/2 nodes, partial)"), "{table}");
+    assert!(
+        table.contains("25.00 GiB (2/2 nodes, peak of 1: n2 without peak, partial)"),
+        "{table}"
+    );
+    assert!(
+        !table.contains("25.00 GiB (2/2 nodes)"),
+        "never a whole 2/2 for a peak of one node: {table}"
+    );
     let runs = json(
         gpufit(&db)
             .args(["-o", "json", "history", "list"])
@@ -726,6 +742,16 @@ fn partial_multi_node_records_are_shown_as_partial_by_list_and_report() {
         partial["nodes"],
         serde_json::json!({"reported": 1, "expected": 2})
     );
+    let lacking = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["job_id"] == "3")
+        .unwrap();
+    assert_eq!(
+        lacking["nodes"],
+        serde_json::json!({"reported": 2, "expected": 2, "without_peak": ["n2"]})
+    );
 
     let rep = json(
         gpufit(&db)
@@ -734,9 +760,10 @@ fn partial_multi_node_records_are_shown_as_partial_by_list_and_report() {
             .unwrap(),
     );
     let total = &rep["total"];
-    assert_eq!(total["runs"], 2, "{total}");
+    assert_eq!(total["runs"], 3, "{total}");
+    // Only job 1's peak is a job's: 2 and 3 hold one node's of two.
     assert_eq!(total["unused_runs_measured"], 1, "{total}");
-    assert_eq!(total["unused_runs_unmeasured"], 1, "{total}");
+    assert_eq!(total["unused_runs_unmeasured"], 2, "{total}");
     assert_eq!(total["prediction_error"]["runs"], 1, "{total}");
     let text = ok(gpufit(&db)
         .args(["report", "--since", "all"])

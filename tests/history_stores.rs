@@ -254,6 +254,7 @@ fn node_report(job: &str, node: &str, peak: u64, expected: u32) -> RunRecord {
     r.nodes = Some(NodeReports {
         reported: 1,
         expected,
+        without_peak: Vec::new(),
     });
     r
 }
@@ -281,7 +282,7 @@ fn node_reports_make_one_record(store: &dyn HistoryStore) {
         .unwrap();
     let partial = job_record(store, "multi-1");
     assert_eq!(
-        partial.nodes.map(|n| (n.reported, n.expected)),
+        partial.nodes.as_ref().map(|n| (n.reported, n.expected)),
         Some((1, 2))
     );
     let id2 = store
@@ -296,7 +297,7 @@ fn node_reports_make_one_record(store: &dyn HistoryStore) {
     let whole = job_record(store, "multi-1");
     assert_eq!(whole.result.peak_memory_bytes, Some(33_000_000_000));
     assert_eq!(
-        whole.nodes.map(|n| (n.reported, n.partial())),
+        whole.nodes.as_ref().map(|n| (n.reported, n.partial())),
         Some((2, false))
     );
     assert_eq!(whole.node.as_deref(), Some("n1,n2"));
@@ -313,7 +314,7 @@ fn node_reports_make_one_record(store: &dyn HistoryStore) {
     let two = job_record(store, "multi-2");
     assert_eq!(two.result.peak_memory_bytes, Some(40_000_000_000));
     assert_eq!(
-        two.nodes.map(|n| (n.reported, n.partial())),
+        two.nodes.as_ref().map(|n| (n.reported, n.partial())),
         Some((2, true))
     );
     let mut oom_node = node_report("multi-2", "c", 25_000_000_000, 3);
@@ -323,7 +324,10 @@ fn node_reports_make_one_record(store: &dyn HistoryStore) {
     let three = job_record(store, "multi-2");
     assert!(three.is_oom(), "one node's OOM is the job's: {three:?}");
     assert_eq!(three.result.peak_memory_bytes, Some(40_000_000_000));
-    assert_eq!(three.nodes.map(|n| (n.reported, n.expected)), Some((3, 3)));
+    assert_eq!(
+        three.nodes.as_ref().map(|n| (n.reported, n.expected)),
+        Some((3, 3))
+    );
 
     // A report two hours after the job's end: refused, record unchanged.
     store
@@ -342,14 +346,154 @@ fn node_reports_make_one_record(store: &dyn HistoryStore) {
     let kept = job_record(store, "multi-3");
     assert_eq!(kept.result.peak_memory_bytes, Some(30_000_000_000));
     assert_eq!(
-        kept.nodes.map(|n| (n.reported, n.partial())),
+        kept.nodes.as_ref().map(|n| (n.reported, n.partial())),
         Some((1, true))
     );
     // A report that names no node is refused before anything is written.
     let mut nameless = node_report("multi-4", "x", 30_000_000_000, 2);
     nameless.node = None;
     assert!(store.record_node_report(&nameless).is_err());
-    assert_eq!(store.count().unwrap(), before + 3);
+
+    // A node whose Epilog could not read its sidecar reports no peak: it
+    // counts as reported, the record's peak is partial (1 of 2 nodes'
+    // peaks) and says which node it lacks (migration 5).
+    let peakless = |node: &str| {
+        let mut r = node_report("multi-5", node, 0, 2);
+        r.result.peak_memory_bytes = None;
+        r
+    };
+    store
+        .record_node_report(&node_report("multi-5", "n1", 30_000_000_000, 2))
+        .unwrap();
+    store.record_node_report(&peakless("n2")).unwrap();
+    let lacking = job_record(store, "multi-5");
+    let n = lacking.nodes.clone().unwrap();
+    assert_eq!((n.reported, n.peaks(), n.partial()), (2, 1, true));
+    assert_eq!(n.without_peak, vec!["n2".to_string()]);
+    assert_eq!(lacking.result.peak_memory_bytes, Some(30_000_000_000));
+    assert_eq!(lacking.full_peak(), None);
+    // n2 again without a peak: nothing changes.
+    store.record_node_report(&peakless("n2")).unwrap();
+    assert_eq!(job_record(store, "multi-5"), lacking);
+    // n2 again, now with its peak: the record is whole, n2 counted once.
+    store
+        .record_node_report(&node_report("multi-5", "n2", 36_000_000_000, 2))
+        .unwrap();
+    let upgraded = job_record(store, "multi-5");
+    let n = upgraded.nodes.clone().unwrap();
+    assert_eq!((n.reported, n.peaks(), n.partial()), (2, 2, false));
+    assert!(n.without_peak.is_empty());
+    assert_eq!(upgraded.full_peak(), Some(36_000_000_000));
+    assert_eq!(upgraded.node.as_deref(), Some("n1,n2"));
+    // Every node without a peak: no peak, 0 of 2.
+    let mut a = peakless("a");
+    a.job_id = Some("multi-6".into());
+    let mut b = peakless("b");
+    b.job_id = Some("multi-6".into());
+    store.record_node_report(&a).unwrap();
+    store.record_node_report(&b).unwrap();
+    let none = job_record(store, "multi-6");
+    assert_eq!(none.result.peak_memory_bytes, None);
+    assert_eq!(none.nodes.as_ref().map(|n| n.peaks()), Some(0));
+    assert_eq!(
+        none.nodes.map(|n| n.without_peak),
+        Some(vec!["a".to_string(), "b".to_string()])
+    );
+    assert_eq!(store.count().unwrap(), before + 5);
+}
+
+/// A node report of the schema before migration 5 (a multi-node record, 1
+/// of 2) as an older gpufit stored it.
+const V3_ROW: &str =
+    "INSERT INTO runs (timestamp_us, cluster, node, source, job_id, model, method, \
+    gpu_model, seq_len, gpus, micro_batch_size, gradient_accumulation_steps, dtype, \
+    activation_checkpointing, activation_offloading, compile, num_workers, pin_memory, \
+    persistent_workers, prefetch_factor, success, peak_memory_bytes, run_key, nodes_reported, \
+    nodes_expected) VALUES";
+
+/// A history written at schema version 3 (before the peakless-node list)
+/// opens, migrates, reads its multi-node record as before (every reported
+/// node's peak in), and takes a peakless report into it.
+fn a_version_3_history_migrates(store: &dyn HistoryStore) {
+    let old = job_record(store, "v3-1");
+    let n = old.nodes.clone().unwrap();
+    assert_eq!((n.reported, n.expected, n.peaks()), (1, 2, 1));
+    assert!(n.without_peak.is_empty());
+    assert_eq!(old.result.peak_memory_bytes, Some(30_000_000_000));
+    let mut report = old.clone();
+    report.id = None;
+    report.node = Some("n2".into());
+    report.result.peak_memory_bytes = None;
+    report.nodes = Some(NodeReports {
+        reported: 1,
+        expected: 2,
+        without_peak: Vec::new(),
+    });
+    store.record_node_report(&report).unwrap();
+    let merged = job_record(store, "v3-1");
+    let n = merged.nodes.clone().unwrap();
+    assert_eq!((n.reported, n.peaks()), (2, 1));
+    assert_eq!(n.without_peak, vec!["n2".to_string()]);
+    assert_eq!(merged.node.as_deref(), Some("n1,n2"));
+}
+
+/// The run key the stores give `r` (so an old row is found by its key).
+fn key_of(r: &RunRecord) -> String {
+    r.clone().keyed().unwrap().key().to_string()
+}
+
+fn v3_row(r: &RunRecord, bool_true: &str, bool_false: &str) -> String {
+    format!(
+        "{V3_ROW} ({}, 'c1', 'n1', 'slurm', 'v3-1', '{}', 'full', '{}', {}, 1, {}, 1, 'bf16', \
+         {bool_false}, {bool_false}, {bool_false}, 0, {bool_false}, {bool_false}, 2, {bool_true}, \
+         30000000000, '{}', 1, 2)",
+        r.timestamp.timestamp_micros(),
+        r.model,
+        r.gpu_model,
+        r.seq_len,
+        r.settings.micro_batch_size,
+        key_of(r),
+    )
+}
+
+/// The record [`v3_row`] writes, as a node report would make it.
+fn v3_record() -> RunRecord {
+    let mut r = node_report("v3-1", "n1", 30_000_000_000, 2);
+    r.cluster = Some("c1".into());
+    r.settings.dtype = gpufit::core::settings::Dtype::Bf16;
+    r
+}
+
+#[test]
+fn a_sqlite_history_of_schema_version_3_migrates_to_the_peakless_node_list() {
+    use gpufit::history::schema;
+    let d = tmp();
+    let path = d.path().join("v3.db");
+    let r = v3_record();
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(&schema::create_runs(
+            "INTEGER",
+            "INTEGER",
+            "REAL",
+            "INTEGER PRIMARY KEY",
+        ))
+        .unwrap();
+        c.execute_batch(schema::ADD_RUN_KEY).unwrap();
+        c.execute_batch(&schema::add_node_counts("INTEGER"))
+            .unwrap();
+        c.execute_batch(&v3_row(&r, "1", "0")).unwrap();
+        c.execute_batch("PRAGMA user_version = 3").unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    a_version_3_history_migrates(&store);
+    drop(store);
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(v, gpufit::history::sqlite::schema_version());
+    assert_eq!(v, 5);
 }
 
 /// Environment of a child process that reports nodes (see
@@ -453,7 +597,7 @@ fn nodes_report_concurrently(url: &str, tag: &str, processes: bool) {
             "job {job}: the largest node's peak"
         );
         assert_eq!(
-            r.nodes.map(|n| (n.reported, n.expected)),
+            r.nodes.as_ref().map(|n| (n.reported, n.expected)),
             Some((NODES, NODES)),
             "job {job}: every node once: {r:?}"
         );
@@ -590,7 +734,7 @@ fn a_version_3_sqlite_history_is_migrated_to_host_oom() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 4);
+    assert_eq!(v, gpufit::history::sqlite::schema_version());
 }
 
 #[test]
@@ -888,6 +1032,37 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
     contract(store.as_ref());
     a_run_recorded_twice_is_stored_once(store.as_ref());
     node_reports_make_one_record(store.as_ref());
+
+    // A database at schema version 3 migrates (to 5) and keeps its rows.
+    let v3 = pg.create_db("v3");
+    {
+        use gpufit::history::schema;
+        let mut c = postgres::Client::connect(&v3, postgres::NoTls).unwrap();
+        c.batch_execute(&schema::create_runs(
+            "BIGINT",
+            "BOOLEAN",
+            "DOUBLE PRECISION",
+            "BIGSERIAL PRIMARY KEY",
+        ))
+        .unwrap();
+        c.batch_execute(schema::ADD_RUN_KEY).unwrap();
+        c.batch_execute(&schema::add_node_counts("BIGINT")).unwrap();
+        c.batch_execute(&v3_row(&v3_record(), "TRUE", "FALSE"))
+            .unwrap();
+        c.batch_execute(
+            "CREATE TABLE gpufit_schema (version BIGINT NOT NULL); INSERT INTO gpufit_schema VALUES (3)",
+        )
+        .unwrap();
+    }
+    let migrated = history::open(&v3).unwrap();
+    a_version_3_history_migrates(migrated.as_ref());
+    let mut c = postgres::Client::connect(&v3, postgres::NoTls).unwrap();
+    let version: i64 = c
+        .query_one("SELECT version FROM gpufit_schema", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 5);
+
     let nodes = pg.create_db("nodes");
     nodes_report_concurrently(&nodes, "threads", false);
     nodes_report_concurrently(&nodes, "processes", true);
@@ -966,19 +1141,60 @@ fn a_partial_multi_node_record_survives_export_and_import() {
     assert_eq!(second.record_batch(&mut rd).unwrap(), 2);
     let partial = job_record(&second, "exp-1");
     assert_eq!(
-        partial.nodes.map(|n| (n.reported, n.expected)),
+        partial.nodes.as_ref().map(|n| (n.reported, n.expected)),
         Some((1, 2))
     );
     let whole = job_record(&second, "exp-2");
-    assert_eq!(whole.nodes.map(|n| (n.reported, n.expected)), Some((2, 2)));
+    assert_eq!(
+        whole.nodes.as_ref().map(|n| (n.reported, n.expected)),
+        Some((2, 2))
+    );
     assert_eq!(whole.node.as_deref(), Some("n1,n2"));
     // A node that reports into the imported record is merged as usual.
     second
         .record_node_report(&node_report("exp-1", "n2", 40_000_000_000, 2))
         .unwrap();
     let done = job_record(&second, "exp-1");
-    assert_eq!(done.nodes.map(|n| n.partial()), Some(false));
+    assert_eq!(done.nodes.as_ref().map(|n| n.partial()), Some(false));
     assert_eq!(done.result.peak_memory_bytes, Some(40_000_000_000));
+
+    // A record with a peakless node keeps its list through export/import.
+    let mut peakless = node_report("exp-3", "n2", 0, 2);
+    peakless.result.peak_memory_bytes = None;
+    store
+        .record_node_report(&node_report("exp-3", "n1", 30_000_000_000, 2))
+        .unwrap();
+    store.record_node_report(&peakless).unwrap();
+    let mut out3 = Vec::new();
+    gpufit::history::jsonl::write_record(&mut out3, &job_record(&store, "exp-3")).unwrap();
+    let line3 = String::from_utf8(out3).unwrap();
+    assert!(
+        line3.contains(r#""without_peak":["n2"]"#),
+        "the export lists the peakless node: {line3}"
+    );
+    let fourth = SqliteStore::open(&d.path().join("h4.db")).unwrap();
+    let mut rd = JsonlReader::new(line3.as_bytes(), "exp-3", ImportOptions::default());
+    assert_eq!(fourth.record_batch(&mut rd).unwrap(), 1);
+    let back = job_record(&fourth, "exp-3");
+    let n = back.nodes.clone().unwrap();
+    assert_eq!((n.reported, n.peaks(), n.partial()), (2, 1, true));
+    // n2's late peak upgrades the imported record as it would the original.
+    fourth
+        .record_node_report(&node_report("exp-3", "n2", 41_000_000_000, 2))
+        .unwrap();
+    assert_eq!(
+        job_record(&fourth, "exp-3").full_peak(),
+        Some(41_000_000_000)
+    );
+    // A list naming a node the record does not list, or one twice: dropped.
+    for bad in [r#""without_peak":["n9"]"#, r#""without_peak":["n2","n2"]"#] {
+        let l = line3.replace(r#""without_peak":["n2"]"#, bad);
+        assert_ne!(l, line3);
+        let fifth = SqliteStore::open(&d.path().join(format!("h5-{}.db", bad.len()))).unwrap();
+        let mut rd = JsonlReader::new(l.as_bytes(), "bad", ImportOptions::default());
+        assert_eq!(fifth.record_batch(&mut rd).unwrap(), 1);
+        assert_eq!(job_record(&fifth, "exp-3").nodes, None, "{bad}");
+    }
 
     let text = String::from_utf8(out).unwrap();
     let line = text.lines().next().unwrap();

@@ -891,7 +891,9 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
         "the larger node's peak: {run:?}"
     );
     assert_eq!(
-        run.nodes.map(|n| (n.reported, n.expected, n.partial())),
+        run.nodes
+            .as_ref()
+            .map(|n| (n.reported, n.expected, n.partial())),
         Some((2, 2, false)),
         "{run:?}"
     );
@@ -915,6 +917,7 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
     again.nodes = Some(gpufit::core::run::NodeReports {
         reported: 1,
         expected: 2,
+        without_peak: Vec::new(),
     });
     let (status, body) = call(
         agent()
@@ -927,11 +930,44 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
     assert_eq!(after.len(), 1, "{after:?}");
     assert_eq!(&after[0], run, "a repeated node report changes nothing");
 
+    // Node b's sidecar goes away while the job runs (after b's TaskProlog
+    // saved its state): b's Epilog cannot read its peak and reports
+    // without one. Both nodes reported, but the peak is a's only: the
+    // record is partial and names b as the node without a peak.
+    let (job3, out, ok) =
+        cluster.sbatch_during(&["-N", "2"], &workload_env, script, |job, gpus| {
+            assert!(state_dir.join(format!("job-{job}.{b}.json")).is_file());
+            simulate_training(&side_a, job, gpus, peak_a);
+            simulate_training(&side_b, job, gpus, peak_b);
+            side_b_daemon.stop();
+        });
+    assert!(ok, "job {job3}: {out}");
+    cluster.wait_job_done(&job3);
+    let runs = records_of_job(&ctl_url, &job3);
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(
+        runs[0].result.peak_memory_bytes,
+        Some(peak_a),
+        "a's peak, not b's: {:?}",
+        runs[0]
+    );
+    let n = runs[0].nodes.clone().expect("node counts");
+    assert_eq!(
+        (n.reported, n.expected, n.peaks(), n.partial()),
+        (2, 2, 1, true),
+        "{:?}",
+        runs[0]
+    );
+    assert_eq!(n.without_peak, vec![b.to_string()]);
+    assert!(
+        !state_dir.join(format!("job-{job3}.{b}.json")).exists(),
+        "b's Epilog ran and reported"
+    );
+
     // Node b's sidecar is down: b's TaskProlog cannot tell its GPU, so b
     // keeps no state (its task still has the batch step's settings) and
     // its Epilog never reports. The record is written at a's report,
     // partial, 1 of 2, and stays so.
-    side_b_daemon.stop();
     let (job2, out, ok) =
         cluster.sbatch_during(&["-N", "2"], &workload_env, script, |job, gpus| {
             assert!(state_dir.join(format!("job-{job}.{a}.json")).is_file());
@@ -946,7 +982,10 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(runs[0].result.peak_memory_bytes, Some(peak_a));
     assert_eq!(
-        runs[0].nodes.map(|n| (n.reported, n.expected, n.partial())),
+        runs[0]
+            .nodes
+            .as_ref()
+            .map(|n| (n.reported, n.expected, n.partial())),
         Some((1, 2, true)),
         "{:?}",
         runs[0]

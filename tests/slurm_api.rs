@@ -278,6 +278,7 @@ fn node_report(job: &str, node: &str, peak: u64) -> RunRecord {
     r.nodes = Some(gpufit::core::run::NodeReports {
         reported: 1,
         expected: 2,
+        without_peak: Vec::new(),
     });
     r
 }
@@ -304,7 +305,7 @@ fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
     assert_eq!(status, 201, "{body}");
     let runs = list();
     assert_eq!(runs.len(), 1);
-    let n = runs[0].nodes.expect("node counts");
+    let n = runs[0].nodes.clone().expect("node counts");
     assert_eq!((n.reported, n.expected, n.partial()), (1, 2, true));
 
     // Job 8: both nodes report at once (and gpu01 twice): one record,
@@ -321,7 +322,7 @@ fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
         .collect();
     assert_eq!(job8.len(), 1, "{runs:?}");
     assert_eq!(job8[0].result.peak_memory_bytes, Some(71_000_000_000));
-    let n = job8[0].nodes.expect("node counts");
+    let n = job8[0].nodes.clone().expect("node counts");
     assert_eq!((n.reported, n.expected, n.partial()), (2, 2, false));
     assert_eq!(job8[0].node.as_deref(), Some("gpu01,gpu02"));
 
@@ -343,6 +344,69 @@ fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
         .collect();
     assert_eq!(job7.len(), 1, "{runs:?}");
     assert_eq!(job7[0].result.peak_memory_bytes, Some(60_000_000_000));
-    assert_eq!(job7[0].nodes.map(|n| n.reported), Some(1));
+    assert_eq!(job7[0].nodes.as_ref().map(|n| n.reported), Some(1));
     assert!(runs.iter().all(|r| r.job_id.as_deref() != Some("9")));
+
+    // Job 10: gpu02's Epilog could not read its sidecar and posts no peak.
+    // Both nodes reported, but the peak is gpu01's only: partial, and it
+    // names gpu02. gpu02 again without a peak changes nothing; with one,
+    // it joins the peak and the record is whole.
+    let job10 = |runs: &[RunRecord]| -> RunRecord {
+        let mine: Vec<&RunRecord> = runs
+            .iter()
+            .filter(|r| r.job_id.as_deref() == Some("10"))
+            .collect();
+        assert_eq!(mine.len(), 1, "{runs:?}");
+        mine[0].clone()
+    };
+    let mut peakless = node_report("10", "gpu02", 0);
+    peakless.result.peak_memory_bytes = None;
+    assert_eq!(post(&node_report("10", "gpu01", 70_000_000_000)).0, 201);
+    assert_eq!(post(&peakless).0, 201);
+    let lacking = job10(&list());
+    let n = lacking.nodes.clone().expect("node counts");
+    assert_eq!((n.reported, n.peaks(), n.partial()), (2, 1, true));
+    assert_eq!(n.without_peak, vec!["gpu02".to_string()]);
+    assert_eq!(lacking.result.peak_memory_bytes, Some(70_000_000_000));
+    assert_eq!(post(&peakless).0, 201);
+    assert_eq!(
+        job10(&list()),
+        lacking,
+        "a repeated peakless report changes nothing"
+    );
+    assert_eq!(post(&node_report("10", "gpu02", 77_000_000_000)).0, 201);
+    let whole = job10(&list());
+    let n = whole.nodes.clone().expect("node counts");
+    assert_eq!((n.reported, n.peaks(), n.partial()), (2, 2, false));
+    assert_eq!(whole.result.peak_memory_bytes, Some(77_000_000_000));
+
+    // A report's peakless list is its peak's absence: one that names
+    // another node, or itself next to a peak, is refused.
+    let mut other = node_report("11", "gpu01", 60_000_000_000);
+    other.result.peak_memory_bytes = None;
+    other.nodes.as_mut().unwrap().without_peak = vec!["gpu02".into()];
+    let (status, body) = post(&other);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("without_peak"), "{body}");
+    let mut beside = node_report("11", "gpu01", 60_000_000_000);
+    beside.nodes.as_mut().unwrap().without_peak = vec!["gpu01".into()];
+    assert_eq!(post(&beside).0, 400);
+    let mut own = node_report("11", "gpu01", 0);
+    own.result.peak_memory_bytes = None;
+    own.nodes.as_mut().unwrap().without_peak = vec!["gpu01".into()];
+    assert_eq!(
+        post(&own).0,
+        201,
+        "its own name, without a peak: consistent"
+    );
+    let runs = list();
+    let job11: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| r.job_id.as_deref() == Some("11"))
+        .collect();
+    assert_eq!(job11.len(), 1, "{runs:?}");
+    assert_eq!(
+        job11[0].nodes.as_ref().map(|n| n.without_peak.clone()),
+        Some(vec!["gpu01".to_string()])
+    );
 }

@@ -269,14 +269,23 @@ fn outcome(r: &RunRecord) -> &'static str {
 }
 
 /// The peak, and for a multi-node job how many of its nodes it covers:
-/// `61.20 GiB (2/2 nodes)`, or `58.00 GiB (1/2 nodes, partial)` when a node
-/// has not reported (the peak is then the largest of those that did).
+/// `61.20 GiB (2/2 nodes)`; `58.00 GiB (1/2 nodes, partial)` when a node
+/// has not reported (the peak is then the largest of those that did);
+/// `58.00 GiB (2/2 nodes, peak of 1: n2 without peak, partial)` when a node
+/// reported without its peak. A partial peak is only a lower bound.
 fn peak_cell(r: &RunRecord) -> String {
     let peak = r
         .result
         .peak_memory_bytes
         .map_or_else(|| "-".into(), fmt_gib);
-    match r.nodes {
+    match &r.nodes {
+        Some(n) if !n.without_peak.is_empty() => format!(
+            "{peak} ({}/{} nodes, peak of {}: {} without peak, partial)",
+            n.reported,
+            n.expected,
+            n.peaks(),
+            n.without_peak.join(",")
+        ),
         Some(n) if n.partial() => format!("{peak} ({}/{} nodes, partial)", n.reported, n.expected),
         Some(n) if n.expected > 1 => format!("{peak} ({}/{} nodes)", n.reported, n.expected),
         _ => peak,

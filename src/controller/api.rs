@@ -367,7 +367,7 @@ where
     }
     let st = state.clone();
     let id = blocking(move || {
-        let id = if run.nodes.is_some_and(|n| n.expected > 1) {
+        let id = if run.nodes.as_ref().is_some_and(|n| n.expected > 1) {
             // Every node's Epilog reports; the store merges each into the
             // job's one record in a transaction of its own (several
             // replicas may take the reports of one job).
@@ -419,7 +419,21 @@ fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
     if run.is_oom() {
         m.ooms.inc();
     }
-    if let Some(e) = run.prediction_error().filter(|e| e.is_finite()) {
+    // A node's report of a multi-node job: its own peak against the
+    // per-GPU prediction (every node ran the predicted settings), one
+    // sample per node; the job's record holds only a lower bound until
+    // every node's peak is in, so it is not the record's error.
+    let error = match (
+        &run.nodes,
+        run.result.peak_memory_bytes,
+        run.predicted_peak_bytes,
+    ) {
+        (Some(n), Some(peak), Some(pred)) if n.expected > 1 && peak > 0 => {
+            Some((pred as f64 - peak as f64) / peak as f64)
+        }
+        _ => run.prediction_error(),
+    };
+    if let Some(e) = error.filter(|e| e.is_finite()) {
         m.observe_prediction_error(&gpu, e);
     }
 }
@@ -529,11 +543,24 @@ fn validate_run(run: &RunRecord) -> Result<(), ApiError> {
     }
     if run
         .nodes
+        .as_ref()
         .is_some_and(|n| n.reported != 1 || n.expected == 0)
     {
         return Err(ApiError::bad_request(
             "run.nodes: a node reports itself (reported = 1) of a job of expected >= 1 nodes",
         ));
+    }
+    // Whether a node's peak is in is its peak's presence; a list that says
+    // otherwise (another node, or itself next to a peak) is refused.
+    if let Some(n) = run.nodes.as_ref().filter(|n| !n.without_peak.is_empty()) {
+        let own = n.without_peak.len() == 1
+            && run.node.as_deref().map(str::trim) == Some(n.without_peak[0].as_str())
+            && run.result.peak_memory_bytes.is_none();
+        if !own {
+            return Err(ApiError::bad_request(
+                "run.nodes.without_peak: a node's report lists at most itself, and only when it has no peak_memory_bytes",
+            ));
+        }
     }
     Ok(())
 }
@@ -597,6 +624,30 @@ fn percent_decode(s: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::core::advisor::Strategy;
+
+    #[test]
+    fn a_node_report_feeds_the_prediction_error_with_its_own_peak() {
+        let m = super::super::metrics::Metrics::new();
+        let mut run: RunRecord = serde_json::from_value(serde_json::json!({
+            "id": null, "timestamp": "2026-01-01T00:00:00Z", "cluster": "c1", "node": "n1",
+            "source": "slurm", "job_id": "7", "model": "m", "method": "lora",
+            "gpu_model": "NVIDIA A100-SXM4-80GB", "seq_len": 2048, "lora_rank": 16, "gpus": 16,
+            "global_batch": 64, "settings": crate::core::settings::EngineeringSettings::default(),
+            "result": {"success": true, "failure_reason": null, "peak_memory_bytes": 40,
+                       "samples_per_sec": null, "tokens_per_sec": null, "duration_sec": null},
+            "predicted_peak_bytes": 50,
+            "nodes": {"reported": 1, "expected": 2}
+        }))
+        .expect("a node's report");
+        assert_eq!(run.prediction_error(), None, "the record's peak is partial");
+        count_posted_run(&m, &run);
+        assert_eq!(m.prediction_error.get_sample_count(), 1);
+        assert!((m.prediction_error.get_sample_sum() - 0.25).abs() < 1e-9);
+        // Without its peak: no sample.
+        run.result.peak_memory_bytes = None;
+        count_posted_run(&m, &run);
+        assert_eq!(m.prediction_error.get_sample_count(), 1);
+    }
 
     #[test]
     fn list_filter_reads_model_gpu_and_limit() {

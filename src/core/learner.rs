@@ -611,14 +611,16 @@ pub fn worst_split(points: &[Measured], range: ErrorRange) -> Option<Split> {
     (slope.is_finite() && slope > 0.0).then_some(Split { fixed, slope })
 }
 
-/// Measured peaks of the successful runs among `runs`.
+/// Measured peaks of the successful runs among `runs`: whole runs' peaks
+/// only (a partial multi-node peak is a lower bound, not a measurement to
+/// fit: [`RunRecord::full_peak`]).
 pub fn observations(runs: &[&RunRecord]) -> Vec<Observation> {
     runs.iter()
         .filter(|r| r.result.success)
         .filter_map(|r| {
             Some(Observation {
                 micro_batch: r.settings.micro_batch_size,
-                peak_bytes: r.result.peak_memory_bytes?,
+                peak_bytes: r.full_peak()?,
             })
         })
         .filter(|o| o.micro_batch > 0 && o.peak_bytes > 0)
@@ -634,10 +636,12 @@ pub fn smallest_oom(runs: &[&RunRecord]) -> Option<u32> {
         .min()
 }
 
-/// Largest micro batch that succeeded among `runs`, if any.
+/// Largest micro batch that succeeded among `runs`, if any: a multi-node
+/// job some node of which never reported is not known to have succeeded
+/// ([`RunRecord::outcome_is_whole`]).
 pub fn largest_success(runs: &[&RunRecord]) -> Option<u32> {
     runs.iter()
-        .filter(|r| r.result.success)
+        .filter(|r| r.result.success && r.outcome_is_whole())
         .map(|r| r.settings.micro_batch_size)
         .max()
 }

@@ -64,12 +64,10 @@ impl<'a> ReportRow<'a> {
             gpus: r.gpus,
             success: r.result.success,
             oom: r.is_oom(),
-            // A partial multi-node record's peak is only a lower bound
-            // (as the stores' narrow query reads it).
-            peak_memory_bytes: r
-                .result
-                .peak_memory_bytes
-                .filter(|_| !r.nodes.is_some_and(|n| n.partial())),
+            // A partial multi-node record's peak (a node missing, or
+            // reported without a peak) is only a lower bound (as the
+            // stores' narrow query reads it).
+            peak_memory_bytes: r.full_peak(),
             predicted_peak_bytes: r.predicted_peak_bytes,
             tokens_per_sec: r.result.tokens_per_sec,
             duration_sec: r.result.duration_sec,

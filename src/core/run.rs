@@ -117,19 +117,38 @@ pub struct RunRecord {
     pub nodes: Option<NodeReports>,
 }
 
-/// How many nodes of a multi-node job have reported into its one record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// How many nodes of a multi-node job have reported into its one record,
+/// and how many of their peaks its peak is the largest of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct NodeReports {
     /// Nodes whose report is in the record.
     pub reported: u32,
     /// Nodes the job ran on.
     pub expected: u32,
+    /// Nodes that reported without a peak (their Epilog could not read
+    /// their sidecar): their outcome is in the record, their memory is
+    /// not. Sorted, each also in the record's `node` list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub without_peak: Vec<String>,
 }
 
 impl NodeReports {
-    /// Whether some node has not reported (yet, or ever): the record's peak
-    /// is then the largest of the nodes that did.
+    /// How many nodes' peaks the record's peak is the largest of.
+    pub fn peaks(&self) -> u32 {
+        let without = u32::try_from(self.without_peak.len()).unwrap_or(u32::MAX);
+        self.reported.saturating_sub(without)
+    }
+
+    /// Whether the record's peak is not every node's (a node has not
+    /// reported, yet or ever, or reported without a peak): it is then only
+    /// a lower bound of the job's peak.
     pub fn partial(&self) -> bool {
+        self.peaks() < self.expected
+    }
+
+    /// Whether some node has not reported at all: the job's outcome is
+    /// then that of the nodes that did (a missing node may have failed).
+    pub fn reports_missing(&self) -> bool {
         self.reported < self.expected
     }
 }
@@ -153,7 +172,11 @@ pub const NODE_REPORT_WINDOW_SECS: i64 = 3600;
 /// the timestamp is the job's end (the earliest node's), and `node` lists
 /// the nodes that reported (comma-separated, sorted) so a repeated report
 /// of a node is recognised: `Ok(None)`, nothing to write (exactly once by
-/// cluster, job id and node). A report without its node's name, or whose
+/// cluster, job id and node). A report without a peak is listed in
+/// [`NodeReports::without_peak`] (the record's peak is then partial); the
+/// same node reporting again with a peak upgrades it (its peak joins the
+/// record's, its outcome is folded again: every fold is idempotent), again
+/// without one changes nothing. A report without its node's name, or whose
 /// job end is over [`NODE_REPORT_WINDOW_SECS`] from the record's, is
 /// refused. Pure: the caller stores the result, in one transaction with
 /// the read of `so_far` (the stores' `record_node_report`).
@@ -174,13 +197,21 @@ pub fn merge_node_report(
             expected: "one node's name (no comma): the record lists its nodes comma-separated",
         });
     }
-    let expected = |r: &RunRecord| r.nodes.map_or(1, |n| n.expected);
+    let expected = |r: &RunRecord| r.nodes.as_ref().map_or(1, |n| n.expected);
+    // Whether this report carries its node's peak (not the client's word
+    // for it: the peak itself).
+    let has_peak = report.result.peak_memory_bytes.is_some();
     let Some(prev) = so_far else {
         let mut first = report.clone();
         first.node = Some(me.to_string());
         first.nodes = Some(NodeReports {
             reported: 1,
             expected: expected(report).max(1),
+            without_peak: if has_peak {
+                Vec::new()
+            } else {
+                vec![me.to_string()]
+            },
         });
         return Ok(Some(first));
     };
@@ -192,7 +223,14 @@ pub fn merge_node_report(
         .filter(|n| !n.is_empty())
         .map(str::to_string)
         .collect();
-    if seen.iter().any(|n| n == me) {
+    let mut without_peak: Vec<String> = prev
+        .nodes
+        .as_ref()
+        .map(|n| n.without_peak.clone())
+        .unwrap_or_default();
+    let again = seen.iter().any(|n| n == me);
+    let upgrade = again && has_peak && without_peak.iter().any(|n| n == me);
+    if again && !upgrade {
         // A retried Epilog, or a replayed request: already counted.
         return Ok(None);
     }
@@ -205,8 +243,16 @@ pub fn merge_node_report(
             window_secs: NODE_REPORT_WINDOW_SECS,
         });
     }
-    seen.push(me.to_string());
-    seen.sort();
+    if !again {
+        seen.push(me.to_string());
+        seen.sort();
+    }
+    if has_peak {
+        without_peak.retain(|n| n != me);
+    } else {
+        without_peak.push(me.to_string());
+        without_peak.sort();
+    }
     let max_f = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(x), Some(y)) => Some(x.max(y)),
         (x, y) => x.or(y),
@@ -232,6 +278,7 @@ pub fn merge_node_report(
     out.nodes = Some(NodeReports {
         reported: u32::try_from(seen.len()).unwrap_or(u32::MAX),
         expected: expected(prev).max(expected(report)),
+        without_peak,
     });
     Ok(Some(out))
 }
@@ -362,9 +409,36 @@ impl RunRecord {
         !self.result.success && self.result.failure_reason == Some(FailureReason::Oom)
     }
 
-    /// Relative prediction error (predicted − measured) / measured, when both are known.
+    /// Whether the record's peak is only a lower bound of the run's: a
+    /// multi-node job whose peak holds fewer nodes' peaks than it ran on
+    /// ([`NodeReports::partial`]). The learner may raise a floor with it,
+    /// never extrapolate from it.
+    pub fn peak_is_lower_bound(&self) -> bool {
+        self.nodes.as_ref().is_some_and(NodeReports::partial)
+    }
+
+    /// The measured peak when it is the whole run's: None when unknown or
+    /// only a lower bound ([`RunRecord::peak_is_lower_bound`]).
+    pub fn full_peak(&self) -> Option<u64> {
+        self.result
+            .peak_memory_bytes
+            .filter(|_| !self.peak_is_lower_bound())
+    }
+
+    /// Whether the recorded outcome is the whole run's: false for a
+    /// multi-node job some node of which never reported (it may have
+    /// failed there).
+    pub fn outcome_is_whole(&self) -> bool {
+        !self
+            .nodes
+            .as_ref()
+            .is_some_and(NodeReports::reports_missing)
+    }
+
+    /// Relative prediction error (predicted − measured) / measured, when
+    /// both are known and the measured peak is the whole run's.
     pub fn prediction_error(&self) -> Option<f64> {
-        let measured = self.result.peak_memory_bytes? as f64;
+        let measured = self.full_peak()? as f64;
         let predicted = self.predicted_peak_bytes? as f64;
         if measured <= 0.0 {
             return None;
@@ -1030,6 +1104,7 @@ mod node_report_tests {
         r.nodes = Some(NodeReports {
             reported: 1,
             expected: 2,
+            without_peak: Vec::new(),
         });
         r.result.success = success;
         r.result.failure_reason = FailureReason::of(success, oom);
@@ -1063,10 +1138,13 @@ mod node_report_tests {
             first.nodes,
             Some(NodeReports {
                 reported: 1,
-                expected: 2
+                expected: 2,
+                without_peak: Vec::new(),
             })
         );
-        assert!(first.nodes.is_some_and(|n| n.partial()));
+        assert!(first.nodes.as_ref().is_some_and(NodeReports::partial));
+        assert!(first.peak_is_lower_bound() && !first.outcome_is_whole());
+        assert_eq!(first.full_peak(), None, "one node's peak is not the job's");
         assert_eq!(first.result.peak_memory_bytes, Some(70));
     }
 
@@ -1077,8 +1155,9 @@ mod node_report_tests {
         assert_eq!(two.result.peak_memory_bytes, Some(75));
         assert!(two.is_oom(), "one node's OOM makes the job an OOM run");
         assert_eq!(two.node.as_deref(), Some("n1,n2"));
-        let n = two.nodes.expect("node counts");
+        let n = two.nodes.clone().expect("node counts");
         assert_eq!((n.reported, n.expected, n.partial()), (2, 2, false));
+        assert_eq!(two.full_peak(), Some(75));
         // The same node again (a retried Epilog) changes nothing.
         assert_eq!(
             merge_node_report(Some(&two), &report("n1", 99, true, false)),
@@ -1139,5 +1218,90 @@ mod node_report_tests {
             merge_node_report(Some(&one), &comma),
             Err(RecordError::OutOfRange { field: "node", .. })
         ));
+    }
+    fn peakless(node: &str) -> RunRecord {
+        let mut r = report(node, 0, true, false);
+        r.result.peak_memory_bytes = None;
+        r
+    }
+
+    #[test]
+    fn a_node_without_a_peak_counts_as_reported_but_not_in_the_peak() {
+        let one = merged(None, &report("n1", 70, true, false));
+        let two = merged(Some(&one), &peakless("n2"));
+        let n = two.nodes.clone().expect("node counts");
+        assert_eq!((n.reported, n.expected, n.peaks()), (2, 2, 1));
+        assert_eq!(n.without_peak, vec!["n2".to_string()]);
+        assert!(n.partial() && !n.reports_missing());
+        assert!(two.peak_is_lower_bound() && two.outcome_is_whole());
+        assert_eq!(two.result.peak_memory_bytes, Some(70), "n1's peak is kept");
+        assert_eq!(two.full_peak(), None, "n1's peak is not the job's");
+        assert_eq!(two.prediction_error(), None);
+        assert_eq!(two.node.as_deref(), Some("n1,n2"));
+    }
+
+    #[test]
+    fn a_peakless_node_reporting_again_with_a_peak_upgrades_and_without_changes_nothing() {
+        let one = merged(None, &peakless("n2"));
+        assert_eq!(one.nodes.as_ref().map(NodeReports::peaks), Some(0));
+        assert_eq!(one.result.peak_memory_bytes, None);
+        let two = merged(Some(&one), &report("n1", 70, true, false));
+        // Again without a peak: nothing to write.
+        assert_eq!(merge_node_report(Some(&two), &peakless("n2")), Ok(None));
+        // Again with one: the peak joins, the node is counted once.
+        let three = merged(Some(&two), &report("n2", 90, true, false));
+        let n = three.nodes.clone().expect("node counts");
+        assert_eq!((n.reported, n.peaks(), n.partial()), (2, 2, false));
+        assert!(n.without_peak.is_empty());
+        assert_eq!(three.full_peak(), Some(90));
+        assert_eq!(three.node.as_deref(), Some("n1,n2"));
+        // And once more with a peak: already in, nothing changes.
+        assert_eq!(
+            merge_node_report(Some(&three), &report("n2", 95, true, false)),
+            Ok(None)
+        );
+        // An upgrade carries the node's outcome again: folding is idempotent.
+        let oom_now = merged(Some(&two), &report("n2", 90, false, true));
+        assert!(oom_now.is_oom());
+    }
+
+    #[test]
+    fn merging_in_any_order_and_with_repeats_gives_one_record() {
+        // Every order of n1 (70), n2 (no peak, then 90), n3 (80): the same
+        // record, whatever repeats in between.
+        let reports = [
+            report("n1", 70, true, false),
+            peakless("n2"),
+            report("n2", 90, true, false),
+            report("n3", 80, true, false),
+        ];
+        let orders: [[usize; 6]; 4] = [
+            [0, 1, 2, 3, 1, 0],
+            [3, 2, 1, 0, 2, 1],
+            [1, 1, 3, 0, 2, 3],
+            [2, 0, 3, 1, 1, 2],
+        ];
+        for order in orders {
+            let mut rec: Option<RunRecord> = None;
+            for &i in &order {
+                let mut r = reports[i].clone();
+                r.nodes = Some(NodeReports {
+                    reported: 1,
+                    expected: 3,
+                    without_peak: Vec::new(),
+                });
+                if let Some(m) = merge_node_report(rec.as_ref(), &r).expect("merges") {
+                    rec = Some(m);
+                }
+            }
+            let rec = rec.expect("a record");
+            let n = rec.nodes.clone().expect("node counts");
+            assert_eq!(
+                (n.reported, n.peaks(), n.partial()),
+                (3, 3, false),
+                "{order:?}"
+            );
+            assert_eq!(rec.full_peak(), Some(90), "{order:?}");
+        }
     }
 }

@@ -313,10 +313,19 @@ pub fn parse_line(
     let (model, name_method) = resolver.model(model_raw);
     let gpu_model = resolver.gpu(&gpu_raw);
     // Counts that cannot be a job's (0 nodes, more reported than it ran
-    // on) are dropped, not trusted.
-    let nodes = extra
-        .nodes
-        .filter(|n| n.expected >= 1 && n.reported >= 1 && n.reported <= n.expected);
+    // on, a peakless node that is not among the reported ones or is named
+    // twice) are dropped, not trusted.
+    let listed: Vec<&str> = extra.node.as_deref().unwrap_or("").split(',').collect();
+    let nodes = extra.nodes.filter(|n| {
+        let mut peakless = n.without_peak.clone();
+        peakless.sort();
+        peakless.dedup();
+        n.expected >= 1
+            && n.reported >= 1
+            && n.reported <= n.expected
+            && peakless.len() == n.without_peak.len()
+            && n.without_peak.iter().all(|p| listed.contains(&p.as_str()))
+    });
     let origin = RunOrigin::new(extra.source.unwrap_or(RunSource::Import), timestamp)
         .cluster(extra.cluster.or_else(|| opts.cluster.clone()))
         .node(extra.node)
@@ -715,7 +724,7 @@ pub fn write_record<W: Write>(w: &mut W, r: &RunRecord) -> std::io::Result<()> {
             node: r.node.clone(),
             job_id: r.job_id.clone(),
             dataloader: Some(s.dataloader.clone()),
-            nodes: r.nodes,
+            nodes: r.nodes.clone(),
             host_oom: r.result.host_oom,
         },
     };

@@ -21,7 +21,7 @@ use postgres::{Client, NoTls, Row};
 
 use super::schema::{self, i, u, u32_of};
 use super::{HistoryError, HistoryStore, ListFilter};
-use crate::core::run::{merge_node_report, KeyedRun, NodeReports, RunRecord, RunResult};
+use crate::core::run::{merge_node_report, KeyedRun, RunRecord, RunResult};
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
 use crate::core::similarity::HistoryQuery;
 
@@ -39,6 +39,7 @@ fn migrations() -> Vec<String> {
         schema::ADD_RUN_KEY.to_string(),
         schema::add_node_counts("BIGINT"),
         schema::add_host_oom("BOOLEAN", "FALSE"),
+        schema::ADD_NODES_WITHOUT_PEAK.to_string(),
     ]
 }
 
@@ -173,7 +174,7 @@ impl PostgresStore {
 /// Owned parameter values for one insert.
 struct Params {
     ints: [Option<i64>; 13],
-    texts: [Option<String>; 9],
+    texts: [Option<String>; 10],
     bools: [bool; 7],
     floats: [Option<f64>; 3],
 }
@@ -193,8 +194,8 @@ fn to_params(r: &RunRecord) -> Params {
             Some(s.dataloader.prefetch_factor as i64),
             r.result.peak_memory_bytes.map(i),
             r.predicted_peak_bytes.map(i),
-            r.nodes.map(|n| i64::from(n.reported)),
-            r.nodes.map(|n| i64::from(n.expected)),
+            r.nodes.as_ref().map(|n| i64::from(n.reported)),
+            r.nodes.as_ref().map(|n| i64::from(n.expected)),
         ],
         texts: [
             r.cluster.clone(),
@@ -208,6 +209,7 @@ fn to_params(r: &RunRecord) -> Params {
             r.result
                 .failure_reason
                 .map(|f| schema::failure_str(f).into()),
+            schema::without_peak_str(r.nodes.as_ref()),
         ],
         bools: [
             s.activation_checkpointing,
@@ -262,6 +264,7 @@ fn column_types() -> Vec<Type> {
         T::INT8,
         T::INT8,
         T::BOOL,
+        T::TEXT,
     ]
 }
 
@@ -272,7 +275,7 @@ impl Params {
         vec![
             &n[0], &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &n[1], &n[2], &n[3], &n[4],
             &n[5], &n[6], &t[7], &b[0], &b[1], &b[2], &n[7], &b[3], &b[4], &n[8], &b[5], &t[8],
-            &n[9], &f[0], &f[1], &f[2], &n[10], &n[11], &n[12], &b[6],
+            &n[9], &f[0], &f[1], &f[2], &n[10], &n[11], &n[12], &b[6], &t[9],
         ]
     }
 }
@@ -337,16 +340,11 @@ fn from_row(url: &str, row: &Row) -> Result<RunRecord, HistoryError> {
             duration_sec: row.try_get(28).map_err(g)?,
         },
         predicted_peak_bytes: opt_u(29)?,
-        nodes: match (
-            row.try_get::<_, Option<i64>>(30).map_err(g)?,
-            row.try_get::<_, Option<i64>>(31).map_err(g)?,
-        ) {
-            (Some(reported), Some(expected)) => Some(NodeReports {
-                reported: u32_of(reported),
-                expected: u32_of(expected),
-            }),
-            _ => None,
-        },
+        nodes: schema::node_reports(
+            row.try_get(30).map_err(g)?,
+            row.try_get(31).map_err(g)?,
+            row.try_get::<_, Option<String>>(33).map_err(g)?.as_deref(),
+        ),
     })
 }
 

@@ -19,12 +19,14 @@ use crate::core::workload::Method;
 /// The callback every store streams rows into.
 pub type RowSink<'f> = dyn FnMut(&ReportRow<'_>) -> Result<(), HistoryError> + 'f;
 
-/// A multi-node job's partial record (a node has not reported) reads with
+/// A multi-node job's partial record (a node has not reported, or reported
+/// without a peak: [`crate::core::run::NodeReports::partial`]) reads with
 /// no peak: its peak is only a lower bound of the job's, so it is left out
 /// of the prediction error and the unused memory (counted as unmeasured).
 const COLUMNS: &str = "timestamp_us, gpu_model, model, method, seq_len, gpus, success, \
     failure_reason, \
-    CASE WHEN nodes_reported < nodes_expected THEN NULL ELSE peak_memory_bytes END, \
+    CASE WHEN nodes_reported < nodes_expected OR nodes_without_peak IS NOT NULL \
+    THEN NULL ELSE peak_memory_bytes END, \
     predicted_peak_bytes, tokens_per_sec, duration_sec, source, job_id";
 
 /// The run's path from its stored source and job id.

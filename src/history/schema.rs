@@ -9,12 +9,12 @@
 
 use chrono::{DateTime, TimeZone, Utc};
 
-use crate::core::run::{FailureReason, RunSource};
+use crate::core::run::{FailureReason, NodeReports, RunSource};
 use crate::core::settings::Dtype;
 use crate::core::workload::Method;
 
 /// Columns in insert/select order (without `id`, which comes first on select).
-pub const COLUMNS: [&str; 32] = [
+pub const COLUMNS: [&str; 33] = [
     "timestamp_us",
     "cluster",
     "node",
@@ -47,6 +47,7 @@ pub const COLUMNS: [&str; 32] = [
     "nodes_reported",
     "nodes_expected",
     "host_oom",
+    "nodes_without_peak",
 ];
 
 /// `CREATE TABLE` body for one dialect: integer, boolean and float type names.
@@ -114,6 +115,41 @@ pub fn add_node_counts(int: &str) -> String {
 /// [`RunResult::host_oom`]: crate::core::run::RunResult::host_oom
 pub fn add_host_oom(boolean: &str, no: &str) -> String {
     format!("ALTER TABLE runs ADD COLUMN host_oom {boolean} NOT NULL DEFAULT {no};")
+}
+
+/// Migration 5: the nodes of a multi-node job that reported without a
+/// peak ([`NodeReports::without_peak`], comma-separated, sorted); NULL
+/// when every reported node's peak is in the record, and for older rows
+/// (whose counts then read as before: every reported node's peak in).
+///
+/// [`NodeReports::without_peak`]: crate::core::run::NodeReports::without_peak
+pub const ADD_NODES_WITHOUT_PEAK: &str = "ALTER TABLE runs ADD COLUMN nodes_without_peak TEXT;";
+
+/// The stored spelling of [`NodeReports::without_peak`]: NULL when empty.
+///
+/// [`NodeReports::without_peak`]: crate::core::run::NodeReports::without_peak
+pub fn without_peak_str(nodes: Option<&NodeReports>) -> Option<String> {
+    nodes
+        .filter(|n| !n.without_peak.is_empty())
+        .map(|n| n.without_peak.join(","))
+}
+
+/// Node counts read back: both counts, or none; the peakless list split.
+pub fn node_reports(
+    reported: Option<i64>,
+    expected: Option<i64>,
+    without_peak: Option<&str>,
+) -> Option<NodeReports> {
+    Some(NodeReports {
+        reported: u32_of(reported?),
+        expected: u32_of(expected?),
+        without_peak: without_peak
+            .unwrap_or("")
+            .split(',')
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect(),
+    })
 }
 
 /// `INSERT INTO runs (<columns>, run_key) VALUES (…) ON CONFLICT (run_key)

@@ -19,7 +19,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, Row, TransactionBehavior};
 
 use super::schema::{self, i, u, u32_of};
 use super::{HistoryError, HistoryStore, ListFilter};
-use crate::core::run::{merge_node_report, KeyedRun, NodeReports, RunRecord, RunResult};
+use crate::core::run::{merge_node_report, KeyedRun, RunRecord, RunResult};
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
 use crate::core::similarity::HistoryQuery;
 
@@ -30,6 +30,7 @@ fn migrations() -> Vec<String> {
         schema::ADD_RUN_KEY.to_string(),
         schema::add_node_counts("INTEGER"),
         schema::add_host_oom("INTEGER", "0"),
+        schema::ADD_NODES_WITHOUT_PEAK.to_string(),
     ]
 }
 
@@ -356,7 +357,7 @@ fn map_err(url: &str, busy: Duration, e: rusqlite::Error) -> HistoryError {
 /// borrowed from the record: binding them copies nothing on the Rust side
 /// (a 1 M-line import made 10 strings per row before). Bound through
 /// `params_from_iter`: rusqlite implements `Params` for arrays of at most 32.
-fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 33] {
+fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 34] {
     use rusqlite::types::ValueRef::{Integer, Null, Real, Text};
     let v = ToSqlOutput::Borrowed;
     let opt_i = |x: Option<u64>| v(x.map_or(Null, |n| Integer(i(n))));
@@ -398,9 +399,13 @@ fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 33] {
         opt_f(r.result.tokens_per_sec),
         opt_f(r.result.duration_sec),
         opt_i(r.predicted_peak_bytes),
-        opt_i(r.nodes.map(|n| u64::from(n.reported))),
-        opt_i(r.nodes.map(|n| u64::from(n.expected))),
+        opt_i(r.nodes.as_ref().map(|n| u64::from(n.reported))),
+        opt_i(r.nodes.as_ref().map(|n| u64::from(n.expected))),
         b(r.result.host_oom),
+        match schema::without_peak_str(r.nodes.as_ref()) {
+            Some(t) => ToSqlOutput::Owned(rusqlite::types::Value::Text(t)),
+            None => v(Null),
+        },
         text(key),
     ]
 }
@@ -463,16 +468,11 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
             duration_sec: row.get(28)?,
         },
         predicted_peak_bytes: opt_u(29)?,
-        nodes: match (
-            row.get::<_, Option<i64>>(30)?,
-            row.get::<_, Option<i64>>(31)?,
-        ) {
-            (Some(reported), Some(expected)) => Some(NodeReports {
-                reported: u32_of(reported),
-                expected: u32_of(expected),
-            }),
-            _ => None,
-        },
+        nodes: schema::node_reports(
+            row.get(30)?,
+            row.get(31)?,
+            row.get::<_, Option<String>>(33)?.as_deref(),
+        ),
     })
 }
 

@@ -581,6 +581,14 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
             "gpufit epilog: job {job_id}: no output file could be read; a CUDA OOM would go unnoticed"
         );
     }
+    let nodes = plan::job_nodes(env);
+    if nodes > 1 {
+        // A node's report carries its own node's peak: the log's peak is
+        // rank 0's (one GPU of one node), and every node reading the job's
+        // output on a shared file system would claim it. Without its
+        // sidecar's figure the node reports no peak (the record says so).
+        log.peak_memory_bytes = None;
+    }
     let outcome = plan::JobEnd {
         exit_status,
         derived_status,
@@ -591,13 +599,15 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         ended_at: Utc::now(),
     };
     let mut run = plan::build_run(&state, &outcome, settings.cluster.clone(), node);
-    let nodes = plan::job_nodes(env);
     if nodes > 1 {
         // Every node reports its own peak; the controller folds them into
         // the job's one record (peak = the largest node's).
         run.nodes = Some(NodeReports {
             reported: 1,
             expected: nodes,
+            // The store lists this node as peakless if its report has no
+            // peak (its sidecar unreadable): from the peak itself.
+            without_peak: Vec::new(),
         });
     }
     record_run(&settings, &run)

@@ -41,6 +41,9 @@ pub(super) struct Eval<'c, 'a> {
     pub oom_min: Option<u32>,
     /// Largest measured batch and its peak, for the reasoning.
     pub measured: Option<(u32, u64)>,
+    /// Runs whose peak is only a lower bound (a multi-node job's peak of
+    /// fewer nodes than it ran on): floors, not measurements.
+    pub lower_bounds: usize,
     pub speed: Speed,
     /// The fastest other candidate that met the target (for the reasoning).
     pub runner_up: Option<(Cand, u32, Speed)>,
@@ -155,8 +158,12 @@ impl<'a> Ctx<'a> {
         let measured = runs
             .iter()
             .filter(|r| r.result.success)
-            .filter_map(|r| Some((r.settings.micro_batch_size, r.result.peak_memory_bytes?)))
+            .filter_map(|r| Some((r.settings.micro_batch_size, r.full_peak()?)))
             .max();
+        let lower_bounds = runs
+            .iter()
+            .filter(|r| r.result.peak_memory_bytes.is_some() && r.peak_is_lower_bound())
+            .count();
         let budget = self.target(s) * self.capacity;
         let mut warnings = Vec::new();
 
@@ -234,6 +241,7 @@ impl<'a> Ctx<'a> {
             largest_success,
             oom_min,
             measured,
+            lower_bounds,
             speed: self.speed(c, m),
             runner_up: None,
             warnings,

@@ -135,7 +135,15 @@ impl<'a> Ctx<'a> {
             conf = conf.min(0.45);
         }
         let conf = conf.min(MAX_CONFIDENCE);
-        let reason = format!("{reason}{}", speed_clause(&e));
+        let partial = match e.lower_bounds {
+            0 => String::new(),
+            n => format!(
+                "; {n} multi-node run{} recorded the peak of only some of {} nodes: that peak is a lower bound, used to raise the floor at and above its batch, never to extrapolate to a larger one",
+                plural(n),
+                if n == 1 { "its" } else { "their" }
+            ),
+        };
+        let reason = format!("{reason}{partial}{}", speed_clause(&e));
         self.build(s, e, source, conf, reason)
     }
 
@@ -320,6 +328,7 @@ impl<'a> Ctx<'a> {
             largest_success: None,
             oom_min,
             measured: None,
+            lower_bounds: 0,
             speed: self.speed(c, m),
             runner_up: None,
             warnings,

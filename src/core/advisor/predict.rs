@@ -172,7 +172,7 @@ impl<'a> Ctx<'a> {
         let has_own = runs
             .iter()
             .filter(same_compile)
-            .any(|r| r.result.success && r.result.peak_memory_bytes.is_some());
+            .any(|r| r.result.success && r.full_peak().is_some());
         p.compile_untried = c.compile && !has_own;
         if p.compile_untried {
             let plain = Cand {
@@ -189,7 +189,10 @@ impl<'a> Ctx<'a> {
         let mut points = Vec::new();
         let mut cache_filled = 0;
         for r in learn_from.into_iter().filter(|r| r.result.success) {
-            let Some(peak) = r.result.peak_memory_bytes else {
+            // A partial multi-node peak is only a lower bound of the job's:
+            // it raises the floors (see `floors`), never the fitted line,
+            // which would extrapolate from it as if it were the peak.
+            let Some(peak) = r.full_peak() else {
                 continue;
             };
             let e = self.model_for_record(w, r)?;
@@ -250,9 +253,11 @@ impl<'a> Ctx<'a> {
     /// The measured peaks that bound candidate `c` from below (see
     /// [`Predictor::floors`]): successful runs of the same dtype whose
     /// compile, checkpointing and offloading are each those of `c` or on,
-    /// at a sequence no longer than the workload's. A peak that is the
-    /// allocator's cache filling the card (see [`CACHE_FILLED_SHARE`]) is
-    /// not what the step needs and bounds nothing.
+    /// at a sequence no longer than the workload's. A partial multi-node
+    /// peak ([`RunRecord::peak_is_lower_bound`]) bounds too: the job's peak
+    /// was at least it. A peak that is the allocator's cache filling the
+    /// card (see [`CACHE_FILLED_SHARE`]) is not what the step needs and
+    /// bounds nothing.
     fn floors(&self, w: &Workload, c: Cand) -> Result<Vec<(u32, f64)>, AdvisorError> {
         let mut out = Vec::new();
         for r in self.key_runs.iter().filter(|r| saves_at_least(r, c)) {

@@ -310,6 +310,84 @@ fn one_measured_point_scales_the_memory_model_and_extrapolates() {
     assert!(r.contains(&format!("micro batch {}", s.settings.micro_batch_size)));
 }
 
+/// `ok_peak(m, gib)` as a two-node job's record whose peak is one node's
+/// only: the other node never reported (`missing`) or reported no peak.
+fn partial_peak(m: u32, gib: f64, missing: bool) -> RunRecord {
+    let mut r = ok_peak(m, gib);
+    r.source = RunSource::Slurm;
+    r.nodes = Some(crate::core::run::NodeReports {
+        reported: if missing { 1 } else { 2 },
+        expected: 2,
+        without_peak: if missing {
+            Vec::new()
+        } else {
+            vec!["n2".into()]
+        },
+    });
+    r
+}
+
+#[test]
+fn a_partial_multi_node_peak_is_not_extrapolated_from_and_the_reasoning_says_so() {
+    // 12 GiB at m=2 on one node of two (the model says 24): as the job's
+    // peak it would scale the model ×0.5 and suggest a much larger batch.
+    let whole = balanced_pinned(&[ok_peak(2, 12.0)]);
+    for missing in [true, false] {
+        let s = balanced_pinned(&[partial_peak(2, 12.0, missing)]);
+        let unknown = balanced_pinned(&[ok(2)]);
+        assert_ne!(s.source, SuggestionSource::HistoricalDataWithMemory);
+        assert_eq!(
+            s.settings.micro_batch_size, unknown.settings.micro_batch_size,
+            "a lower bound under the model changes nothing"
+        );
+        assert!(
+            whole.settings.micro_batch_size > s.settings.micro_batch_size,
+            "{} vs {}",
+            whole.settings.micro_batch_size,
+            s.settings.micro_batch_size
+        );
+        assert!(s.reasoning.contains("lower bound"), "{}", s.reasoning);
+        assert!(!s.reasoning.contains("Memory analysis"), "{}", s.reasoning);
+    }
+    assert!(
+        !whole.reasoning.contains("lower bound"),
+        "{}",
+        whole.reasoning
+    );
+}
+
+#[test]
+fn a_partial_multi_node_peak_floors_predictions_at_and_above_its_batch() {
+    // 60 GiB at m=4 on one node (the model says 28): the job needed at
+    // least 60 there, so every batch from 4 up is predicted at least that.
+    let h = [partial_peak(4, 60.0, false)];
+    let at = |m: u32| {
+        // The run's own settings (an uncompiled peak does not bound a
+        // compiled prediction: compile never adds memory).
+        let pins = Pins {
+            micro_batch_size: Some(m),
+            compile: Some(false),
+            ..bf16_no_ckpt()
+        };
+        ask(&workload(), &a100(), Strategy::Balanced, &pins, &h)
+            .expect("a suggestion")
+            .predicted_peak_bytes
+    };
+    let floor = 60 * GIB;
+    assert!(at(4) >= floor && at(6) >= floor, "{} {}", at(4), at(6));
+    assert!(
+        at(3) < floor,
+        "below its batch it bounds nothing: {}",
+        at(3)
+    );
+    // A node that never reported: its job's success is not known, so it is
+    // no "largest success" to start from either.
+    let s = balanced_pinned(&[partial_peak(23, 20.0, true)]);
+    assert!(s.settings.micro_batch_size < 23, "{s:?}");
+    let s = balanced_pinned(&[ok(23)]);
+    assert!(s.settings.micro_batch_size >= 23, "{s:?}");
+}
+
 #[test]
 fn two_measured_points_are_fitted_by_least_squares() {
     // True line 30 + 1 GiB/sample (model says 20 + 2): 0.85 × 80 = 68 → 38

@@ -1377,8 +1377,11 @@ mod tests {
         w.framework = Framework::Litgpt;
         let mut wl = w.clone();
         wl.method = Method::Lora;
+        // (the previous step's copy litgpt's loop holds is left out here:
+        // `litgpt_keeps_the_previous_steps_4bit_inputs_through_the_next_forward`)
         let old = ModelOptions {
             bnb_keeps_matmul_inputs: true,
+            longest_sample_first: true,
             ..ModelOptions::default()
         };
         let current = ModelOptions::default();

@@ -794,13 +794,11 @@ pub(super) fn previous_step_inputs(
     opts: &ModelOptions,
 ) -> f64 {
     let b = Block::new(w, s, opts);
-    if !(opts.bnb_keeps_matmul_inputs
+    let kept = opts.bnb_keeps_matmul_inputs
         && matches!(b.quant, BaseQuant::Nf4 | BaseQuant::Nf4NoDoubleQuant)
         && w.framework == Framework::Litgpt
-        && !b.inputs.full
-        && !s.activation_checkpointing
-        && !opts.longest_sample_first)
-    {
+        && !b.inputs.full;
+    if !kept || s.activation_checkpointing || opts.longest_sample_first {
         return 0.0;
     }
     let (h, qd) = (b.dims.hidden, b.dims.q_width);

@@ -1585,7 +1585,7 @@ struct OptionFlags {
 
 /// The command-line flags a row's columns stand for (`base_quant`, `head`,
 /// `optimizer_impl`, `grads_kept`, the `bitsandbytes` and `torch` releases,
-/// `expandable_segments`, the measured CUDA context), and the options the
+/// `longest_first`, `expandable_segments`, the measured CUDA context), and the options the
 /// CLI makes of them.
 fn option_flags(r: &HashMap<String, String>) -> Result<Vec<String>, String> {
     let mut flags = vec!["estimate".to_string()];
@@ -1615,6 +1615,9 @@ fn option_flags(r: &HashMap<String, String>) -> Result<Vec<String>, String> {
     }
     if version_before(opt(r, "bitsandbytes", ""), (0, 43, 2))? {
         flag("old-bitsandbytes", None);
+    }
+    if opt(r, "longest_first", "false") == "true" {
+        flag("longest-first", None);
     }
     if version_before(opt(r, "torch", ""), (1, 11, 0))? {
         flag("old-torch", None);

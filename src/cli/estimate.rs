@@ -82,6 +82,12 @@ pub struct ModelOptionArgs {
     /// matmul keeps every quantized linear's input until the backward.
     #[arg(long)]
     pub old_bitsandbytes: bool,
+    /// The run's first step holds its longest sample and no later step is
+    /// as long (lit-gpt's fine-tuning scripts, June 2023 – February 2024,
+    /// on Alpaca): with --old-bitsandbytes, litgpt then keeps no
+    /// full-length earlier step's 4-bit inputs at the peak.
+    #[arg(long)]
+    pub longest_first: bool,
     /// The job's PyTorch is older than 1.11 (March 2022): softmax keeps its
     /// input for backward as well as its output (eager attention),
     /// `zero_grad()` keeps the gradients (as --grads-kept), and its CUDA
@@ -171,6 +177,7 @@ impl ModelOptionArgs {
             optimizer_impl,
             grads_kept_between_steps: self.grads_kept || self.old_torch,
             bnb_keeps_matmul_inputs: self.old_bitsandbytes,
+            longest_sample_first: self.longest_first,
             softmax_saves_input: self.old_torch,
             expandable_segments: self.expandable_segments,
             cuda_context_bytes: context_mib.map(|m| m * MIB),

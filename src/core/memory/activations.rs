@@ -760,6 +760,57 @@ fn old_bitsandbytes_inputs(b: &Block, acc: &mut Saved) {
     }
 }
 
+/// What litgpt's loop keeps of the previous step's graph, bytes per
+/// sample, under bitsandbytes before 0.43.2 (0 elsewhere).
+///
+/// `MatMul4Bit.forward` put its input on `ctx.tensors`, a plain attribute
+/// of the autograd node, not `save_for_backward`: the engine frees a
+/// node's saved tensors after its backward runs, never its attributes, so
+/// those inputs live as long as the node (bitsandbytes #1270, "fix QLoRA
+/// mem bug: delete useless buffered activation", 0.43.2, July 2024). And
+/// litgpt's `fit` (finetune/lora.py, every release) holds the step's
+/// `logits` (a list of head chunks whose `grad_fn` reaches every node of
+/// the graph) in a loop variable until the next `logits = model(...)`
+/// returns; the test `litgpt_holds_its_logits_through_the_optimizer_step`
+/// counts the logits themselves. So through the optimizer step and the
+/// whole next forward, every 4-bit linear's input of the previous step is
+/// still allocated: all the distinct ones per block (q/k/v's and the MLP's
+/// norm outputs, o_proj's and down/fc2's inputs), including those the
+/// current step's graph counts as saved by another op (that op freed its
+/// copy in the previous backward; `ctx.tensors` did not), and the head's
+/// (Fabric quantizes the head; its chunks are views of the final norm's
+/// output).
+///
+/// That is a full-length step only where the step before was as long:
+/// litgpt ≥ 0.4 draws shuffled batches (its data modules, #950), so a
+/// dataset with more than one sample at the cap has such pairs; the lit-gpt
+/// scripts of 2023 ran the longest sample first, alone
+/// (`ModelOptions::longest_sample_first`). Under reentrant checkpointing
+/// the forward runs without grad and `MatMul4Bit` keeps nothing (see
+/// `old_bitsandbytes_inputs`).
+pub(super) fn previous_step_inputs(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+) -> f64 {
+    let b = Block::new(w, s, opts);
+    let kept = opts.bnb_keeps_matmul_inputs
+        && matches!(b.quant, BaseQuant::Nf4 | BaseQuant::Nf4NoDoubleQuant)
+        && w.framework == Framework::Litgpt
+        && !b.inputs.full;
+    if !kept || s.activation_checkpointing || opts.longest_sample_first {
+        return 0.0;
+    }
+    let (h, qd) = (b.dims.hidden, b.dims.q_width);
+    let (i, k) = (b.dims.intermediate, b.dims.routed);
+    let e = b.bytes.act;
+    // the MLP's input is the attention's under one shared norm (Phi, Falcon)
+    let mlp_input = if b.a.quirks.single_norm { 0.0 } else { h * k };
+    let per_layer = e * (h + qd + mlp_input + i * k);
+    let head_input = e * h;
+    w.seq_len as f64 * (w.model.num_layers as f64 * per_layer + head_input)
+}
+
 /// LoRA adapters: the A output (rank wide) is saved by B.
 fn adapter_outputs(b: &Block, acc: &mut Saved) {
     if b.inputs.full {
@@ -885,6 +936,17 @@ pub(super) fn per_sample(
         let recompute = seq * (per_token_layer + transient);
         acts.recompute_overlap = recompute_overlap(&la, seq, recompute, loss);
         acts.total += (recompute - loss.peak).max(0.0);
+    }
+    // The previous step's kept inputs are alive when this forward ends,
+    // beside this step's saved tensors, new logits and the previous
+    // logits (`held_through_step`); the loss and the backward come after
+    // the loop drops them. So they raise phase A by what they outgrow
+    // the loss's part beyond the two logits and the block's backward
+    // transients by.
+    acts.previous_step = previous_step_inputs(w, s, opts);
+    if acts.previous_step > 0.0 {
+        let after_forward = loss.peak - 2.0 * loss.held_through_step;
+        acts.total += (acts.previous_step - after_forward - seq * transient).max(0.0);
     }
     acts
 }

@@ -140,7 +140,8 @@ pub(super) fn eval(pl: &Plan, m: f64) -> Eval {
     let b = persistent
         + pl.gradients.total
         + pl.optimizer.step_temporaries
-        + pl.loss.held_through_step * m;
+        + pl.loss.held_through_step * m
+        + pl.activations.previous_step * m;
     let phase_a = a >= b;
     // Allocated bytes: the forward's end (every cast, the forward's loss
     // buffers) or the loss's backward (without the casts freed in between).

@@ -66,6 +66,16 @@ pub struct ModelOptions {
     /// it (litgpt pinned 0.41–0.42 through 2024; see `activations.rs`).
     #[serde(default)]
     pub bnb_keeps_matmul_inputs: bool,
+    /// The run's first step holds its longest sample and no later step is
+    /// as long: lit-gpt's fine-tuning scripts from #184 (June 2023, "force
+    /// the longest sample at the beginning so potential OOMs happen right
+    /// away") until the data refactor #950 (February 2024), on data whose
+    /// longest sample is unique (Alpaca's). The step at the full length
+    /// then follows no step, so nothing a loop keeps of the previous
+    /// step's graph (see `activations::previous_step_inputs`) is alive at
+    /// the peak.
+    #[serde(default)]
+    pub longest_sample_first: bool,
     /// PyTorch before 1.11 (March 2022): `softmax` saved its input for
     /// backward as well as its output (derivatives.yaml passed `self` to
     /// `_softmax_backward_data`, which never reads it; pytorch#64000, fixed
@@ -235,6 +245,11 @@ pub(super) struct Activations {
     /// Checkpointed: the smaller of one recomputed block and the loss
     /// buffers (they take turns in the same cache).
     pub(super) recompute_overlap: f64,
+    /// What the training loop keeps of the previous step's graph until this
+    /// step's forward returns, through the optimizer step too (see
+    /// `activations::previous_step_inputs`); its excess over the loss's and
+    /// the backward's transients, when the next forward ends, is in `total`.
+    pub(super) previous_step: f64,
 }
 
 /// The loss path's buffers (logits, log-probabilities, their gradients),

@@ -37,11 +37,11 @@
 //!
 //! | | generic | hf | torchtune | litgpt | lightning |
 //! |---|---|---|---|---|---|
-//! | loss path (bytes per token × vocab) | 3·e plain, 12 under autocast | 12: `logits.float()` + fp32 log-probs + fp32 grads | e + 4.5: 8-chunk CE, fp32 per chunk | LoRA 2·e + 2·e/chunks (128-token chunks, no upcast); full 3·e (whole head, reshaped copy) | as generic |
+//! | loss path (bytes per token × vocab) | 3·e plain, 12 under autocast | 12: `logits.float()` + fp32 log-probs + fp32 grads | e + 4.5: 8-chunk CE, fp32 per chunk (`--chunked-loss off`: 12, fp32 logits from the model) | LoRA 2·e + 2·e/chunks (128-token chunks, no upcast); full 3·e (whole head, reshaped copy) | as generic |
 //! | default LoRA targets | q, v | q, v (PEFT mapping) | q, v, o + MLP | q, v | q, v |
 //! | LoRA adapter dtype | training dtype | fp32 (PEFT `autocast_adapter_dtype`) | training dtype | training dtype | training dtype |
 //! | LoRA dropout | none | none (PEFT default 0) | none (default 0.0) | 0.05: mask + dropped input | none |
-//! | optimizer step | foreach AdamW: +1 state copy | foreach | fused; `optimizer_in_bwd` for single-GPU full fine-tunes (gradients never all alive) | foreach | foreach |
+//! | optimizer step | foreach AdamW: +1 state copy | foreach | fused; `optimizer_in_bwd` for single-GPU full fine-tunes (gradients never all alive; `--optimizer-in-backward` states either) | foreach | foreach |
 //!
 //! `e` is the activation element size (2 for 16-bit and the `-mixed`
 //! dtypes, 4 for fp32). Each entry is commented where it is computed.

@@ -1580,7 +1580,7 @@ struct OptionFlags {
 }
 
 /// The command-line flags a row's columns stand for (`base_quant`, `head`,
-/// `optimizer_impl`, `grads_kept`, the `bitsandbytes` and `torch` releases,
+/// `optimizer_impl`, `optimizer_in_backward`, `chunked_loss`, `grads_kept`, the `bitsandbytes` and `torch` releases,
 /// `longest_first`, `expandable_segments`, the measured CUDA context), and the options the
 /// CLI makes of them.
 fn option_flags(r: &HashMap<String, String>) -> Result<Vec<String>, String> {
@@ -1605,6 +1605,16 @@ fn option_flags(r: &HashMap<String, String>) -> Result<Vec<String>, String> {
             "unknown optimizer_impl `{}`",
             opt(r, "optimizer_impl", "")
         ));
+    }
+    match opt(r, "chunked_loss", "") {
+        "" => {}
+        v @ ("on" | "off") => flag("chunked-loss", Some(v)),
+        v => return Err(format!("unknown chunked_loss `{v}`")),
+    }
+    match opt(r, "optimizer_in_backward", "") {
+        "" => {}
+        v @ ("on" | "off") => flag("optimizer-in-backward", Some(v)),
+        v => return Err(format!("unknown optimizer_in_backward `{v}`")),
     }
     if opt(r, "grads_kept", "false") == "true" {
         flag("grads-kept", None);

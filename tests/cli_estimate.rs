@@ -253,6 +253,120 @@ fn old_bitsandbytes_flag_counts_the_kept_matmul_inputs_for_qlora_only() {
 }
 
 #[test]
+fn optimizer_in_backward_and_chunked_loss_flags_state_torchtunes_other_settings() {
+    // torchtune's single-GPU full fine-tune steps in backward and chunks
+    // its loss (its shipped configs); the README's "Optimization flags"
+    // rows before those techniques ran neither.
+    let allocated = |framework: &str, flags: &[&'static str]| {
+        let mut args = vec![
+            "estimate",
+            "--model",
+            "llama-3.2-1b",
+            "--method",
+            "full",
+            "--framework",
+            framework,
+            "--seq-len",
+            "1024",
+            "-o",
+            "json",
+        ];
+        if !flags.contains(&"--micro-batch") {
+            args.extend_from_slice(&["--micro-batch", "2"]);
+        }
+        args.extend_from_slice(flags);
+        peak_allocated(&args)
+    };
+    let shipped = allocated("torchtune", &[]);
+    assert_eq!(
+        allocated("torchtune", &["--optimizer-in-backward", "on"]),
+        shipped
+    );
+    assert_eq!(allocated("torchtune", &["--chunked-loss", "on"]), shipped);
+    // Stepping after backward keeps every bf16 gradient through the step:
+    // where the step sets the peak (checkpointed, one sample) the peak
+    // rises, by at most the gradients beside the head's (1.24 B
+    // parameters, 0.26 B of them the tied 128,256 × 2,048 embedding);
+    // where the backward sets it (2 samples, no checkpointing) nothing
+    // changes, as the head's gradient lives through the chunked loss's
+    // backward either way.
+    assert_eq!(
+        allocated("torchtune", &["--optimizer-in-backward", "off"]),
+        shipped
+    );
+    let ckpt = ["--micro-batch", "1", "--checkpointing", "on"];
+    let in_bwd = allocated("torchtune", &ckpt);
+    let after = allocated(
+        "torchtune",
+        &[ckpt.as_slice(), &["--optimizer-in-backward", "off"]].concat(),
+    );
+    let grads = (1_235_814_400u64 - 128_256 * 2_048) * 2;
+    assert!(
+        after > in_bwd + grads / 4 && after <= in_bwd + grads,
+        "{after} vs {in_bwd}"
+    );
+    // plain cross-entropy keeps fp32 logits of 2 × 1,024 × 128,256
+    let plain = allocated("torchtune", &["--chunked-loss", "off"]);
+    assert!(
+        plain > shipped + 2 * 1024 * 128_256 * 4,
+        "{plain} vs {shipped}"
+    );
+    // HF steps after backward unless told
+    let hf = |flags: &[&'static str]| allocated("hf", &[ckpt.as_slice(), flags].concat());
+    assert!(hf(&["--optimizer-in-backward", "on"]) + grads / 4 < hf(&[]));
+    // where it cannot run, and other frameworks' own losses: bad input
+    let base = [
+        "estimate",
+        "--model",
+        "llama-3.2-1b",
+        "--framework",
+        "torchtune",
+        "--seq-len",
+        "1024",
+    ];
+    let with = |extra: &[&'static str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        a
+    };
+    assert_usage_error(
+        &with(&[
+            "--method",
+            "full",
+            "--grad-accum",
+            "4",
+            "--optimizer-in-backward",
+            "on",
+        ]),
+        "gradient accumulation",
+    );
+    assert_usage_error(
+        &with(&["--method", "lora", "--optimizer-in-backward", "on"]),
+        "full fine-tunes",
+    );
+    assert_usage_error(
+        &with(&["--method", "full", "--optimizer-in-backward", "maybe"]),
+        "--optimizer-in-backward",
+    );
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "llama-3.2-1b",
+            "--method",
+            "full",
+            "--framework",
+            "hf",
+            "--seq-len",
+            "1024",
+            "--chunked-loss",
+            "off",
+        ],
+        "--chunked-loss",
+    );
+}
+
+#[test]
 fn old_torch_flag_counts_the_softmax_input_in_eager_attention_only() {
     // PyTorch < 1.11 kept softmax's input too: BERT-large (24 layers, 16
     // heads) at 4 × 512 in eager attention keeps 24 × 4 × 16 × 512² fp32

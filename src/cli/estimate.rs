@@ -12,7 +12,7 @@ use crate::core::catalog::{lookup_gpu, GpuSpec};
 use crate::core::memory::{self, BaseQuant, Estimate, Head, ModelOptions, OptimizerImpl};
 use crate::core::settings::{Dtype, EngineeringSettings};
 use crate::core::units::{fmt_gib, to_gib, MIB};
-use crate::core::workload::Workload;
+use crate::core::workload::{Framework, Workload};
 
 #[derive(Debug, clap::Args)]
 pub struct EstimateArgs {
@@ -73,6 +73,20 @@ pub struct ModelOptionArgs {
     /// framework's.
     #[arg(long)]
     pub optimizer_impl: Option<String>,
+    /// Whether the optimizer steps inside backward, one parameter as soon
+    /// as its gradient is complete (torchtune's `optimizer_in_bwd`): on or
+    /// off. Default: the framework's — on for a torchtune single-GPU full
+    /// fine-tune without gradient accumulation (its shipped configs), off
+    /// otherwise. Only a single-GPU full fine-tune without accumulation can
+    /// run it.
+    #[arg(long, value_enum)]
+    pub optimizer_in_backward: Option<OnOff>,
+    /// torchtune's loss: on runs `CEWithChunkedOutputLoss` (its configs'
+    /// loss, the default), off runs `torch.nn.CrossEntropyLoss` on the
+    /// whole logits, which the model then returns in fp32 (a recipe given
+    /// `loss=torch.nn.CrossEntropyLoss`). torchtune only.
+    #[arg(long, value_enum)]
+    pub chunked_loss: Option<OnOff>,
     /// Gradients stay allocated through the next forward:
     /// `zero_grad(set_to_none=False)` (PyTorch's default before 2.0, implied
     /// by --old-torch) or `zero_grad()` called after the forward.
@@ -175,6 +189,8 @@ impl ModelOptionArgs {
             base_quant,
             head,
             optimizer_impl,
+            optimizer_in_backward: self.optimizer_in_backward.map(OnOff::as_bool),
+            torchtune_plain_loss: self.chunked_loss == Some(OnOff::Off),
             grads_kept_between_steps: self.grads_kept || self.old_torch,
             bnb_keeps_matmul_inputs: self.old_bitsandbytes,
             longest_sample_first: self.longest_first,
@@ -270,6 +286,20 @@ pub fn run(g: &Global, args: EstimateArgs) -> crate::Result<ExitCode> {
         .config_names_small_head()?
         .then_some(Head::Classifier);
     let opts = args.options.options(config_head)?;
+    if args.options.chunked_loss.is_some() && w.framework != Framework::Torchtune {
+        return Err(crate::Error::Usage(format!(
+            "--chunked-loss: only torchtune lets its loss be chosen (--framework torchtune); \
+             {} runs its own",
+            w.framework
+        )));
+    }
+    if opts.optimizer_in_backward == Some(true) {
+        if let Some(why) = memory::optimizer_in_backward_unavailable(&w, &s) {
+            return Err(crate::Error::Usage(format!(
+                "--optimizer-in-backward on: not for this run: {why}"
+            )));
+        }
+    }
     let gpu = args.gpu.as_deref().map(lookup_gpu).transpose()?;
     let est = memory::estimate_with(&w, &s, &opts)?;
     let fit = gpu

@@ -21,9 +21,18 @@ pub(super) fn buffers(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions
             // in the logits' dtype; tanh keeps its output for backward.
             let softcap = if a.quirks.final_softcapping { e } else { 0.0 };
             let tv = seq * a.vocab_size as f64;
-            let (fwd, peak) =
-                logits_bytes_per_token_vocab(w.framework, dtype, seq, w.method == Method::Full);
-            loss.eager_buffer = tv * largest_bytes_per_token_vocab(w.framework, dtype);
+            let plain = torchtune_plain(w, opts);
+            let (fwd, peak) = if plain {
+                PLAIN_TORCHTUNE_LOSS
+            } else {
+                logits_bytes_per_token_vocab(w.framework, dtype, seq, w.method == Method::Full)
+            };
+            loss.eager_buffer = tv
+                * if plain {
+                    4.0
+                } else {
+                    largest_bytes_per_token_vocab(w.framework, dtype)
+                };
             loss.largest_tensor = loss.eager_buffer;
             if upcast_loss_path(w.framework) {
                 loss.head_output = tv * e;
@@ -48,6 +57,22 @@ pub(super) fn buffers(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions
     }
     loss
 }
+
+/// Whether a torchtune run computes its loss with `torch.nn.CrossEntropyLoss`
+/// on the whole logits ([`ModelOptions::torchtune_plain_loss`]).
+pub(super) fn torchtune_plain(w: &Workload, opts: &ModelOptions) -> bool {
+    w.framework == Framework::Torchtune && opts.torchtune_plain_loss
+}
+
+/// torchtune with `torch.nn.CrossEntropyLoss` (no output chunks), bytes per
+/// token × vocabulary entry, forward and peak: the model returns
+/// `self.output(h).float()` (torchtune/modules/transformer.py at 1814feb1;
+/// the 16-bit logits die with the cast, which saves nothing), so the fp32
+/// logits and cross_entropy's saved fp32 log-probs are alive at the
+/// forward's end (8; the recipe's `del logits` drops its name only after
+/// the loss is made); in backward the saved log-probs, nll's fp32 gradient
+/// and log_softmax's fp32 gradient (12), as transformers' upcast loss.
+const PLAIN_TORCHTUNE_LOSS: (f64, f64) = (8.0, 12.0);
 
 /// transformers' loss, and a plain loop's (Lightning's, gpufit's generic
 /// one): the whole logits, upcast to fp32 where the loss runs in fp32.

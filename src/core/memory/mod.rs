@@ -37,11 +37,11 @@
 //!
 //! | | generic | hf | torchtune | litgpt | lightning |
 //! |---|---|---|---|---|---|
-//! | loss path (bytes per token × vocab) | 3·e plain, 12 under autocast | 12: `logits.float()` + fp32 log-probs + fp32 grads | e + 4.5: 8-chunk CE, fp32 per chunk | LoRA 2·e + 2·e/chunks (128-token chunks, no upcast); full 3·e (whole head, reshaped copy) | as generic |
+//! | loss path (bytes per token × vocab) | 3·e plain, 12 under autocast | 12: `logits.float()` + fp32 log-probs + fp32 grads | e + 4.5: 8-chunk CE, fp32 per chunk (`--chunked-loss off`: 12, fp32 logits from the model) | LoRA 2·e + 2·e/chunks (128-token chunks, no upcast); full 3·e (whole head, reshaped copy) | as generic |
 //! | default LoRA targets | q, v | q, v (PEFT mapping) | q, v, o + MLP | q, v | q, v |
 //! | LoRA adapter dtype | training dtype | fp32 (PEFT `autocast_adapter_dtype`) | training dtype | training dtype | training dtype |
 //! | LoRA dropout | none | none (PEFT default 0) | none (default 0.0) | 0.05: mask + dropped input | none |
-//! | optimizer step | foreach AdamW: +1 state copy | foreach | fused; `optimizer_in_bwd` for single-GPU full fine-tunes (gradients never all alive) | foreach | foreach |
+//! | optimizer step | foreach AdamW: +1 state copy | foreach | fused; `optimizer_in_bwd` for single-GPU full fine-tunes (gradients never all alive; `--optimizer-in-backward` states either) | foreach | foreach |
 //!
 //! `e` is the activation element size (2 for 16-bit and the `-mixed`
 //! dtypes, 4 for fp32). Each entry is commented where it is computed.
@@ -95,7 +95,7 @@ mod types;
 pub use constants::{
     COMPILE_BLOCK_FACTOR, COMPILE_LOSS_FACTOR, CUBLAS_WORKSPACES_BYTES, CUDA_CONTEXT_BYTES,
 };
-pub use storage::{default_lora_targets, lora_params};
+pub use storage::{default_lora_targets, lora_params, optimizer_in_backward_unavailable};
 pub use types::{BaseQuant, Head, ModelOptions, OptimizerImpl};
 
 use allocator::{eval, line};
@@ -1310,6 +1310,101 @@ mod tests {
         let acc = phase_terms(&full, &s, &o);
         assert!(acc.grads > 3.0e9 * 2.0, "{}", acc.grads);
         assert_eq!(acc.grads_in_a, acc.grads);
+    }
+
+    #[test]
+    fn the_optimizer_in_backward_option_overrides_the_framework_default() {
+        // torchtune's README "Optimization flags" rows before "Fuse
+        // optimizer step into backward" step after backward: every bf16
+        // gradient exists and is kept through the step; in phase A only the
+        // head's, which the chunked loss's backward makes first (with a
+        // plain loss, none).
+        let mut w = workload("meta-llama/Llama-3.2-3B", Method::Full);
+        w.framework = Framework::Torchtune;
+        let s = settings(1, Dtype::Bf16, true);
+        let on = ModelOptions {
+            optimizer_in_backward: Some(true),
+            ..ModelOptions::default()
+        };
+        let off = ModelOptions {
+            optimizer_in_backward: Some(false),
+            ..ModelOptions::default()
+        };
+        let terms = |w: &Workload, s: &EngineeringSettings, o: &ModelOptions| {
+            format!("{:?}", phase_terms(w, s, o))
+        };
+        assert_eq!(terms(&w, &s, &ModelOptions::default()), terms(&w, &s, &on));
+        let after = phase_terms(&w, &s, &off);
+        assert!(after.grads > 3.0e9 * 2.0, "{}", after.grads);
+        let head = 128_256.0 * 3_072.0 * 2.0;
+        assert!(
+            (after.grads_in_a - head).abs() < 1.0,
+            "{}",
+            after.grads_in_a
+        );
+        let plain_after = ModelOptions {
+            torchtune_plain_loss: true,
+            ..off
+        };
+        assert_eq!(phase_terms(&w, &s, &plain_after).grads_in_a, 0.0);
+        let (peak_off, peak_on) = (
+            estimate_with(&w, &s, &off).unwrap().peak_bytes,
+            estimate_with(&w, &s, &on).unwrap().peak_bytes,
+        );
+        // 6.4 GB of gradients through the step against one tensor's 0.8:
+        // the peak moves by less, as the backward's own peak (activations
+        // and the head's gradient) sets the in-backward one
+        assert!(
+            peak_off > peak_on + 2_000_000_000,
+            "{peak_off} vs {peak_on}"
+        );
+        // other frameworks step after backward unless told; told, an HF
+        // full fine-tune keeps only the gradient being applied
+        let mut hf = w.clone();
+        hf.framework = Framework::Hf;
+        assert!(phase_terms(&hf, &s, &ModelOptions::default()).grads > 3.0e9 * 2.0);
+        assert!((phase_terms(&hf, &s, &on).grads - head).abs() < 1.0);
+        // it cannot run with accumulation, nor for adapters or several GPUs
+        let mut acc = s.clone();
+        acc.gradient_accumulation_steps = 2;
+        assert!(phase_terms(&w, &acc, &on).grads > 3.0e9 * 2.0);
+        assert!(optimizer_in_backward_unavailable(&w, &acc).is_some());
+        assert!(optimizer_in_backward_unavailable(&w, &s).is_none());
+        let lora = workload("meta-llama/Llama-3.2-3B", Method::Lora);
+        assert!(optimizer_in_backward_unavailable(&lora, &s).is_some());
+        let mut two = w.clone();
+        two.gpus = 2;
+        assert!(optimizer_in_backward_unavailable(&two, &s).is_some());
+    }
+
+    #[test]
+    fn torchtunes_plain_loss_keeps_fp32_logits_and_log_probs() {
+        // `loss=torch.nn.CrossEntropyLoss`: the model returns the fp32
+        // logits; eager, the loss peaks in backward at the saved fp32
+        // log-probs and two fp32 gradients (12 B per token × vocabulary
+        // entry); compiled whole, at the saved fp32 input and the fused
+        // kernel's fp32 gradient (8 B), against the chunked loss's 2.25.
+        let mut w = workload("meta-llama/Llama-3.2-3B", Method::Full);
+        w.framework = Framework::Torchtune;
+        let mut s = settings(1, Dtype::Bf16, false);
+        let plain = ModelOptions {
+            torchtune_plain_loss: true,
+            ..ModelOptions::default()
+        };
+        let tv = 2048.0 * 128_256.0;
+        let eager = phase_terms(&w, &s, &plain).logits;
+        assert!((eager - 12.0 * tv).abs() < 1.0, "{eager}");
+        s.compile = true;
+        let compiled = phase_terms(&w, &s, &plain).logits;
+        assert!((compiled - 8.0 * tv).abs() < 1.0, "{compiled}");
+        let chunked = phase_terms(&w, &s, &ModelOptions::default()).logits;
+        assert!((chunked - 2.25 * tv).abs() < 1.0, "{chunked}");
+        // other frameworks have their own loss: the option is torchtune's
+        w.framework = Framework::Hf;
+        assert_eq!(
+            format!("{:?}", phase_terms(&w, &s, &plain)),
+            format!("{:?}", phase_terms(&w, &s, &ModelOptions::default()))
+        );
     }
 
     #[test]

@@ -29,7 +29,11 @@ pub(super) fn plan(w: &Workload, s: &EngineeringSettings, opts: &ModelOptions) -
     if s.compile {
         compiled(&mut activations, &mut loss);
         if w.framework == Framework::Torchtune && opts.head == Head::LanguageModel {
-            torchtune_compiled_loss(w, s, opts, &mut loss);
+            if loss::torchtune_plain(w, opts) {
+                torchtune_compiled_plain_loss(w, s, opts, &mut loss);
+            } else {
+                torchtune_compiled_loss(w, s, opts, &mut loss);
+            }
         }
     }
     let checkpointing = s.activation_checkpointing;
@@ -104,6 +108,29 @@ fn torchtune_compiled_loss(
     let e = compute_bytes(activation_dtype(w, s, opts));
     loss.at_forward_end = tv * e;
     loss.peak = tv * (e + e / TORCHTUNE_CE_CHUNKS);
+}
+
+/// torchtune under `compile: True` with `torch.nn.CrossEntropyLoss`
+/// compiles the whole loss (`compile_loss`: `loss = torch.compile(loss)`
+/// for any loss but the chunked ones) and, per layer, the transformer
+/// layers only (`compile_model`), so the output head and its `.float()`
+/// stay eager. Forward: the 16-bit logits and their fp32 cast are both
+/// alive while the cast runs; the compiled loss fuses log-softmax and nll
+/// and saves its fp32 input, the logits. Backward: that input and the
+/// fp32 gradient the fused kernel writes (8 bytes per token × vocabulary
+/// entry).
+fn torchtune_compiled_plain_loss(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+    loss: &mut LossBuffers,
+) {
+    let tv = w.seq_len as f64 * w.model.vocab_size as f64;
+    let e = compute_bytes(activation_dtype(w, s, opts));
+    // fp32 logits need no cast (`.float()` returns the tensor itself)
+    let cast = if e < 4.0 { e + 4.0 } else { 4.0 };
+    loss.at_forward_end = tv * cast;
+    loss.peak = tv * cast.max(8.0);
 }
 
 /// The optimizer step's bytes alone (see `storage::optimizer`), without

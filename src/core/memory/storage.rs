@@ -10,7 +10,8 @@ use crate::core::workload::{
 use super::constants::LITGPT_LM_HEAD_CHUNK;
 use super::precision::{base_quant, compute_bytes, kbit_recipe, param_bytes};
 use super::types::{
-    BaseQuant, Gradients, Layout, ModelOptions, OptimizerImpl, OptimizerTerms, Params, Weights,
+    BaseQuant, Gradients, Head, Layout, ModelOptions, OptimizerImpl, OptimizerTerms, Params,
+    Weights,
 };
 
 /// NF4 storage per weight: 4 bits plus double-quantized block constants
@@ -231,16 +232,42 @@ pub(super) fn adafactor_state_elems(w: &Workload) -> f64 {
 
 /// Whether the optimizer step runs inside backward, one parameter at a
 /// time (torchtune `optimizer_in_bwd: True`, shipped in its single-device
-/// full fine-tune configs): gradients never all exist at once. torchtune
-/// refuses it with gradient accumulation ("Gradient accumulation is not
-/// supported with optimizer in bwd", recipes/full_finetune_single_device.py),
-/// so an accumulating run steps after backward with every gradient.
-pub(super) fn optimizer_in_backward(w: &Workload, s: &EngineeringSettings) -> bool {
-    w.framework == Framework::Torchtune
-        && w.method == Method::Full
-        && w.gpus == 1
-        && w.sharding == Sharding::None
-        && s.gradient_accumulation_steps <= 1
+/// full fine-tune configs; `--optimizer-in-backward`): gradients never all
+/// exist at once. It needs a step after every backward of one GPU's
+/// unsharded full fine-tune: torchtune refuses it with gradient
+/// accumulation ("Gradient accumulation is not supported with optimizer
+/// in bwd", recipes/full_finetune_single_device.py), so an accumulating
+/// run steps after backward with every gradient whatever the option says.
+/// Unstated, torchtune's single-GPU full fine-tune runs it (its configs)
+/// and every other framework steps after backward.
+pub(super) fn optimizer_in_backward(
+    w: &Workload,
+    s: &EngineeringSettings,
+    opts: &ModelOptions,
+) -> bool {
+    optimizer_in_backward_unavailable(w, s).is_none()
+        && opts
+            .optimizer_in_backward
+            .unwrap_or(w.framework == Framework::Torchtune)
+}
+
+/// Why the optimizer cannot step inside backward for this run, or `None`
+/// where it can: the step per parameter needs each full gradient once, on
+/// this GPU, after every backward (torchtune's single-device full
+/// fine-tune; it refuses gradient accumulation).
+pub fn optimizer_in_backward_unavailable(
+    w: &Workload,
+    s: &EngineeringSettings,
+) -> Option<&'static str> {
+    if w.method != Method::Full {
+        Some("it is modelled for full fine-tunes (torchtune's LoRA recipes do not run it)")
+    } else if w.gpus != 1 || w.sharding != Sharding::None {
+        Some("it is modelled for one GPU (torchtune's full_finetune_single_device)")
+    } else if s.gradient_accumulation_steps > 1 {
+        Some("gradient accumulation needs the gradients kept between micro steps (torchtune refuses the two together)")
+    } else {
+        None
+    }
 }
 
 /// Stored weights (frozen and trainable, with master copies) and the
@@ -440,7 +467,7 @@ pub(super) fn gradients(
         // unless `gradient_as_bucket_view=True` (torch DDP docs).
         g.total += trainable * grad_bytes;
     }
-    if optimizer_in_backward(w, s) {
+    if optimizer_in_backward(w, s, opts) {
         // Only the gradient being applied exists: the largest tensor.
         g.total = p.head.max(p.largest_linear) * grad_bytes;
     }
@@ -451,7 +478,7 @@ pub(super) fn gradients(
         && l.gradient_shards == 1.0
         && !l.deepspeed
         && w.gpus <= 1
-        && !optimizer_in_backward(w, s)
+        && !optimizer_in_backward(w, s, opts)
     {
         g.largest_block = p.largest_param() * grad_bytes;
     }
@@ -464,17 +491,29 @@ pub(super) fn gradients(
     if s.gradient_accumulation_steps > 1 || opts.grads_kept_between_steps {
         g.kept_in_phase_a = g.total;
     }
-    // With the step inside backward, the output head's gradient is the
-    // first one made and it accumulates over every chunk of torchtune's
-    // chunked output (and, tied, over the embedding's use at the very end)
-    // before its hook (`register_post_accumulate_grad_hook`,
-    // torchtune/training/memory.py `register_optim_in_bwd_hooks`) steps and
-    // frees it: it exists beside the loss path's buffers and the saved
-    // activations at the start of backward, the phase-A peak.
-    if optimizer_in_backward(w, s) {
-        g.kept_in_phase_a = p.head * grad_bytes;
+    // With torchtune's chunked output (`CEWithChunkedOutputLoss`, its
+    // configs' loss) the output head's gradient is made by the backward of
+    // the last chunk's projection and accumulates over every other chunk
+    // (and, tied, over the embedding's use at the very end), so it exists
+    // beside the remaining chunks' loss buffers and the saved activations
+    // at the start of backward, the phase-A peak — whether the optimizer
+    // then steps after backward or, in backward, once it is complete
+    // (`register_post_accumulate_grad_hook`, torchtune/training/memory.py
+    // `register_optim_in_bwd_hooks`). Stepping in backward keeps it there
+    // with a plain loss too (fitted on the README's optimizer_in_bwd row).
+    if optimizer_in_backward(w, s, opts) || torchtune_chunked_head(w, opts) {
+        g.kept_in_phase_a = g.kept_in_phase_a.max(p.head * grad_bytes);
     }
     g
+}
+
+/// Whether a torchtune full fine-tune trains its output head in chunks
+/// (`CEWithChunkedOutputLoss`, unless `--chunked-loss off`).
+fn torchtune_chunked_head(w: &Workload, opts: &ModelOptions) -> bool {
+    w.framework == Framework::Torchtune
+        && w.method == Method::Full
+        && opts.head == Head::LanguageModel
+        && !opts.torchtune_plain_loss
 }
 
 /// The bytes phase B caches in blocks of the largest gradient's size
@@ -556,7 +595,7 @@ pub(super) fn optimizer(
     // buffer. Fused kernels make none; bitsandbytes and SGD update in place.
     let imp = optimizer_impl(w, opts, l);
     let step_temporaries = match (w.optimizer, imp) {
-        _ if optimizer_in_backward(w, s) => 0.0,
+        _ if optimizer_in_backward(w, s, opts) => 0.0,
         (Optimizer::Adamw, OptimizerImpl::Foreach) => trainable * state_elem / l.optimizer_shards,
         // transformers' legacy AdamW: `exp_avg_sq.sqrt()` of one parameter.
         (Optimizer::Adamw, OptimizerImpl::PerParameter) => l.params.largest_param() * state_elem,

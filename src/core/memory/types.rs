@@ -58,6 +58,22 @@ pub struct ModelOptions {
     pub head: Head,
     /// `None`: the framework's default (torchtune fused, others foreach).
     pub optimizer_impl: Option<OptimizerImpl>,
+    /// Whether the optimizer steps inside backward, one parameter as soon
+    /// as its gradient is complete (torchtune `optimizer_in_bwd`, the
+    /// PyTorch tutorial's `register_post_accumulate_grad_hook`). `None`:
+    /// the framework's default (on for torchtune's single-GPU full
+    /// fine-tunes, its shipped configs; off elsewhere). It can run only
+    /// where a step follows every backward of one GPU's unsharded full
+    /// fine-tune (see `storage::optimizer_in_backward`).
+    #[serde(default)]
+    pub optimizer_in_backward: Option<bool>,
+    /// torchtune's recipe runs `loss=torch.nn.CrossEntropyLoss` instead of
+    /// its configs' `CEWithChunkedOutputLoss`: the model then returns the
+    /// whole logits upcast to fp32 (`self.output(h).float()`,
+    /// torchtune/modules/transformer.py) and the loss keeps fp32 buffers of
+    /// their size (see `loss::buffers`). Only torchtune has the choice.
+    #[serde(default)]
+    pub torchtune_plain_loss: bool,
     /// Gradients stay allocated between steps: PyTorch < 2.0
     /// `zero_grad(set_to_none=False)`, which HF Trainer used until 2023.
     pub grads_kept_between_steps: bool,

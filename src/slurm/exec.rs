@@ -175,8 +175,7 @@ fn task_prolog_inner(
 ) -> Result<Vec<String>, SlurmError> {
     // The comment costs a slurmctld call per task: read it only for jobs
     // that did not ask through the environment and that have GPUs at all.
-    let has_gpus =
-        !plan::gpu_indices(env)?.is_empty() || !plan::visible_devices(env).is_empty();
+    let has_gpus = !plan::gpu_indices(env)?.is_empty() || !plan::visible_devices(env).is_empty();
     let comment = if !plan::env_asks(env) && has_gpus {
         match env.get("SLURM_JOB_ID") {
             Some(id) => {

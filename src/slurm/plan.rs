@@ -708,9 +708,13 @@ pub fn pick_job_device<'a>(
     let usable: Vec<&GpuInfo> = crate::sidecar::usable_devices(gpus).collect();
     let smallest = |list: &[&'a GpuInfo]| -> Option<&'a GpuInfo> {
         // The first of the smallest: the sidecar's order breaks ties.
-        list.iter()
-            .copied()
-            .reduce(|a, b| if b.memory_total_bytes < a.memory_total_bytes { b } else { a })
+        list.iter().copied().reduce(|a, b| {
+            if b.memory_total_bytes < a.memory_total_bytes {
+                b
+            } else {
+                a
+            }
+        })
     };
     let slice = |g: &GpuInfo| -> String {
         match &g.mig {
@@ -730,14 +734,15 @@ pub fn pick_job_device<'a>(
         }
         if let Some(g) = smallest(&mine) {
             let note = if mine.len() == 1 {
-                format!(
-                    "Planned for the job's {} (CUDA_VISIBLE_DEVICES).",
-                    slice(g)
-                )
+                format!("Planned for the job's {} (CUDA_VISIBLE_DEVICES).", slice(g))
             } else {
                 let all: Vec<String> = mine
                     .iter()
-                    .map(|m| m.mig.as_ref().map_or_else(|| m.name.clone(), |s| s.profile.clone()))
+                    .map(|m| {
+                        m.mig
+                            .as_ref()
+                            .map_or_else(|| m.name.clone(), |s| s.profile.clone())
+                    })
                     .collect();
                 format!(
                     "Planned for {}, the smallest of the job's {} devices ({}), so one set of settings fits every rank.",
@@ -768,7 +773,12 @@ pub fn pick_job_device<'a>(
             _ => None,
         }))
         .next()
-        .and_then(|want| usable.iter().copied().find(|g| g.mig.is_none() && g.index == want));
+        .and_then(|want| {
+            usable
+                .iter()
+                .copied()
+                .find(|g| g.mig.is_none() && g.index == want)
+        });
     let by_uuid = || {
         visible
             .iter()

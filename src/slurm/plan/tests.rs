@@ -793,8 +793,18 @@ fn device(index: u32, uuid: &str, gib: u64, slice: Option<(u32, &str, u32)>) -> 
 fn mig_node() -> Vec<GpuInfo> {
     vec![
         device(0, "GPU-5d3a1c2e-0000-4000-8000-000000000000", 40, None),
-        device(0, "MIG-aaaa1111-2222-5333-8444-555555555555", 5, Some((0, "1g.5gb", 7))),
-        device(0, "MIG-bbbb1111-2222-5333-8444-555555555555", 20, Some((1, "3g.20gb", 1))),
+        device(
+            0,
+            "MIG-aaaa1111-2222-5333-8444-555555555555",
+            5,
+            Some((0, "1g.5gb", 7)),
+        ),
+        device(
+            0,
+            "MIG-bbbb1111-2222-5333-8444-555555555555",
+            20,
+            Some((1, "3g.20gb", 1)),
+        ),
     ]
 }
 
@@ -852,14 +862,20 @@ fn a_mig_job_is_planned_for_the_slice_slurm_gave_it_by_uuid() {
         // index (1: the second slice), not a card index.
         (
             vec![
-                ("CUDA_VISIBLE_DEVICES", "MIG-bbbb1111-2222-5333-8444-555555555555"),
+                (
+                    "CUDA_VISIBLE_DEVICES",
+                    "MIG-bbbb1111-2222-5333-8444-555555555555",
+                ),
                 ("SLURM_JOB_GPUS", "1"),
             ],
             "3g.20gb",
         ),
         (
             vec![
-                ("CUDA_VISIBLE_DEVICES", "MIG-aaaa1111-2222-5333-8444-555555555555"),
+                (
+                    "CUDA_VISIBLE_DEVICES",
+                    "MIG-aaaa1111-2222-5333-8444-555555555555",
+                ),
                 ("SLURM_JOB_GPUS", "0"),
             ],
             "1g.5gb",
@@ -867,7 +883,10 @@ fn a_mig_job_is_planned_for_the_slice_slurm_gave_it_by_uuid() {
         // A step: SLURM_STEP_GPUS, no SLURM_JOB_GPUS.
         (
             vec![
-                ("CUDA_VISIBLE_DEVICES", "MIG-bbbb1111-2222-5333-8444-555555555555"),
+                (
+                    "CUDA_VISIBLE_DEVICES",
+                    "MIG-bbbb1111-2222-5333-8444-555555555555",
+                ),
                 ("SLURM_STEP_GPUS", "1"),
             ],
             "3g.20gb",
@@ -891,9 +910,16 @@ fn a_mig_job_is_planned_for_the_slice_slurm_gave_it_by_uuid() {
         (vec![("CUDA_VISIBLE_DEVICES", "MIG-bbbb1111")], "3g.20gb"),
     ] {
         let (name, note) = picked(&gpus, &vars);
-        assert_eq!(name, format!("NVIDIA A100-SXM4-40GB MIG {want}"), "{vars:?}");
+        assert_eq!(
+            name,
+            format!("NVIDIA A100-SXM4-40GB MIG {want}"),
+            "{vars:?}"
+        );
         let note = note.expect("the reasoning names the slice");
-        assert!(note.contains(want) && note.contains("of GPU 0"), "{vars:?}: {note}");
+        assert!(
+            note.contains(want) && note.contains("of GPU 0"),
+            "{vars:?}: {note}"
+        );
     }
 }
 
@@ -933,23 +959,26 @@ fn a_mig_slice_the_sidecar_does_not_list_or_no_slice_named_plans_for_the_smalles
     // A stale or foreign UUID; a gres index alone; nothing at all: the
     // slice cannot be told, so the smallest on the node, and said so.
     for vars in [
-        vec![("CUDA_VISIBLE_DEVICES", "MIG-ffffffff-0000-4000-8000-000000000000")],
+        vec![(
+            "CUDA_VISIBLE_DEVICES",
+            "MIG-ffffffff-0000-4000-8000-000000000000",
+        )],
         vec![("SLURM_JOB_GPUS", "1"), ("CUDA_VISIBLE_DEVICES", "1")],
         vec![],
     ] {
         let (name, note) = picked(&gpus, &vars);
         assert_eq!(name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "{vars:?}");
-        assert!(note.is_some_and(|n| n.contains("smallest device")), "{vars:?}");
+        assert!(
+            note.is_some_and(|n| n.contains("smallest device")),
+            "{vars:?}"
+        );
     }
     // Whole GPUs are picked by index as before, with nothing to say.
-    let whole = vec![
-        device(0, "GPU-0", 40, None),
-        device(1, "GPU-1", 80, None),
-    ];
+    let whole = vec![device(0, "GPU-0", 40, None), device(1, "GPU-1", 80, None)];
     assert_eq!(picked(&whole, &[("SLURM_JOB_GPUS", "1")]).1, None);
     assert_eq!(picked(&whole, &[("SLURM_JOB_GPUS", "1")]).0, whole[1].name);
-    let by_uuid = pick_job_device(&whole, &[VisibleDevice::GpuUuid("GPU-1".into())], &[])
-        .expect("a device");
+    let by_uuid =
+        pick_job_device(&whole, &[VisibleDevice::GpuUuid("GPU-1".into())], &[]).expect("a device");
     assert_eq!(by_uuid.device.uuid, "GPU-1");
     assert_eq!(pick_job_device(&[], &[], &[0]), None);
 }

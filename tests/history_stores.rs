@@ -6,7 +6,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use gpufit::core::run::{FailureReason, NodeReports, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{
+    FailureReason, NodeReportEffect, NodeReports, RunRecord, RunResult, RunSource,
+};
 use gpufit::core::settings::{Dtype, EngineeringSettings};
 use gpufit::core::similarity::HistoryQuery;
 use gpufit::core::workload::Method;
@@ -277,23 +279,46 @@ fn job_record(store: &dyn HistoryStore, job: &str) -> RunRecord {
 /// is refused and leaves the record as it was.
 fn node_reports_make_one_record(store: &dyn HistoryStore) {
     let before = store.count().unwrap();
-    let id = store
-        .record_node_report(&node_report("multi-1", "n2", 30_000_000_000, 2))
+    // Each call says what the report did (the controller's metrics count
+    // the job from it): made the record, joined it and completed it, nothing.
+    let first = store
+        .record_node_report_outcome(&node_report("multi-1", "n2", 30_000_000_000, 2))
         .unwrap();
+    assert_eq!(
+        (first.effect, first.completed),
+        (NodeReportEffect::Created, false)
+    );
+    let id = first.id;
     let partial = job_record(store, "multi-1");
     assert_eq!(
         partial.nodes.as_ref().map(|n| (n.reported, n.expected)),
         Some((1, 2))
     );
-    let id2 = store
-        .record_node_report(&node_report("multi-1", "n1", 33_000_000_000, 2))
+    let second = store
+        .record_node_report_outcome(&node_report("multi-1", "n1", 33_000_000_000, 2))
         .unwrap();
-    assert_eq!(id, id2, "the second node updates the job's record");
+    assert_eq!(
+        (second.effect, second.completed),
+        (NodeReportEffect::Joined, true)
+    );
+    assert_eq!(id, second.id, "the second node updates the job's record");
+    assert_eq!(
+        second
+            .record
+            .as_ref()
+            .and_then(|r| r.nodes.as_ref())
+            .map(|n| n.reported),
+        Some(2)
+    );
     // n1 again (a retried Epilog) with another peak: counted once.
-    let id3 = store
-        .record_node_report(&node_report("multi-1", "n1", 35_000_000_000, 2))
+    let third = store
+        .record_node_report_outcome(&node_report("multi-1", "n1", 35_000_000_000, 2))
         .unwrap();
-    assert_eq!(id, id3);
+    assert_eq!(
+        (third.effect, third.completed, third.record.is_none()),
+        (NodeReportEffect::Repeated, false, true)
+    );
+    assert_eq!(id, third.id);
     let whole = job_record(store, "multi-1");
     assert_eq!(whole.result.peak_memory_bytes, Some(33_000_000_000));
     assert_eq!(

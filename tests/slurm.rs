@@ -996,3 +996,151 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
         started.elapsed()
     );
 }
+
+/// `gpufit slurm task-prolog` on a MIG node, as slurmstepd runs it for a
+/// job given one slice by `AutoDetect=nvml`: `CUDA_VISIBLE_DEVICES` names the
+/// slice by its MIG UUID and `SLURM_JOB_GPUS` holds its gres index. The
+/// simulate sidecar's card 0 has a 1g.5gb slice first and a 3g.20gb one
+/// second; each job is planned for its own slice, not the card's first.
+/// (No slurmd: Slurm cannot schedule simulated MIG devices; the hook reads
+/// only its environment, the sidecar and a local history here.)
+#[test]
+fn a_mig_job_is_planned_for_the_slice_in_its_cuda_visible_devices() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let port = free_port();
+    let side = format!("http://127.0.0.1:{port}");
+    let log = dir.join("sidecar-mig.log");
+    let mut d = Daemon::spawn(
+        "sidecar",
+        Command::new(BIN)
+            .args([
+                "sidecar",
+                "--backend",
+                "simulate",
+                "--simulate-model",
+                "NVIDIA A100-SXM4-40GB",
+                "--simulate-gpus",
+                "1",
+                "--simulate-mig",
+                "0:1g.5gb,3g.20gb",
+                "--listen",
+            ])
+            .arg(format!("127.0.0.1:{port}"))
+            .env("GPUFIT_LOG", "info"),
+        &log,
+    );
+    wait_for_http(&mut d, &format!("{side}/healthz"), &log);
+    let (status, gpus) = call(agent().get(&format!("{side}/v1/gpus")), None);
+    assert_eq!(status, 200, "{gpus}");
+    // Each slice's UUID, memory and place (its gres index: slices in order).
+    let slices: Vec<(String, String, u64)> = gpus["gpus"]
+        .as_array()
+        .expect("a GPU list")
+        .iter()
+        .filter(|g| g["mig"].is_object())
+        .map(|g| {
+            (
+                g["mig"]["profile"].as_str().unwrap().to_string(),
+                g["uuid"].as_str().unwrap().to_string(),
+                g["memory_total_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        slices.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
+        ["1g.5gb", "3g.20gb"],
+        "{gpus}"
+    );
+    let config = dir.join("slurm.toml");
+    std::fs::write(&config, "").unwrap();
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let prolog =
+        |job: &str, visible: &str, gres: &str| -> std::collections::BTreeMap<String, String> {
+            let out = Command::new(BIN)
+                .args(["slurm", "task-prolog"])
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .env("GPUFIT_SLURM_CONFIG", &config)
+                .env("GPUFIT_SIDECAR_URL", &side)
+                .env(
+                    "GPUFIT_HISTORY",
+                    format!("sqlite:{}", dir.join("history.db").display()),
+                )
+                .env("GPUFIT_STATE_DIR", &state)
+                .env("GPUFIT_TIMEOUT_MS", "1900")
+                .env("SLURMD_NODENAME", "mig1")
+                .env("SLURM_JOB_ID", job)
+                .env("SLURM_JOB_GPUS", gres)
+                .env("CUDA_VISIBLE_DEVICES", visible)
+                .env("GPUFIT_MODEL", "Qwen/Qwen2.5-0.5B")
+                .env("GPUFIT_METHOD", "lora")
+                .env("GPUFIT_SEQ_LEN", "2048")
+                .output()
+                .expect("gpufit slurm task-prolog runs");
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.strip_prefix("export "))
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+    let (small, big) = (&slices[0], &slices[1]);
+
+    // The 3g.20gb slice (gres index 1): planned for its 20 GB; before, every
+    // MIG job was planned for the card's first slice, the 1g.5gb.
+    let v = prolog("301", &big.1, "1");
+    assert_eq!(
+        v.get("GPUFIT_GPU_MODEL").map(String::as_str),
+        Some("NVIDIA A100-SXM4-40GB MIG 3g.20gb"),
+        "{v:?}"
+    );
+    let peak: u64 = v["GPUFIT_PREDICTED_PEAK_BYTES"].parse().unwrap();
+    assert!(
+        peak > small.2 && peak <= big.2,
+        "a plan for the 3g.20gb slice's {} bytes, more than the 1g.5gb holds: {peak}",
+        big.2
+    );
+    let reasoning = &v["GPUFIT_REASONING"];
+    assert!(
+        reasoning.contains("MIG slice 3g.20gb") && reasoning.contains(big.1.as_str()),
+        "the reasoning names the slice: {reasoning}"
+    );
+
+    // The 1g.5gb slice (gres index 0): planned for its 5 GB.
+    let v = prolog("302", &small.1, "0");
+    assert_eq!(
+        v.get("GPUFIT_GPU_MODEL").map(String::as_str),
+        Some("NVIDIA A100-SXM4-40GB MIG 1g.5gb"),
+        "{v:?}"
+    );
+    let peak: u64 = v["GPUFIT_PREDICTED_PEAK_BYTES"].parse().unwrap();
+    assert!(
+        peak <= small.2,
+        "fits the 1g.5gb slice's {} bytes: {peak}",
+        small.2
+    );
+    let micro = |v: &std::collections::BTreeMap<String, String>| -> u32 {
+        v["GPUFIT_MICRO_BATCH_SIZE"].parse().unwrap()
+    };
+    let small_micro = micro(&v);
+    assert!(v["GPUFIT_REASONING"].contains("MIG slice 1g.5gb"), "{v:?}");
+
+    // A job given both slices: one set of settings for every rank, the
+    // 1g.5gb's.
+    let both = format!("{},{}", big.1, small.1);
+    let v = prolog("303", &both, "0,1");
+    assert_eq!(
+        v.get("GPUFIT_GPU_MODEL").map(String::as_str),
+        Some("NVIDIA A100-SXM4-40GB MIG 1g.5gb"),
+        "{v:?}"
+    );
+    assert!(
+        v["GPUFIT_REASONING"].contains("smallest of the job's 2 devices"),
+        "{v:?}"
+    );
+    // Two ranks: the micro batch is per rank, the same as the slice alone's.
+    assert_eq!(micro(&v), small_micro, "{v:?}");
+}

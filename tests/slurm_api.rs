@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpufit::controller::api::{self, ApiState};
+use gpufit::controller::metrics::{Health, Metrics, Routes};
 use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::EngineeringSettings;
 use gpufit::core::workload::Method;
@@ -26,6 +27,16 @@ struct ApiServer {
 
 impl ApiServer {
     fn start(token: Option<&str>) -> ApiServer {
+        ApiServer::start_as(token, false)
+    }
+
+    /// As the controller serves it (`gpufit controller --no-kubernetes`):
+    /// the API beside `/metrics`, counting what it does.
+    fn start_with_metrics(token: Option<&str>) -> ApiServer {
+        ApiServer::start_as(token, true)
+    }
+
+    fn start_as(token: Option<&str>, with_metrics: bool) -> ApiServer {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -34,20 +45,33 @@ impl ApiServer {
         let dir = tempfile::tempdir().unwrap();
         let store = gpufit::history::open(&format!("sqlite:{}/h.db", dir.path().display()))
             .expect("a SQLite history in a temp dir");
-        let state = Arc::new(ApiState::new(Arc::from(store), token.map(str::to_string)));
+        let state = ApiState::new(Arc::from(store), token.map(str::to_string));
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let handler = move |req| api::handle(state.clone(), req);
-        rt.spawn(async move {
-            let cfg = gpufit::serve::ServeConfig::default();
-            gpufit::serve::serve(listener, &cfg, None, handler, async {
+        if with_metrics {
+            let metrics = Metrics::new();
+            let routes = Routes {
+                metrics: metrics.clone(),
+                health: Arc::new(Health::default()),
+                api: Some(Arc::new(state.with_metrics(metrics))),
+            };
+            rt.spawn(routes.serve(listener, async {
                 let _ = rx.await;
-            })
-            .await
-        });
+            }));
+        } else {
+            let state = Arc::new(state);
+            let handler = move |req| api::handle(state.clone(), req);
+            rt.spawn(async move {
+                let cfg = gpufit::serve::ServeConfig::default();
+                gpufit::serve::serve(listener, &cfg, None, handler, async {
+                    let _ = rx.await;
+                })
+                .await
+            });
+        }
         ApiServer {
             addr,
             _dir: dir,
@@ -409,4 +433,89 @@ fn the_nodes_of_a_multi_node_job_make_one_record_with_the_largest_peak() {
         job11[0].nodes.as_ref().map(|n| n.without_peak.clone()),
         Some(vec!["gpu01".to_string()])
     );
+}
+
+/// The sum of a metric's samples in `/metrics` text whose labels contain
+/// every one of `labels` (`name{…} value` lines; `name value` when unlabelled).
+fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_two_node_job_is_one_run_in_the_metrics_and_a_retried_report_is_not_counted() {
+    let srv = ApiServer::start_with_metrics(Some("tok"));
+    let post = |r: &RunRecord| {
+        let body = serde_json::to_string(r).unwrap();
+        call(
+            agent()
+                .post(&srv.url("/v1/runs"))
+                .set("Authorization", "Bearer tok"),
+            Some(&body),
+        )
+    };
+    let metrics = || {
+        agent()
+            .get(&srv.url("/metrics"))
+            .call()
+            .expect("/metrics answers")
+            .into_string()
+            .expect("text")
+    };
+    let runs = |m: &str| metric_sum(m, "gpufit_controller_runs_total", &[]);
+    let errors = |m: &str| metric_sum(m, "gpufit_controller_prediction_error_ratio_count", &[]);
+    let ooms = |m: &str| metric_sum(m, "gpufit_controller_ooms_total", &[]);
+    assert_eq!(runs(&metrics()), 0.0);
+
+    // Job 20 on two nodes: gpu01 succeeds, gpu02 runs out of memory; gpu01's
+    // Epilog is retried (the first answer lost), and gpu02's too.
+    let mut a = node_report("20", "gpu01", 70_000_000_000);
+    a.predicted_peak_bytes = Some(72_000_000_000);
+    let mut b = node_report("20", "gpu02", 80_000_000_000);
+    b.predicted_peak_bytes = Some(72_000_000_000);
+    b.result.success = false;
+    b.result.failure_reason = Some(gpufit::core::run::FailureReason::Oom);
+    assert_eq!(post(&a).0, 201);
+    let m = metrics();
+    assert_eq!(
+        runs(&m),
+        0.0,
+        "one node of two: the job's outcome is not known yet\n{m}"
+    );
+    assert_eq!(errors(&m), 1.0, "gpu01's own peak is a sample\n{m}");
+    assert_eq!(post(&a).0, 201, "a retried report is accepted");
+    assert_eq!(post(&b).0, 201);
+    assert_eq!(post(&b).0, 201);
+    let m = metrics();
+    assert_eq!(runs(&m), 1.0, "one job, one run\n{m}");
+    assert_eq!(
+        metric_sum(
+            &m,
+            "gpufit_controller_runs_total",
+            &["outcome=\"oom\"", "path=\"slurm\""]
+        ),
+        1.0,
+        "the job's outcome is its OOM node's\n{m}"
+    );
+    assert_eq!(ooms(&m), 1.0, "{m}");
+    assert_eq!(errors(&m), 2.0, "one sample per node, none per retry\n{m}");
+
+    // A report the store refuses (past the window) counts nothing either.
+    let mut late = node_report("21", "gpu01", 60_000_000_000);
+    late.timestamp -= chrono::Duration::hours(2);
+    assert_eq!(post(&node_report("21", "gpu02", 60_000_000_000)).0, 201);
+    assert_eq!(post(&late).0, 422);
+    let m = metrics();
+    assert_eq!((runs(&m), ooms(&m)), (1.0, 1.0), "{m}");
+
+    // A one-node run is counted as before.
+    assert_eq!(post(&run_record("22")).0, 201);
+    assert_eq!(runs(&metrics()), 2.0);
 }

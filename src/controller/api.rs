@@ -362,24 +362,31 @@ where
     validate_run(&run)?;
     run.id = None;
     run.model = canonical_model(&run.model);
-    if let Some(m) = &state.metrics {
-        count_posted_run(m, &run);
-    }
     let st = state.clone();
+    // Counted once stored, from what the store did: a report it refused
+    // is no run, and a repeated one (a retried Epilog) was counted already.
     let id = blocking(move || {
-        let id = if run.nodes.as_ref().is_some_and(|n| n.expected > 1) {
+        if run.nodes.as_ref().is_some_and(|n| n.expected > 1) {
             // Every node's Epilog reports; the store merges each into the
             // job's one record in a transaction of its own (several
             // replicas may take the reports of one job).
-            st.history.record_node_report(&run)?
+            let out = st.history.record_node_report_outcome(&run)?;
+            if let Some(m) = &st.metrics {
+                count_node_report(m, &run, &out);
+                if let Some(job) = out.record.as_ref().filter(|_| out.completed) {
+                    m.observe_throughput(st.history.as_ref(), job);
+                }
+            }
+            Ok::<_, crate::history::HistoryError>(out.id)
         } else {
-            st.history.record(&run)?
-        };
-        if let Some(m) = &st.metrics {
-            let stored = run.clone().validated(None).unwrap_or(run);
-            m.observe_throughput(st.history.as_ref(), &stored);
+            let id = st.history.record(&run)?;
+            if let Some(m) = &st.metrics {
+                count_posted_run(m, &run);
+                let stored = run.clone().validated(None).unwrap_or(run);
+                m.observe_throughput(st.history.as_ref(), &stored);
+            }
+            Ok(id)
         }
-        Ok::<_, crate::history::HistoryError>(id)
     })
     .await?
     .map_err(|e| match e {
@@ -400,14 +407,17 @@ where
     ))
 }
 
-/// Counts a posted run by outcome, OOM and prediction error.
-fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
-    // The GPU model as the history stores it (NVML name).
-    let gpu = run
-        .clone()
+/// The GPU model as the history stores it (NVML name).
+fn stored_gpu(run: &RunRecord) -> String {
+    run.clone()
         .validated(None)
         .map(|r| r.gpu_model)
-        .unwrap_or_else(|_| run.gpu_model.clone());
+        .unwrap_or_else(|_| run.gpu_model.clone())
+}
+
+/// Counts a recorded run in `gpufit_controller_runs_total` by outcome,
+/// and in the OOM counter.
+fn count_outcome(m: &super::metrics::Metrics, run: &RunRecord) {
     let outcome = if run.result.success {
         RunOutcome::Success
     } else if run.is_oom() {
@@ -415,26 +425,47 @@ fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
     } else {
         RunOutcome::OtherError
     };
-    m.count_run(run.run_path(), &gpu, outcome);
+    m.count_run(run.run_path(), &stored_gpu(run), outcome);
     if run.is_oom() {
         m.ooms.inc();
     }
-    // A node's report of a multi-node job: its own peak against the
-    // per-GPU prediction (every node ran the predicted settings), one
-    // sample per node; the job's record holds only a lower bound until
-    // every node's peak is in, so it is not the record's error.
-    let error = match (
-        &run.nodes,
-        run.result.peak_memory_bytes,
-        run.predicted_peak_bytes,
-    ) {
-        (Some(n), Some(peak), Some(pred)) if n.expected > 1 && peak > 0 => {
-            Some((pred as f64 - peak as f64) / peak as f64)
+}
+
+/// Counts a posted one-node run by outcome, OOM and prediction error.
+fn count_posted_run(m: &super::metrics::Metrics, run: &RunRecord) {
+    count_outcome(m, run);
+    if let Some(e) = run.prediction_error().filter(|e| e.is_finite()) {
+        m.observe_prediction_error(&stored_gpu(run), e);
+    }
+}
+
+/// Counts one node's report of a multi-node job from what the store did
+/// with it. The job is one run: counted (outcome, OOM) by the report that
+/// made its record whole, with the record's outcome, which is then the
+/// job's final one (an OOM on any node makes it an OOM run). A job a node
+/// of which never reports stays partial and is not counted: its outcome is
+/// not known (the history keeps its record, marked partial). The
+/// prediction error gets one sample per node, its own peak against the
+/// per-GPU prediction (every node ran the predicted settings), when its
+/// peak first reaches the record; the record's own peak is only a lower
+/// bound until every node's is in. A repeated report counts nothing.
+fn count_node_report(
+    m: &super::metrics::Metrics,
+    report: &RunRecord,
+    out: &crate::core::run::NodeReportOutcome,
+) {
+    if out.adds_a_node_peak(report) {
+        if let (Some(peak), Some(pred)) =
+            (report.result.peak_memory_bytes, report.predicted_peak_bytes)
+        {
+            let e = (pred as f64 - peak as f64) / peak as f64;
+            if peak > 0 && e.is_finite() {
+                m.observe_prediction_error(&stored_gpu(report), e);
+            }
         }
-        _ => run.prediction_error(),
-    };
-    if let Some(e) = error.filter(|e| e.is_finite()) {
-        m.observe_prediction_error(&gpu, e);
+    }
+    if let Some(job) = out.record.as_ref().filter(|_| out.completed) {
+        count_outcome(m, job);
     }
 }
 
@@ -625,28 +656,96 @@ mod tests {
     use super::*;
     use crate::core::advisor::Strategy;
 
-    #[test]
-    fn a_node_report_feeds_the_prediction_error_with_its_own_peak() {
-        let m = super::super::metrics::Metrics::new();
-        let mut run: RunRecord = serde_json::from_value(serde_json::json!({
-            "id": null, "timestamp": "2026-01-01T00:00:00Z", "cluster": "c1", "node": "n1",
+    fn node_report(node: &str, peak: Option<u64>, oom: bool) -> RunRecord {
+        serde_json::from_value(serde_json::json!({
+            "id": null, "timestamp": "2026-01-01T00:00:00Z", "cluster": "c1", "node": node,
             "source": "slurm", "job_id": "7", "model": "m", "method": "lora",
             "gpu_model": "NVIDIA A100-SXM4-80GB", "seq_len": 2048, "lora_rank": 16, "gpus": 16,
             "global_batch": 64, "settings": crate::core::settings::EngineeringSettings::default(),
-            "result": {"success": true, "failure_reason": null, "peak_memory_bytes": 40,
+            "result": {"success": !oom, "failure_reason": if oom { Some("OOM") } else { None },
+                       "peak_memory_bytes": peak,
                        "samples_per_sec": null, "tokens_per_sec": null, "duration_sec": null},
             "predicted_peak_bytes": 50,
             "nodes": {"reported": 1, "expected": 2}
         }))
-        .expect("a node's report");
-        assert_eq!(run.prediction_error(), None, "the record's peak is partial");
-        count_posted_run(&m, &run);
+        .expect("a node's report")
+    }
+
+    /// Merges `report` into `so_far` as a store does, counts it, and returns the record.
+    fn post(
+        m: &super::super::metrics::Metrics,
+        so_far: Option<RunRecord>,
+        report: &RunRecord,
+    ) -> Option<RunRecord> {
+        let merged = crate::core::run::merge_node_report(so_far.as_ref(), report).expect("merges");
+        let out = crate::core::run::NodeReportOutcome::of(so_far.as_ref(), merged, 1);
+        count_node_report(m, report, &out);
+        out.record.or(so_far)
+    }
+
+    fn runs_total(m: &super::super::metrics::Metrics) -> u64 {
+        let text = m.render();
+        text.lines()
+            .filter(|l| l.starts_with("gpufit_controller_runs_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    #[test]
+    fn a_multi_node_job_is_one_run_and_a_retried_report_counts_nothing() {
+        let m = super::super::metrics::Metrics::new();
+        let n1 = node_report("n1", Some(40), false);
+        let rec = post(&m, None, &n1);
+        // One node of two: not yet a run; its peak is one error sample.
+        assert_eq!(runs_total(&m), 0);
         assert_eq!(m.prediction_error.get_sample_count(), 1);
         assert!((m.prediction_error.get_sample_sum() - 0.25).abs() < 1e-9);
-        // Without its peak: no sample.
-        run.result.peak_memory_bytes = None;
-        count_posted_run(&m, &run);
-        assert_eq!(m.prediction_error.get_sample_count(), 1);
+        // n1's Epilog retried: nothing.
+        let rec = post(&m, rec, &n1);
+        assert_eq!(
+            (runs_total(&m), m.prediction_error.get_sample_count()),
+            (0, 1)
+        );
+        // n2 ran out of memory: the job is one OOM run.
+        let n2 = node_report("n2", Some(100), true);
+        let rec = post(&m, rec, &n2);
+        assert_eq!(runs_total(&m), 1);
+        assert_eq!(m.ooms.get(), 1);
+        assert!(m.render().contains("outcome=\"oom\""), "{}", m.render());
+        assert_eq!(m.prediction_error.get_sample_count(), 2);
+        // Both retried: nothing more.
+        let rec = post(&m, rec, &n2);
+        post(&m, rec, &n1);
+        assert_eq!(runs_total(&m), 1);
+        assert_eq!(m.ooms.get(), 1);
+        assert_eq!(m.prediction_error.get_sample_count(), 2);
+    }
+
+    #[test]
+    fn a_peakless_node_gets_its_one_sample_when_its_peak_comes() {
+        let m = super::super::metrics::Metrics::new();
+        let rec = post(&m, None, &node_report("n1", None, false));
+        assert_eq!(
+            m.prediction_error.get_sample_count(),
+            0,
+            "no peak, no sample"
+        );
+        let rec = post(&m, rec, &node_report("n2", Some(50), false));
+        assert_eq!(
+            (runs_total(&m), m.prediction_error.get_sample_count()),
+            (1, 1)
+        );
+        // n1 again, now with its peak: its sample, no second run.
+        let rec = post(&m, rec, &node_report("n1", Some(40), false));
+        assert_eq!(
+            (runs_total(&m), m.prediction_error.get_sample_count()),
+            (1, 2)
+        );
+        post(&m, rec, &node_report("n1", Some(40), false));
+        assert_eq!(
+            (runs_total(&m), m.prediction_error.get_sample_count()),
+            (1, 2)
+        );
     }
 
     #[test]

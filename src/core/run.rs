@@ -283,6 +283,78 @@ pub fn merge_node_report(
     Ok(Some(out))
 }
 
+/// What one node's report did to its job's record ([`merge_node_report`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeReportEffect {
+    /// The job's first report: it made the record.
+    Created,
+    /// A node not in the record yet joined it.
+    Joined,
+    /// A node that had reported without its peak reported again with it.
+    PeakAdded,
+    /// The node had already reported (a retried Epilog, a replayed
+    /// request): nothing was written.
+    Repeated,
+}
+
+/// What a store did with one node's report: the record's id, the report's
+/// effect and the record as it now stands (None when nothing was written).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeReportOutcome {
+    pub id: i64,
+    pub effect: NodeReportEffect,
+    pub record: Option<RunRecord>,
+    /// This report made the record whole: the last node the job expected
+    /// reported now, so the record's outcome is the job's final one. True
+    /// for exactly one report of a job (a record made whole stays whole).
+    pub completed: bool,
+}
+
+impl NodeReportOutcome {
+    /// Classifies a merge: `so_far` the record before the report, `merged`
+    /// what [`merge_node_report`] returned for it. Pure, so every store
+    /// says the same thing about the same merge.
+    pub fn of(so_far: Option<&RunRecord>, merged: Option<RunRecord>, id: i64) -> Self {
+        let nodes = |r: &RunRecord| -> Vec<String> {
+            r.node
+                .as_deref()
+                .unwrap_or("")
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        let effect = match (so_far, &merged) {
+            (_, None) => NodeReportEffect::Repeated,
+            (None, Some(_)) => NodeReportEffect::Created,
+            // The same nodes as before: a known node's peak came in.
+            (Some(prev), Some(now)) if nodes(prev) == nodes(now) => NodeReportEffect::PeakAdded,
+            (Some(_), Some(_)) => NodeReportEffect::Joined,
+        };
+        let completed = merged.as_ref().is_some_and(RunRecord::outcome_is_whole)
+            && !so_far.is_some_and(RunRecord::outcome_is_whole);
+        NodeReportOutcome {
+            id,
+            effect,
+            record: merged,
+            completed,
+        }
+    }
+
+    /// Whether this report brought its node's peak into the record for the
+    /// first time (its one prediction-error sample): a first report with a
+    /// peak, or a peakless node's peak arriving later; never a repeat.
+    pub fn adds_a_node_peak(&self, report: &RunRecord) -> bool {
+        match self.effect {
+            NodeReportEffect::Created | NodeReportEffect::Joined => {
+                report.result.peak_memory_bytes.is_some()
+            }
+            NodeReportEffect::PeakAdded => true,
+            NodeReportEffect::Repeated => false,
+        }
+    }
+}
+
 /// The workload fields a run is keyed by (the similarity key, see
 /// `core::similarity`) and described with.
 #[derive(Debug, Clone, PartialEq)]
@@ -1263,6 +1335,92 @@ mod node_report_tests {
         // An upgrade carries the node's outcome again: folding is idempotent.
         let oom_now = merged(Some(&two), &report("n2", 90, false, true));
         assert!(oom_now.is_oom());
+    }
+
+    #[test]
+    fn each_report_is_classified_and_exactly_one_completes_the_record() {
+        // Through every order of n1 (70), n2 (no peak, then 90), n3 (80),
+        // with repeats: one Created, a Joined per other node, one PeakAdded
+        // (n2's peak arriving after its peakless report, when that came
+        // first), every other report Repeated, one completing report, and a
+        // node-peak sample per node that has a peak (3).
+        let reports = [
+            report("n1", 70, true, false),
+            peakless("n2"),
+            report("n2", 90, true, false),
+            report("n3", 80, true, false),
+        ];
+        for order in [
+            [0, 1, 2, 3, 1, 0, 3],
+            [3, 2, 1, 0, 2, 1, 0],
+            [1, 1, 3, 0, 2, 3, 2],
+            [2, 0, 3, 1, 1, 2, 0],
+        ] {
+            let mut rec: Option<RunRecord> = None;
+            let mut effects = Vec::new();
+            let (mut completed, mut samples) = (0, 0);
+            for &i in &order {
+                let mut r = reports[i].clone();
+                r.nodes = Some(NodeReports {
+                    reported: 1,
+                    expected: 3,
+                    without_peak: Vec::new(),
+                });
+                let m = merge_node_report(rec.as_ref(), &r).expect("merges");
+                let out = NodeReportOutcome::of(rec.as_ref(), m, 1);
+                effects.push(out.effect);
+                completed += usize::from(out.completed);
+                samples += usize::from(out.adds_a_node_peak(&r));
+                if let Some(now) = out.record {
+                    rec = Some(now);
+                }
+            }
+            let count = |e: NodeReportEffect| effects.iter().filter(|x| **x == e).count();
+            assert_eq!(
+                count(NodeReportEffect::Created),
+                1,
+                "{order:?}: {effects:?}"
+            );
+            assert_eq!(count(NodeReportEffect::Joined), 2, "{order:?}: {effects:?}");
+            // n2's peakless report before its full one makes a PeakAdded;
+            // after it, the peakless one is a repeat.
+            let peakless_first =
+                order.iter().position(|&i| i == 1) < order.iter().position(|&i| i == 2);
+            assert_eq!(
+                count(NodeReportEffect::PeakAdded),
+                usize::from(peakless_first),
+                "{order:?}: {effects:?}"
+            );
+            assert_eq!(completed, 1, "{order:?}: {effects:?}");
+            assert_eq!(samples, 3, "{order:?}: one per node with a peak");
+        }
+    }
+
+    #[test]
+    fn a_one_node_record_or_a_repeat_after_completion_does_not_complete_again() {
+        let one = merged(None, &report("n1", 70, true, false));
+        let two = merged(Some(&one), &report("n2", 80, true, false));
+        let again = merge_node_report(Some(&two), &report("n2", 80, true, false)).expect("merges");
+        let out = NodeReportOutcome::of(Some(&two), again, 9);
+        assert_eq!(
+            (out.effect, out.completed, out.id),
+            (NodeReportEffect::Repeated, false, 9)
+        );
+        assert_eq!(out.record, None);
+        assert!(!out.adds_a_node_peak(&report("n2", 80, true, false)));
+        // A report that says the job had one node makes a whole record at once.
+        let mut solo = report("n1", 70, true, false);
+        solo.nodes = Some(NodeReports {
+            reported: 1,
+            expected: 1,
+            without_peak: Vec::new(),
+        });
+        let made = merge_node_report(None, &solo).expect("merges");
+        let out = NodeReportOutcome::of(None, made, 1);
+        assert_eq!(
+            (out.effect, out.completed),
+            (NodeReportEffect::Created, true)
+        );
     }
 
     #[test]

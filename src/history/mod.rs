@@ -125,6 +125,19 @@ pub trait HistoryStore: Send + Sync {
     ///
     /// [`merge_node_report`]: crate::core::run::merge_node_report
     fn record_node_report(&self, report: &RunRecord) -> Result<i64, HistoryError> {
+        self.record_node_report_outcome(report).map(|o| o.id)
+    }
+
+    /// [`HistoryStore::record_node_report`], saying what the report did
+    /// ([`NodeReportOutcome`]): the controller counts a multi-node job in
+    /// its metrics once, from this, and a repeated report never. Stores
+    /// override this one (the other calls it).
+    ///
+    /// [`NodeReportOutcome`]: crate::core::run::NodeReportOutcome
+    fn record_node_report_outcome(
+        &self,
+        report: &RunRecord,
+    ) -> Result<crate::core::run::NodeReportOutcome, HistoryError> {
         let report = report.clone().validated(None)?;
         let identity = report.identity();
         let mut so_far: Option<RunRecord> = None;
@@ -134,15 +147,22 @@ pub trait HistoryStore: Send + Sync {
             }
             Ok(())
         })?;
-        match crate::core::run::merge_node_report(so_far.as_ref(), &report)? {
-            Some(merged) => self.record(&merged),
+        let merged = crate::core::run::merge_node_report(so_far.as_ref(), &report)?;
+        let id = match &merged {
+            Some(m) => self.record(m)?,
             None => so_far
+                .as_ref()
                 .and_then(|r| r.id)
                 .ok_or_else(|| HistoryError::Store {
                     url: self.url(),
                     message: "the job's record has no id".into(),
-                }),
-        }
+                })?,
+        };
+        Ok(crate::core::run::NodeReportOutcome::of(
+            so_far.as_ref(),
+            merged,
+            id,
+        ))
     }
 
     /// The rows `gpufit report` aggregates: runs at or after `since_us`

@@ -21,7 +21,7 @@ use postgres::{Client, NoTls, Row};
 
 use super::schema::{self, i, u, u32_of};
 use super::{HistoryError, HistoryStore, ListFilter};
-use crate::core::run::{merge_node_report, KeyedRun, RunRecord, RunResult};
+use crate::core::run::{merge_node_report, KeyedRun, NodeReportOutcome, RunRecord, RunResult};
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
 use crate::core::similarity::HistoryQuery;
 
@@ -422,7 +422,10 @@ impl HistoryStore for PostgresStore {
     /// `ON CONFLICT DO NOTHING`, and when another node's first report won
     /// that race (the insert waits for it and then inserts nothing) this one
     /// is merged into it.
-    fn record_node_report(&self, report: &RunRecord) -> Result<i64, HistoryError> {
+    fn record_node_report_outcome(
+        &self,
+        report: &RunRecord,
+    ) -> Result<NodeReportOutcome, HistoryError> {
         let report = report.clone().keyed()?;
         let key = report.key();
         let mut c = self.lock();
@@ -441,12 +444,14 @@ impl HistoryStore for PostgresStore {
             let Some(merged) = merge_node_report(so_far.as_ref(), report.run())? else {
                 // Already counted: nothing to write.
                 tx.commit().map_err(|e| self.err(e))?;
-                return so_far
+                let id = so_far
+                    .as_ref()
                     .and_then(|r| r.id)
                     .ok_or_else(|| HistoryError::Store {
                         url: self.url.clone(),
                         message: "the job's record has no id".into(),
-                    });
+                    })?;
+                return Ok(NodeReportOutcome::of(so_far.as_ref(), None, id));
             };
             let p = to_params(&merged);
             let mut refs = p.refs();
@@ -459,7 +464,7 @@ impl HistoryStore for PostgresStore {
             if let Some(row) = tx.query_opt(sql.as_str(), &refs).map_err(|e| self.err(e))? {
                 let id: i64 = row.try_get(0).map_err(|e| self.err(e))?;
                 tx.commit().map_err(|e| self.err(e))?;
-                return Ok(id);
+                return Ok(NodeReportOutcome::of(so_far.as_ref(), Some(merged), id));
             }
         }
         Err(HistoryError::Store {

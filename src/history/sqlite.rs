@@ -19,7 +19,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, Row, TransactionBehavior};
 
 use super::schema::{self, i, u, u32_of};
 use super::{HistoryError, HistoryStore, ListFilter};
-use crate::core::run::{merge_node_report, KeyedRun, RunRecord, RunResult};
+use crate::core::run::{merge_node_report, KeyedRun, NodeReportOutcome, RunRecord, RunResult};
 use crate::core::settings::{DataLoaderSettings, EngineeringSettings};
 use crate::core::similarity::HistoryQuery;
 
@@ -526,7 +526,10 @@ impl HistoryStore for SqliteStore {
     /// the job's record is read (by its key, through the unique index), so
     /// Epilogs of several nodes writing at once, in several processes,
     /// merge one after the other and none is lost.
-    fn record_node_report(&self, report: &RunRecord) -> Result<i64, HistoryError> {
+    fn record_node_report_outcome(
+        &self,
+        report: &RunRecord,
+    ) -> Result<NodeReportOutcome, HistoryError> {
         self.refuse_write()?;
         let report = report.clone().keyed()?;
         let mut conn = self.lock();
@@ -543,20 +546,21 @@ impl HistoryStore for SqliteStore {
                 None => None,
             }
         };
-        let id = match merge_node_report(so_far.as_ref(), report.run())? {
+        let merged = merge_node_report(so_far.as_ref(), report.run())?;
+        let id = match &merged {
             Some(merged) => {
                 let mut stmt = tx.prepare_cached(&insert_sql()).map_err(|e| self.err(e))?;
                 stmt.query_row(
-                    rusqlite::params_from_iter(keyed_params(&merged, report.key())),
+                    rusqlite::params_from_iter(keyed_params(merged, report.key())),
                     |row| row.get(0),
                 )
                 .map_err(|e| self.err(e))?
             }
             // Already counted: nothing to write.
-            None => so_far.and_then(|r| r.id).unwrap_or_default(),
+            None => so_far.as_ref().and_then(|r| r.id).unwrap_or_default(),
         };
         tx.commit().map_err(|e| self.err(e))?;
-        Ok(id)
+        Ok(NodeReportOutcome::of(so_far.as_ref(), merged, id))
     }
 
     fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {

@@ -175,7 +175,8 @@ fn task_prolog_inner(
 ) -> Result<Vec<String>, SlurmError> {
     // The comment costs a slurmctld call per task: read it only for jobs
     // that did not ask through the environment and that have GPUs at all.
-    let comment = if !plan::env_asks(env) && !plan::gpu_indices(env)?.is_empty() {
+    let has_gpus = !plan::gpu_indices(env)?.is_empty() || !plan::visible_devices(env).is_empty();
+    let comment = if !plan::env_asks(env) && has_gpus {
         match env.get("SLURM_JOB_ID") {
             Some(id) => {
                 plan::check_job_id(id)?;
@@ -212,9 +213,13 @@ fn task_prolog_inner(
         }
         TaskPlan::Ask(job) => job,
     };
-    let gpu = find_gpu(settings, &job, deadline)?;
+    let (gpu, device_note) = find_gpu(settings, &job, deadline)?;
     let request = job.suggest_request(gpu);
-    let suggestion = ask_suggestion(settings, &request, deadline)?;
+    let mut suggestion = ask_suggestion(settings, &request, deadline)?;
+    if let Some(note) = device_note {
+        // Which MIG slice the settings are for, where the job's user reads why.
+        suggestion.reasoning = format!("{} {note}", suggestion.reasoning.trim_end());
+    }
     let state = SavedDecision {
         job_id: job.job_id.clone(),
         workload: job.workload.clone(),
@@ -306,16 +311,17 @@ fn agent(connect: Duration, total: Duration) -> ureq::Agent {
 }
 
 /// GPU of the job: the sidecar (`GET /v1/gpus`), else NVML, else the
-/// configured `GPUFIT_GPU`.
+/// configured `GPUFIT_GPU`; with what to say about the device chosen (a
+/// MIG slice: which one, [`plan::pick_job_device`]).
 fn find_gpu(
     settings: &HookSettings,
     job: &JobRequest,
     deadline: Instant,
-) -> Result<GpuRef, SlurmError> {
+) -> Result<(GpuRef, Option<String>), SlurmError> {
     if let Some(url) = &settings.sidecar_url {
         let left = remaining(deadline)?;
         // Leave the controller at least half of what is left.
-        match sidecar_gpu(url, &job.gpu_indices, left / 2) {
+        match sidecar_gpu(url, &job.visible, &job.gpu_indices, left / 2) {
             Ok(Some(g)) => return Ok(g),
             Ok(None) => {
                 tracing::warn!("gpufit: sidecar {url} lists no GPU of this job; trying NVML")
@@ -324,60 +330,64 @@ fn find_gpu(
         }
     }
     match crate::sidecar::local_gpu() {
-        Ok(g) => return Ok(GpuRef::Spec(g)),
+        Ok(g) => return Ok((GpuRef::Spec(g), None)),
         Err(e) => tracing::debug!("gpufit: NVML: {e}"),
     }
     match &settings.gpu {
-        Some(name) => Ok(GpuRef::Name(name.clone())),
+        Some(name) => Ok((GpuRef::Name(name.clone()), None)),
         None => Err(SlurmError::Service(
             "cannot tell the GPU model: no sidecar answered (GPUFIT_SIDECAR_URL), NVML is not available, and GPUFIT_GPU is not set".into(),
         )),
     }
 }
 
-/// The job's GPU from the sidecar's `GET /v1/gpus`.
+/// The job's GPU from the sidecar's `GET /v1/gpus` ([`gpu_from_sidecar`]).
 pub fn sidecar_gpu(
     url: &str,
+    visible: &[plan::VisibleDevice],
     indices: &[u32],
     timeout: Duration,
-) -> Result<Option<GpuRef>, SlurmError> {
+) -> Result<Option<(GpuRef, Option<String>)>, SlurmError> {
     let v: GpusResponse = agent(Duration::from_millis(300), timeout)
         .get(&format!("{url}/v1/gpus"))
         .call()
         .map_err(|e| SlurmError::Service(format!("sidecar {url}/v1/gpus: {e}")))?
         .into_json()
         .map_err(|e| SlurmError::Service(format!("sidecar {url}/v1/gpus: bad JSON: {e}")))?;
-    Ok(gpu_from_sidecar(&v, indices))
+    Ok(gpu_from_sidecar(&v, visible, indices))
 }
 
-/// Picks the job's GPU out of the sidecar's GPU list (the first of the
-/// job's indices, else the first GPU; a card in MIG mode by its first
-/// slice) and turns it into a spec: the catalog
-/// entry with the live memory, or the live values alone
-/// ([`GpuSpec::from_live`]); a GPU without memory is named only.
-pub fn gpu_from_sidecar(v: &GpusResponse, indices: &[u32]) -> Option<GpuRef> {
-    // A card in MIG mode runs jobs only on its slices: its first slice.
-    let mut usable = crate::sidecar::usable_devices(&v.gpus);
-    let gpu = indices
-        .first()
-        .and_then(|want| crate::sidecar::usable_devices(&v.gpus).find(|g| g.index == *want))
-        .or_else(|| usable.next())?;
+/// Picks the job's device out of the sidecar's GPU list
+/// ([`plan::pick_job_device`]: on a MIG node the slices
+/// `CUDA_VISIBLE_DEVICES` names, the smallest of them; else the first of
+/// the job's indices, else the first GPU) and turns it into a spec: the
+/// catalog entry with the live memory, or the live values alone
+/// ([`GpuSpec::from_live`]); a GPU without memory is named only. With the
+/// pick's note for the reasoning.
+pub fn gpu_from_sidecar(
+    v: &GpusResponse,
+    visible: &[plan::VisibleDevice],
+    indices: &[u32],
+) -> Option<(GpuRef, Option<String>)> {
+    let pick = plan::pick_job_device(&v.gpus, visible, indices)?;
+    let gpu = pick.device;
     let name = gpu.name.clone();
     let m = gpu.memory_total_bytes;
-    match lookup_gpu(&name) {
+    let spec = match lookup_gpu(&name) {
         Ok(mut spec) if m > 0 => {
             spec.memory_bytes = m;
-            Some(GpuRef::Spec(spec))
+            GpuRef::Spec(spec)
         }
-        Ok(spec) => Some(GpuRef::Spec(spec)),
+        Ok(spec) => GpuRef::Spec(spec),
         // bf16/fp8 from the reported compute capability, as everywhere.
-        Err(_) if m > 0 => Some(GpuRef::Spec(GpuSpec::from_live(
+        Err(_) if m > 0 => GpuRef::Spec(GpuSpec::from_live(
             &name,
             m,
             gpu.compute_capability.as_deref(),
-        ))),
-        Err(_) => Some(GpuRef::Name(name)),
-    }
+        )),
+        Err(_) => GpuRef::Name(name),
+    };
+    Some((spec, pick.note))
 }
 
 fn ask_suggestion(
@@ -795,22 +805,22 @@ mod tests {
             gpu(0, "Some Unknown GPU", 1000, "9.0"),
             gpu(1, "Other Unknown GPU", 2000, "7.5"),
         ]);
-        match gpu_from_sidecar(&v, &[1]) {
-            Some(GpuRef::Spec(s)) => {
+        match gpu_from_sidecar(&v, &[], &[1]) {
+            Some((GpuRef::Spec(s), None)) => {
                 assert_eq!(s.name, "Other Unknown GPU");
                 assert_eq!(s.memory_bytes, 2000);
                 assert!(!s.bf16, "compute capability 7.5 has no bf16");
             }
             other => panic!("{other:?}"),
         }
-        match gpu_from_sidecar(&v, &[]) {
-            Some(GpuRef::Spec(s)) => assert!(s.bf16 && s.fp8 && s.memory_bytes == 1000),
+        match gpu_from_sidecar(&v, &[], &[]) {
+            Some((GpuRef::Spec(s), None)) => assert!(s.bf16 && s.fp8 && s.memory_bytes == 1000),
             other => panic!("{other:?}"),
         }
-        assert_eq!(gpu_from_sidecar(&list(vec![]), &[0]), None);
+        assert_eq!(gpu_from_sidecar(&list(vec![]), &[], &[0]), None);
         assert_eq!(
-            gpu_from_sidecar(&list(vec![gpu(0, "X", 0, "")]), &[0]),
-            Some(GpuRef::Name("X".into()))
+            gpu_from_sidecar(&list(vec![gpu(0, "X", 0, "")]), &[], &[0]),
+            Some((GpuRef::Name("X".into()), None))
         );
     }
 
@@ -828,9 +838,11 @@ mod tests {
         let v: GpusResponse = serde_json::from_value(serde_json::json!({"node": "n1",
             "backend": "nvml", "sampled_at": null, "gpus": [card, slice]}))
         .expect("the sidecar's /v1/gpus shape");
-        for indices in [&[0u32][..], &[]] {
-            match gpu_from_sidecar(&v, indices) {
-                Some(GpuRef::Spec(s)) => {
+        let by_uuid = [plan::VisibleDevice::MigUuid("MIG-1".into())];
+        for (visible, indices) in [(&[][..], &[0u32][..]), (&[][..], &[]), (&by_uuid[..], &[0])] {
+            match gpu_from_sidecar(&v, visible, indices) {
+                Some((GpuRef::Spec(s), Some(note))) => {
+                    assert!(note.contains("1g.5gb"), "{note}");
                     assert_eq!(s.name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb");
                     assert_eq!(s.memory_bytes, 5_100_273_664, "the slice's live memory");
                     assert!(s.bf16, "bf16 from the A100");

@@ -32,6 +32,7 @@ use crate::core::workload::{
 };
 use crate::history::sqlite::{SqliteOptions, BUSY_TIMEOUT_ENV, DEFAULT_BUSY_TIMEOUT_MS};
 use crate::wire::api::{GpuRef, SuggestRequest, WorkloadSpec};
+use crate::wire::sidecar::GpuInfo;
 
 /// A hook's environment (name → value).
 pub type Env = BTreeMap<String, String>;
@@ -326,6 +327,9 @@ pub struct JobRequest {
     pub pins: Pins,
     /// Physical GPU indices on this node (`SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`).
     pub gpu_indices: Vec<u32>,
+    /// The devices `CUDA_VISIBLE_DEVICES` names ([`visible_devices`]): on a
+    /// MIG node, the job's slices by their UUIDs.
+    pub visible: Vec<VisibleDevice>,
     /// CPU cores the job has per GPU ([`cpus_per_gpu`]), for the data loader.
     pub cpus_per_gpu: Option<u32>,
     /// The task inherited its settings from the job's batch step (another
@@ -406,17 +410,21 @@ pub fn plan_task_prolog_here(
         });
     };
     let gpu_indices = gpu_indices(env)?;
-    let workload = workload_spec(env, &fields, model, gpu_indices.len())?;
+    let visible = visible_devices(env);
+    // A MIG job's devices may be named only by UUID (no indices to count).
+    let gpus_here = gpu_indices.len().max(visible.len());
+    let workload = workload_spec(env, &fields, model, gpus_here)?;
     let strategy =
         parse_with(&fields, "strategy", |s| s.parse::<Strategy>())?.unwrap_or(site_strategy);
     let pins = pinned_settings(&fields)?;
-    let cpus_per_gpu = cpus_per_gpu(env, gpu_indices.len());
+    let cpus_per_gpu = cpus_per_gpu(env, gpus_here);
     Ok(TaskPlan::Ask(Box::new(JobRequest {
         job_id,
         workload,
         strategy,
         pins,
         gpu_indices,
+        visible,
         cpus_per_gpu,
         inherited,
     })))
@@ -567,6 +575,236 @@ pub fn gpu_indices(env: &Env) -> Result<Vec<u32>, SlurmError> {
         }
     }
     Ok(Vec::new())
+}
+
+// === the job's device on a MIG node ===
+//
+// With `AutoDetect=nvml` Slurm makes every MIG slice a gres/gpu of its own
+// (gres.html, "MIG Management"; slurm's gpu_nvml.c `_handle_mig`) and gives
+// the job (Prolog, Epilog, TaskProlog, tasks) the slice in
+// `CUDA_VISIBLE_DEVICES` by its "unique id": `MIG-<uuid>`, the MIG
+// device's own UUID, with drivers from 470.42.01 on, else
+// `MIG-GPU-<card uuid>/<GPU instance id>/<compute instance id>` (the form
+// CUDA 11.0-11.3 took). `SLURM_JOB_GPUS` / `SLURM_STEP_GPUS` then hold the
+// slice's gres index (its place among the node's gres/gpu devices), not an
+// NVML card index, so only the UUID says which slice the job has.
+
+/// One device `CUDA_VISIBLE_DEVICES` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VisibleDevice {
+    /// A number: a whole GPU.
+    Index(u32),
+    /// `GPU-…`: a whole GPU by its UUID (CUDA accepts a unique prefix).
+    GpuUuid(String),
+    /// `MIG-…`: a MIG device by its own UUID (driver R470+).
+    MigUuid(String),
+    /// `MIG-GPU-<card uuid>/<gi>/<ci>`: a MIG device by its card and its
+    /// GPU and compute instance ids (drivers before R470).
+    MigInstance {
+        parent_uuid: String,
+        gpu_instance: u32,
+        compute_instance: u32,
+    },
+}
+
+impl VisibleDevice {
+    fn is_mig(&self) -> bool {
+        matches!(
+            self,
+            VisibleDevice::MigUuid(_) | VisibleDevice::MigInstance { .. }
+        )
+    }
+
+    /// Reads one entry; None for one CUDA would not take (CUDA stops at it).
+    fn parse(token: &str) -> Option<VisibleDevice> {
+        let t = token.trim();
+        if let Some(rest) = t.strip_prefix("MIG-GPU-") {
+            let mut parts = rest.split('/');
+            let card = parts.next().filter(|u| !u.is_empty())?;
+            let gi = parts.next()?.parse().ok()?;
+            let ci = parts.next()?.parse().ok()?;
+            if parts.next().is_some() {
+                return None;
+            }
+            return Some(VisibleDevice::MigInstance {
+                parent_uuid: format!("GPU-{card}"),
+                gpu_instance: gi,
+                compute_instance: ci,
+            });
+        }
+        if t.len() > "MIG-".len() && t.starts_with("MIG-") {
+            return Some(VisibleDevice::MigUuid(t.to_string()));
+        }
+        if t.len() > "GPU-".len() && t.starts_with("GPU-") {
+            return Some(VisibleDevice::GpuUuid(t.to_string()));
+        }
+        t.parse().ok().map(VisibleDevice::Index)
+    }
+
+    /// Whether `g` (an entry of the sidecar's `/v1/gpus`) is this device.
+    fn names(&self, g: &GpuInfo) -> bool {
+        match (self, &g.mig) {
+            (VisibleDevice::Index(i), None) => g.index == *i,
+            (VisibleDevice::GpuUuid(u), None) => g.uuid.starts_with(u.as_str()),
+            (VisibleDevice::MigUuid(u), Some(_)) => g.uuid.starts_with(u.as_str()),
+            (
+                VisibleDevice::MigInstance {
+                    parent_uuid,
+                    gpu_instance,
+                    compute_instance,
+                },
+                Some(m),
+            ) => {
+                m.parent_uuid == *parent_uuid
+                    // A sidecar that does not know the instance ids: any
+                    // slice of that card may be the one.
+                    && m.gpu_instance_id.is_none_or(|gi| gi == *gpu_instance)
+                    && m.compute_instance_id.is_none_or(|ci| ci == *compute_instance)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The devices `CUDA_VISIBLE_DEVICES` names, in order, up to the first
+/// entry CUDA would not take (CUDA hides it and every later one; Slurm's
+/// `NoDevFiles` is such an entry). Empty when unset.
+pub fn visible_devices(env: &Env) -> Vec<VisibleDevice> {
+    non_empty(env.get("CUDA_VISIBLE_DEVICES"))
+        .map(|v| {
+            v.split(',')
+                .map_while(VisibleDevice::parse)
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+}
+
+/// The sidecar device a job is planned for, and what to say about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DevicePick<'a> {
+    pub device: &'a GpuInfo,
+    /// A sentence for the suggestion's reasoning (which MIG slice, and why
+    /// that one); None for a whole GPU.
+    pub note: Option<String>,
+}
+
+/// The device of the sidecar's list (`/v1/gpus`, a card in MIG mode listed
+/// then each of its slices) the job is planned for:
+/// - the MIG slices `CUDA_VISIBLE_DEVICES` names, matched by UUID (or card
+///   and instance ids): the smallest of them, so one set of settings fits
+///   every rank whatever slice it got;
+/// - else the whole GPU of the first of `indices` (`SLURM_JOB_GPUS`) or of
+///   `CUDA_VISIBLE_DEVICES`' numbers;
+/// - else, on a node with MIG slices, the smallest usable device (the job's
+///   slice cannot be told: planning for a larger one could run it out of
+///   memory); else the first GPU.
+///
+/// None when the list has no device a job can run on.
+pub fn pick_job_device<'a>(
+    gpus: &'a [GpuInfo],
+    visible: &[VisibleDevice],
+    indices: &[u32],
+) -> Option<DevicePick<'a>> {
+    let usable: Vec<&GpuInfo> = crate::sidecar::usable_devices(gpus).collect();
+    let smallest = |list: &[&'a GpuInfo]| -> Option<&'a GpuInfo> {
+        // The first of the smallest: the sidecar's order breaks ties.
+        list.iter().copied().reduce(|a, b| {
+            if b.memory_total_bytes < a.memory_total_bytes {
+                b
+            } else {
+                a
+            }
+        })
+    };
+    let slice = |g: &GpuInfo| -> String {
+        match &g.mig {
+            Some(m) => format!("MIG slice {} ({}) of GPU {}", m.profile, g.uuid, g.index),
+            None => format!("GPU {} ({})", g.index, g.uuid),
+        }
+    };
+    let on_mig_node = usable.iter().any(|g| g.mig.is_some());
+    if visible.iter().any(VisibleDevice::is_mig) {
+        let mut mine: Vec<&GpuInfo> = Vec::new();
+        for want in visible {
+            for g in usable.iter().copied().filter(|g| want.names(g)) {
+                if !mine.iter().any(|m| std::ptr::eq(*m, g)) {
+                    mine.push(g);
+                }
+            }
+        }
+        if let Some(g) = smallest(&mine) {
+            let note = if mine.len() == 1 {
+                format!("Planned for the job's {} (CUDA_VISIBLE_DEVICES).", slice(g))
+            } else {
+                let all: Vec<String> = mine
+                    .iter()
+                    .map(|m| {
+                        m.mig
+                            .as_ref()
+                            .map_or_else(|| m.name.clone(), |s| s.profile.clone())
+                    })
+                    .collect();
+                format!(
+                    "Planned for {}, the smallest of the job's {} devices ({}), so one set of settings fits every rank.",
+                    slice(g),
+                    mine.len(),
+                    all.join(", ")
+                )
+            };
+            return Some(DevicePick {
+                device: g,
+                note: Some(note),
+            });
+        }
+        let g = smallest(&usable)?;
+        return Some(DevicePick {
+            device: g,
+            note: Some(format!(
+                "The sidecar lists none of the MIG devices in CUDA_VISIBLE_DEVICES: planned for the smallest device on the node, {}.",
+                slice(g)
+            )),
+        });
+    }
+    let by_index = indices
+        .iter()
+        .copied()
+        .chain(visible.iter().filter_map(|v| match v {
+            VisibleDevice::Index(i) => Some(*i),
+            _ => None,
+        }))
+        .next()
+        .and_then(|want| {
+            usable
+                .iter()
+                .copied()
+                .find(|g| g.mig.is_none() && g.index == want)
+        });
+    let by_uuid = || {
+        visible
+            .iter()
+            .filter(|v| matches!(v, VisibleDevice::GpuUuid(_)))
+            .find_map(|v| usable.iter().copied().find(|g| v.names(g)))
+    };
+    if let Some(g) = by_index.or_else(by_uuid) {
+        return Some(DevicePick {
+            device: g,
+            note: None,
+        });
+    }
+    if on_mig_node {
+        let g = smallest(&usable)?;
+        return Some(DevicePick {
+            device: g,
+            note: Some(format!(
+                "CUDA_VISIBLE_DEVICES names no MIG device of this node: planned for the smallest device on it, {}.",
+                slice(g)
+            )),
+        });
+    }
+    usable.first().map(|g| DevicePick {
+        device: g,
+        note: None,
+    })
 }
 
 fn parse_num<T: std::str::FromStr>(

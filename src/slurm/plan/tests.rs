@@ -766,3 +766,236 @@ fn a_node_without_state_asks_with_the_inherited_settings_as_pins_and_prints_noth
     assert!(!r.inherited);
     assert_eq!(r.pins, Pins::default());
 }
+
+// === the job's device on a MIG node ===
+
+/// A sidecar `/v1/gpus` entry: a whole card (`slice` None) or a MIG slice.
+fn device(index: u32, uuid: &str, gib: u64, slice: Option<(u32, &str, u32)>) -> GpuInfo {
+    let card = "GPU-5d3a1c2e-0000-4000-8000-000000000000";
+    serde_json::from_value(serde_json::json!({
+        "index": index, "uuid": uuid,
+        "name": match slice {
+            Some((_, p, _)) => format!("NVIDIA A100-SXM4-40GB MIG {p}"),
+            None => "NVIDIA A100-SXM4-40GB".to_string(),
+        },
+        "memory_total_bytes": gib << 30, "memory_used_bytes": 0, "memory_free_bytes": gib << 30,
+        "compute_capability": "8.0", "utilization_ratio": null,
+        "mig_enabled": if slice.is_none() { Some(true) } else { None },
+        "accounting_enabled": null, "healthy": true, "error": null,
+        "mig": slice.map(|(d, p, gi)| serde_json::json!({
+            "device": d, "profile": p, "parent_uuid": card,
+            "gpu_instance_id": gi, "compute_instance_id": 0})),
+    }))
+    .expect("a /v1/gpus entry")
+}
+
+/// Card 0 in MIG mode with a 1g.5gb slice (GI 7) and a 3g.20gb one (GI 1).
+fn mig_node() -> Vec<GpuInfo> {
+    vec![
+        device(0, "GPU-5d3a1c2e-0000-4000-8000-000000000000", 40, None),
+        device(
+            0,
+            "MIG-aaaa1111-2222-5333-8444-555555555555",
+            5,
+            Some((0, "1g.5gb", 7)),
+        ),
+        device(
+            0,
+            "MIG-bbbb1111-2222-5333-8444-555555555555",
+            20,
+            Some((1, "3g.20gb", 1)),
+        ),
+    ]
+}
+
+fn picked(gpus: &[GpuInfo], vars: &[(&str, &str)]) -> (String, Option<String>) {
+    let e = env(vars);
+    let indices = gpu_indices(&e).expect("indices");
+    let p = pick_job_device(gpus, &visible_devices(&e), &indices).expect("a device");
+    (p.device.name.clone(), p.note)
+}
+
+#[test]
+fn cuda_visible_devices_is_read_in_every_spelling_slurm_writes() {
+    let e = env(&[(
+        "CUDA_VISIBLE_DEVICES",
+        "MIG-bbbb1111-2222-5333-8444-555555555555,MIG-GPU-5d3a1c2e-0000-4000-8000-000000000000/7/0, 2 ,GPU-77",
+    )]);
+    assert_eq!(
+        visible_devices(&e),
+        vec![
+            VisibleDevice::MigUuid("MIG-bbbb1111-2222-5333-8444-555555555555".into()),
+            VisibleDevice::MigInstance {
+                parent_uuid: "GPU-5d3a1c2e-0000-4000-8000-000000000000".into(),
+                gpu_instance: 7,
+                compute_instance: 0,
+            },
+            VisibleDevice::Index(2),
+            VisibleDevice::GpuUuid("GPU-77".into()),
+        ]
+    );
+    // CUDA stops at the first entry it cannot take: so does the reading.
+    for (v, n) in [
+        ("0,-1,1", 1),
+        ("NoDevFiles", 0),
+        ("MIG-GPU-abc/1", 0),
+        ("MIG-GPU-abc/1/x", 0),
+        ("MIG-GPU-abc/1/0/9", 0),
+        ("MIG-", 0),
+        ("", 0),
+        ("1,MIG-x,junk,2", 2),
+    ] {
+        assert_eq!(
+            visible_devices(&env(&[("CUDA_VISIBLE_DEVICES", v)])).len(),
+            n,
+            "{v:?}"
+        );
+    }
+    assert!(visible_devices(&env(&[])).is_empty());
+}
+
+#[test]
+fn a_mig_job_is_planned_for_the_slice_slurm_gave_it_by_uuid() {
+    let gpus = mig_node();
+    for (vars, want) in [
+        // R470+: the MIG device's own UUID; SLURM_JOB_GPUS is the gres
+        // index (1: the second slice), not a card index.
+        (
+            vec![
+                (
+                    "CUDA_VISIBLE_DEVICES",
+                    "MIG-bbbb1111-2222-5333-8444-555555555555",
+                ),
+                ("SLURM_JOB_GPUS", "1"),
+            ],
+            "3g.20gb",
+        ),
+        (
+            vec![
+                (
+                    "CUDA_VISIBLE_DEVICES",
+                    "MIG-aaaa1111-2222-5333-8444-555555555555",
+                ),
+                ("SLURM_JOB_GPUS", "0"),
+            ],
+            "1g.5gb",
+        ),
+        // A step: SLURM_STEP_GPUS, no SLURM_JOB_GPUS.
+        (
+            vec![
+                (
+                    "CUDA_VISIBLE_DEVICES",
+                    "MIG-bbbb1111-2222-5333-8444-555555555555",
+                ),
+                ("SLURM_STEP_GPUS", "1"),
+            ],
+            "3g.20gb",
+        ),
+        // Before R470: card UUID and the GPU / compute instance ids.
+        (
+            vec![(
+                "CUDA_VISIBLE_DEVICES",
+                "MIG-GPU-5d3a1c2e-0000-4000-8000-000000000000/1/0",
+            )],
+            "3g.20gb",
+        ),
+        (
+            vec![(
+                "CUDA_VISIBLE_DEVICES",
+                "MIG-GPU-5d3a1c2e-0000-4000-8000-000000000000/7/0",
+            )],
+            "1g.5gb",
+        ),
+        // A unique prefix, as CUDA allows.
+        (vec![("CUDA_VISIBLE_DEVICES", "MIG-bbbb1111")], "3g.20gb"),
+    ] {
+        let (name, note) = picked(&gpus, &vars);
+        assert_eq!(
+            name,
+            format!("NVIDIA A100-SXM4-40GB MIG {want}"),
+            "{vars:?}"
+        );
+        let note = note.expect("the reasoning names the slice");
+        assert!(
+            note.contains(want) && note.contains("of GPU 0"),
+            "{vars:?}: {note}"
+        );
+    }
+}
+
+#[test]
+fn a_job_with_slices_of_several_profiles_is_planned_for_its_smallest() {
+    let gpus = mig_node();
+    for order in [
+        "MIG-bbbb1111-2222-5333-8444-555555555555,MIG-aaaa1111-2222-5333-8444-555555555555",
+        "MIG-aaaa1111-2222-5333-8444-555555555555,MIG-bbbb1111-2222-5333-8444-555555555555",
+    ] {
+        let (name, note) = picked(
+            &gpus,
+            &[("CUDA_VISIBLE_DEVICES", order), ("SLURM_JOB_GPUS", "0,1")],
+        );
+        assert_eq!(name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "{order}");
+        let note = note.expect("a note");
+        assert!(
+            note.contains("smallest of the job's 2 devices") && note.contains("3g.20gb"),
+            "{note}"
+        );
+    }
+    // The same slice named twice (both spellings) is one device.
+    let (name, note) = picked(
+        &gpus,
+        &[(
+            "CUDA_VISIBLE_DEVICES",
+            "MIG-bbbb1111-2222-5333-8444-555555555555,MIG-GPU-5d3a1c2e-0000-4000-8000-000000000000/1/0",
+        )],
+    );
+    assert_eq!(name, "NVIDIA A100-SXM4-40GB MIG 3g.20gb");
+    assert!(note.is_some_and(|n| n.contains("the job's MIG slice 3g.20gb")));
+}
+
+#[test]
+fn a_mig_slice_the_sidecar_does_not_list_or_no_slice_named_plans_for_the_smallest() {
+    let gpus = mig_node();
+    // A stale or foreign UUID; a gres index alone; nothing at all: the
+    // slice cannot be told, so the smallest on the node, and said so.
+    for vars in [
+        vec![(
+            "CUDA_VISIBLE_DEVICES",
+            "MIG-ffffffff-0000-4000-8000-000000000000",
+        )],
+        vec![("SLURM_JOB_GPUS", "1"), ("CUDA_VISIBLE_DEVICES", "1")],
+        vec![],
+    ] {
+        let (name, note) = picked(&gpus, &vars);
+        assert_eq!(name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "{vars:?}");
+        assert!(
+            note.is_some_and(|n| n.contains("smallest device")),
+            "{vars:?}"
+        );
+    }
+    // Whole GPUs are picked by index as before, with nothing to say.
+    let whole = vec![device(0, "GPU-0", 40, None), device(1, "GPU-1", 80, None)];
+    assert_eq!(picked(&whole, &[("SLURM_JOB_GPUS", "1")]).1, None);
+    assert_eq!(picked(&whole, &[("SLURM_JOB_GPUS", "1")]).0, whole[1].name);
+    let by_uuid =
+        pick_job_device(&whole, &[VisibleDevice::GpuUuid("GPU-1".into())], &[]).expect("a device");
+    assert_eq!(by_uuid.device.uuid, "GPU-1");
+    assert_eq!(pick_job_device(&[], &[], &[0]), None);
+}
+
+#[test]
+fn a_mig_job_named_only_by_uuid_counts_its_slices_and_reads_its_comment() {
+    let e = env(&[
+        ("SLURM_JOB_ID", "12"),
+        ("GPUFIT_MODEL", "meta-llama/Llama-3.1-8B"),
+        ("GPUFIT_SEQ_LEN", "2048"),
+        (
+            "CUDA_VISIBLE_DEVICES",
+            "MIG-aaaa1111-2222-5333-8444-555555555555,MIG-bbbb1111-2222-5333-8444-555555555555",
+        ),
+    ]);
+    let r = ask(plan_task_prolog(&e, Strategy::Balanced, None).unwrap());
+    assert!(r.gpu_indices.is_empty());
+    assert_eq!(r.visible.len(), 2);
+    assert_eq!(r.workload.gpus, Some(2), "two slices, two ranks");
+}

@@ -771,3 +771,70 @@ fn partial_multi_node_records_are_shown_as_partial_by_list_and_report() {
         .unwrap());
     assert!(text.contains("partial multi-node"), "{text}");
 }
+
+/// `record --failure host-oom`: an other_error flagged as a host-memory
+/// kill, as the controller and the Slurm Epilog record one; the next
+/// suggestion of the workload lowers the data loader, not the micro batch.
+#[test]
+fn record_a_host_memory_kill_and_the_next_suggestion_lowers_the_data_loader() {
+    let d = tmp();
+    let db = d.path().join("h.db");
+    let workload = [
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--method",
+        "lora",
+        "--lora-rank",
+        "16",
+        "--seq-len",
+        "1024",
+        "--gpu",
+        "NVIDIA A100-SXM4-80GB",
+    ];
+    let suggest = |db: &Path| {
+        json(
+            gpufit(db)
+                .args(["-o", "json", "suggest"])
+                .args(workload)
+                .args(["--cpus-per-gpu", "16"])
+                .output()
+                .unwrap(),
+        )
+    };
+    let before = suggest(&db);
+    let workers_before = before["dataloader"]["num_workers"]
+        .as_u64()
+        .expect("num_workers");
+    assert!(workers_before >= 4, "{before}");
+    assert_eq!(before["dataloader"]["pin_memory"], true);
+
+    let rec = json(
+        gpufit(&db)
+            .args(["-o", "json", "record"])
+            .args(workload)
+            .args(["--micro-batch", "4", "--failure", "host-oom"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(rec["result"]["success"], false, "{rec}");
+    assert_eq!(rec["result"]["failure_reason"], "other_error", "{rec}");
+    assert_eq!(rec["result"]["host_oom"], true, "{rec}");
+
+    let after = suggest(&db);
+    let workers_after = after["dataloader"]["num_workers"]
+        .as_u64()
+        .expect("num_workers");
+    assert!(workers_after < workers_before, "{after}");
+    assert_eq!(after["dataloader"]["pin_memory"], false, "{after}");
+    assert!(
+        after["reasoning"]
+            .as_str()
+            .is_some_and(|r| r.contains("killed for host memory")),
+        "{after}"
+    );
+    // Not a GPU OOM: the micro batch is not lowered for it.
+    assert!(
+        after["micro_batch_size"].as_u64() >= before["micro_batch_size"].as_u64(),
+        "{before}\n{after}"
+    );
+}

@@ -16,11 +16,16 @@ use crate::core::units::{fmt_gib, fmt_given, gb, gib};
 use crate::core::workload::Method;
 use crate::history::jsonl::{Resolver, MAX_PEAK_BYTES};
 
-/// `oom` / `other` for `--failure`.
+/// `oom` / `host-oom` / `other` for `--failure`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailureArg {
     /// CUDA out of memory.
     Oom,
+    /// Killed for host memory (the kernel's OOM killer, Kubernetes'
+    /// `OOMKilled`, Slurm's `OUT_OF_MEMORY`): recorded as another error,
+    /// never a GPU OOM, and it teaches the data loader (fewer workers, no
+    /// pinned memory), as the controller and the Slurm Epilog record it.
+    HostOom,
     /// Any other error.
     Other,
 }
@@ -63,7 +68,7 @@ pub struct RunArgs {
     /// Whether the run succeeded (default: from --failure or --log, else true).
     #[arg(long, action = clap::ArgAction::Set)]
     pub success: Option<bool>,
-    /// Why it failed: oom or other (implies --success false).
+    /// Why it failed: oom (GPU), host-oom (host memory) or other (implies --success false).
     #[arg(long, value_enum)]
     pub failure: Option<FailureArg>,
     /// Measured peak GPU memory in GB (10^9 bytes).
@@ -286,6 +291,7 @@ fn result_of(
         }
     }
     let (success, failure_reason) = success_of(a, log_result.as_ref())?;
+    let host_oom = a.failure == Some(FailureArg::HostOom);
     // Lightning reports iterations (micro batches) per second, not samples.
     let samples_from_steps = parsed
         .and_then(|p| p.steps_per_sec)
@@ -295,7 +301,7 @@ fn result_of(
         notes.push("samples/s = the log's iterations/s × micro batch".into());
     }
     Ok(RunResult {
-        host_oom: false,
+        host_oom,
         success,
         failure_reason,
         peak_memory_bytes: peak_flag.or(log_result.as_ref().and_then(|r| r.peak_memory_bytes)),
@@ -315,7 +321,7 @@ fn success_of(
 ) -> crate::Result<(bool, Option<FailureReason>)> {
     let failure = match a.failure {
         Some(FailureArg::Oom) => Some(FailureReason::Oom),
-        Some(FailureArg::Other) => Some(FailureReason::OtherError),
+        Some(FailureArg::HostOom | FailureArg::Other) => Some(FailureReason::OtherError),
         None => None,
     };
     let success = match (a.success, failure, log_result) {

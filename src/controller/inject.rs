@@ -74,16 +74,24 @@ pub fn inject_pod_template(
     if mode == Mode::Recommend {
         return;
     }
-    let Some(containers) = template
+    for_each_container(template, |c| {
+        inject_container(c, suggestion, set_termination_policy)
+    });
+}
+
+/// Calls `f` on every container object of a pod template (JSON).
+fn for_each_container(
+    template: &mut Value,
+    mut f: impl FnMut(&mut serde_json::Map<String, Value>),
+) {
+    if let Some(containers) = template
         .pointer_mut("/spec/containers")
         .and_then(Value::as_array_mut)
-    else {
-        return;
-    };
-    for c in containers.iter_mut() {
-        if let Some(c) = c.as_object_mut() {
-            inject_container(c, suggestion, set_termination_policy);
-        }
+    {
+        containers
+            .iter_mut()
+            .filter_map(Value::as_object_mut)
+            .for_each(&mut f);
     }
 }
 
@@ -97,19 +105,37 @@ pub fn inject_container(
     suggestion: &Suggestion,
     set_termination_policy: bool,
 ) {
-    let env = env_vars(&suggestion.settings);
+    let entries = env_vars(&suggestion.settings)
+        .into_iter()
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect();
+    fill_container(c, entries, set_termination_policy, |w| {
+        substitute(w, &suggestion.settings)
+    });
+}
+
+/// What both injections do to one container: `entries` (the settings'
+/// variables) replace same-named ones, the pod identity variables follow,
+/// `rewrite` turns each `command`/`args` word, and the termination message
+/// policy is set when asked and not already set.
+fn fill_container(
+    c: &mut serde_json::Map<String, Value>,
+    entries: Vec<Value>,
+    set_termination_policy: bool,
+    rewrite: impl Fn(&str) -> String,
+) {
     let list = c.entry("env").or_insert_with(|| json!([]));
     if !list.is_array() {
         *list = json!([]);
     }
     if let Some(list) = list.as_array_mut() {
+        let name = |e: &Value| e.get("name").and_then(Value::as_str).map(str::to_owned);
+        let ours: Vec<String> = entries.iter().filter_map(name).collect();
         list.retain(|e| {
-            let n = e.get("name").and_then(Value::as_str).unwrap_or("");
-            !env.iter().any(|(k, _)| *k == n) && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
+            let n = name(e).unwrap_or_default();
+            !ours.contains(&n) && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
         });
-        for (k, v) in &env {
-            list.push(json!({"name": k, "value": v}));
-        }
+        list.extend(entries);
         // The node sidecar attributes GPU processes to pods by these
         // (docs/sidecar-api.md), so peaks are found by namespace/pod.
         for (k, path) in POD_IDENTITY_ENV {
@@ -120,7 +146,7 @@ pub fn inject_container(
         if let Some(words) = c.get_mut(field).and_then(Value::as_array_mut) {
             for w in words.iter_mut() {
                 if let Some(s) = w.as_str() {
-                    *w = Value::String(substitute(s, &suggestion.settings));
+                    *w = Value::String(rewrite(s));
                 }
             }
         }
@@ -199,39 +225,14 @@ pub fn inject_container_deferred(
     c: &mut serde_json::Map<String, Value>,
     set_termination_policy: bool,
 ) {
-    let list = c.entry("env").or_insert_with(|| json!([]));
-    if !list.is_array() {
-        *list = json!([]);
-    }
-    if let Some(list) = list.as_array_mut() {
-        list.retain(|e| {
-            let n = e.get("name").and_then(Value::as_str).unwrap_or("");
-            !SETTING_VARS.iter().any(|v| v.env == n)
-                && !POD_IDENTITY_ENV.iter().any(|(k, _)| *k == n)
-        });
-        for v in SETTING_VARS {
-            let path = format!("metadata.annotations['{}']", setting_annotation(&v));
-            list.push(json!({"name": v.env, "valueFrom": {"fieldRef": {"fieldPath": path}}}));
-        }
-        for (k, path) in POD_IDENTITY_ENV {
-            list.push(json!({"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}}));
-        }
-    }
-    for field in ["command", "args"] {
-        if let Some(words) = c.get_mut(field).and_then(Value::as_array_mut) {
-            for w in words.iter_mut() {
-                if let Some(s) = w.as_str() {
-                    *w = Value::String(placeholders_to_env_refs(s));
-                }
-            }
-        }
-    }
-    if set_termination_policy && !c.contains_key("terminationMessagePolicy") {
-        c.insert(
-            "terminationMessagePolicy".into(),
-            Value::String("FallbackToLogsOnError".into()),
-        );
-    }
+    let entries = SETTING_VARS
+        .iter()
+        .map(|v| {
+            let path = format!("metadata.annotations['{}']", setting_annotation(v));
+            json!({"name": v.env, "valueFrom": {"fieldRef": {"fieldPath": path}}})
+        })
+        .collect();
+    fill_container(c, entries, set_termination_policy, placeholders_to_env_refs);
 }
 
 /// [`inject_container_deferred`] for every container of a pod template
@@ -239,17 +240,7 @@ pub fn inject_container_deferred(
 /// `podSetUpdates` annotation that the template already has with another
 /// value.
 pub fn inject_pod_template_deferred(template: &mut Value) {
-    let Some(containers) = template
-        .pointer_mut("/spec/containers")
-        .and_then(Value::as_array_mut)
-    else {
-        return;
-    };
-    for c in containers.iter_mut() {
-        if let Some(c) = c.as_object_mut() {
-            inject_container_deferred(c, true);
-        }
-    }
+    for_each_container(template, |c| inject_container_deferred(c, true));
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
@@ -269,13 +269,8 @@ pub fn classify_pods(pods: &[Pod]) -> Option<(AttemptOutcome, String)> {
     other.map(|msg| (AttemptOutcome::Failed, msg))
 }
 
-/// Whether a container of `pods` was killed for host memory: the kubelet's
-/// termination reason `OOMKilled` (its cgroup's memory limit), now or in
-/// its last state. Not a GPU OOM: the run stays `other_error`, and the
-/// data loader learns from it ([`crate::core::run::RunResult::host_oom`]).
-/// A bare exit code 137 is any SIGKILL (preemption, eviction), so only the
-/// reason counts.
-pub fn host_oom_killed(pods: &[Pod]) -> bool {
+/// Every container's termination of `pods`, now and in its last state.
+fn terminated_states(pods: &[Pod]) -> impl Iterator<Item = &ContainerStateTerminated> {
     pods.iter()
         .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
         .flatten()
@@ -286,7 +281,16 @@ pub fn host_oom_killed(pods: &[Pod]) -> bool {
             ]
         })
         .flatten()
-        .any(|t| t.reason.as_deref() == Some("OOMKilled"))
+}
+
+/// Whether a container of `pods` was killed for host memory: the kubelet's
+/// termination reason `OOMKilled` (its cgroup's memory limit), now or in
+/// its last state. Not a GPU OOM: the run stays `other_error`, and the
+/// data loader learns from it ([`crate::core::run::RunResult::host_oom`]).
+/// A bare exit code 137 is any SIGKILL (preemption, eviction), so only the
+/// reason counts.
+pub fn host_oom_killed(pods: &[Pod]) -> bool {
+    terminated_states(pods).any(|t| t.reason.as_deref() == Some("OOMKilled"))
 }
 
 fn time_str(t: Option<&Time>) -> Option<String> {
@@ -362,16 +366,7 @@ pub(super) async fn finish_attempt(
 /// × micro batch × sequence length. The first container that says wins.
 pub fn reported_tokens_per_sec(pods: &[Pod], micro_batch: u32, seq_len: u32) -> Option<f64> {
     let seq = seq_len as f64;
-    pods.iter()
-        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
-        .flatten()
-        .flat_map(|cs| {
-            [
-                cs.state.as_ref().and_then(|s| s.terminated.as_ref()),
-                cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()),
-            ]
-        })
-        .flatten()
+    terminated_states(pods)
         .filter_map(|t| t.message.as_deref())
         .filter_map(|msg| crate::core::logs::parse_str(msg).ok())
         .find_map(|p| {

@@ -58,7 +58,7 @@
 //! `train()` call, setup and first step included, by its steps: they are
 //! printed as their own group and left out of the figures. It exits
 //! non-zero when the advisor's stated margins
-//! (`src/core/advisor/margin.rs`) no longer cover the measured
+//! (`crates/gpufit-core/src/advisor/margin.rs`) no longer cover the measured
 //! under-prediction, or when the advisor's first-run plan falls below a
 //! replayed peak of `synthetic/` — the targets themselves are reported,
 //! not enforced.
@@ -69,10 +69,10 @@
 //! every measured row to FILE (with the loss path's largest tensor, the
 //! largest gradient block, the optimizer states, the predicted reserved
 //! bytes and whether the row ran with expandable segments): what the
-//! allocator shares in `src/core/memory/allocator.rs` were fitted from.
+//! allocator shares in `crates/gpufit-core/src/memory/allocator.rs` were fitted from.
 //! With `GPUFIT_ACCURACY_SPEED_DUMP=FILE` it writes every measured step's
 //! tokens/s beside the throughput model's prediction (id, group, measured,
-//! predicted): what the constants of `src/core/throughput/` are checked
+//! predicted): what the constants of `crates/gpufit-core/src/throughput/` are checked
 //! against.
 
 #[path = "common/model_config.rs"]
@@ -551,7 +551,7 @@ fn main() -> ExitCode {
     );
 
     // The stated margins the advisor plans first runs with
-    // (src/core/advisor/margin.rs) must still cover what the data say.
+    // (crates/gpufit-core/src/advisor/margin.rs) must still cover what the data say.
     println!("stated margins (advisor::under_prediction_margin) against the data:");
     let mut stale = Vec::new();
     for (k, v) in &by_framework {
@@ -696,7 +696,7 @@ fn main() -> ExitCode {
     let mut ok = true;
     if !stale.is_empty() {
         eprintln!(
-            "accuracy: the stated margins in src/core/advisor/margin.rs are below the measured \
+            "accuracy: the stated margins in crates/gpufit-core/src/advisor/margin.rs are below the measured \
              99th percentile for: {}",
             stale.join(", ")
         );

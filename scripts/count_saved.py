@@ -3,7 +3,7 @@ transformer block, on the CPU, for the model code of Hugging Face
 transformers (+ PEFT, + bitsandbytes for QLoRA), litgpt and torchtune.
 
 Why: the activation part of gpufit's memory model is a list of the tensors
-each block saves (src/core/memory/activations.rs). Which tensors a block
+each block saves (crates/gpufit-core/src/memory/activations.rs). Which tensors a block
 saves is decided by the framework's Python code and PyTorch's autograd
 formulas, not by the GPU, so it can be counted without a GPU:
 `torch.autograd.graph.saved_tensors_hooks` sees every tensor saved during

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Refit the default caching allocator's shares (src/core/memory/allocator.rs,
+"""Refit the default caching allocator's shares (crates/gpufit-core/src/memory/allocator.rs,
 CACHING_ALLOCATOR) on every scored row of the accuracy benchmark.
 
 The shares are constants of the pure core, so this script builds a copy of
@@ -39,12 +39,12 @@ def edit(tree, rel, anchor, replacement, append=""):
     open(path, "w").write(s.replace(anchor, replacement, 1) + append)
 
 
-PATCHED = ["src/core/memory/plan.rs", "src/core/memory/allocator.rs", "benches/accuracy.rs"]
+PATCHED = ["crates/gpufit-core/src/memory/plan.rs", "crates/gpufit-core/src/memory/allocator.rs", "benches/accuracy.rs"]
 
 
 def patch(tree):
     """Make the shares and the figures reachable from outside."""
-    edit(tree, "src/core/memory/plan.rs",
+    edit(tree, "crates/gpufit-core/src/memory/plan.rs",
          "        } else {\n            CACHING_ALLOCATOR\n        },",
          "        } else {\n            refit_shares()\n        },",
          append="""
@@ -56,7 +56,7 @@ fn refit_shares() -> AllocatorShares {
 }
 """)
     anchor = "/// The default caching allocator."
-    edit(tree, "src/core/memory/allocator.rs", anchor, """impl AllocatorShares {
+    edit(tree, "crates/gpufit-core/src/memory/allocator.rs", anchor, """impl AllocatorShares {
     pub(super) fn refit(&mut self, t: Option<f64>, tl: Option<f64>, rc: Option<f64>, cpc: Option<f64>) {
         self.transient = t.unwrap_or(self.transient);
         self.transient_loss = tl.unwrap_or(self.transient_loss);

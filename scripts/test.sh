@@ -30,11 +30,11 @@ if [ -f scripts/helm_venv.sh ]; then
   bash scripts/helm_venv.sh
 fi
 
-cargo fmt --check
-cargo clippy --all-targets --quiet -- -D warnings
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 # Benchmarks are built (clippy --all-targets) but not run here: `cargo bench --bench NAME`.
 # Except the accuracy table: it fails when the advisor's stated margins
-# (src/core/advisor/margin.rs) no longer cover the measured under-prediction,
+# (crates/gpufit-core/src/advisor/margin.rs) no longer cover the measured under-prediction,
 # or when a memory-model target it met is missed.
 cargo test --bench accuracy --quiet > /dev/null
 # And the per-block terms against autograd's counted saved tensors.
@@ -43,7 +43,7 @@ cargo test --bench saved_tensors --quiet > /dev/null
 python3 scripts/test_alloc_sim.py
 # The measuring script's grid files (stdlib only).
 python3 scripts/test_gpu_measure.py
-cargo test --lib --bins --tests -- --test-threads 2
+cargo test --workspace --lib --bins --tests -- --test-threads 2
 # The GPU loop's suggest -> record wiring, with the binary the tests built
 # (in cargo's target directory, wherever CARGO_TARGET_DIR puts it).
 python3 scripts/test_gpu_loop.py "${CARGO_TARGET_DIR:-target}/debug/gpufit"

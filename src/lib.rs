@@ -7,7 +7,7 @@
 //!
 //! | module        | what it owns                                                     |
 //! |---------------|------------------------------------------------------------------|
-//! | [`core`]      | the pure core: workload/settings types, GPU and model catalogs, memory model, advisor, learner, log parsers. No I/O crates. |
+//! | [`core`]      | the pure core (crate `gpufit-core`, `crates/gpufit-core`): workload/settings types, GPU and model catalogs, memory model, advisor, learner, log parsers. No I/O crates. |
 //! | [`history`]   | run-history stores behind one trait: SQLite (default), PostgreSQL, JSON Lines |
 //! | [`sidecar`]   | node-local GPU reader (NVML, inventory, simulate), job attribution, HTTP API, Prometheus metrics |
 //! | [`controller`]| Kubernetes controller (TrainingJob CRD, reconcile pipeline, webhook, leader election) and the HTTP API the Slurm hooks use |
@@ -20,7 +20,9 @@
 
 pub mod cli;
 pub mod controller;
-pub mod core;
+/// The pure core lives in its own crate (`crates/gpufit-core`), so the
+/// compiler keeps I/O crates out of it; `gpufit::core` is that crate.
+pub use gpufit_core as core;
 pub mod error;
 pub mod history;
 pub mod serve;

@@ -22,7 +22,7 @@ const FORBIDDEN: &[&str] = &[
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("src/core is readable") {
+    for entry in std::fs::read_dir(dir).expect("source directories are readable") {
         let p = entry.expect("dir entry").path();
         if p.is_dir() {
             rust_files(&p, out);
@@ -36,12 +36,12 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 fn pure_core_imports_no_io_crates_and_no_adapters() {
     let mut files = Vec::new();
     rust_files(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/core"),
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/gpufit-core/src"),
         &mut files,
     );
     assert!(
         files.len() >= 5,
-        "expected the core's modules under src/core"
+        "expected the core's modules under crates/gpufit-core/src"
     );
     let mut offenders = Vec::new();
     for f in &files {
@@ -87,7 +87,7 @@ fn comments_point_only_at_documents_in_the_repository() {
         .filter_map(|l| l.strip_prefix("## "))
         .collect();
     let mut bad = Vec::new();
-    for f in sources_under(&["src", "tests", "benches"]) {
+    for f in sources_under(&["src", "crates/gpufit-core/src", "tests", "benches"]) {
         let text = std::fs::read_to_string(&f).expect("readable source");
         for (n, line) in text.lines().enumerate() {
             let Some(at) = line.find("//") else { continue };
@@ -207,4 +207,63 @@ fn shared_layers_do_not_depend_on_either_adapter() {
         "a shared layer uses an adapter:\n{}",
         bad.join("\n")
     );
+}
+
+/// The core is its own crate: its dependency tree (what the compiler lets
+/// it import) holds no Kubernetes, async runtime, HTTP, database or NVML
+/// crate.
+#[test]
+fn the_core_crates_dependency_tree_has_no_io_crate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "tree",
+            "--offline",
+            "-p",
+            "gpufit-core",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
+        .current_dir(root)
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(
+        names.contains(&"gpufit-core"),
+        "tree lists the core: {tree}"
+    );
+    assert!(
+        names.contains(&"serde"),
+        "tree lists the core's dependencies: {tree}"
+    );
+    let forbidden = [
+        "kube",
+        "kube-client",
+        "k8s-openapi",
+        "tokio",
+        "hyper",
+        "hyper-util",
+        "rusqlite",
+        "postgres",
+        "tokio-postgres",
+        "nvml-wrapper",
+        "ureq",
+        "gpufit",
+    ];
+    let bad: Vec<&&str> = names.iter().filter(|n| forbidden.contains(n)).collect();
+    assert!(bad.is_empty(), "the core depends on {bad:?}");
 }

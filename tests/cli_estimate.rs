@@ -135,7 +135,7 @@ fn json_estimate_has_the_three_measured_quantities_and_the_gpu_fit() {
 
 #[test]
 fn the_stated_margin_and_the_first_run_plan_are_printed_beside_the_estimate() {
-    // The margin is the framework's stated one (src/core/advisor/margin.rs),
+    // The margin is the framework's stated one (crates/gpufit-core/src/advisor/margin.rs),
     // the plan is at least the peak raised by it, and the estimate itself
     // carries none.
     let margin_and_plan = |framework: &str| {

@@ -744,7 +744,7 @@ fn mig_slices_serve_their_own_memory_and_per_job_peaks_that_stay_on_their_slice(
             )
         })
         .collect();
-    // The catalog's slice memory: nvidia-smi mig -lgip's 4.75 / 19.62 GiB.
+    // The catalog's slice memory: 4.75 GiB (nvidia-smi mig -lgip), 19.50 GiB (go-nvml's A100 mock, the lower source).
     assert_eq!(
         rows,
         [
@@ -759,7 +759,7 @@ fn mig_slices_serve_their_own_memory_and_per_job_peaks_that_stay_on_their_slice(
             (
                 0,
                 "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                20096 * MIB,
+                19968 * MIB,
                 12 * GIB
             ),
             (1, "NVIDIA A100-SXM4-40GB", 40960 * MIB, 0),
@@ -822,7 +822,7 @@ fn mig_slices_serve_their_own_memory_and_per_job_peaks_that_stay_on_their_slice(
                 ("mig_profile", "3g.20gb")
             ]
         ),
-        Some((20096 * MIB) as f64)
+        Some((19968 * MIB) as f64)
     );
     // The MIG-mode card: healthy, but its memory only through its slices.
     let card = [("gpu", "0"), ("mig_device", ""), ("node", "mig-node")];

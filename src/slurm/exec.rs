@@ -329,8 +329,8 @@ fn find_gpu(
             Err(e) => tracing::warn!("gpufit: {e}; trying NVML"),
         }
     }
-    match crate::sidecar::local_gpu() {
-        Ok(g) => return Ok((GpuRef::Spec(g), None)),
+    match crate::sidecar::local_gpu_noted() {
+        Ok((g, note)) => return Ok((GpuRef::Spec(g), note)),
         Err(e) => tracing::debug!("gpufit: NVML: {e}"),
     }
     match &settings.gpu {

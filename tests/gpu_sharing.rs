@@ -506,3 +506,71 @@ fn suggest_resolves_a_slice_of_every_mig_card() {
         );
     }
 }
+
+/// Acceptance: a Slurm MIG job's Prolog writes its mapping file under its
+/// slice's id — for both of Slurm's forms (gpu_nvml.c: the MIG UUID, or
+/// `MIG-<card uuid>/<gi>/<ci>`) in `CUDA_VISIBLE_DEVICES` — not under
+/// `SLURM_JOB_GPUS` (a gres index on a MIG node), and its Epilog removes it
+/// (only its own).
+#[test]
+fn a_slurm_mig_jobs_prolog_and_epilog_map_its_slice_in_both_id_forms() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("gpu-jobs");
+    let hook = |which: &str, job: &str, cvd: &str| {
+        let out = std::process::Command::new(cli::BIN)
+            .args(["slurm", which])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("GPUFIT_SLURM_CONFIG", "")
+            .env("GPUFIT_STATE_DIR", tmp.path().join("state"))
+            .env("GPUFIT_MAPPING_DIR", &dir)
+            .env(
+                "GPUFIT_HISTORY",
+                format!("sqlite:{}/h.db", tmp.path().display()),
+            )
+            .env("SLURM_JOB_ID", job)
+            .env("SLURM_JOB_GPUS", "3")
+            .env("CUDA_VISIBLE_DEVICES", cvd)
+            .output()
+            .expect("run the hook");
+        assert!(
+            out.status.success(),
+            "{which}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let files = || -> Vec<(String, String)> {
+        let mut v: Vec<_> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| {
+                        (
+                            e.file_name().to_string_lossy().to_string(),
+                            std::fs::read_to_string(e.path()).unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let uuid = "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f";
+    let legacy = "MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f/7/0";
+    for (job, cvd, file) in [
+        ("5001", uuid, uuid.to_string()),
+        (
+            "5002",
+            legacy,
+            "MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f_7_0".to_string(),
+        ),
+    ] {
+        hook("prolog", job, cvd);
+        assert_eq!(files(), [(file.clone(), format!("{job}\n"))], "{cvd}");
+        // Another job's Epilog on the same slice id leaves it.
+        hook("epilog", "6000", cvd);
+        assert_eq!(files().len(), 1, "{cvd}");
+        hook("epilog", job, cvd);
+        assert!(files().is_empty(), "{cvd}: {:?}", files());
+    }
+}

@@ -400,7 +400,8 @@ impl Sidecar {
     pub fn sample_now(&self) {
         let _order = lock(&self.sampling);
         let mut sample = self.source.sample();
-        self.attributor.attribute_all(&mut sample.processes);
+        self.attributor
+            .attribute_all_on(&mut sample.processes, &sample.gpus);
         let now = Utc::now();
         let mut st = lock(&self.state);
         st.tracker.update(&sample.processes, now);

@@ -329,8 +329,8 @@ fn find_gpu(
             Err(e) => tracing::warn!("gpufit: {e}; trying NVML"),
         }
     }
-    match crate::sidecar::local_gpu() {
-        Ok(g) => return Ok((GpuRef::Spec(g), None)),
+    match crate::sidecar::local_gpu_noted() {
+        Ok((g, note)) => return Ok((GpuRef::Spec(g), note)),
         Err(e) => tracing::debug!("gpufit: NVML: {e}"),
     }
     match &settings.gpu {
@@ -479,15 +479,15 @@ fn prolog_inner(env: &Env) -> Result<(), SlurmError> {
     let Some(dir) = &settings.mapping_dir else {
         return Ok(());
     };
-    let gpus = plan::gpu_indices(env)?;
-    if gpus.is_empty() {
+    let names = plan::mapping_names(env)?;
+    if names.is_empty() {
         return Ok(());
     }
     std::fs::create_dir_all(dir).map_err(|e| SlurmError::Io {
         context: format!("cannot create the mapping dir {}", dir.display()),
         source: e,
     })?;
-    for (path, content) in plan::mapping_files(dir, job_id, &gpus) {
+    for (path, content) in plan::mapping_files_named(dir, job_id, &names) {
         std::fs::write(&path, content).map_err(|e| SlurmError::Io {
             context: format!("cannot write mapping file {}", path.display()),
             source: e,
@@ -528,7 +528,7 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
     };
     plan::check_job_id(job_id)?;
     if let Some(dir) = &settings.mapping_dir {
-        for (path, content) in plan::mapping_files(dir, job_id, &plan::gpu_indices(env)?) {
+        for (path, content) in plan::mapping_files_named(dir, job_id, &plan::mapping_names(env)?) {
             // Only our own mapping: a later job may already own the GPU.
             if std::fs::read_to_string(&path).is_ok_and(|c| c == content) {
                 let _ = std::fs::remove_file(&path);
@@ -698,7 +698,9 @@ pub fn sidecar_peak(url: &str, job_id: &str) -> Result<Option<u64>, SlurmError> 
             let job: crate::wire::sidecar::JobView = r.into_json().map_err(|e| {
                 SlurmError::Service(format!("sidecar {url}: not a sidecar job: {e}"))
             })?;
-            Ok(Some(job.peak_bytes))
+            // 0: the sidecar saw the job but no figure of it (e.g. NVML gave
+            // none): unknown, not a 0-byte peak.
+            Ok(Some(job.peak_bytes).filter(|p| *p > 0))
         }
         Err(ureq::Error::Status(404, _)) => Ok(None),
         Err(e) => Err(SlurmError::Service(format!(

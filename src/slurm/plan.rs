@@ -608,6 +608,19 @@ pub enum VisibleDevice {
 }
 
 impl VisibleDevice {
+    /// Its mapping file name when it is a MIG device ([`mig_mapping_name`]).
+    pub fn mapping_name(&self) -> Option<String> {
+        match self {
+            VisibleDevice::MigUuid(u) => mig_mapping_name(Some(u), None),
+            VisibleDevice::MigInstance {
+                parent_uuid,
+                gpu_instance,
+                compute_instance,
+            } => mig_mapping_name(None, Some((parent_uuid, *gpu_instance, *compute_instance))),
+            _ => None,
+        }
+    }
+
     fn is_mig(&self) -> bool {
         matches!(
             self,
@@ -917,9 +930,51 @@ pub fn state_path(state_dir: &Path, job_id: &str, node: Option<&str>) -> PathBuf
 /// What the Prolog writes: one file per GPU index holding the job id
 /// (dcgm-exporter's HPC job-mapping convention), read by the sidecar.
 pub fn mapping_files(mapping_dir: &Path, job_id: &str, gpus: &[u32]) -> Vec<(PathBuf, String)> {
-    gpus.iter()
-        .map(|g| (mapping_dir.join(g.to_string()), format!("{job_id}\n")))
+    let names: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    mapping_files_named(mapping_dir, job_id, &names)
+}
+
+/// One mapping file per name (see [`mapping_names`]), holding the job id.
+pub fn mapping_files_named(
+    mapping_dir: &Path,
+    job_id: &str,
+    names: &[String],
+) -> Vec<(PathBuf, String)> {
+    names
+        .iter()
+        .map(|n| (mapping_dir.join(n), format!("{job_id}\n")))
         .collect()
+}
+
+/// The mapping files' names for a job: on a MIG node the MIG devices
+/// `CUDA_VISIBLE_DEVICES` names (the Prolog's and Epilog's environment
+/// carries them, `gres_common.c`; `SLURM_JOB_GPUS` is then a gres index,
+/// no card's), each as [`mig_mapping_name`] spells it; else the job's GPU
+/// indices ([`gpu_indices`]).
+pub fn mapping_names(env: &Env) -> Result<Vec<String>, SlurmError> {
+    let mig: Vec<String> = visible_devices(env)
+        .iter()
+        .filter_map(VisibleDevice::mapping_name)
+        .collect();
+    if !mig.is_empty() {
+        return Ok(mig);
+    }
+    Ok(gpu_indices(env)?.iter().map(u32::to_string).collect())
+}
+
+/// The mapping file name of a MIG device: its `MIG-<uuid>`, or for the
+/// `MIG-GPU-<card uuid>/<gi>/<ci>` form `MIG-GPU-<card uuid>_<gi>_<ci>` (a
+/// file name holds no `/`). The sidecar looks a slice up by both. None for
+/// an id with anything but letters, digits and `-` (never a path).
+pub fn mig_mapping_name(uuid: Option<&str>, instance: Option<(&str, u32, u32)>) -> Option<String> {
+    let safe = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    match (uuid, instance) {
+        (Some(u), _) if u.starts_with("MIG-") && safe(u) => Some(u.to_string()),
+        (_, Some((parent, gi, ci))) if parent.starts_with("GPU-") && safe(parent) => {
+            Some(format!("MIG-{parent}_{gi}_{ci}"))
+        }
+        _ => None,
+    }
 }
 
 // === Epilog: the run ===

@@ -188,10 +188,11 @@ fn decide(
     }
 
     let sharing = sharing(anns, req.namespace.as_deref(), &state.namespaces)?;
-    let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), sharing, state)? {
-        Ok(g) => g,
-        Err(warning) => return Ok(Decision::Warn(warning)),
-    };
+    let (gpu, gpu_warnings) =
+        match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), sharing, state)? {
+            Ok(g) => g,
+            Err(warning) => return Ok(Decision::Warn(warning)),
+        };
     // Data-loader workers from the CPUs the pod has per GPU.
     // A TrainJob has no pod template here (its runtime's): no CPU figure.
     let cpus = shape
@@ -208,7 +209,12 @@ fn decide(
         // What recording the run later needs travels on the object.
         workloads::mark_for_recording(&mut mutated, &shape.templates, &workload);
     }
-    Ok(Decision::Mutate(mutated, suggestion.warnings.clone()))
+    // What planning for the GPU had to say (e.g. `whole` refused under MPS) first.
+    let warnings = gpu_warnings
+        .into_iter()
+        .chain(suggestion.warnings.iter().cloned())
+        .collect();
+    Ok(Decision::Mutate(mutated, warnings))
 }
 
 /// The Kueue queue an object goes through, for the messages: its
@@ -271,25 +277,27 @@ fn queued(
     Decision::Mutate(mutated, Vec::new())
 }
 
-/// The GPU to plan for: the annotated one (denied when unknown), else the
-/// one of the nodes the pod may land on — `Ok(Err(warning))` when the
-/// nodes do not tell.
+/// The GPU to plan for, with what planning for it had to say: the
+/// annotated one (denied when unknown), else the one of the nodes the pod
+/// may land on — `Ok(Err(warning))` when the nodes do not tell.
 fn target_gpu(
     gpu_name: Option<&str>,
     first_pod: Option<&PodSpec>,
     sharing: gpu::Sharing,
     state: &WebhookState,
-) -> Result<Result<GpuSpec, String>, Denied> {
+) -> Result<Result<(GpuSpec, Vec<String>), String>, Denied> {
     if let Some(name) = gpu_name {
         return gpu::resolve_named(name)
-            .map(Ok)
+            .map(|g| Ok((g, Vec::new())))
             .map_err(|e| denied("gpufit.io/gpu", e));
     }
     let nodes = state.nodes.state();
     Ok(
-        gpu::resolve_from_nodes_with(nodes.iter().map(|n| n.as_ref()), first_pod, sharing).map_err(
-            |e| format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)"),
-        ),
+        gpu::plan_from_nodes(nodes.iter().map(|n| n.as_ref()), first_pod, sharing)
+            .map(|p| (p.gpu, p.warnings))
+            .map_err(|e| {
+                format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)")
+            }),
     )
 }
 

@@ -1,6 +1,7 @@
 //! `gpufit suggest`: engineering settings for a workload on a GPU, from the
 //! memory model and the run history.
 
+use crate::cli::common::TextRows;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -393,7 +394,7 @@ pub fn print_table(w: &Workload, target: f64, s: &Suggestion) {
         ("confidence", format!("{:.2}", s.confidence)),
         ("source", s.source.as_str().into()),
     ] {
-        t.add_row(vec![k.to_string(), v]);
+        t.add_text_row(vec![k.to_string(), v]);
     }
     println!("{t}");
     println!("{}", s.reasoning);

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::SlurmError;
 use crate::core::advisor::{Strategy, Suggestion};
-use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use crate::core::run::{RunKey, RunOrigin, RunOutcome, RunRecord, RunResult, RunSource};
 use crate::core::settings::{Dtype, Pins};
 use crate::core::workload::{
     Attention, FieldNames, Framework, LoraTarget, Method, Optimizer, Sharding, WorkloadField,
@@ -1028,8 +1028,13 @@ pub fn build_run(
 ) -> RunRecord {
     let failed_exit = outcome.exit_status.is_some_and(|s| s != 0)
         || outcome.derived_status.is_some_and(|s| s != 0);
-    let success = !outcome.oom && !failed_exit && outcome.exit_status.is_some();
-    let failure_reason = FailureReason::of(success, outcome.oom);
+    // A GPU OOM is the micro batch's lesson; a host kill the data loader's
+    // (the one rule: RunOutcome::of).
+    let ended = RunOutcome::of(
+        !failed_exit && outcome.exit_status.is_some(),
+        outcome.oom,
+        outcome.host_oom,
+    );
     let duration = (outcome.ended_at - state.started_at).num_milliseconds() as f64 / 1000.0;
     let s = &state.suggestion;
     // The catalog's canonical name and the method the name implies, so the
@@ -1060,10 +1065,9 @@ pub fn build_run(
         key,
         s.settings.clone(),
         RunResult {
-            // A GPU OOM is the micro batch's lesson; a host kill the data loader's.
-            host_oom: outcome.host_oom && !success && !outcome.oom,
-            success,
-            failure_reason,
+            host_oom: ended.host_oom(),
+            success: ended.success(),
+            failure_reason: ended.failure_reason(),
             peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),
             samples_per_sec: outcome.log.samples_per_sec,
             tokens_per_sec: outcome.log.tokens_per_sec,

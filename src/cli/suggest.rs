@@ -79,7 +79,7 @@ impl GpuArgs {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct PinArgs {
     /// Pin the micro batch size (per GPU).
-    #[arg(long, env = "GPUFIT_MICRO_BATCH")]
+    #[arg(long, env = "GPUFIT_MICRO_BATCH_SIZE")]
     pub micro_batch: Option<u32>,
     /// Pin gradient accumulation steps.
     #[arg(long)]

@@ -370,6 +370,12 @@ pub fn check_run(mut run: RunRecord, capacity: Option<u64>) -> Result<RunRecord,
             expected: "2000-01-01 or later",
         });
     }
+    // The stores keep microseconds: the record as stored, so that its
+    // content identity and an export of it read back the same.
+    if let Some(t) = DateTime::<Utc>::from_timestamp_micros(run.timestamp.timestamp_micros()) {
+        run.timestamp = t;
+    }
+    let r = &run.result;
     // --- the outcome ---
     if r.success && r.failure_reason.is_some() {
         return Err(RecordError::SuccessWithFailure);

@@ -91,6 +91,12 @@ impl Error {
             | Error::Controller(crate::controller::ControllerError::History(h)) => {
                 history_exit_code(h)
             }
+            // A bad flag, environment variable or file is the user's input
+            // (`--simulate-mig 0:9g.99gb`), not the service failing.
+            Error::Sidecar(
+                crate::sidecar::SidecarError::Config(_)
+                | crate::sidecar::SidecarError::BadRequest(_),
+            ) => 2,
             Error::Sidecar(_) | Error::Controller(_) | Error::Slurm(_) => 4,
             Error::Interrupted(signo) => u8::try_from(128 + signo).unwrap_or(1),
             // A file the user named that is not there (or not theirs to

@@ -14,7 +14,16 @@
 //!   header-read timer, which starts when the connection begins waiting, so
 //!   one limit closes an idle keep-alive connection and a client trickling
 //!   its head alike); a TLS client must finish its handshake within
-//!   [`ServeConfig::tls_handshake_timeout`].
+//!   [`ServeConfig::tls_handshake_timeout`]. Once the head is in, the
+//!   body must be in within [`ServeConfig::body_timeout`]: a stalled body
+//!   is cut off, its request answered 408 and its connection closed
+//!   ([`Body`]). So the whole request (head and body) is read in bounded
+//!   time on every server, whatever its handler does with the body.
+//! - **A stalled body holds no place.** A connection whose only request is
+//!   still waiting for body bytes counts as idle when a newcomer needs its
+//!   place: it is answered 408 and closed, so thousands of clients that
+//!   send a head and one byte cannot keep new requests out until their
+//!   timeout.
 //! - **Accept errors** (out of descriptors and the like) back off, free a
 //!   descriptor by closing the oldest idle connection, and are logged at most
 //!   once a second per error kind, with the count of those left out.
@@ -59,6 +68,9 @@ pub struct ServeConfig {
     /// A TLS client that has not finished its handshake this long after
     /// connecting is dropped.
     pub tls_handshake_timeout: Duration,
+    /// A request whose body is not in this long after its head is
+    /// answered 408 and its connection closed.
+    pub body_timeout: Duration,
     /// How long requests in flight may still run after shutdown.
     pub drain_timeout: Duration,
     /// First pause after a failed accept; doubled on each failure in a row.
@@ -75,6 +87,7 @@ impl Default for ServeConfig {
             fd_reserve: 128,
             idle_timeout: Duration::from_secs(30),
             tls_handshake_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(5),
             accept_backoff: Duration::from_millis(5),
             // Short enough that a probe queued behind a descriptor shortage
@@ -143,8 +156,20 @@ fn effective_cap(cfg: &ServeConfig, limit: Option<u64>) -> (usize, usize, bool) 
 struct Slot {
     server: u64,
     busy: Arc<AtomicUsize>,
+    /// Of the requests in flight, those still waiting for body bytes.
+    reading: Arc<AtomicUsize>,
     close: Arc<Notify>,
     closing: bool,
+}
+
+impl Slot {
+    /// Whether closing the connection loses no answer being computed: no
+    /// request in flight, or only requests still waiting for their body
+    /// (those are answered 408).
+    fn idle(&self) -> bool {
+        let busy = self.busy.load(Ordering::Acquire);
+        busy == 0 || busy <= self.reading.load(Ordering::Acquire)
+    }
 }
 
 #[derive(Default)]
@@ -161,11 +186,10 @@ struct Held {
 impl Held {
     /// Asks the oldest idle connection (of `server` when given) to close.
     fn evict_oldest_idle(&mut self, server: Option<u64>) -> bool {
-        let victim = self.slots.values_mut().find(|s| {
-            !s.closing
-                && server.is_none_or(|id| s.server == id)
-                && s.busy.load(Ordering::Acquire) == 0
-        });
+        let victim = self
+            .slots
+            .values_mut()
+            .find(|s| !s.closing && server.is_none_or(|id| s.server == id) && s.idle());
         match victim {
             Some(slot) => {
                 slot.closing = true;
@@ -223,6 +247,7 @@ struct SlotGuard {
     registry: Arc<Registry>,
     id: u64,
     busy: Arc<AtomicUsize>,
+    reading: Arc<AtomicUsize>,
     close: Arc<Notify>,
 }
 
@@ -271,12 +296,14 @@ impl Registry {
         held.next_id += 1;
         let id = held.next_id;
         let busy = Arc::new(AtomicUsize::new(0));
+        let reading = Arc::new(AtomicUsize::new(0));
         let close = Arc::new(Notify::new());
         held.slots.insert(
             id,
             Slot {
                 server,
                 busy: busy.clone(),
+                reading: reading.clone(),
                 close: close.clone(),
                 closing: false,
             },
@@ -286,6 +313,7 @@ impl Registry {
             registry: self.clone(),
             id,
             busy,
+            reading,
             close,
         })
     }
@@ -376,7 +404,7 @@ pub async fn serve<H, F>(
     handler: H,
     shutdown: impl Future<Output = ()>,
 ) where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<Body>) -> F + Send + Sync + 'static,
     F: Future<Output = Reply> + Send + 'static,
 {
     let name = cfg.name;
@@ -466,17 +494,21 @@ async fn connection<H, F>(
     watcher: Watcher,
     cfg: ServeConfig,
 ) where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<Body>) -> F + Send + Sync + 'static,
     F: Future<Output = Reply> + Send + 'static,
 {
     let _ = stream.set_nodelay(true);
     let evicted = Arc::new(AtomicBool::new(false));
+    let abort = Arc::new(Abort::default());
     let http = Http {
         busy: slot.busy.clone(),
+        reading: slot.reading.clone(),
+        abort: abort.clone(),
         evicted: evicted.clone(),
         handler,
         watcher,
         idle_timeout: cfg.idle_timeout,
+        body_timeout: cfg.body_timeout,
     };
     let run = async move {
         match tls {
@@ -498,9 +530,11 @@ async fn connection<H, F>(
         _ = &mut run => {}
         _ = slot.close.notified() => {
             // Taken back to make room: an idle connection closes now; one
-            // that just started a request answers it, then closes.
+            // that just started a request answers it, then closes; one
+            // whose request waits for its body has it cut off (408).
             evicted.store(true, Ordering::Release);
             if slot.busy.load(Ordering::Acquire) > 0 {
+                abort.fire();
                 run.await;
             }
         }
@@ -510,10 +544,13 @@ async fn connection<H, F>(
 /// What serving HTTP on one connection needs.
 struct Http<H> {
     busy: Arc<AtomicUsize>,
+    reading: Arc<AtomicUsize>,
+    abort: Arc<Abort>,
     evicted: Arc<AtomicBool>,
     handler: Arc<H>,
     watcher: Watcher,
     idle_timeout: Duration,
+    body_timeout: Duration,
 }
 
 /// Counts a request in flight for as long as it lives (also when the
@@ -528,7 +565,7 @@ impl Drop for Busy {
 
 impl<H, F> Http<H>
 where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<Body>) -> F + Send + Sync + 'static,
     F: Future<Output = Reply> + Send + 'static,
 {
     async fn serve<I>(self, io: I)
@@ -537,19 +574,30 @@ where
     {
         let Http {
             busy,
+            reading,
+            abort,
             evicted,
             handler,
             watcher,
             idle_timeout,
+            body_timeout,
         } = self;
-        let svc = hyper::service::service_fn(move |req| {
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             busy.fetch_add(1, Ordering::AcqRel);
             let guard = Busy(busy.clone());
+            let cut = Arc::new(AtomicBool::new(false));
+            let req = req
+                .map(|b| Body::new(b, body_timeout, abort.clone(), reading.clone(), cut.clone()));
             let fut = handler(req);
             let evicted = evicted.clone();
             async move {
                 let mut resp = fut.await;
-                if evicted.load(Ordering::Acquire) {
+                let cut = cut.load(Ordering::Acquire);
+                if cut {
+                    // Whatever the handler made of a body it never got.
+                    resp = body_timed_out(body_timeout);
+                }
+                if cut || evicted.load(Ordering::Acquire) {
                     resp.headers_mut().insert(
                         hyper::header::CONNECTION,
                         hyper::header::HeaderValue::from_static("close"),
@@ -567,6 +615,158 @@ where
             tracing::debug!(error = %e, "connection ended with an error");
         }
     }
+}
+
+// === request bodies ===
+
+/// Cuts off the body a connection's request is waiting for (the connection
+/// was taken back to make room). One request at a time per HTTP/1.1
+/// connection, so one waker.
+#[derive(Default)]
+struct Abort {
+    fired: AtomicBool,
+    waker: futures::task::AtomicWaker,
+}
+
+impl Abort {
+    fn fire(&self) {
+        self.fired.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+}
+
+/// Why a request's body could not be read whole.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the request body was not sent within {0:?} of its head: send the body at once")]
+    TimedOut(Duration),
+    #[error("the request body was still incomplete when the server needed the connection's place")]
+    Evicted,
+    #[error("cannot read the request body: {0}")]
+    Read(#[from] hyper::Error),
+}
+
+/// A request's body as every handler reads it: hyper's, cut off with
+/// [`BodyError`] once [`ServeConfig::body_timeout`] has passed since the
+/// head, or when its connection is taken back while waiting for it. Either
+/// way the request is answered 408 and its connection closed, whatever the
+/// handler answered. While the body is incomplete, the request does not
+/// keep its connection's place ([`Slot::idle`]).
+pub struct Body {
+    inner: Incoming,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+    abort: Arc<Abort>,
+    /// The connection's count of requests waiting for body bytes; Some
+    /// while this one is counted in it.
+    reading: Option<Arc<AtomicUsize>>,
+    /// Set when the body was cut off.
+    cut: Arc<AtomicBool>,
+}
+
+impl Body {
+    fn new(
+        inner: Incoming,
+        timeout: Duration,
+        abort: Arc<Abort>,
+        reading: Arc<AtomicUsize>,
+        cut: Arc<AtomicBool>,
+    ) -> Self {
+        use hyper::body::Body as _;
+        let reading = (!inner.is_end_stream()).then(|| {
+            reading.fetch_add(1, Ordering::AcqRel);
+            reading
+        });
+        Body {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+            abort,
+            reading,
+            cut,
+        }
+    }
+
+    /// The body is whole (or failed): no longer waiting for bytes.
+    fn done(&mut self) {
+        if let Some(r) = self.reading.take() {
+            r.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BodyError>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if this.cut.load(Ordering::Acquire) {
+            return Poll::Ready(None);
+        }
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.done();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if hyper::body::Body::is_end_stream(&this.inner) {
+                    this.done();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.done();
+                Poll::Ready(Some(Err(BodyError::Read(e))))
+            }
+            Poll::Pending => {
+                // Registered before the check, so a fire in between wakes us.
+                this.abort.waker.register(cx.waker());
+                let why = if this.abort.fired.load(Ordering::Acquire) {
+                    BodyError::Evicted
+                } else if this.deadline.as_mut().poll(cx).is_ready() {
+                    BodyError::TimedOut(this.timeout)
+                } else {
+                    return Poll::Pending;
+                };
+                this.cut.store(true, Ordering::Release);
+                this.done();
+                Poll::Ready(Some(Err(why)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.cut.load(Ordering::Acquire) || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The answer to a request whose body was cut off.
+fn body_timed_out(timeout: Duration) -> Reply {
+    let msg = serde_json::json!({
+        "error": format!("request timeout: the whole request (head and body) must arrive within {timeout:?} of its head; send the body at once")
+    });
+    let mut r = Response::new(Full::new(Bytes::from(msg.to_string())));
+    *r.status_mut() = hyper::StatusCode::REQUEST_TIMEOUT;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 #[cfg(test)]

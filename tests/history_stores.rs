@@ -253,6 +253,8 @@ fn node_report(job: &str, node: &str, peak: u64, expected: u32) -> RunRecord {
     r.source = RunSource::Slurm;
     r.job_id = Some(job.into());
     r.result.peak_memory_bytes = Some(peak);
+    // Eight GPUs a node: a job's node count is bounded by its GPUs.
+    r.gpus = 8 * expected.max(1);
     r.nodes = Some(NodeReports {
         reported: 1,
         expected,
@@ -469,13 +471,14 @@ fn key_of(r: &RunRecord) -> String {
 
 fn v3_row(r: &RunRecord, bool_true: &str, bool_false: &str) -> String {
     format!(
-        "{V3_ROW} ({}, 'c1', 'n1', 'slurm', 'v3-1', '{}', 'full', '{}', {}, 1, {}, 1, 'bf16', \
+        "{V3_ROW} ({}, 'c1', 'n1', 'slurm', 'v3-1', '{}', 'full', '{}', {}, {}, {}, 1, 'bf16', \
          {bool_false}, {bool_false}, {bool_false}, 0, {bool_false}, {bool_false}, 2, {bool_true}, \
          30000000000, '{}', 1, 2)",
         r.timestamp.timestamp_micros(),
         r.model,
         r.gpu_model,
         r.seq_len,
+        r.gpus,
         r.settings.micro_batch_size,
         key_of(r),
     )
@@ -485,6 +488,8 @@ fn v3_row(r: &RunRecord, bool_true: &str, bool_false: &str) -> String {
 fn v3_record() -> RunRecord {
     let mut r = node_report("v3-1", "n1", 30_000_000_000, 2);
     r.cluster = Some("c1".into());
+    r.lora_rank = None;
+    r.global_batch = None;
     r.settings.dtype = gpufit::core::settings::Dtype::Bf16;
     r
 }

@@ -458,3 +458,64 @@ mod tests {
         assert!(parse_lora_targets("q,zz").is_err());
     }
 }
+
+// === tables ===
+
+/// Text as a table cell prints it: control characters (ESC, CR, LF, tab,
+/// DEL, C1) escaped as `\u{1b}`, `\r`, `\n` …, so a stored string (a model
+/// name, a GPU name, a log line) can neither drive the terminal (clear the
+/// screen, move the cursor) nor break a cell into a fake row.
+pub fn cell_text(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
+/// Adds rows of text to a table with [`cell_text`] applied to each cell:
+/// how every table gpufit prints takes its rows.
+pub trait TextRows {
+    fn add_text_row<I, S>(&mut self, row: I) -> &mut Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>;
+}
+
+impl TextRows for comfy_table::Table {
+    fn add_text_row<I, S>(&mut self, row: I) -> &mut Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.add_row(
+            row.into_iter()
+                .map(|c| cell_text(c.as_ref()))
+                .collect::<Vec<_>>(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_in_cells_and_text_is_kept() {
+        assert_eq!(cell_text("llama-3 ü"), "llama-3 ü");
+        assert_eq!(cell_text("m\u{1b}[2J\r\nfake"), "m\\u{1b}[2J\\r\\nfake");
+        let mut t = comfy_table::Table::new();
+        t.add_text_row(["a\u{1b}[H", "b"]);
+        let out = t.to_string();
+        assert!(!out.contains('\u{1b}'), "{out:?}");
+        assert!(out.contains("a\\u{1b}[H"), "{out}");
+    }
+}

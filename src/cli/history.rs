@@ -1,5 +1,6 @@
 //! `gpufit history import FILE | export | list`.
 
+use crate::cli::common::TextRows;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -317,7 +318,7 @@ fn print_runs(url: &str, runs: &[RunRecord]) {
     ]);
     for r in runs {
         let s = &r.settings;
-        t.add_row(vec![
+        t.add_text_row(vec![
             r.id.map_or_else(String::new, |i| i.to_string()),
             r.timestamp.format("%Y-%m-%d %H:%M").to_string(),
             r.model.clone(),

@@ -1,5 +1,6 @@
 //! `gpufit parse-log FILE`: what a training log says about its run.
 
+use crate::cli::common::TextRows;
 use std::io::BufReader;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -135,7 +136,7 @@ fn print_table(file: &str, p: &ParsedLog) {
     ];
     for (k, v) in rows {
         if let Some(v) = v {
-            t.add_row(vec![k.to_string(), v]);
+            t.add_text_row(vec![k.to_string(), v]);
         }
     }
     println!("{t}");

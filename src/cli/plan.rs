@@ -1,5 +1,6 @@
 //! `gpufit plan`: the three strategies side by side, with data-loader advice.
 
+use crate::cli::common::TextRows;
 use std::process::ExitCode;
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
@@ -71,7 +72,7 @@ fn print_plan(r: &Resolved, plan: &[Suggestion]) {
     for (name, f) in rows {
         let mut row = vec![name.to_string()];
         row.extend(plan.iter().map(f));
-        t.add_row(row);
+        t.add_text_row(row);
     }
     println!("{t}");
     let dl = &first.settings.dataloader;

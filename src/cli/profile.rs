@@ -1,5 +1,6 @@
 //! `gpufit profile`: this machine — CPU, RAM, disk, GPUs.
 
+use crate::cli::common::TextRows;
 use std::process::ExitCode;
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
@@ -41,7 +42,7 @@ pub fn run(g: &Global, args: ProfileArgs) -> crate::Result<ExitCode> {
             let mut t = Table::new();
             t.load_preset(UTF8_FULL_CONDENSED);
             t.set_header(vec!["resource", "value"]);
-            t.add_row(vec![
+            t.add_text_row(vec![
                 "CPU".to_string(),
                 format!(
                     "{} ({} threads)",
@@ -49,7 +50,7 @@ pub fn run(g: &Global, args: ProfileArgs) -> crate::Result<ExitCode> {
                     p.cpu_threads
                 ),
             ]);
-            t.add_row(vec![
+            t.add_text_row(vec![
                 "RAM".to_string(),
                 format!(
                     "{} total, {} available",
@@ -57,7 +58,7 @@ pub fn run(g: &Global, args: ProfileArgs) -> crate::Result<ExitCode> {
                     opt(p.ram_available_bytes)
                 ),
             ]);
-            t.add_row(vec![
+            t.add_text_row(vec![
                 format!("disk ({})", p.disk_path),
                 format!(
                     "{} total, {} available",
@@ -66,13 +67,13 @@ pub fn run(g: &Global, args: ProfileArgs) -> crate::Result<ExitCode> {
                 ),
             ]);
             if p.gpus.is_empty() {
-                t.add_row(vec![
+                t.add_text_row(vec![
                     "GPU".to_string(),
                     format!("none ({})", p.gpu_error.as_deref().unwrap_or("not found")),
                 ]);
             }
             for (i, gpu) in p.gpus.iter().enumerate() {
-                t.add_row(vec![
+                t.add_text_row(vec![
                     format!("GPU {i}"),
                     format!(
                         "{}, {}, compute capability {}",

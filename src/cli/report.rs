@@ -6,6 +6,7 @@
 
 pub mod html;
 
+use crate::cli::common::TextRows;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -169,7 +170,7 @@ fn table(head: &[&str], rows: Vec<Vec<String>>, left: usize) -> Table {
             .collect::<Vec<_>>(),
     );
     for r in rows {
-        t.add_row(r);
+        t.add_text_row(r);
     }
     for k in left..left + FIGURES.len() {
         if let Some(c) = t.column_mut(k) {
@@ -230,7 +231,7 @@ fn print_tables(r: &FleetReport, url: &str) {
     paths.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
     paths.set_header(["path", "runs", "ok", "OOM", "other", "GPU-h"]);
     for r in rows {
-        paths.add_row(r);
+        paths.add_text_row(r);
     }
     println!("{paths}");
     let t = &r.total;

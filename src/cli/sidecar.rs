@@ -1,6 +1,7 @@
 //! `gpufit sidecar`: the node sidecar (docs/design.md, "Measuring peaks"). Flags here; the work is in
 //! [`crate::sidecar`].
 
+use crate::cli::common::TextRows;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -141,6 +142,12 @@ pub fn run(_g: &Global, args: SidecarArgs) -> crate::Result<ExitCode> {
     if args.max_jobs == 0 {
         return Err(crate::Error::Usage("--max-jobs must be at least 1".into()));
     }
+    if args.source.simulate_demo_jobs as usize > args.max_jobs {
+        return Err(crate::Error::Usage(format!(
+            "--simulate-demo-jobs {} is more than --max-jobs {}: the sidecar holds at most --max-jobs running jobs",
+            args.source.simulate_demo_jobs, args.max_jobs
+        )));
+    }
     if args.max_connections == 0 {
         return Err(crate::Error::Usage(
             "--max-connections must be at least 1".into(),
@@ -239,7 +246,7 @@ pub fn print_live(g: &Global, source: &BackendArgs, name: Option<&str>) -> crate
     ]);
     for gpu in &gpus {
         let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-        t.add_row([
+        t.add_text_row([
             gpu.index.to_string(),
             gpu.name.clone(),
             crate::core::units::fmt_gib(gpu.memory_total_bytes),

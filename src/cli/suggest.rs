@@ -1,6 +1,7 @@
 //! `gpufit suggest`: engineering settings for a workload on a GPU, from the
 //! memory model and the run history.
 
+use crate::cli::common::TextRows;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -78,7 +79,7 @@ impl GpuArgs {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct PinArgs {
     /// Pin the micro batch size (per GPU).
-    #[arg(long, env = "GPUFIT_MICRO_BATCH")]
+    #[arg(long, env = "GPUFIT_MICRO_BATCH_SIZE")]
     pub micro_batch: Option<u32>,
     /// Pin gradient accumulation steps.
     #[arg(long)]
@@ -393,7 +394,7 @@ pub fn print_table(w: &Workload, target: f64, s: &Suggestion) {
         ("confidence", format!("{:.2}", s.confidence)),
         ("source", s.source.as_str().into()),
     ] {
-        t.add_row(vec![k.to_string(), v]);
+        t.add_text_row(vec![k.to_string(), v]);
     }
     println!("{t}");
     println!("{}", s.reasoning);

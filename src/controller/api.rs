@@ -379,10 +379,13 @@ where
             }
             Ok::<_, crate::history::HistoryError>(out.id)
         } else {
+            // A replayed report (the same run again) updates its record but
+            // is counted once: only a run the history did not hold counts.
+            let stored = run.clone().validated(None)?;
+            let new = st.history.find(&stored.identity())?.is_none();
             let id = st.history.record(&run)?;
-            if let Some(m) = &st.metrics {
-                count_posted_run(m, &run);
-                let stored = run.clone().validated(None).unwrap_or(run);
+            if let Some(m) = st.metrics.as_ref().filter(|_| new) {
+                count_posted_run(m, &stored);
                 m.observe_throughput(st.history.as_ref(), &stored);
             }
             Ok(id)
@@ -555,45 +558,13 @@ fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
+/// The history's one validation ([`crate::core::run_check::check_run`]),
+/// answered 400 before anything is read or written.
 fn validate_run(run: &RunRecord) -> Result<(), ApiError> {
-    // The history's one validation (GPU resolved, sizes and peaks
-    // plausible for the card, finite rates, no future timestamps).
-    if let Err(e) = run.clone().validated(None) {
-        return Err(ApiError::bad_request(format!("run refused: {e}")));
+    match run.clone().validated(None) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(ApiError::bad_request(format!("run refused: {e}"))),
     }
-    if run.model.trim().is_empty() {
-        return Err(ApiError::bad_request("run.model must not be empty"));
-    }
-    if run.gpu_model.trim().is_empty() {
-        return Err(ApiError::bad_request("run.gpu_model must not be empty"));
-    }
-    if run.seq_len == 0 || run.gpus == 0 || run.settings.micro_batch_size == 0 {
-        return Err(ApiError::bad_request(
-            "run.seq_len, run.gpus and run.settings.micro_batch_size must be positive",
-        ));
-    }
-    if run
-        .nodes
-        .as_ref()
-        .is_some_and(|n| n.reported != 1 || n.expected == 0)
-    {
-        return Err(ApiError::bad_request(
-            "run.nodes: a node reports itself (reported = 1) of a job of expected >= 1 nodes",
-        ));
-    }
-    // Whether a node's peak is in is its peak's presence; a list that says
-    // otherwise (another node, or itself next to a peak) is refused.
-    if let Some(n) = run.nodes.as_ref().filter(|n| !n.without_peak.is_empty()) {
-        let own = n.without_peak.len() == 1
-            && run.node.as_deref().map(str::trim) == Some(n.without_peak[0].as_str())
-            && run.result.peak_memory_bytes.is_none();
-        if !own {
-            return Err(ApiError::bad_request(
-                "run.nodes.without_peak: a node's report lists at most itself, and only when it has no peak_memory_bytes",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Parses `model=&gpu=&limit=` (percent-encoded, `+` as space).

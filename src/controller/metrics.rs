@@ -380,7 +380,7 @@ impl Routes {
     }
 
     /// Answers one request.
-    pub async fn handle(self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    pub async fn handle(self, req: Request<crate::serve::Body>) -> Response<Full<Bytes>> {
         let ours = matches!(req.uri().path(), "/metrics" | "/healthz" | "/readyz");
         match self.api {
             Some(api) if !ours => super::api::handle(api, req).await,

@@ -48,6 +48,22 @@ pub enum HistoryError {
     Invalid(#[from] crate::core::run::RecordError),
 }
 
+/// Why a store's upsert wrote nothing ([`schema::REPLACE_GUARD`]): the
+/// core's reason for `stored` not to be replaced by `new`.
+pub(crate) fn refused_replace(
+    url: &str,
+    stored: Option<&RunRecord>,
+    new: &RunRecord,
+) -> HistoryError {
+    match stored.map(|s| crate::core::run_check::check_replace(s, new)) {
+        Some(Err(e)) => HistoryError::Invalid(e),
+        _ => HistoryError::Store {
+            url: url.to_string(),
+            message: "the run was neither inserted nor updated".into(),
+        },
+    }
+}
+
 /// Filter for `list`.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -69,6 +85,19 @@ pub trait HistoryStore: Send + Sync {
     /// Fills in a peak that was unknown when the run was recorded.
     fn set_peak(&self, id: i64, peak_memory_bytes: u64) -> Result<(), HistoryError>;
     fn count(&self) -> Result<u64, HistoryError>;
+
+    /// The stored run of this identity ([`RunRecord::identity`]), if any.
+    /// The default scans every run; the SQL stores read the unique index.
+    fn find(&self, identity: &str) -> Result<Option<RunRecord>, HistoryError> {
+        let mut found = None;
+        self.for_each(&mut |r| {
+            if r.identity() == identity {
+                found = Some(r);
+            }
+            Ok(())
+        })?;
+        Ok(found)
+    }
 
     /// Stores many runs atomically: all of them, or (on the first error,
     /// from the iterator or the store) none. Returns how many were stored.

@@ -354,16 +354,31 @@ fn insert_sql() -> String {
 
 impl HistoryStore for PostgresStore {
     fn record(&self, run: &RunRecord) -> Result<i64, HistoryError> {
-        let run = &run.clone().validated(None)?;
+        let run = run.clone().keyed()?;
         let mut c = self.lock();
-        let p = to_params(run);
-        let key = run.identity();
+        let p = to_params(run.run());
+        let key = run.key();
         let mut refs = p.refs();
         refs.push(&key);
-        let row = c
-            .query_one(insert_sql().as_str(), &refs)
-            .map_err(|e| self.err(e))?;
-        row.try_get(0).map_err(|e| self.err(e))
+        match c
+            .query_opt(insert_sql().as_str(), &refs)
+            .map_err(|e| self.err(e))?
+        {
+            Some(row) => row.try_get(0).map_err(|e| self.err(e)),
+            // Held back by the replace guard: say why.
+            None => {
+                let stored = c
+                    .query_opt(schema::select_by_key("$1").as_str(), &[&key])
+                    .map_err(|e| self.err(e))?
+                    .map(|row| from_row(&self.url, &row))
+                    .transpose()?;
+                Err(super::refused_replace(
+                    &self.url,
+                    stored.as_ref(),
+                    run.run(),
+                ))
+            }
+        }
     }
 
     fn record_batch_keyed(
@@ -398,17 +413,14 @@ impl HistoryStore for PostgresStore {
             n += 1;
         }
         w.finish().map_err(|e| self.err(e))?;
-        let set: Vec<String> = schema::COLUMNS
-            .iter()
-            .map(|c| format!("{c} = excluded.{c}"))
-            .collect();
         // The last of several copies of one run in a batch wins, as it
         // would row by row.
         tx.batch_execute(&format!(
             "INSERT INTO runs ({cols}, run_key)
              SELECT DISTINCT ON (run_key) {cols}, run_key FROM runs_stage ORDER BY run_key, id DESC
-             ON CONFLICT (run_key) DO UPDATE SET {}",
-            set.join(", ")
+             ON CONFLICT (run_key) DO UPDATE SET {} WHERE {}",
+            schema::update_set(),
+            schema::REPLACE_GUARD
         ))
         .map_err(|e| self.err(e))?;
         tx.commit().map_err(|e| self.err(e))?;
@@ -507,8 +519,23 @@ impl HistoryStore for PostgresStore {
         rows.iter().map(|r| from_row(&self.url, r)).collect()
     }
 
+    fn find(&self, identity: &str) -> Result<Option<RunRecord>, HistoryError> {
+        let mut c = self.lock();
+        c.query_opt(schema::select_by_key("$1").as_str(), &[&identity])
+            .map_err(|e| self.err(e))?
+            .map(|row| from_row(&self.url, &row))
+            .transpose()
+    }
+
     fn set_peak(&self, id: i64, peak: u64) -> Result<(), HistoryError> {
         let mut c = self.lock();
+        // The record with its peak must pass the door like any other write.
+        let sel = format!("{} WHERE id = $1", schema::select_all());
+        if let Some(row) = c.query_opt(sel.as_str(), &[&id]).map_err(|e| self.err(e))? {
+            let mut r = from_row(&self.url, &row)?;
+            r.result.peak_memory_bytes = Some(peak);
+            r.validated(None)?;
+        }
         let n = c
             .execute(
                 "UPDATE runs SET peak_memory_bytes = $1 WHERE id = $2",

@@ -152,21 +152,37 @@ pub fn node_reports(
     })
 }
 
+/// The condition under which a stored run may be replaced by a new record
+/// of the same identity, in SQL ([`crate::core::run_check::check_replace`]
+/// says it in Rust, with the reason): a one-node record never replaces a
+/// job's multi-node record, nor a run more than an hour apart (a reused job
+/// id). A write it holds back changes nothing (an upsert with `RETURNING`
+/// returns no row: the store then says why).
+pub const REPLACE_GUARD: &str =
+    "NOT (COALESCE(runs.nodes_expected, 1) > 1 AND COALESCE(excluded.nodes_expected, 1) <= 1) \
+     AND runs.timestamp_us - excluded.timestamp_us BETWEEN -3600000000 AND 3600000000";
+
 /// `INSERT INTO runs (<columns>, run_key) VALUES (…) ON CONFLICT (run_key)
-/// DO UPDATE SET <columns> = excluded.<columns>`: the run keyed by its
-/// identity (the last placeholder), a replay updating it in place.
+/// DO UPDATE SET <columns> = excluded.<columns> WHERE <REPLACE_GUARD>`: the
+/// run keyed by its identity (the last placeholder), a replay updating it
+/// in place.
 pub fn upsert(p: impl Fn(usize) -> String) -> String {
     let ph: Vec<String> = (1..=COLUMNS.len() + 1).map(p).collect();
-    let set: Vec<String> = COLUMNS
-        .iter()
-        .map(|c| format!("{c} = excluded.{c}"))
-        .collect();
     format!(
-        "INSERT INTO runs ({}, run_key) VALUES ({}) ON CONFLICT (run_key) DO UPDATE SET {}",
+        "INSERT INTO runs ({}, run_key) VALUES ({}) ON CONFLICT (run_key) DO UPDATE SET {} WHERE {REPLACE_GUARD}",
         COLUMNS.join(", "),
         ph.join(", "),
-        set.join(", ")
+        update_set()
     )
+}
+
+/// `<column> = excluded.<column>, …` for every column.
+pub fn update_set() -> String {
+    COLUMNS
+        .iter()
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `INSERT … ON CONFLICT (run_key) DO NOTHING`: the run only if no run of

@@ -499,11 +499,29 @@ impl HistoryStore for SqliteStore {
         let mut stmt = conn
             .prepare_cached(&insert_sql())
             .map_err(|e| self.err(e))?;
-        stmt.query_row(
+        match stmt.query_row(
             rusqlite::params_from_iter(keyed_params(run.run(), run.key())),
             |row| row.get(0),
-        )
-        .map_err(|e| self.err(e))
+        ) {
+            Ok(id) => Ok(id),
+            // Held back by the replace guard: say why.
+            Err(rusqlite::Error::QueryReturnedNoRows) => {
+                let mut sel = conn
+                    .prepare_cached(&schema::select_by_key("?1"))
+                    .map_err(|e| self.err(e))?;
+                let mut rows = sel.query([run.key()]).map_err(|e| self.err(e))?;
+                let stored = match rows.next().map_err(|e| self.err(e))? {
+                    Some(row) => Some(from_row(row).map_err(|e| self.err(e))?),
+                    None => None,
+                };
+                Err(super::refused_replace(
+                    &self.url,
+                    stored.as_ref(),
+                    run.run(),
+                ))
+            }
+            Err(e) => Err(self.err(e)),
+        }
     }
 
     fn record_batch_keyed(
@@ -565,6 +583,18 @@ impl HistoryStore for SqliteStore {
 
     fn similar(&self, q: &HistoryQuery) -> Result<Vec<RunRecord>, HistoryError> {
         self.similar_impl(q)
+    }
+
+    fn find(&self, identity: &str) -> Result<Option<RunRecord>, HistoryError> {
+        let conn = self.lock();
+        let mut sel = conn
+            .prepare_cached(&schema::select_by_key("?1"))
+            .map_err(|e| self.err(e))?;
+        let mut rows = sel.query([identity]).map_err(|e| self.err(e))?;
+        match rows.next().map_err(|e| self.err(e))? {
+            Some(row) => Ok(Some(from_row(row).map_err(|e| self.err(e))?)),
+            None => Ok(None),
+        }
     }
 
     fn list(&self, f: &ListFilter) -> Result<Vec<RunRecord>, HistoryError> {
@@ -666,6 +696,21 @@ impl SqliteStore {
 
     fn set_peak_impl(&self, id: i64, peak: u64) -> Result<(), HistoryError> {
         let conn = self.lock();
+        // The record with its peak must pass the door like any other write.
+        let stored = {
+            let mut sel = conn
+                .prepare_cached(&format!("{} WHERE id = ?1", schema::select_all()))
+                .map_err(|e| self.err(e))?;
+            let mut rows = sel.query([id]).map_err(|e| self.err(e))?;
+            match rows.next().map_err(|e| self.err(e))? {
+                Some(row) => Some(from_row(row).map_err(|e| self.err(e))?),
+                None => None,
+            }
+        };
+        if let Some(mut r) = stored {
+            r.result.peak_memory_bytes = Some(peak);
+            r.validated(None)?;
+        }
         let n = conn
             .execute(
                 "UPDATE runs SET peak_memory_bytes = ?1 WHERE id = ?2",

@@ -34,7 +34,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use serde::Serialize;
 
 use super::attribution::JobKey;
@@ -124,7 +123,7 @@ fn key_from_id(id: &str) -> Option<JobKey> {
 }
 
 async fn read_json<T: serde::de::DeserializeOwned>(
-    req: Request<Incoming>,
+    req: Request<crate::serve::Body>,
 ) -> Result<T, Response<Full<Bytes>>> {
     let body = Limited::new(req.into_body(), MAX_BODY)
         .collect()
@@ -174,7 +173,7 @@ fn check_log_peak(n: &serde_json::Number, gpu_memory: u64, what: &str) -> Result
 
 /// Writes need the bearer token of `--token-file` (the controller's).
 #[allow(clippy::result_large_err)]
-fn authorize(sc: &Sidecar, req: &Request<Incoming>) -> Result<(), Response<Full<Bytes>>> {
+fn authorize(sc: &Sidecar, req: &Request<crate::serve::Body>) -> Result<(), Response<Full<Bytes>>> {
     let Some(token) = &sc.http_config().token else {
         return Err(error(
             StatusCode::FORBIDDEN,
@@ -209,7 +208,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 type Reply = crate::serve::Reply;
 
 /// Routes one request: each route is a function below.
-pub async fn handle(sc: &Arc<Sidecar>, req: Request<Incoming>) -> Reply {
+pub async fn handle(sc: &Arc<Sidecar>, req: Request<crate::serve::Body>) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
@@ -279,7 +278,7 @@ fn metrics(sc: &Sidecar) -> Reply {
 /// `POST /v1/jobs/{id}/log-peak`; `id_segs` is the path between `jobs/`
 /// and `/log-peak`. The id is checked before the token so that a typo is
 /// named even to a caller without one.
-async fn post_log_peak(sc: &Sidecar, id_segs: &[&str], req: Request<Incoming>) -> Reply {
+async fn post_log_peak(sc: &Sidecar, id_segs: &[&str], req: Request<crate::serve::Body>) -> Reply {
     let Some(id) = percent_decode(&id_segs.join("/")) else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -336,7 +335,7 @@ fn get_job(sc: &Sidecar, method: &Method, path: &str, rest: &[&str]) -> Reply {
 /// `/v1/simulate/processes[/{pid}]`: only with `--backend simulate`.
 async fn simulate_processes(
     sc: &Sidecar,
-    req: Request<Incoming>,
+    req: Request<crate::serve::Body>,
     method: &Method,
     path: &str,
     tail: &[&str],
@@ -367,13 +366,20 @@ async fn simulate_processes(
 async fn post_sim_process(
     sc: &Sidecar,
     sim: &super::simulate::SimulatedSource,
-    req: Request<Incoming>,
+    req: Request<crate::serve::Body>,
 ) -> Reply {
     let p: SimProcess = match read_json(req).await {
         Ok(p) => p,
         Err(resp) => return resp,
     };
     let id = p.job.key().id();
+    // --max-jobs bounds the jobs held, running ones included.
+    if !sc.has_room_for(&id) {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("job `{id}` would exceed --max-jobs running jobs on this sidecar: end a job first (DELETE /v1/simulate/processes/{{pid}})"),
+        );
+    }
     if let Err(e) = sim.upsert(p.clone()) {
         return error(StatusCode::BAD_REQUEST, &e.to_string());
     }

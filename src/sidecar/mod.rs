@@ -444,6 +444,12 @@ impl Sidecar {
         st.tracker.peek(id, &self.node)
     }
 
+    /// Whether a new process of job `id` keeps the running jobs within
+    /// `--max-jobs` ([`Tracker::has_room_for`]).
+    pub fn has_room_for(&self, id: &str) -> bool {
+        lock(&self.state).tracker.has_room_for(id)
+    }
+
     /// Records the peak stated by a job's own log.
     pub fn set_log_peak(&self, key: JobKey, peak_bytes: u64) -> JobView {
         let mut st = lock(&self.state);

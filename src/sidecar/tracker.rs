@@ -98,6 +98,14 @@ impl Tracker {
         self.jobs.len()
     }
 
+    /// Whether a process of job `id` may be tracked without holding more
+    /// running jobs than `max_jobs` (ended ones make room as they go): the
+    /// job is held already, or fewer than `max_jobs` are running.
+    pub fn has_room_for(&self, id: &str) -> bool {
+        self.jobs.contains_key(id)
+            || self.jobs.values().filter(|j| j.ended_at.is_none()).count() < self.cfg.max_jobs
+    }
+
     /// Whether no job is held.
     pub fn is_empty(&self) -> bool {
         self.jobs.is_empty()

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use super::SlurmError;
 use crate::core::advisor::{Strategy, Suggestion};
-use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
-use crate::core::settings::{Dtype, Pins};
+use crate::core::run::{RunKey, RunOrigin, RunOutcome, RunRecord, RunResult, RunSource};
+use crate::core::settings::Pins;
 use crate::core::workload::{
     Attention, FieldNames, Framework, LoraTarget, Method, Optimizer, Sharding, WorkloadField,
 };
@@ -272,15 +272,14 @@ fn comment_pairs(section: &str) -> Result<BTreeMap<String, String>, SlurmError> 
     Ok(out)
 }
 
-/// `GPUFIT_SEQ_LEN`, `seq-len`, `SEQ_LEN` → `seq_len`.
+/// `GPUFIT_SEQ_LEN`, `seq-len`, `SEQ_LEN` → `seq_len`; a pin by any of its
+/// names → its one name ([`crate::core::settings::pin_var`]).
 fn normalize_key(k: &str) -> String {
-    let k = k.trim().to_ascii_lowercase().replace('-', "_");
-    let k = k.strip_prefix("gpufit_").map(str::to_string).unwrap_or(k);
-    match k.as_str() {
-        "num_workers" => "dataloader_num_workers".into(),
-        "gradient_accumulation_steps" => "grad_accum_steps".into(),
-        _ => k,
+    if let Some(var) = crate::core::settings::pin_var(k) {
+        return var.placeholder.to_string();
     }
+    let k = k.trim().to_ascii_lowercase().replace('-', "_");
+    k.strip_prefix("gpufit_").map(str::to_string).unwrap_or(k)
 }
 
 /// Keys a job may give (without the `GPUFIT_` prefix).
@@ -298,16 +297,15 @@ const WORKLOAD_KEYS: &[&str] = &[
     "attention",
     "strategy",
 ];
-/// Engineering keys a job may pin (the same names the TaskProlog exports).
-const PIN_KEYS: &[&str] = &[
-    "micro_batch_size",
-    "grad_accum_steps",
-    "dtype",
-    "activation_checkpointing",
-    "activation_offloading",
-    "compile",
-    "dataloader_num_workers",
-];
+/// Engineering keys a job may pin: the core's one vocabulary (the
+/// variables the TaskProlog exports, their names and aliases, are read as
+/// these).
+fn pin_keys() -> Vec<&'static str> {
+    crate::core::settings::PINNABLE
+        .iter()
+        .map(|v| v.placeholder)
+        .collect()
+}
 
 /// What the TaskProlog should do for a task.
 #[derive(Debug, Clone, PartialEq)]
@@ -463,11 +461,11 @@ fn requested_fields(
     let mut fields: BTreeMap<String, String> = BTreeMap::new();
     if let Some(section) = comment.and_then(comment_section) {
         for (k, v) in comment_pairs(section)? {
-            if !WORKLOAD_KEYS.contains(&k.as_str()) && !PIN_KEYS.contains(&k.as_str()) {
+            if !WORKLOAD_KEYS.contains(&k.as_str()) && !pin_keys().contains(&k.as_str()) {
                 return Err(SlurmError::Job(format!(
                     "job comment: unknown key `{k}`: use {}, or pin {}",
                     WORKLOAD_KEYS.join(", "),
-                    PIN_KEYS.join(", ")
+                    pin_keys().join(", ")
                 )));
             }
             fields.insert(k, v);
@@ -479,9 +477,10 @@ fn requested_fields(
         }
     }
     if !stale_exports {
-        for key in PIN_KEYS {
-            if let Some(v) = non_empty(env.get(&format!("GPUFIT_{}", key.to_ascii_uppercase()))) {
-                fields.insert(key.to_string(), v);
+        // The variables gpufit itself exports (`GPUFIT_GRAD_ACCUM_STEPS` …).
+        for var in crate::core::settings::PINNABLE {
+            if let Some(v) = non_empty(env.get(var.env)) {
+                fields.insert(var.placeholder.to_string(), v);
             }
         }
     }
@@ -529,17 +528,20 @@ fn workload_spec(
     })
 }
 
-/// The settings the job pins.
+/// The settings the job pins: the core's one pin parser.
 fn pinned_settings(fields: &BTreeMap<String, String>) -> Result<Pins, SlurmError> {
-    Ok(Pins {
-        micro_batch_size: parse_num(fields, "micro_batch_size")?,
-        gradient_accumulation_steps: parse_num(fields, "grad_accum_steps")?,
-        dtype: parse_with(fields, "dtype", |s| s.parse::<Dtype>())?,
-        activation_checkpointing: parse_with(fields, "activation_checkpointing", parse_bool)?,
-        activation_offloading: parse_with(fields, "activation_offloading", parse_bool)?,
-        compile: parse_with(fields, "compile", parse_bool)?,
-        num_workers: parse_num(fields, "dataloader_num_workers")?,
-        pure_bf16: None,
+    let pins = fields
+        .iter()
+        .filter_map(|(k, v)| crate::core::settings::pin_var(k).map(|_| (k.as_str(), v.as_str())));
+    crate::core::settings::parse_pins(pins).map_err(|e| {
+        let var = match &e {
+            crate::core::settings::PinError::BadValue { key, .. }
+            | crate::core::settings::PinError::Twice(key) => {
+                crate::core::settings::pin_var(key).map_or("", |v| v.env)
+            }
+            crate::core::settings::PinError::Unknown(_) => "",
+        };
+        SlurmError::Job(format!("{var}: {e}"))
     })
 }
 
@@ -843,14 +845,6 @@ fn parse_with<T, E: std::fmt::Display>(
     }
 }
 
-fn parse_bool(s: &str) -> Result<bool, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(format!("`{s}` is not a switch: use true or false")),
-    }
-}
-
 // === what the TaskProlog prints ===
 
 /// The `export NAME=value` lines for a suggestion. Slurm takes the value
@@ -1083,8 +1077,13 @@ pub fn build_run(
 ) -> RunRecord {
     let failed_exit = outcome.exit_status.is_some_and(|s| s != 0)
         || outcome.derived_status.is_some_and(|s| s != 0);
-    let success = !outcome.oom && !failed_exit && outcome.exit_status.is_some();
-    let failure_reason = FailureReason::of(success, outcome.oom);
+    // A GPU OOM is the micro batch's lesson; a host kill the data loader's
+    // (the one rule: RunOutcome::of).
+    let ended = RunOutcome::of(
+        !failed_exit && outcome.exit_status.is_some(),
+        outcome.oom,
+        outcome.host_oom,
+    );
     let duration = (outcome.ended_at - state.started_at).num_milliseconds() as f64 / 1000.0;
     let s = &state.suggestion;
     // The catalog's canonical name and the method the name implies, so the
@@ -1115,10 +1114,9 @@ pub fn build_run(
         key,
         s.settings.clone(),
         RunResult {
-            // A GPU OOM is the micro batch's lesson; a host kill the data loader's.
-            host_oom: outcome.host_oom && !success && !outcome.oom,
-            success,
-            failure_reason,
+            host_oom: ended.host_oom(),
+            success: ended.success(),
+            failure_reason: ended.failure_reason(),
             peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),
             samples_per_sec: outcome.log.samples_per_sec,
             tokens_per_sec: outcome.log.tokens_per_sec,

@@ -270,6 +270,54 @@ impl Running {
         open
     }
 
+    /// Opens `n` connections that each send a request head announcing a
+    /// 1,000-byte body (to a route that reads its body: `path`) and one
+    /// byte of it, then nothing: stalled bodies. Over TLS for the webhook.
+    /// Stops early after 50 failures in a row. Returns the open ones, in
+    /// the order opened.
+    pub fn open_stalled(&self, n: usize, path: &str) -> Vec<Stalled> {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+        );
+        let mut open = Vec::with_capacity(n);
+        let mut failed_in_a_row = 0;
+        while open.len() < n && failed_in_a_row < 50 {
+            match self.stall_one(head.as_bytes()) {
+                Ok(s) => {
+                    open.push(s);
+                    failed_in_a_row = 0;
+                }
+                Err(_) => failed_in_a_row += 1,
+            }
+        }
+        open
+    }
+
+    fn stall_one(&self, head: &[u8]) -> Result<Stalled, String> {
+        let t = Duration::from_secs(5);
+        let tcp = TcpStream::connect_timeout(&self.addr, t).map_err(|e| e.to_string())?;
+        tcp.set_read_timeout(Some(t)).map_err(|e| e.to_string())?;
+        tcp.set_write_timeout(Some(t)).map_err(|e| e.to_string())?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            None => {
+                let mut tcp = tcp;
+                tcp.write_all(head).map_err(|e| e.to_string())?;
+                Ok(Stalled::Plain(tcp))
+            }
+            Some(cfg) => {
+                let name = rustls::pki_types::ServerName::try_from("localhost")
+                    .map_err(|e| e.to_string())?;
+                let conn =
+                    rustls::ClientConnection::new(cfg.clone(), name).map_err(|e| e.to_string())?;
+                let mut s = rustls::StreamOwned::new(conn, tcp);
+                s.write_all(head).map_err(|e| e.to_string())?;
+                s.flush().map_err(|e| e.to_string())?;
+                Ok(Stalled::Tls(Box::new(s)))
+            }
+        }
+    }
+
     pub fn log_text(&self) -> String {
         self.log
             .lock()
@@ -291,6 +339,32 @@ impl Running {
             }
         }
         kinds
+    }
+}
+
+/// A connection holding a stalled request body.
+pub enum Stalled {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Stalled {
+    /// The status the server answered the stalled request with (waiting
+    /// up to `timeout`).
+    pub fn status(&mut self, timeout: Duration) -> Result<u16, String> {
+        match self {
+            Stalled::Plain(s) => {
+                s.set_read_timeout(Some(timeout))
+                    .map_err(|e| e.to_string())?;
+                read_status(s)
+            }
+            Stalled::Tls(s) => {
+                s.sock
+                    .set_read_timeout(Some(timeout))
+                    .map_err(|e| e.to_string())?;
+                read_status(s)
+            }
+        }
     }
 }
 

@@ -16,6 +16,7 @@ pub mod memory;
 pub mod report;
 pub mod request;
 pub mod run;
+pub mod run_check;
 pub mod settings;
 pub mod similarity;
 pub mod throughput;

@@ -65,6 +65,65 @@ impl<'de> Deserialize<'de> for FailureReason {
     }
 }
 
+/// What became of a run: the one place its outcome is decided
+/// ([`RunOutcome::of`]). Stored and sent as [`RunResult`]'s `success`,
+/// `failure_reason` and `host_oom`; [`crate::run_check::check_run`] refuses
+/// the combinations no outcome has (a success with a failure reason, a
+/// host-memory kill on a success or a GPU OOM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunOutcome {
+    Succeeded,
+    /// Ran out of GPU memory: its micro batch was too large.
+    GpuOom,
+    /// Failed otherwise; `host_oom` when killed for host memory (its data
+    /// loader, not its micro batch, is what to lower).
+    Failed {
+        host_oom: bool,
+    },
+}
+
+impl RunOutcome {
+    /// The rule, said once: a GPU OOM is a GPU OOM whatever the exit status
+    /// said; else a success; else a failure, a host-memory one when the
+    /// host killed it for memory.
+    pub fn of(success: bool, gpu_oom: bool, host_oom: bool) -> RunOutcome {
+        if gpu_oom {
+            RunOutcome::GpuOom
+        } else if success {
+            RunOutcome::Succeeded
+        } else {
+            RunOutcome::Failed { host_oom }
+        }
+    }
+
+    pub fn success(self) -> bool {
+        self == RunOutcome::Succeeded
+    }
+
+    pub fn failure_reason(self) -> Option<FailureReason> {
+        match self {
+            RunOutcome::Succeeded => None,
+            RunOutcome::GpuOom => Some(FailureReason::Oom),
+            RunOutcome::Failed { .. } => Some(FailureReason::OtherError),
+        }
+    }
+
+    pub fn host_oom(self) -> bool {
+        matches!(self, RunOutcome::Failed { host_oom: true })
+    }
+
+    /// The outcome of a job from two of its nodes' parts: a GPU OOM on any
+    /// node makes it an OOM run, it succeeded only if both did, and one
+    /// node's data loader killed for host memory teaches the job's.
+    pub fn and(self, other: RunOutcome) -> RunOutcome {
+        RunOutcome::of(
+            self.success() && other.success(),
+            self == RunOutcome::GpuOom || other == RunOutcome::GpuOom,
+            self.host_oom() || other.host_oom(),
+        )
+    }
+}
+
 /// The outcome of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RunResult {
@@ -197,6 +256,14 @@ pub fn merge_node_report(
             expected: "one node's name (no comma): the record lists its nodes comma-separated",
         });
     }
+    let job = report
+        .job_id
+        .as_deref()
+        .map(str::trim)
+        .filter(|j| !j.is_empty())
+        .ok_or(RecordError::NodeReportWithoutJob)?
+        .to_string();
+    check_report_shape(report, me)?;
     let expected = |r: &RunRecord| r.nodes.as_ref().map_or(1, |n| n.expected);
     // Whether this report carries its node's peak (not the client's word
     // for it: the peak itself).
@@ -213,7 +280,16 @@ pub fn merge_node_report(
                 vec![me.to_string()]
             },
         });
-        return Ok(Some(first));
+        return crate::run_check::check_run(first, None).map(Some);
+    };
+    let Some(prev_nodes) = prev.nodes.as_ref() else {
+        // A one-node record under this job id (a reused id, or a one-node
+        // report first): a node's report does not turn it into a job of
+        // several nodes.
+        return Err(RecordError::WouldReplace {
+            job,
+            what: "a one-node record".into(),
+        });
     };
     let mut seen: Vec<String> = prev
         .node
@@ -223,11 +299,7 @@ pub fn merge_node_report(
         .filter(|n| !n.is_empty())
         .map(str::to_string)
         .collect();
-    let mut without_peak: Vec<String> = prev
-        .nodes
-        .as_ref()
-        .map(|n| n.without_peak.clone())
-        .unwrap_or_default();
+    let mut without_peak: Vec<String> = prev_nodes.without_peak.clone();
     let again = seen.iter().any(|n| n == me);
     let upgrade = again && has_peak && without_peak.iter().any(|n| n == me);
     if again && !upgrade {
@@ -243,6 +315,7 @@ pub fn merge_node_report(
             window_secs: NODE_REPORT_WINDOW_SECS,
         });
     }
+    same_run(prev, report, me)?;
     if !again {
         seen.push(me.to_string());
         seen.sort();
@@ -259,13 +332,11 @@ pub fn merge_node_report(
     };
     let mut out = prev.clone();
     let (a, b) = (&prev.result, &report.result);
-    let success = a.success && b.success;
-    let oom = prev.is_oom() || report.is_oom();
+    let outcome = a.outcome().and(b.outcome());
     out.result = RunResult {
-        // One node's data loader killed for host memory teaches the job's.
-        host_oom: a.host_oom || b.host_oom,
-        success,
-        failure_reason: FailureReason::of(success, oom),
+        host_oom: outcome.host_oom(),
+        success: outcome.success(),
+        failure_reason: outcome.failure_reason(),
         peak_memory_bytes: a.peak_memory_bytes.max(b.peak_memory_bytes),
         samples_per_sec: max_f(a.samples_per_sec, b.samples_per_sec),
         tokens_per_sec: max_f(a.tokens_per_sec, b.tokens_per_sec),
@@ -277,10 +348,97 @@ pub fn merge_node_report(
     out.node = Some(seen.join(","));
     out.nodes = Some(NodeReports {
         reported: u32::try_from(seen.len()).unwrap_or(u32::MAX),
-        expected: expected(prev).max(expected(report)),
+        // Fixed by the first report ([`same_run`] refuses another count).
+        expected: prev_nodes.expected,
         without_peak,
     });
-    Ok(Some(out))
+    crate::run_check::check_run(out, None).map(Some)
+}
+
+/// A single node's report: it counts itself (reported 1) of a job of 1 to
+/// its GPUs' nodes, and lists itself as peakless exactly when it has no
+/// peak (not another node, nor itself next to a peak).
+fn check_report_shape(report: &RunRecord, me: &str) -> Result<(), RecordError> {
+    let Some(n) = &report.nodes else {
+        return Ok(());
+    };
+    if n.reported != 1 {
+        return Err(RecordError::OutOfRange {
+            field: "nodes.reported",
+            value: n.reported.to_string(),
+            expected: "1: a node's report counts itself",
+        });
+    }
+    let listed_ok = n.without_peak.is_empty()
+        || (n.without_peak.len() == 1
+            && n.without_peak[0] == me
+            && report.result.peak_memory_bytes.is_none());
+    if !listed_ok {
+        return Err(RecordError::OutOfRange {
+            field: "nodes.without_peak",
+            value: format!("{:?}", n.without_peak),
+            expected:
+                "at most the reporting node itself, and only when it has no peak_memory_bytes",
+        });
+    }
+    Ok(())
+}
+
+/// Whether a node's report describes the run its job's record holds: the
+/// same GPU, workload and settings, and the node count the first report
+/// fixed. Otherwise joining it would pin one node's peak on another
+/// run's GPU or settings.
+fn same_run(prev: &RunRecord, report: &RunRecord, me: &str) -> Result<(), RecordError> {
+    let differs = |field: &'static str, recorded: String, reported: String| {
+        if recorded == reported {
+            Ok(())
+        } else {
+            Err(RecordError::NotTheSameRun(Box::new(
+                crate::run_check::RunMismatch {
+                    node: me.to_string(),
+                    job: prev.job_id.clone().unwrap_or_default(),
+                    field,
+                    recorded,
+                    reported,
+                },
+            )))
+        }
+    };
+    differs(
+        "gpu_model",
+        prev.gpu_model.clone(),
+        report.gpu_model.clone(),
+    )?;
+    differs("model", prev.model.clone(), report.model.clone())?;
+    differs(
+        "method",
+        format!("{:?}", prev.method),
+        format!("{:?}", report.method),
+    )?;
+    differs(
+        "seq_len",
+        prev.seq_len.to_string(),
+        report.seq_len.to_string(),
+    )?;
+    differs(
+        "lora_rank",
+        format!("{:?}", prev.lora_rank),
+        format!("{:?}", report.lora_rank),
+    )?;
+    differs("gpus", prev.gpus.to_string(), report.gpus.to_string())?;
+    differs(
+        "global_batch",
+        format!("{:?}", prev.global_batch),
+        format!("{:?}", report.global_batch),
+    )?;
+    let json = |s: &EngineeringSettings| serde_json::to_string(s).unwrap_or_default();
+    differs("settings", json(&prev.settings), json(&report.settings))?;
+    let expected = |r: &RunRecord| r.nodes.as_ref().map_or(1, |n| n.expected);
+    differs(
+        "nodes.expected",
+        expected(prev).to_string(),
+        expected(report).to_string(),
+    )
 }
 
 /// What one node's report did to its job's record ([`merge_node_report`]).
@@ -428,15 +586,28 @@ impl RunOrigin {
 
 impl FailureReason {
     /// The failure reason of a run that succeeded or not and ran out of GPU
-    /// memory or not: none for a success, OOM before any other error.
+    /// memory or not ([`RunOutcome::of`]): none for a success, OOM before
+    /// any other error.
     pub fn of(success: bool, oom: bool) -> Option<FailureReason> {
-        if oom {
-            Some(FailureReason::Oom)
-        } else if success {
-            None
-        } else {
-            Some(FailureReason::OtherError)
-        }
+        RunOutcome::of(success, oom, false).failure_reason()
+    }
+}
+
+impl RunResult {
+    /// The run's outcome, read from its stored fields ([`RunOutcome::of`]).
+    pub fn outcome(&self) -> RunOutcome {
+        RunOutcome::of(
+            self.success,
+            self.failure_reason == Some(FailureReason::Oom),
+            self.host_oom,
+        )
+    }
+
+    /// Sets the stored fields from an outcome: the only combinations written.
+    pub fn set_outcome(&mut self, o: RunOutcome) {
+        self.success = o.success();
+        self.failure_reason = o.failure_reason();
+        self.host_oom = o.host_oom();
     }
 }
 
@@ -789,301 +960,11 @@ mod identity_tests {
     }
 }
 
-// === validation ===
+// === validation: crates/gpufit-core/src/run_check.rs ===
 
-/// Why a record cannot enter the history. Each names the field.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum RecordError {
-    #[error("gpu_model `{0}` is not a GPU: give the NVML name (e.g. `NVIDIA H100 80GB HBM3`), `gpufit gpus` lists them")]
-    NotAGpu(String),
-    #[error("gpu_model `{name}` is ambiguous or misspelt: did you mean {}?", .candidates.join(", "))]
-    AmbiguousGpu {
-        name: String,
-        candidates: Vec<String>,
-    },
-    #[error("{field} = {value} is out of range: {expected}")]
-    OutOfRange {
-        field: &'static str,
-        value: String,
-        expected: &'static str,
-    },
-    #[error("peak_memory_bytes {peak} is more than the {capacity} bytes of {gpu} (+{tolerance_pct} %): not a measurement of this GPU")]
-    PeakAboveCard {
-        peak: u64,
-        capacity: u64,
-        gpu: String,
-        tolerance_pct: u32,
-    },
-    #[error("timestamp {0} is in the future")]
-    FromTheFuture(DateTime<Utc>),
-    #[error("a successful run cannot have a failure_reason")]
-    SuccessWithFailure,
-    /// A multi-node job's report must say which node it is from.
-    #[error("node: a multi-node job's report must name its node (SLURMD_NODENAME): without it a repeated report cannot be told from another node's")]
-    NodeReportWithoutNode,
-    /// A node's report too far from the job's end already recorded.
-    #[error("node {node}'s report of job {job} is {apart_secs} s from the job's end already recorded, more than the {window_secs} s a node's report may be: not this run (a reused job id?) or a node's clock is off; the record is left as it was")]
-    LateNodeReport {
-        node: String,
-        job: String,
-        apart_secs: i64,
-        window_secs: i64,
-    },
-}
-
-/// GPU names that are placeholders, never a GPU model.
-const NOT_GPU_NAMES: &[&str] = &["auto", "unknown", "none", "null", "gpu", "cuda", "n/a", "-"];
-
-/// A measured peak may exceed the card's NVML total by this much (the
-/// total is rounded in catalogs, and nvidia-smi sums processes).
-pub const PEAK_TOLERANCE: f64 = 0.02;
-/// Largest micro batch / accumulation a record may carry.
-pub const MAX_BATCH: u32 = 65_536;
-/// Largest plausible tokens/s of one job (a thousand H100s at 1 M tokens/s
-/// each is 10^9).
-pub const MAX_TOKENS_PER_SEC: f64 = 1e9;
-/// Clock skew allowed between a node and the history.
-pub const FUTURE_TOLERANCE_SECS: i64 = 300;
-
-impl RunRecord {
-    /// The one validation every write path uses (CLI `record`, `history
-    /// import`, `POST /v1/runs`, the Slurm Epilog, the reconciler): a
-    /// record that could poison the history is refused with the field and
-    /// the reason; nothing is changed.
-    ///
-    /// The GPU is resolved through the catalog: a catalog name or alias
-    /// becomes its NVML name, a placeholder (`auto`) or a name close to
-    /// several catalog GPUs (`H100`) is refused; a name the catalog does not
-    /// know and nothing resembles is a custom GPU, accepted, and its peak is
-    /// checked against `capacity` when the caller knows it (NVML,
-    /// `--gpu-memory`).
-    pub fn validated(mut self, capacity: Option<u64>) -> Result<RunRecord, RecordError> {
-        let name = self.gpu_model.trim().to_string();
-        if name.is_empty() || NOT_GPU_NAMES.contains(&name.to_ascii_lowercase().as_str()) {
-            return Err(RecordError::NotAGpu(self.gpu_model.clone()));
-        }
-        let capacity = match crate::catalog::lookup_gpu(&name) {
-            Ok(spec) => {
-                self.gpu_model = spec.name.clone();
-                Some(capacity.unwrap_or(spec.memory_bytes))
-            }
-            Err(crate::catalog::CatalogError::UnknownGpu { suggestions, .. })
-                if !suggestions.is_empty() =>
-            {
-                return Err(RecordError::AmbiguousGpu {
-                    name,
-                    candidates: suggestions,
-                })
-            }
-            Err(_) => capacity,
-        };
-        let range = |field: &'static str, v: u32, lo: u32, hi: u32, expected: &'static str| {
-            if v < lo || v > hi {
-                Err(RecordError::OutOfRange {
-                    field,
-                    value: v.to_string(),
-                    expected,
-                })
-            } else {
-                Ok(())
-            }
-        };
-        let s = &self.settings;
-        range(
-            "micro_batch_size",
-            s.micro_batch_size,
-            1,
-            MAX_BATCH,
-            "1 to 65,536",
-        )?;
-        range(
-            "gradient_accumulation_steps",
-            s.gradient_accumulation_steps,
-            1,
-            MAX_BATCH,
-            "1 to 65,536",
-        )?;
-        range("gpus", self.gpus, 1, 1_000_000, "1 to 1,000,000")?;
-        range("seq_len", self.seq_len, 1, 16_777_216, "1 to 16 M tokens")?;
-        if self.model.trim().is_empty() {
-            return Err(RecordError::OutOfRange {
-                field: "model",
-                value: "\"\"".into(),
-                expected: "a model name",
-            });
-        }
-        if let Some(peak) = self.result.peak_memory_bytes {
-            if peak == 0 {
-                return Err(RecordError::OutOfRange {
-                    field: "peak_memory_bytes",
-                    value: "0".into(),
-                    expected: "a positive number of bytes (leave it out when unknown)",
-                });
-            }
-            if let Some(cap) = capacity {
-                if peak as f64 > cap as f64 * (1.0 + PEAK_TOLERANCE) {
-                    return Err(RecordError::PeakAboveCard {
-                        peak,
-                        capacity: cap,
-                        gpu: self.gpu_model.clone(),
-                        tolerance_pct: (PEAK_TOLERANCE * 100.0) as u32,
-                    });
-                }
-            }
-        }
-        let rate = |field: &'static str, v: Option<f64>, max: f64, expected: &'static str| match v {
-            Some(x) if !(x.is_finite() && (0.0..=max).contains(&x)) => {
-                Err(RecordError::OutOfRange {
-                    field,
-                    value: crate::units::fmt_given(x),
-                    expected,
-                })
-            }
-            _ => Ok(()),
-        };
-        let r = &self.result;
-        rate(
-            "tokens_per_sec",
-            r.tokens_per_sec,
-            MAX_TOKENS_PER_SEC,
-            "finite, 0 to 10^9",
-        )?;
-        rate(
-            "samples_per_sec",
-            r.samples_per_sec,
-            MAX_TOKENS_PER_SEC,
-            "finite, 0 to 10^9",
-        )?;
-        rate(
-            "duration_sec",
-            r.duration_sec,
-            1e9,
-            "finite, 0 to 10^9 seconds",
-        )?;
-        if r.success && r.failure_reason.is_some() {
-            return Err(RecordError::SuccessWithFailure);
-        }
-        if self.timestamp > Utc::now() + chrono::Duration::seconds(FUTURE_TOLERANCE_SECS) {
-            return Err(RecordError::FromTheFuture(self.timestamp));
-        }
-        Ok(self)
-    }
-}
-
-#[cfg(test)]
-mod validation_tests {
-    use super::*;
-
-    fn rec() -> RunRecord {
-        RunRecord {
-            nodes: None,
-            id: None,
-            timestamp: Utc::now(),
-            cluster: None,
-            node: None,
-            source: RunSource::Cli,
-            job_id: None,
-            model: "meta-llama/Llama-3.1-8B".into(),
-            method: Method::Lora,
-            gpu_model: "NVIDIA H100 80GB HBM3".into(),
-            seq_len: 2048,
-            lora_rank: Some(16),
-            gpus: 1,
-            global_batch: None,
-            settings: EngineeringSettings {
-                micro_batch_size: 4,
-                ..EngineeringSettings::default()
-            },
-            result: RunResult {
-                host_oom: false,
-                success: true,
-                failure_reason: None,
-                peak_memory_bytes: Some(50_000_000_000),
-                samples_per_sec: Some(5.0),
-                tokens_per_sec: Some(10_000.0),
-                duration_sec: Some(600.0),
-            },
-            predicted_peak_bytes: None,
-        }
-    }
-
-    #[test]
-    fn a_sane_record_passes_and_its_gpu_gets_the_nvml_name() {
-        let mut r = rec();
-        r.gpu_model = "h100-sxm".into();
-        match r.validated(None) {
-            Ok(v) => assert_eq!(v.gpu_model, "NVIDIA H100 80GB HBM3"),
-            // The alias may not exist; then it must be refused, not stored raw.
-            Err(e) => assert!(matches!(e, RecordError::AmbiguousGpu { .. }), "{e}"),
-        }
-        assert!(rec().validated(None).is_ok());
-    }
-
-    #[test]
-    fn poison_is_refused_with_the_field_named() {
-        type Poison = Box<dyn Fn(&mut RunRecord)>;
-        let cases: Vec<(&str, Poison)> = vec![
-            ("auto", Box::new(|r| r.gpu_model = "auto".into())),
-            ("H100 ambiguous", Box::new(|r| r.gpu_model = "H100".into())),
-            (
-                "500 GB peak",
-                Box::new(|r| r.result.peak_memory_bytes = Some(500_000_000_000)),
-            ),
-            (
-                "2^64-1 peak",
-                Box::new(|r| r.result.peak_memory_bytes = Some(u64::MAX)),
-            ),
-            (
-                "zero peak",
-                Box::new(|r| r.result.peak_memory_bytes = Some(0)),
-            ),
-            (
-                "huge batch",
-                Box::new(|r| r.settings.micro_batch_size = u32::MAX),
-            ),
-            ("zero batch", Box::new(|r| r.settings.micro_batch_size = 0)),
-            (
-                "zero accumulation",
-                Box::new(|r| r.settings.gradient_accumulation_steps = 0),
-            ),
-            (
-                "1e308 samples/s",
-                Box::new(|r| r.result.samples_per_sec = Some(1e308)),
-            ),
-            (
-                "negative samples/s",
-                Box::new(|r| r.result.samples_per_sec = Some(-5.0)),
-            ),
-            (
-                "NaN tokens/s",
-                Box::new(|r| r.result.tokens_per_sec = Some(f64::NAN)),
-            ),
-            (
-                "inf duration",
-                Box::new(|r| r.result.duration_sec = Some(f64::INFINITY)),
-            ),
-            (
-                "future",
-                Box::new(|r| r.timestamp = Utc::now() + chrono::Duration::days(2)),
-            ),
-            (
-                "success with a failure",
-                Box::new(|r| r.result.failure_reason = Some(FailureReason::Oom)),
-            ),
-        ];
-        for (what, f) in cases {
-            let mut r = rec();
-            f(&mut r);
-            assert!(r.validated(None).is_err(), "{what} was accepted");
-        }
-        // A custom GPU the catalog does not know is accepted; its peak is
-        // checked against the capacity the caller knows.
-        let mut r = rec();
-        r.gpu_model = "Test GPU".into();
-        assert!(r.clone().validated(None).is_ok());
-        assert!(r.validated(Some(10_000_000_000)).is_err());
-    }
-}
+pub use crate::run_check::{
+    RecordError, FUTURE_TOLERANCE_SECS, MAX_BATCH, MAX_TOKENS_PER_SEC, PEAK_TOLERANCE,
+};
 
 #[cfg(test)]
 mod new_tests {
@@ -1272,6 +1153,78 @@ mod node_report_tests {
             merged(Some(&one), &in_time).result.peak_memory_bytes,
             Some(90)
         );
+    }
+
+    #[test]
+    fn a_report_of_another_run_is_refused_and_the_record_kept() {
+        let one = merged(None, &report("n1", 30_000_000_000, true, false));
+        type Change = Box<dyn Fn(&mut RunRecord)>;
+        let cases: Vec<(&str, Change)> = vec![
+            (
+                "gpu_model",
+                Box::new(|r| r.gpu_model = "NVIDIA A100-SXM4-40GB".into()),
+            ),
+            ("model", Box::new(|r| r.model = "other".into())),
+            ("settings", Box::new(|r| r.settings.micro_batch_size = 9)),
+            ("seq_len", Box::new(|r| r.seq_len = 4096)),
+            (
+                "nodes.expected",
+                Box::new(|r| {
+                    r.nodes = Some(NodeReports {
+                        reported: 1,
+                        expected: 3,
+                        without_peak: Vec::new(),
+                    })
+                }),
+            ),
+        ];
+        for (field, change) in cases {
+            let mut other = report("n2", 75_000_000_000, true, false);
+            change(&mut other);
+            match merge_node_report(Some(&one), &other) {
+                Err(RecordError::NotTheSameRun(m)) => assert_eq!(m.field, field),
+                x => panic!("{field}: {x:?}"),
+            }
+        }
+        // A peak above the record's GPU, from a node on a bigger one.
+        let mut big = report("n2", 39_000_000_000, true, false);
+        big.gpu_model = "NVIDIA A100-SXM4-40GB".into();
+        let small = merged(None, &big.clone());
+        assert!(merge_node_report(None, &{
+            let mut r = big.clone();
+            r.gpu_model = "NVIDIA A100-SXM4-40GB MIG 1g.5gb".into();
+            r.result.peak_memory_bytes = Some(39_000_000_000);
+            r
+        })
+        .is_err());
+        assert_eq!(small.gpu_model, "NVIDIA A100-SXM4-40GB");
+    }
+
+    #[test]
+    fn a_node_report_needs_a_job_id_and_a_bounded_node_count() {
+        let mut r = report("n1", 70, true, false);
+        r.job_id = None;
+        assert_eq!(
+            merge_node_report(None, &r),
+            Err(RecordError::NodeReportWithoutJob)
+        );
+        let mut r = report("n1", 70, true, false);
+        r.nodes = Some(NodeReports {
+            reported: 1,
+            expected: 1_000_000,
+            without_peak: Vec::new(),
+        });
+        assert!(matches!(
+            merge_node_report(None, &r),
+            Err(RecordError::OutOfRange { field: "nodes", .. })
+        ));
+        // A node's report does not join a one-node record of its job id.
+        let mut solo = report("n1", 70, true, false);
+        solo.nodes = None;
+        assert!(matches!(
+            merge_node_report(Some(&solo), &report("n2", 70, true, false)),
+            Err(RecordError::WouldReplace { .. })
+        ));
     }
 
     #[test]

@@ -287,6 +287,130 @@ pub fn substitute(word: &str, s: &EngineeringSettings) -> String {
     })
 }
 
+// === pins: the one parser ===
+
+/// The settings a job may pin, by their [`SETTING_VARS`] names: the one
+/// vocabulary of the webhook's `gpufit.io/pins`, the Slurm job comment and
+/// `GPUFIT_*` variables, and the CLI.
+pub const PINNABLE: [SettingVar; 7] = [
+    MICRO_BATCH_SIZE,
+    GRADIENT_ACCUMULATION_STEPS,
+    DTYPE,
+    ACTIVATION_CHECKPOINTING,
+    ACTIVATION_OFFLOADING,
+    COMPILE,
+    NUM_WORKERS,
+];
+
+/// Other names a pin is known by, → its [`SETTING_VARS`] name. Each
+/// setting's variable without `GPUFIT_` (`grad_accum_steps`,
+/// `dataloader_num_workers`) is accepted too, so what gpufit injects can be
+/// given back as a pin.
+pub const PIN_ALIASES: [(&str, &str); 6] = [
+    ("micro_batch", "micro_batch_size"),
+    ("grad_accum", "gradient_accumulation_steps"),
+    ("gradient_accumulation", "gradient_accumulation_steps"),
+    ("checkpointing", "activation_checkpointing"),
+    ("offloading", "activation_offloading"),
+    ("workers", "num_workers"),
+];
+
+/// Why a pin cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PinError {
+    #[error("`{0}` is not an engineering setting that can be pinned: use micro_batch_size, gradient_accumulation_steps, dtype, activation_checkpointing, activation_offloading, compile or num_workers")]
+    Unknown(String),
+    #[error("{key}: {why}")]
+    BadValue { key: &'static str, why: String },
+    #[error("{0} is pinned twice")]
+    Twice(&'static str),
+}
+
+/// The pinnable setting a key names (any case, `-` or `_`, with or without
+/// `GPUFIT_`; its name, its variable's name or an alias), or None.
+pub fn pin_var(key: &str) -> Option<SettingVar> {
+    let k = key.trim().to_ascii_lowercase().replace('-', "_");
+    let k = k.strip_prefix("gpufit_").unwrap_or(&k);
+    let name = PIN_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == k)
+        .map_or(k, |(_, name)| *name);
+    PINNABLE.iter().copied().find(|v| {
+        v.placeholder == name
+            || v.env
+                .strip_prefix("GPUFIT_")
+                .is_some_and(|e| e.eq_ignore_ascii_case(name))
+    })
+}
+
+/// A switch: `true`/`on`/`yes`/`1` or `false`/`off`/`no`/`0` (any case).
+pub fn parse_switch(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "on" | "yes" | "1" => Ok(true),
+        "false" | "off" | "no" | "0" => Ok(false),
+        _ => Err(format!("`{}` is not a switch: use true or false", v.trim())),
+    }
+}
+
+impl Pins {
+    /// Sets the pin `var` from its text value.
+    pub fn set(&mut self, var: SettingVar, value: &str) -> Result<(), PinError> {
+        let v = value.trim();
+        let bad = |why: String| PinError::BadValue {
+            key: var.placeholder,
+            why,
+        };
+        let whole = || {
+            v.parse::<u32>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| bad(format!("`{v}` is not a whole number of at least 1")))
+        };
+        let switch = || parse_switch(v).map_err(bad);
+        let slot_taken = match var.placeholder {
+            "micro_batch_size" => self.micro_batch_size.replace(whole()?).is_some(),
+            "gradient_accumulation_steps" => {
+                self.gradient_accumulation_steps.replace(whole()?).is_some()
+            }
+            "dtype" => self
+                .dtype
+                .replace(v.parse::<Dtype>().map_err(bad)?)
+                .is_some(),
+            "activation_checkpointing" => {
+                self.activation_checkpointing.replace(switch()?).is_some()
+            }
+            "activation_offloading" => self.activation_offloading.replace(switch()?).is_some(),
+            "compile" => self.compile.replace(switch()?).is_some(),
+            "num_workers" => self
+                .num_workers
+                .replace(
+                    v.parse::<u32>()
+                        .map_err(|_| bad(format!("`{v}` is not a whole number")))?,
+                )
+                .is_some(),
+            other => return Err(PinError::Unknown(other.to_string())),
+        };
+        if slot_taken {
+            return Err(PinError::Twice(var.placeholder));
+        }
+        Ok(())
+    }
+}
+
+/// Pins from `key=value` pairs: the one parser of pins, wherever they are
+/// written. An unknown key, a bad value or a setting given twice (under
+/// any of its names) is refused.
+pub fn parse_pins<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Pins, PinError> {
+    let mut p = Pins::default();
+    for (k, v) in pairs {
+        let var = pin_var(k).ok_or_else(|| PinError::Unknown(k.trim().to_string()))?;
+        p.set(var, v)?;
+    }
+    Ok(p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,5 +446,45 @@ mod tests {
         assert_eq!(substitute("{unknown}", &s), "{unknown}");
         let env = env_vars(&s);
         assert_eq!(env[0], ("GPUFIT_MICRO_BATCH_SIZE", "6".to_string()));
+    }
+
+    #[test]
+    fn pins_read_every_name_of_a_setting_once() {
+        // The webhook's, Slurm's and the injected variables' names agree.
+        for (a, b) in [
+            ("gradient_accumulation_steps", "grad_accum_steps"),
+            ("num_workers", "dataloader_num_workers"),
+            ("micro_batch_size", "GPUFIT_MICRO_BATCH_SIZE"),
+            ("num_workers", "GPUFIT_DATALOADER_NUM_WORKERS"),
+            ("activation_checkpointing", "checkpointing"),
+        ] {
+            assert_eq!(
+                pin_var(a).map(|v| v.placeholder),
+                pin_var(b).map(|v| v.placeholder),
+                "{a} / {b}"
+            );
+        }
+        let p = parse_pins([
+            ("micro-batch-size", "4"),
+            ("grad_accum_steps", "8"),
+            ("dtype", "bf16"),
+            ("compile", "ON"),
+            ("dataloader_num_workers", "0"),
+        ])
+        .expect("pins");
+        assert_eq!(p.micro_batch_size, Some(4));
+        assert_eq!(p.gradient_accumulation_steps, Some(8));
+        assert_eq!(p.compile, Some(true));
+        assert_eq!(p.num_workers, Some(0));
+        assert_eq!(
+            parse_pins([("num_workers", "2"), ("dataloader_num_workers", "3")]),
+            Err(PinError::Twice("num_workers"))
+        );
+        assert!(matches!(
+            parse_pins([("pin_memory", "true")]),
+            Err(PinError::Unknown(_))
+        ));
+        assert!(parse_pins([("micro_batch_size", "0")]).is_err());
+        assert!(parse_pins([("compile", "maybe")]).is_err());
     }
 }

@@ -276,30 +276,11 @@ pub(super) fn parse_architecture(s: &str) -> Result<ArchNumbers, Denied> {
     Ok(n)
 }
 
-/// `micro_batch_size=4,dtype=bf16,activation_checkpointing=true,…`
+/// `micro_batch_size=4,dtype=bf16,activation_checkpointing=true,…`: the
+/// core's one pin parser ([`crate::core::settings::parse_pins`]).
 pub(super) fn parse_pins(s: &str) -> Result<Pins, Denied> {
     let key = "gpufit.io/pins";
-    let mut p = Pins::default();
-    for (k, v) in key_values(key, s)? {
-        match k {
-            "micro_batch_size" => p.micro_batch_size = Some(whole(key, k, v)?),
-            "gradient_accumulation_steps" => {
-                p.gradient_accumulation_steps = Some(whole(key, k, v)?)
-            }
-            "dtype" => p.dtype = Some(v.parse().map_err(|e: String| denied(key, e))?),
-            "activation_checkpointing" => p.activation_checkpointing = Some(boolean(key, k, v)?),
-            "activation_offloading" => p.activation_offloading = Some(boolean(key, k, v)?),
-            "compile" => p.compile = Some(boolean(key, k, v)?),
-            "num_workers" => p.num_workers = Some(whole(key, k, v)?),
-            other => {
-                return Err(denied(
-                    key,
-                    format!("`{other}` is not an engineering setting: use micro_batch_size, gradient_accumulation_steps, dtype, activation_checkpointing, activation_offloading, compile or num_workers"),
-                ))
-            }
-        }
-    }
-    Ok(p)
+    crate::core::settings::parse_pins(key_values(key, s)?).map_err(|e| denied(key, e.to_string()))
 }
 
 /// The `name=value` pairs of a comma list (annotation `key`).
@@ -323,11 +304,7 @@ fn whole<T: FromStr>(key: &str, k: &str, v: &str) -> Result<T, Denied> {
 
 /// A switch `v` of pair `k` in annotation `key`.
 fn boolean(key: &str, k: &str, v: &str) -> Result<bool, Denied> {
-    match v.to_ascii_lowercase().as_str() {
-        "true" | "on" | "1" | "yes" => Ok(true),
-        "false" | "off" | "0" | "no" => Ok(false),
-        _ => Err(denied(key, format!("{k}: `{v}` is not true or false"))),
-    }
+    crate::core::settings::parse_switch(v).map_err(|e| denied(key, format!("{k}: {e}")))
 }
 
 #[cfg(test)]

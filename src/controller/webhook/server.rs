@@ -195,7 +195,7 @@ impl WebhookServer {
 }
 
 async fn handle(
-    req: Request<hyper::body::Incoming>,
+    req: Request<crate::serve::Body>,
     state: Arc<WebhookState>,
 ) -> Response<Full<Bytes>> {
     let reply = |status: StatusCode, body: Vec<u8>, json: bool| {

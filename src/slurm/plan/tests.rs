@@ -2,6 +2,8 @@
 
 use super::*;
 use crate::core::advisor::SuggestionSource;
+use crate::core::run::FailureReason;
+use crate::core::settings::Dtype;
 use crate::core::settings::EngineeringSettings;
 
 fn env(pairs: &[(&str, &str)]) -> Env {

@@ -2229,6 +2229,26 @@ fn the_controller_refuses_a_namespace_selector_it_cannot_read_and_the_flag_alone
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kueue"));
+    // A namespace-limited controller would never answer the checks of
+    // other namespaces' Workloads (their quota held forever): refused.
+    let out = std::process::Command::new(gpufit)
+        .args([
+            "controller",
+            "--kueue",
+            "--watch-namespace",
+            "ml",
+            "--history",
+            &db,
+        ])
+        .env("KUBECONFIG", dir.path().join("none"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--watch-namespace") && err.contains("quota"),
+        "{err}"
+    );
 }
 
 // === Kueue as it really behaves (issue 45) ===

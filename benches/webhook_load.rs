@@ -259,7 +259,7 @@ async fn start(history: Box<dyn HistoryStore>, dir: &Path) -> Server {
         targets: StrategyTargets::default(),
         default_mode: Mode::Inject,
         cache: Default::default(),
-        kueue_unlabelled: Default::default(),
+        kueue: Default::default(),
     });
     let server = WebhookServer::bind(&WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),

@@ -21,10 +21,13 @@ use std::time::Duration;
 
 use gpufit::controller::crd::Mode;
 use gpufit::controller::inject::{ANN_APPLIED, SETTING_ANNOTATION_PREFIX};
-use gpufit::controller::kueue::{Unlabelled, CONTROLLER_NAME, DEFAULT_NAMESPACE_SELECTOR};
+use gpufit::controller::keys::{ANN_FALLBACK, LABEL_DEFERRED};
+use gpufit::controller::kueue::{
+    KueueConfig, Unlabelled, CONTROLLER_NAME, DEFAULT_NAMESPACE_SELECTOR,
+};
 use gpufit::controller::metrics::Metrics;
 use gpufit::controller::reconcile::kueue::{
-    activation, admission_checks, our_checks, reconcile_kueue_workload, KueueContext,
+    activation, admission_checks, local_queues, our_checks, reconcile_kueue_workload, KueueContext,
 };
 use gpufit::controller::reconcile::workloads::{
     reconcile_workload, WorkloadContext, ANN_WORKLOAD, LABEL_CONFIGURED,
@@ -42,11 +45,12 @@ use serde_json::{json, Value};
 #[path = "common/mock_api.rs"]
 mod mock_api;
 
-const KUEUE: &str = "/apis/kueue.x-k8s.io/v1beta1";
-
 /// The scripted API server: objects by `plural/name`, pods, every write.
 #[derive(Default)]
 struct FakeApi {
+    /// The one Kueue API version this stand-in serves (`v1beta2` as Kueue
+    /// ≥ v0.20 will, `v1beta1` as Kueue ≤ v0.14 did).
+    version: &'static str,
     objects: BTreeMap<String, Value>,
     pods: Vec<Value>,
     /// (method, path, query) of every PATCH.
@@ -55,6 +59,12 @@ struct FakeApi {
     change_after_get: bool,
     rv: u64,
     unexpected: Vec<String>,
+    /// Events published (their bodies).
+    events: Vec<Value>,
+    /// Resources the controller's RBAC does not allow reading (403).
+    forbidden: Vec<&'static str>,
+    /// Resources whose reads fail (500) this many more times.
+    failing_gets: u32,
 }
 
 impl FakeApi {
@@ -90,7 +100,45 @@ fn not_found() -> (u16, Value) {
 
 fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
     if path.starts_with("/apis/events.k8s.io/") {
+        api.events.push(body.clone());
         return (201, body);
+    }
+    if api
+        .forbidden
+        .iter()
+        .any(|p| path.contains(&format!("/{p}/")))
+    {
+        return (
+            403,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                   "message": format!("{path} is forbidden: User \"system:serviceaccount:gpufit:gpufit\" cannot get resource")}),
+        );
+    }
+    if method == "GET" && api.failing_gets > 0 && !path.contains("/workloads/") {
+        api.failing_gets -= 1;
+        return (
+            500,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcdserver: request timed out"}),
+        );
+    }
+    let kueue = format!("/apis/kueue.x-k8s.io/{}", api.version);
+    if path == "/apis" && method == "GET" {
+        // Discovery: the one Kueue version served.
+        let gv = format!("kueue.x-k8s.io/{}", api.version);
+        return (
+            200,
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
+                 "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}},
+                {"name": "kueue.x-k8s.io", "versions": [{"groupVersion": gv, "version": api.version}],
+                 "preferredVersion": {"groupVersion": gv, "version": api.version}}]}),
+        );
+    }
+    if path.starts_with("/apis/kueue.x-k8s.io/") && !path.starts_with(&format!("{kueue}/")) {
+        // A version this Kueue does not serve.
+        api.unexpected
+            .push(format!("{method} {path} (version not served)"));
+        return not_found();
     }
     if path == "/api/v1/namespaces/ml/pods" && method == "GET" {
         // `labelSelector=key` or `key=value`, as the recorder asks.
@@ -119,7 +167,7 @@ fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value)
             json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
         );
     }
-    if let Some(name) = path.strip_prefix(&format!("{KUEUE}/resourceflavors/")) {
+    if let Some(name) = path.strip_prefix(&format!("{kueue}/resourceflavors/")) {
         return match (method, api.objects.get(&format!("resourceflavors/{name}"))) {
             ("GET", Some(f)) => (200, f.clone()),
             ("GET", None) => not_found(),
@@ -129,7 +177,7 @@ fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value)
             }
         };
     }
-    if let Some(rest) = path.strip_prefix(&format!("{KUEUE}/namespaces/ml/workloads/")) {
+    if let Some(rest) = path.strip_prefix(&format!("{kueue}/namespaces/ml/workloads/")) {
         let (name, status) = match rest.strip_suffix("/status") {
             Some(n) => (n, true),
             None => (rest, false),
@@ -237,8 +285,8 @@ fn nodes() -> reflector::Store<Node> {
 }
 
 /// The AdmissionChecks: gpufit's, and another controller's on the same queue.
-fn checks() -> reflector::Store<DynamicObject> {
-    let mut w = Writer::new(admission_checks());
+fn checks(version: &str) -> reflector::Store<DynamicObject> {
+    let mut w = Writer::new(admission_checks(version));
     let store = w.as_reader();
     for (name, controller) in [
         ("gpufit", CONTROLLER_NAME),
@@ -246,7 +294,7 @@ fn checks() -> reflector::Store<DynamicObject> {
     ] {
         w.apply_watcher_event(&watcher::Event::Apply(
             serde_json::from_value(json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "AdmissionCheck",
+                "apiVersion": format!("kueue.x-k8s.io/{version}"), "kind": "AdmissionCheck",
                 "metadata": {"name": name, "generation": 1},
                 "spec": {"controllerName": controller}
             }))
@@ -261,7 +309,22 @@ struct World {
     history: Arc<dyn HistoryStore>,
     webhook: WebhookState,
     kueue: Arc<KueueContext>,
+    /// The Kueue API version the stand-in serves.
+    version: &'static str,
+    /// The LocalQueues the webhook's reflector has seen.
+    local_queues: Mutex<Writer<DynamicObject>>,
     _dir: tempfile::TempDir,
+}
+
+/// Every training integration enabled (a cluster whose Kueue
+/// configuration lists `kubeflow.org/pytorchjob` too).
+fn all_frameworks() -> Option<std::collections::BTreeSet<String>> {
+    Some(
+        gpufit::controller::kinds::KINDS
+            .iter()
+            .map(|k| k.kueue_framework().to_string())
+            .collect(),
+    )
 }
 
 impl World {
@@ -272,24 +335,38 @@ impl World {
     /// A world whose webhook knows these namespaces (name, labels) and
     /// which jobs without a queue label Kueue manages.
     fn with(unlabelled: Unlabelled, ns: &[(&str, Value)]) -> Self {
+        World::build("v1beta2", unlabelled, all_frameworks(), ns)
+    }
+
+    /// The world with a Kueue that serves only API `version`, with these
+    /// integrations enabled.
+    fn build(
+        version: &'static str,
+        unlabelled: Unlabelled,
+        frameworks: Option<std::collections::BTreeSet<String>>,
+        ns: &[(&str, Value)],
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite:{}", dir.path().join("h.db").display());
         let history: Arc<dyn HistoryStore> = Arc::from(gpufit::history::open(&url).expect("db"));
-        let api = Arc::new(Mutex::new(FakeApi::default()));
+        let api = Arc::new(Mutex::new(FakeApi {
+            version,
+            ..FakeApi::default()
+        }));
         {
             let mut a = api.lock().unwrap();
             // The two ResourceFlavors of the ClusterQueue, as an admin writes them.
             for (name, pool) in [("a100-40gb", "a100"), ("h100-80gb", "h100")] {
                 a.objects.insert(
                     format!("resourceflavors/{name}"),
-                    json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                    json!({"apiVersion": format!("kueue.x-k8s.io/{version}"), "kind": "ResourceFlavor",
                            "metadata": {"name": name}, "spec": {"nodeLabels": {"pool": pool}}}),
                 );
             }
             // A flavor of CPU-only nodes (no GPU labels anywhere).
             a.objects.insert(
                 "resourceflavors/spot".into(),
-                json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                json!({"apiVersion": format!("kueue.x-k8s.io/{version}"), "kind": "ResourceFlavor",
                        "metadata": {"name": "spot"}, "spec": {"nodeLabels": {"pool": "spot"}}}),
             );
         }
@@ -313,6 +390,8 @@ impl World {
             Metrics::new(),
         );
         ctx.peak_retry = Duration::from_millis(200);
+        let lq = Writer::new(local_queues(version));
+        let lq_store = lq.as_reader();
         World {
             webhook: WebhookState {
                 history: history.clone(),
@@ -322,12 +401,15 @@ impl World {
                 targets: StrategyTargets::default(),
                 default_mode: Mode::Inject,
                 cache: Default::default(),
-                kueue_unlabelled: unlabelled,
+                kueue: KueueConfig {
+                    unlabelled,
+                    frameworks,
+                    local_queues: Some(lq_store),
+                },
             },
-            kueue: Arc::new(KueueContext {
-                ctx: Arc::new(ctx),
-                checks: checks(),
-            }),
+            kueue: Arc::new(KueueContext::new(Arc::new(ctx), checks(version), version)),
+            version,
+            local_queues: Mutex::new(lq),
             api,
             history,
             _dir: dir,
@@ -384,7 +466,8 @@ impl World {
         let mut job = admitted;
         let name = job["metadata"]["name"].as_str().unwrap().to_string();
         job["metadata"]["uid"] = json!(format!("uid-{name}"));
-        let wl = kueue_workload(kind, &job);
+        let mut wl = kueue_workload(kind, &job);
+        wl["apiVersion"] = json!(format!("kueue.x-k8s.io/{}", self.version));
         let wl_name = wl["metadata"]["name"].as_str().unwrap().to_string();
         let mut api = self.api.lock().unwrap();
         api.objects
@@ -915,10 +998,14 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
         t["spec"]["containers"][0]["args"][1],
         "$(GPUFIT_MICRO_BATCH_SIZE)"
     );
-    assert!(
-        t["metadata"]["annotations"].is_null(),
-        "the template's annotations are Kueue's to fill"
-    );
+    // The setting annotations are Kueue's to fill (a template key with
+    // another value would be a conflict); only the fallback is there.
+    let template_anns: Vec<&String> = t["metadata"]["annotations"]
+        .as_object()
+        .map(|a| a.keys().collect())
+        .unwrap_or_default();
+    assert_eq!(template_anns, [ANN_FALLBACK], "{template_anns:?}");
+    assert_eq!(t["metadata"]["labels"][LABEL_DEFERRED], "true");
     assert_eq!(t["metadata"]["labels"][LABEL_CONFIGURED], "true");
     assert!(job["metadata"]["annotations"][ANN_APPLIED].is_null());
     assert!(job["metadata"]["annotations"][ANN_WORKLOAD].is_string());
@@ -1256,7 +1343,19 @@ async fn a_job_gpufit_cannot_configure_is_admitted_as_written_never_held() {
         ours["state"], "Ready",
         "never Rejected (Kueue would deactivate it)"
     );
-    assert!(ours.get("podSetUpdates").is_none());
+    // Every setting, from the fallback (micro batch 1, accumulation keeping
+    // G = 64 over the admitted 2 GPUs): no container reads "" and the
+    // earlier flavor's values are all overwritten; no applied settings.
+    let update = &ours["podSetUpdates"][0]["annotations"];
+    assert!(update.get(ANN_APPLIED).is_none(), "{ours:#}");
+    assert_eq!(
+        update[format!("{SETTING_ANNOTATION_PREFIX}micro_batch_size")],
+        "1"
+    );
+    assert_eq!(
+        update[format!("{SETTING_ANNOTATION_PREFIX}gradient_accumulation_steps")],
+        "32"
+    );
     assert!(
         ours["message"]
             .as_str()
@@ -1264,6 +1363,11 @@ async fn a_job_gpufit_cannot_configure_is_admitted_as_written_never_held() {
             .contains("gpufit did not configure"),
         "{ours:#}"
     );
+    let mut admitted_wl = w.kueue_writes(&wl_name, other_check_ready);
+    let mut fl = flavors(&w);
+    fl.insert("spot".into(), w.get("resourceflavors/spot"));
+    kueue_start(&mut admitted_wl, &mut job, &fl);
+    assert_global_batch(&job["spec"]["template"], 2);
     let stored = w.get("jobs/cpu");
     assert!(
         stored["metadata"]["annotations"][ANN_APPLIED].is_null(),
@@ -1285,7 +1389,7 @@ async fn a_job_gpufit_cannot_configure_is_admitted_as_written_never_held() {
 
 #[test]
 fn only_our_admission_checks_are_ours_and_each_is_marked_active_once() {
-    let store = checks();
+    let store = checks("v1beta2");
     let ours = our_checks(&store);
     assert_eq!(ours.into_iter().collect::<Vec<_>>(), ["gpufit"]);
     let ac = |controller: &str, conditions: Value| -> DynamicObject {
@@ -1296,15 +1400,26 @@ fn only_our_admission_checks_are_ours_and_each_is_marked_active_once() {
         }))
         .unwrap()
     };
-    let body =
-        activation(&ac(CONTROLLER_NAME, json!([])), "2026-01-01T00:00:00Z").expect("a patch");
+    let body = activation(
+        "v1beta2",
+        &ac(CONTROLLER_NAME, json!([])),
+        "2026-01-01T00:00:00Z",
+    )
+    .expect("a patch");
     assert_eq!(body["status"]["conditions"][0]["type"], "Active");
     assert_eq!(body["status"]["conditions"][0]["status"], "True");
     assert_eq!(body["status"]["conditions"][0]["observedGeneration"], 3);
     let active = json!([{"type": "Active", "status": "True"}]);
-    assert_eq!(activation(&ac(CONTROLLER_NAME, active), "t"), None);
     assert_eq!(
-        activation(&ac("kueue.x-k8s.io/provisioning-request", json!([])), "t"),
+        activation("v1beta2", &ac(CONTROLLER_NAME, active), "t"),
+        None
+    );
+    assert_eq!(
+        activation(
+            "v1beta2",
+            &ac("kueue.x-k8s.io/provisioning-request", json!([])),
+            "t"
+        ),
         None
     );
 }
@@ -2114,4 +2229,521 @@ fn the_controller_refuses_a_namespace_selector_it_cannot_read_and_the_flag_alone
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kueue"));
+    // A namespace-limited controller would never answer the checks of
+    // other namespaces' Workloads (their quota held forever): refused.
+    let out = std::process::Command::new(gpufit)
+        .args([
+            "controller",
+            "--kueue",
+            "--watch-namespace",
+            "ml",
+            "--history",
+            &db,
+        ])
+        .env("KUBECONFIG", dir.path().join("none"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--watch-namespace") && err.contains("quota"),
+        "{err}"
+    );
+}
+
+// === Kueue as it really behaves (issue 45) ===
+
+/// Kueue's job webhook on a Job without a queue label in a namespace with
+/// a LocalQueue `default` (`jobframework.ApplyDefaultLocalQueue`, then
+/// `ApplyDefaultForSuspend`): the label, and suspended.
+fn kueue_webhook(job: &Value) -> Value {
+    let mut j = job.clone();
+    if j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].is_null() {
+        j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("default");
+    }
+    j["spec"]["suspend"] = json!(true);
+    j
+}
+
+impl World {
+    /// A LocalQueue appears (the webhook's reflector sees it).
+    fn local_queue(&self, ns: &str, name: &str) {
+        self.local_queues
+            .lock()
+            .unwrap()
+            .apply_watcher_event(&watcher::Event::Apply(
+                serde_json::from_value(json!({
+                    "apiVersion": format!("kueue.x-k8s.io/{}", self.version), "kind": "LocalQueue",
+                    "metadata": {"name": name, "namespace": ns}, "spec": {"clusterQueue": "gpu-cluster-queue"}}))
+                .expect("local queue"),
+            ));
+    }
+
+    /// Stores `job` (admitted) and the Workload Kueue makes for it.
+    fn store(&self, kind: (&str, &str, &str, &str), job: &mut Value) -> String {
+        let name = job["metadata"]["name"].as_str().unwrap().to_string();
+        job["metadata"]["uid"] = json!(format!("uid-{name}"));
+        let mut wl = kueue_workload(kind, job);
+        wl["apiVersion"] = json!(format!("kueue.x-k8s.io/{}", self.version));
+        let wl_name = wl["metadata"]["name"].as_str().unwrap().to_string();
+        let mut api = self.api.lock().unwrap();
+        api.objects
+            .insert(format!("{}/{name}", kind.3), job.clone());
+        api.objects.insert(format!("workloads/{wl_name}"), wl);
+        api.bump(&format!("workloads/{wl_name}"));
+        wl_name
+    }
+
+    /// Reconciles (as the controller's requeues would) until every gpufit
+    /// check on the Workload is answered; returns how long that took.
+    async fn answer(&self, wl_name: &str) -> Duration {
+        let start = std::time::Instant::now();
+        loop {
+            let cached = self.get(&format!("workloads/{wl_name}"));
+            let pending = cached["status"]["admissionChecks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| {
+                    c["name"].as_str().unwrap().starts_with("gpufit") && c["state"] == "Pending"
+                });
+            if !pending {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "never answered: {cached:#}"
+            );
+            let obj: DynamicObject = serde_json::from_value(cached).expect("workload");
+            let _ = reconcile_kueue_workload(Arc::new(obj), self.kueue.clone()).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A pod the Job controller creates from `template`, through gpufit's
+    /// pod webhook (the chart's `pods` rule).
+    fn pod_from(&self, template: &Value) -> Value {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p-0", "namespace": "ml",
+                         "labels": template["metadata"]["labels"].clone(),
+                         "annotations": template["metadata"]["annotations"].clone()},
+            "spec": template["spec"].clone()});
+        self.admit(("", "v1", "Pod", "pods"), &pod).0
+    }
+}
+
+/// Every `GPUFIT_*` setting the container reads, and every word of its
+/// args, as the kubelet expands them (`fieldpath.go`: a missing annotation
+/// is ""; `$(VAR)` from the environment): none may be empty.
+fn assert_no_empty_setting(pod: &Value, what: &str) -> BTreeMap<String, String> {
+    let (env, args) = container_view(pod);
+    for v in gpufit::core::settings::SETTING_VARS {
+        let got = env
+            .get(v.env)
+            .unwrap_or_else(|| panic!("{what}: {} not set", v.env));
+        assert!(!got.trim().is_empty(), "{what}: {} is empty", v.env);
+    }
+    for a in &args {
+        assert!(
+            !a.is_empty() && !a.ends_with('='),
+            "{what}: an empty argument in {args:?}"
+        );
+    }
+    env
+}
+
+/// The ids of the stand-ins: one Kueue API version each.
+const STAND_INS: [&str; 2] = ["v1beta2", "v1beta1"];
+
+#[tokio::test]
+async fn each_stand_in_is_spoken_in_the_one_version_it_serves() {
+    for version in STAND_INS {
+        let w = World::build(version, Unlabelled::default(), all_frameworks(), &[]);
+        let client = w.kueue.ctx.client.clone();
+        assert_eq!(
+            gpufit::controller::reconcile::kueue::discover_version(&client)
+                .await
+                .unwrap(),
+            version
+        );
+        let (mut job, wl_name) = w.submit(JOB, batch_job("v", 4, json!({})));
+        w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 4)]));
+        w.answer(&wl_name).await;
+        let fl = flavors(&w);
+        w.kueue_writes(&wl_name, |wl| {
+            other_check_ready(wl);
+            kueue_start(wl, &mut job, &fl);
+        });
+        assert_global_batch(&job["spec"]["template"], 4);
+        let api = w.api.lock().unwrap();
+        assert!(api.unexpected.is_empty(), "{version}: {:?}", api.unexpected);
+        assert!(
+            api.writes
+                .iter()
+                .filter(|(_, p, _)| p.contains("kueue.x-k8s.io"))
+                .all(|(_, p, _)| p.contains(&format!("/{version}/"))),
+            "{version}: {:?}",
+            api.writes
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_kueue_serving_no_known_version_is_refused_with_the_versions_named() {
+    let w = World::build("v1alpha9", Unlabelled::default(), all_frameworks(), &[]);
+    let e = gpufit::controller::reconcile::kueue::discover_version(&w.kueue.ctx.client)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("v1alpha9") && e.contains("v1beta2"), "{e}");
+}
+
+#[tokio::test]
+async fn a_local_queue_defaulted_job_is_configured_at_admission_in_either_webhook_order() {
+    let ml = [("ml", json!({}))];
+    let mut defaults = Unlabelled::managing(DEFAULT_NAMESPACE_SELECTOR).unwrap();
+    defaults.manage = false; // Kueue's default: only LocalQueueDefaulting queues it.
+    let w = World::with(defaults, &ml);
+    w.local_queue("ml", "default");
+    let job = unlabelled_job("lqd");
+    // Kueue's webhook first, then gpufit's.
+    let (kueue_first, _) = w.admit(JOB, &kueue_webhook(&job));
+    // gpufit's first, then Kueue's, then gpufit's again
+    // (reinvocationPolicy: IfNeeded, since Kueue's changed the object).
+    let (gpufit_first, _) = w.admit(JOB, &job);
+    let (reinvoked, _) = w.admit(JOB, &kueue_webhook(&gpufit_first));
+    assert_eq!(
+        kueue_first, reinvoked,
+        "the same object whichever webhook runs first"
+    );
+    assert!(
+        deferred(&kueue_first),
+        "configured at admission, not at creation"
+    );
+    assert!(kueue_first["metadata"]["annotations"][ANN_APPLIED].is_null());
+
+    // Admitted on H100 for 2 pods: that flavor's settings.
+    let mut job = kueue_first;
+    let wl_name = w.store(JOB, &mut job);
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    w.answer(&wl_name).await;
+    let fl = flavors(&w);
+    w.kueue_writes(&wl_name, |wl| {
+        other_check_ready(wl);
+        kueue_start(wl, &mut job, &fl);
+    });
+    assert_global_batch(&job["spec"]["template"], 2);
+    assert!(applied(&w.get("jobs/lqd"))["gpu"]
+        .as_str()
+        .unwrap()
+        .contains("H100"));
+
+    // Without the LocalQueue, Kueue does not queue it: judged now (the
+    // two pools are two GPUs, so left alone with a warning).
+    let w = World::with(Unlabelled::default(), &ml);
+    let plain = unlabelled_job("plain");
+    assert_eq!(w.admit(JOB, &plain).0, plain);
+}
+
+#[tokio::test]
+async fn a_labelled_pytorchjob_is_configured_at_creation_when_kueues_integration_is_off() {
+    // Kueue's default configuration: the PyTorchJob integration is off, so
+    // Kueue neither suspends nor admits it; with deferred settings it
+    // would start with empty ones.
+    let w = World::build("v1beta2", Unlabelled::default(), None, &[]);
+    let mut pj = pytorchjob("off");
+    pj["metadata"]["annotations"]["gpufit.io/gpu"] = json!("H100-80GB");
+    let (out, _) = w.admit(PYTORCHJOB, &pj);
+    let t = &out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"];
+    let env = assert_no_empty_setting(t, "PyTorchJob, integration off");
+    assert!(env["GPUFIT_MICRO_BATCH_SIZE"].parse::<u32>().is_ok());
+    assert!(out["metadata"]["annotations"][ANN_APPLIED].is_string());
+    // The Job integration is on: a labelled Job is queued (deferred).
+    let (job, _) = w.admit(JOB, &batch_job("on", 2, json!({})));
+    assert!(deferred(&job));
+}
+
+#[tokio::test]
+async fn an_immediately_configured_job_that_is_then_queued_never_fails_to_start() {
+    // Kueue's `job_controller_test.go` "conflict": a template annotation
+    // with another value in a podSetUpdate finishes the Workload
+    // FailedToStart. Here: the job was configured at creation (Kueue's
+    // label came later, e.g. a LocalQueue gpufit's cache had not seen yet),
+    // so its template carries gpufit.io/applied-settings.
+    let w = World::new();
+    let mut job = unlabelled_job("conflict");
+    job["metadata"]["annotations"]["gpufit.io/gpu"] = json!("A100-SXM4-40GB");
+    let (mut job, _) = w.admit(JOB, &job);
+    let before = job["spec"]["template"]["metadata"]["annotations"][ANN_APPLIED].clone();
+    assert!(before.is_string(), "{job:#}");
+    job = kueue_webhook(&job);
+    let wl_name = w.store(JOB, &mut job);
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    w.answer(&wl_name).await;
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    // `merge_into` asserts what podset.Merge refuses: no conflicting key.
+    kueue_start(&mut started, &mut job, &fl);
+    let t = &job["spec"]["template"];
+    assert_eq!(
+        t["metadata"]["annotations"][ANN_APPLIED], before,
+        "the template's own value kept"
+    );
+    assert_global_batch(t, 2);
+}
+
+#[tokio::test]
+async fn every_workload_is_answered_within_the_bound_across_the_fault_matrix() {
+    use gpufit::controller::reconcile::kueue::ANSWER_BUDGET;
+    let mut waits: Vec<(&str, Duration)> = Vec::new();
+
+    // 1. An owner of a kind gpufit does not describe (a RayJob): not read
+    //    (the chart's RBAC would answer 403), Ready at once, a Warning.
+    let w = World::new();
+    let (_, wl_name) = w.submit(JOB, batch_job("ray", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| {
+        wl["metadata"]["ownerReferences"][0]["apiVersion"] = json!("ray.io/v1");
+        wl["metadata"]["ownerReferences"][0]["kind"] = json!("RayJob");
+        reserve(wl, "h100-80gb", &[("main", 2)]);
+    });
+    waits.push(("unknown kind (RayJob)", w.answer(&wl_name).await));
+    let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
+    assert_eq!(ours["state"], "Ready");
+    assert!(
+        ours["message"].as_str().unwrap().contains("RayJob"),
+        "{ours:#}"
+    );
+    {
+        let api = w.api.lock().unwrap();
+        assert!(
+            api.unexpected.is_empty(),
+            "the RayJob is never read: {:?}",
+            api.unexpected
+        );
+        assert!(
+            api.events.iter().any(|e| e["type"] == "Warning"),
+            "{:?}",
+            api.events
+        );
+    }
+
+    // 2. An owner gpufit may not read (403).
+    let w = World::new();
+    w.api.lock().unwrap().forbidden.push("jobs");
+    let (mut job, wl_name) = w.submit(JOB, batch_job("forbidden", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    waits.push(("owner 403", w.answer(&wl_name).await));
+    let wl = w.get(&format!("workloads/{wl_name}"));
+    let ours = check(&wl, "gpufit").clone();
+    assert_eq!(ours["state"], "Ready");
+    assert!(
+        ours["message"].as_str().unwrap().contains("403"),
+        "{ours:#}"
+    );
+    // Its pods still read every setting (the template's fallback).
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut job, &fl);
+    assert_no_empty_setting(&w.pod_from(&job["spec"]["template"]), "owner 403");
+
+    // 3. The API server fails every read for longer than the budget: the
+    //    fallback answer, within the budget.
+    let w = World::new();
+    let (_, wl_name) = w.submit(JOB, batch_job("flaky", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    w.api.lock().unwrap().failing_gets = u32::MAX;
+    let waited = w.answer(&wl_name).await;
+    waits.push(("owner reads fail (500) throughout", waited));
+    assert!(
+        waited >= ANSWER_BUDGET.saturating_sub(Duration::from_secs(1)),
+        "{waited:?}"
+    );
+    let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
+    assert!(
+        ours["message"].as_str().unwrap().contains("fallback"),
+        "{ours:#}"
+    );
+    assert_eq!(
+        ours["podSetUpdates"][0]["annotations"]
+            [format!("{SETTING_ANNOTATION_PREFIX}micro_batch_size")],
+        "1"
+    );
+
+    // 4. Two gpufit checks on one Workload: both answered, in one write.
+    let w = World::new();
+    let (_, wl_name) = w.submit(JOB, batch_job("two", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| {
+        wl["status"]["admissionChecks"].as_array_mut().unwrap().push(
+            json!({"name": "gpufit-b", "state": "Pending", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}),
+        );
+        reserve(wl, "h100-80gb", &[("main", 2)]);
+    });
+    let mut ac = Writer::new(admission_checks("v1beta2"));
+    for c in w.kueue.checks.state() {
+        ac.apply_watcher_event(&watcher::Event::Apply((*c).clone()));
+    }
+    ac.apply_watcher_event(&watcher::Event::Apply(
+        serde_json::from_value(
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+            "metadata": {"name": "gpufit-b"}, "spec": {"controllerName": CONTROLLER_NAME}}),
+        )
+        .unwrap(),
+    ));
+    let two = World {
+        kueue: Arc::new(KueueContext::new(
+            w.kueue.ctx.clone(),
+            ac.as_reader(),
+            "v1beta2",
+        )),
+        ..w
+    };
+    waits.push(("two gpufit checks", two.answer(&wl_name).await));
+    let wl = two.get(&format!("workloads/{wl_name}"));
+    assert_eq!(check(&wl, "gpufit")["state"], "Ready");
+    assert_eq!(check(&wl, "gpufit-b")["state"], "Ready");
+    assert_eq!(two.api.lock().unwrap().status_writes(), 1);
+
+    // 5. A second replica that does not lead writes nothing; the
+    //    controller killed while checks are pending: the replica that
+    //    takes the Lease answers on its first look.
+    let w = World::new();
+    let (_, wl_name) = w.submit(JOB, batch_job("failover", 2, json!({})));
+    let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    let standby = {
+        let mut ctx = Context::new(
+            w.kueue.ctx.client.clone(),
+            w.history.clone(),
+            nodes(),
+            reflector::store::<Namespace>().0,
+            Arc::new(Peaks(1)),
+            Metrics::new(),
+        );
+        ctx.leading = tokio::sync::watch::channel(false).1;
+        Arc::new(KueueContext::new(
+            Arc::new(ctx),
+            checks("v1beta2"),
+            "v1beta2",
+        ))
+    };
+    let obj: DynamicObject = serde_json::from_value(reserved.clone()).unwrap();
+    reconcile_kueue_workload(Arc::new(obj), standby)
+        .await
+        .unwrap();
+    assert_eq!(
+        w.api.lock().unwrap().writes.len(),
+        0,
+        "a standby writes nothing"
+    );
+    // The leader was killed (its in-flight reconcile dropped mid-way).
+    let obj: DynamicObject = serde_json::from_value(reserved).unwrap();
+    let leader = reconcile_kueue_workload(Arc::new(obj), w.kueue.clone());
+    let _ = tokio::time::timeout(Duration::from_micros(1), leader).await;
+    // The new leader (a fresh replica) answers.
+    let fresh = World {
+        kueue: Arc::new(KueueContext::new(
+            w.kueue.ctx.clone(),
+            checks("v1beta2"),
+            "v1beta2",
+        )),
+        ..w
+    };
+    waits.push(("leader killed, next replica", fresh.answer(&wl_name).await));
+    assert_eq!(
+        check(&fresh.get(&format!("workloads/{wl_name}")), "gpufit")["state"],
+        "Ready"
+    );
+
+    let longest = waits.iter().map(|(_, d)| *d).max().unwrap();
+    for (what, d) in &waits {
+        eprintln!(
+            "fault matrix: {what}: answered after {:.3} s",
+            d.as_secs_f64()
+        );
+    }
+    eprintln!(
+        "fault matrix: longest wait {:.3} s; bound {:?} (+ the Lease duration on failover)",
+        longest.as_secs_f64(),
+        ANSWER_BUDGET
+    );
+    assert!(
+        longest <= ANSWER_BUDGET + Duration::from_secs(1),
+        "{waits:?}"
+    );
+}
+
+#[tokio::test]
+async fn no_pod_starts_with_an_empty_setting_across_the_failure_matrix() {
+    let mut checked = 0;
+    // (what, flavor admitted on, whether gpufit's check is on the Workload)
+    for (what, flavor, with_check) in [
+        ("configured", "h100-80gb", true),
+        (
+            "a flavor without GPU labels (answer: fallback)",
+            "spot",
+            true,
+        ),
+        (
+            "a flavor whose nodes do not exist yet (answer: fallback)",
+            "future",
+            true,
+        ),
+        (
+            "the check absent on this flavor (admissionChecksStrategy.onFlavors)",
+            "h100-80gb",
+            false,
+        ),
+    ] {
+        let w = World::new();
+        w.api.lock().unwrap().objects.insert(
+            "resourceflavors/future".into(),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                   "metadata": {"name": "future"}, "spec": {"nodeLabels": {"pool": "autoscaled"}}}),
+        );
+        let (mut job, wl_name) = w.submit(JOB, batch_job("m", 2, json!({})));
+        w.kueue_writes(&wl_name, |wl| {
+            if !with_check {
+                wl["status"]["admissionChecks"]
+                    .as_array_mut()
+                    .unwrap()
+                    .retain(|c| c["name"] != "gpufit");
+            }
+            reserve(wl, flavor, &[("main", 2)]);
+        });
+        if with_check {
+            w.answer(&wl_name).await;
+        }
+        let mut fl = flavors(&w);
+        for f in ["spot", "future"] {
+            fl.insert(f.into(), w.get(&format!("resourceflavors/{f}")));
+        }
+        let mut started = w.kueue_writes(&wl_name, other_check_ready);
+        kueue_start(&mut started, &mut job, &fl);
+        let pod = w.pod_from(&job["spec"]["template"]);
+        let env = assert_no_empty_setting(&pod, what);
+        let (m, a) = (
+            num(&env, "GPUFIT_MICRO_BATCH_SIZE"),
+            num(&env, "GPUFIT_GRAD_ACCUM_STEPS"),
+        );
+        assert_eq!(m * a * 2, 64, "{what}: m {m} × a {a} × 2 = 64");
+        checked += 1;
+        // Kueue never finishes it FailedToStart: kueue_start's merge found no conflict.
+        let wl = w.get(&format!("workloads/{wl_name}"));
+        assert!(
+            !wl["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["reason"] == "FailedToStart"),
+            "{what}"
+        );
+    }
+    // Without the pod webhook the absent-check pod would read "" — the
+    // kubelet's rule the matrix guards against.
+    let w = World::new();
+    let (job, _) = w.admit(JOB, &batch_job("raw", 2, json!({})));
+    let (env, _) = container_view(&job["spec"]["template"]);
+    assert_eq!(env["GPUFIT_MICRO_BATCH_SIZE"], "");
+    eprintln!(
+        "empty-setting matrix: {checked} cases, 0 pods with an empty setting, 0 FailedToStart"
+    );
 }

@@ -75,7 +75,7 @@ async fn start_webhook() -> Webhook {
         targets: StrategyTargets::default(),
         default_mode: Mode::Inject,
         cache: Default::default(),
-        kueue_unlabelled: Default::default(),
+        kueue: Default::default(),
     });
     let server = WebhookServer::bind(&WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),

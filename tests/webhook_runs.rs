@@ -250,7 +250,7 @@ impl World {
                 targets: StrategyTargets::default(),
                 default_mode: Mode::Inject,
                 cache: Default::default(),
-                kueue_unlabelled: Default::default(),
+                kueue: Default::default(),
             },
             history,
             peaks,

@@ -14,12 +14,10 @@ use serde_json::{json, Value};
 use super::crd::{Mode, SettingsStatus};
 use crate::core::advisor::Suggestion;
 
-/// Annotation with the settings gpufit wrote (Inject mode), as JSON.
-pub const ANN_APPLIED: &str = "gpufit.io/applied-settings";
-/// Annotation with the settings gpufit recommends (Recommend mode), as JSON.
-pub const ANN_RECOMMENDATION: &str = "gpufit.io/recommendation";
-/// Annotation with the advisor's reasoning (why).
-pub const ANN_REASON: &str = "gpufit.io/reason";
+pub use super::keys::{
+    ANN_APPLIED, ANN_FALLBACK, ANN_REASON, ANN_RECOMMENDATION, LABEL_DEFERRED,
+    SETTING_ANNOTATION_PREFIX,
+};
 
 /// Downward-API variables every injected container gets: the pod's
 /// namespace and name, which the node sidecar reads from the process
@@ -186,10 +184,6 @@ pub fn add_annotations(meta: &mut Value, anns: &BTreeMap<String, String>) {
 // admission through the AdmissionCheck's `podSetUpdates`
 // (`super::reconcile::kueue`).
 
-/// Prefix of the pod annotation that carries one setting at admission:
-/// `gpufit.io/setting.micro_batch_size` (the placeholder's name).
-pub const SETTING_ANNOTATION_PREFIX: &str = "gpufit.io/setting.";
-
 /// The pod annotation one setting travels in.
 pub fn setting_annotation(v: &crate::core::settings::SettingVar) -> String {
     format!("{SETTING_ANNOTATION_PREFIX}{}", v.placeholder)
@@ -236,11 +230,60 @@ pub fn inject_container_deferred(
 }
 
 /// [`inject_container_deferred`] for every container of a pod template
-/// (JSON). The template's annotations are left alone: Kueue refuses a
-/// `podSetUpdates` annotation that the template already has with another
-/// value.
+/// (JSON), the template labelled [`LABEL_DEFERRED`] (so gpufit's pod
+/// webhook can fill a setting the pod lacks). The template's setting
+/// annotations are left alone: Kueue refuses a `podSetUpdates` annotation
+/// that the template already has with another value.
 pub fn inject_pod_template_deferred(template: &mut Value) {
     for_each_container(template, |c| inject_container_deferred(c, true));
+    if let Some(t) = template.as_object_mut() {
+        let meta = t.entry("metadata").or_insert_with(|| json!({}));
+        super::kinds::set_label(meta, LABEL_DEFERRED, "true");
+    }
+}
+
+/// Writes the fallback settings (setting annotation → value) on a pod
+/// template, under [`ANN_FALLBACK`] (a key gpufit's answer never carries).
+pub fn add_fallback(template: &mut Value, fallback: &BTreeMap<String, String>) {
+    if let (Some(t), Ok(json)) = (template.as_object_mut(), serde_json::to_string(fallback)) {
+        let meta = t.entry("metadata").or_insert_with(|| json!({}));
+        add_annotations(
+            meta,
+            &[(ANN_FALLBACK.to_string(), json)].into_iter().collect(),
+        );
+    }
+}
+
+/// Fills, on a pod (JSON), every setting annotation that is missing or
+/// empty: from its [`ANN_FALLBACK`], else from the default settings.
+/// Returns the annotations filled.
+pub fn fill_missing_settings(pod: &mut Value) -> Vec<String> {
+    let Some(meta) = pod.get_mut("metadata") else {
+        return Vec::new();
+    };
+    let anns = meta.get("annotations").cloned().unwrap_or(json!({}));
+    let fallback: BTreeMap<String, String> = anns
+        .get(ANN_FALLBACK)
+        .and_then(Value::as_str)
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    let defaults = setting_annotations(&crate::core::settings::EngineeringSettings::default());
+    let mut add = BTreeMap::new();
+    for (key, default) in defaults {
+        let have = anns.get(&key).and_then(Value::as_str).map(str::trim);
+        if have.is_some_and(|v| !v.is_empty()) {
+            continue;
+        }
+        let v = fallback
+            .get(&key)
+            .filter(|v| !v.trim().is_empty())
+            .cloned()
+            .unwrap_or(default);
+        add.insert(key, v);
+    }
+    let filled = add.keys().cloned().collect();
+    add_annotations(meta, &add);
+    filled
 }
 
 #[cfg(test)]

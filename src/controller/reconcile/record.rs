@@ -107,6 +107,8 @@ pub(super) async fn record_runs(
         };
         let store = ctx.history.clone();
         let metrics = ctx.metrics.clone();
+        // The next suggestion for this workload must see this run.
+        let (model, method) = (rec.model.clone(), rec.method);
         let id = tokio::task::spawn_blocking(move || {
             let id = store.record(&rec)?;
             metrics.observe_throughput(store.as_ref(), &rec);
@@ -115,6 +117,7 @@ pub(super) async fn record_runs(
         .await
         .map_err(|e| RecordError::Task(e.to_string()))??;
         a.run_id = Some(id);
+        ctx.history_cache.forget(&model, method);
         let outcome = match a.outcome {
             AttemptOutcome::Succeeded => RunOutcome::Success,
             AttemptOutcome::Oom => RunOutcome::Oom,

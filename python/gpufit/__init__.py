@@ -16,6 +16,7 @@ Integrations that confirm what a job runs and measure it:
 from . import record
 from ._api import (
     STRATEGIES,
+    SUGGESTED_FIELDS,
     estimate,
     find_max_batch_size,
     log_run_result,
@@ -30,6 +31,7 @@ __all__ = [
     "GPUEfficiencyHelper",
     "GpufitError",
     "STRATEGIES",
+    "SUGGESTED_FIELDS",
     "Tracker",
     "__version__",
     "estimate",

@@ -21,6 +21,17 @@ from ._native import GpufitError
 #: The strategies, least to most GPU memory.
 STRATEGIES = ("conservative", "balanced", "aggressive")
 
+#: The suggestion's keys a training config takes (the helper's engineering
+#: fields): ``config.update({k: s[k] for k in gpufit.SUGGESTED_FIELDS})``.
+SUGGESTED_FIELDS = (
+    "batch_size",
+    "gradient_accumulation_steps",
+    "dtype",
+    "enable_activation_checkpointing",
+    "enable_activation_offloading",
+    "compile",
+)
+
 #: Bytes in the helper's ``*_gb`` figures: decimal gigabytes, as
 #: ``run_logs.jsonl`` and ``gpufit history import`` read them.
 GB = 1e9

@@ -252,3 +252,9 @@ def test_errors_carry_the_command_lines_messages():
         gpufit.suggest_config("nonexistent/model-zz", 2048, gpu_type=A100)
     with pytest.raises(GpufitError, match="--seq-len|sequence"):
         gpufit.suggest_config(MODEL, 10**8, gpu_type=A100)
+
+
+def test_the_installed_package_is_tested_not_the_source_tree():
+    assert "site-packages" in gpufit.__file__, gpufit.__file__
+    import gpufit._native as n
+    assert n.__file__.endswith((".so", ".pyd")) and "abi3" in n.__file__

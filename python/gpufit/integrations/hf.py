@@ -7,7 +7,8 @@ Usage::
 
 At the start of training it reads the settings the Trainer really runs
 (``per_device_train_batch_size``, ``gradient_accumulation_steps``,
-``bf16``/``fp16`` or the model's dtype, ``gradient_checkpointing``,
+``bf16``/``fp16`` or the model's dtype, ``activation_checkpointing`` /
+``gradient_checkpointing``,
 ``torch_compile``, ``dataloader_num_workers``) and resets the allocator's
 peak; at the end it writes the result record (:mod:`gpufit.record`) with the
 exact per-rank peak and tokens/s: ``state.num_input_tokens_seen`` when
@@ -74,7 +75,10 @@ class GpufitCallback(TrainerCallback):
             "micro_batch_size": int(args.per_device_train_batch_size),
             "gradient_accumulation_steps": int(args.gradient_accumulation_steps),
             "dtype": _dtype(args, kwargs.get("model")),
-            "activation_checkpointing": bool(getattr(args, "gradient_checkpointing", False)),
+            # `activation_checkpointing` since transformers 5, `gradient_checkpointing` before.
+            "activation_checkpointing": bool(
+                getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False)
+            ),
             "compile": bool(getattr(args, "torch_compile", False)),
             "num_workers": int(getattr(args, "dataloader_num_workers", 0)),
         }

@@ -866,6 +866,13 @@ pub fn exports(job_id: &str, s: &Suggestion) -> Vec<String> {
         ("GPUFIT_GPU_MODEL", s.gpu.clone()),
         ("GPUFIT_REASONING", s.reasoning.clone()),
         ("GPUFIT_JOB_ID", job_id.to_string()),
+        // Where the job's own result record goes (Python package), for the Epilog.
+        (
+            crate::core::result_record::RESULT_FILE_ENV,
+            crate::core::result_record::slurm_result_path(job_id)
+                .display()
+                .to_string(),
+        ),
     ]);
     pairs
         .into_iter()

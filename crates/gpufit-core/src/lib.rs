@@ -15,6 +15,7 @@ pub mod logs;
 pub mod memory;
 pub mod report;
 pub mod request;
+pub mod result_record;
 pub mod run;
 pub mod run_check;
 pub mod settings;

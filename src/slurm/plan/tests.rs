@@ -277,6 +277,7 @@ fn exports_are_single_line_export_statements_with_every_setting() {
     assert_eq!(get("GPUFIT_CONFIDENCE"), "0.42");
     assert_eq!(get("GPUFIT_REASONING"), "line one line two");
     assert_eq!(get("GPUFIT_JOB_ID"), "42");
+    assert_eq!(get("GPUFIT_RESULT_FILE"), "/tmp/gpufit-result-42.json");
 }
 
 #[test]

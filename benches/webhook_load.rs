@@ -88,6 +88,7 @@ fn synthetic_run(i: u64, rng: &mut Rng, canonical: &str) -> RunRecord {
         (card as f64 * (0.2 + 0.045 * micro as f64)) as u64
     };
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: chrono::Utc::now(),

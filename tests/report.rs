@@ -34,6 +34,7 @@ fn run(
     dur: f64,
 ) -> RunRecord {
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: Utc::now() - chrono::Duration::hours(ago_h),

@@ -68,7 +68,10 @@ pub fn run(g: &Global, args: ParseLogArgs) -> crate::Result<ExitCode> {
 
 /// The settings the log states, as one line: what a recorder will store
 /// instead of the injected ones.
-fn stated_row(s: &crate::core::logs::stated::StatedSettings) -> String {
+fn stated_row(
+    s: &crate::core::logs::stated::StatedSettings,
+    stated_by: &[crate::core::logs::stated::StatedBy],
+) -> String {
     let mut parts = Vec::new();
     if let Some(m) = s.micro_batch_size {
         parts.push(format!("micro batch {m}"));
@@ -89,8 +92,7 @@ fn stated_row(s: &crate::core::logs::stated::StatedSettings) -> String {
     if let Some(c) = s.compile {
         parts.push(format!("compile {}", on_off(c)));
     }
-    let by: Vec<String> = s
-        .stated_by
+    let by: Vec<String> = stated_by
         .iter()
         .map(|b| {
             serde_json::to_value(b)
@@ -132,7 +134,10 @@ fn print_table(file: &str, p: &ParsedLog) {
             p.oom.as_ref().and_then(|o| mem(o.tried_to_allocate_bytes)),
         ),
         ("error", p.error_message.clone()),
-        ("stated settings", p.stated.as_ref().map(stated_row)),
+        (
+            "stated settings",
+            p.stated.as_ref().map(|s| stated_row(s, &p.stated_by)),
+        ),
     ];
     for (k, v) in rows {
         if let Some(v) = v {

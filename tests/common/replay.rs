@@ -209,6 +209,7 @@ fn record(
     predicted: u64,
 ) -> RunRecord {
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: Utc::now(),

@@ -10,6 +10,7 @@
 pub mod advisor;
 pub mod capability;
 pub mod catalog;
+pub mod confirm;
 pub mod learner;
 pub mod logs;
 pub mod memory;

@@ -501,6 +501,7 @@ mod validation_tests {
 
     fn rec() -> RunRecord {
         RunRecord {
+            confirmation: Default::default(),
             nodes: None,
             id: None,
             timestamp: Utc::now(),

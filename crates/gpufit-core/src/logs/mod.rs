@@ -144,6 +144,9 @@ pub struct ParsedLog {
     /// for the settings it really ran, so these win over what was injected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stated: Option<stated::StatedSettings>,
+    /// Which framework statements `stated` came from, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stated_by: Vec<stated::StatedBy>,
 }
 
 impl ParsedLog {
@@ -355,7 +358,10 @@ impl LogParser {
         completed |= self.pl.finish(&mut out);
         completed |= self.plain.finish(&mut out);
         let oom = self.oom.finish(&mut out);
-        out.stated = self.stated.finish();
+        if let Some((stated, by)) = self.stated.finish() {
+            out.stated = Some(stated);
+            out.stated_by = by;
+        }
         out.formats.sort();
         out.formats.dedup();
         out.outcome = if oom {

@@ -24,6 +24,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::result_record::StatedSettings;
 use crate::settings::Dtype;
 
 /// Who stated a setting.
@@ -36,38 +37,6 @@ pub enum StatedBy {
     TorchtuneConfig,
     /// Lightning's mixed-precision line.
     LightningPrecision,
-}
-
-/// Settings a log states. Every field is `None` when the log does not say.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatedSettings {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub micro_batch_size: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gradient_accumulation_steps: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dtype: Option<Dtype>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub activation_checkpointing: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub activation_offloading: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compile: Option<bool>,
-    /// Which statements were read, sorted.
-    #[serde(default)]
-    pub stated_by: Vec<StatedBy>,
-}
-
-impl StatedSettings {
-    /// Whether any setting was stated.
-    pub fn is_empty(&self) -> bool {
-        self.micro_batch_size.is_none()
-            && self.gradient_accumulation_steps.is_none()
-            && self.dtype.is_none()
-            && self.activation_checkpointing.is_none()
-            && self.activation_offloading.is_none()
-            && self.compile.is_none()
-    }
 }
 
 /// The largest micro batch or accumulation a log may state; above it the
@@ -102,6 +71,7 @@ fn first<T>(slot: &mut Option<T>, v: Option<T>) -> bool {
 #[derive(Debug, Default)]
 pub struct StatedParser {
     out: StatedSettings,
+    by: Vec<StatedBy>,
     /// Inside torchtune's YAML echo.
     in_torchtune_config: bool,
 }
@@ -186,15 +156,15 @@ impl StatedParser {
     }
 
     fn by(&mut self, who: StatedBy) {
-        if !self.out.stated_by.contains(&who) {
-            self.out.stated_by.push(who);
-            self.out.stated_by.sort();
+        if !self.by.contains(&who) {
+            self.by.push(who);
+            self.by.sort();
         }
     }
 
-    /// What was stated, or None when nothing was.
-    pub fn finish(self) -> Option<StatedSettings> {
-        (!self.out.is_empty()).then_some(self.out)
+    /// What was stated and by whom (sorted), or None when nothing was.
+    pub fn finish(self) -> Option<(StatedSettings, Vec<StatedBy>)> {
+        (self.out != StatedSettings::default()).then_some((self.out, self.by))
     }
 }
 
@@ -212,7 +182,7 @@ mod tests {
         assert_eq!(s.micro_batch_size, Some(8));
         assert_eq!(s.gradient_accumulation_steps, Some(4));
         assert_eq!(s.dtype, None);
-        assert_eq!(s.stated_by, vec![StatedBy::HfTrainer]);
+        assert_eq!(p.stated_by, vec![StatedBy::HfTrainer]);
     }
 
     #[test]
@@ -222,7 +192,7 @@ mod tests {
             "[INFO|trainer.py:2314] 2024-05-01 >>   Instantaneous batch size per device = 1,024",
         );
         p.feed("  Gradient Accumulation steps = 99999999999");
-        let s = p.finish().unwrap();
+        let (s, _) = p.finish().unwrap();
         assert_eq!(s.micro_batch_size, Some(1024));
         assert_eq!(s.gradient_accumulation_steps, None);
     }
@@ -242,7 +212,7 @@ mod tests {
         assert_eq!(s.activation_checkpointing, Some(true));
         assert_eq!(s.activation_offloading, Some(false));
         assert_eq!(s.compile, Some(false));
-        assert_eq!(s.stated_by, vec![StatedBy::TorchtuneConfig]);
+        assert_eq!(p.stated_by, vec![StatedBy::TorchtuneConfig]);
     }
 
     #[test]
@@ -259,9 +229,9 @@ mod tests {
         ] {
             let mut p = StatedParser::default();
             p.feed(line);
-            let s = p.finish().unwrap();
+            let (s, by) = p.finish().unwrap();
             assert_eq!(s.dtype, Some(dtype), "{line}");
-            assert_eq!(s.stated_by, vec![StatedBy::LightningPrecision]);
+            assert_eq!(by, vec![StatedBy::LightningPrecision]);
         }
     }
 

@@ -574,3 +574,34 @@ fn a_slurm_mig_jobs_prolog_and_epilog_map_its_slice_in_both_id_forms() {
         assert!(files().is_empty(), "{cvd}: {:?}", files());
     }
 }
+
+/// The table of cards × profiles × memory in docs/gpus.md is the catalog's,
+/// row for row (a changed figure must change the docs too).
+#[test]
+fn the_docs_mig_table_is_the_catalogs() {
+    let mut want = String::from(
+        "| Card (NVML name) | Profile | Memory share | Planned MiB | GiB | Source |\n|---|---|---|---|---|---|\n",
+    );
+    for e in mig_catalog() {
+        want += &format!(
+            "| {} | `{}` | {}/8 | {} | {:.2} | {} |\n",
+            e.card,
+            e.profile,
+            e.memory_eighths,
+            e.memory_mib,
+            e.memory_mib as f64 / 1024.0,
+            e.source.as_str()
+        );
+    }
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/gpus.md"))
+        .expect("docs/gpus.md");
+    let table = docs
+        .split_once("<!-- mig-table -->\n")
+        .and_then(|(_, rest)| rest.split_once("<!-- /mig-table -->"))
+        .map(|(t, _)| t)
+        .unwrap_or("");
+    assert!(
+        table == want,
+        "docs/gpus.md's MIG table should read:\n{want}"
+    );
+}

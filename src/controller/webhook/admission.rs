@@ -202,7 +202,11 @@ fn decide(
         .and_then(gpu::cpus_per_gpu_json);
     let suggestion = match advise(&workload, &gpu, strategy, &pins, cpus, state)? {
         Ok(s) => s,
-        Err(warning) => return Ok(Decision::Warn(warning)),
+        // Why the GPU is what it is (e.g. MPS's cap) explains the failure too.
+        Err(warning) => {
+            let all: Vec<String> = std::iter::once(warning).chain(gpu_warnings).collect();
+            return Ok(Decision::Warn(all.join("; ")));
+        }
     };
     let mut mutated = with_suggestion(original, &shape, &suggestion, mode);
     if mode == Mode::Inject {

@@ -605,3 +605,40 @@ fn the_docs_mig_table_is_the_catalogs() {
         "docs/gpus.md's MIG table should read:\n{want}"
     );
 }
+
+/// `gpufit gpus --live` on a MIG node read without privileges: the card is
+/// `ok`, with why its own memory is missing; its slices are listed.
+#[test]
+fn gpus_live_says_why_a_mig_cards_own_memory_is_missing() {
+    let out = std::process::Command::new(cli::BIN)
+        .args([
+            "gpus",
+            "--live",
+            "--backend",
+            "simulate",
+            "--simulate-model",
+            "NVIDIA H100 80GB HBM3",
+            "--simulate-gpus",
+            "1",
+            "--simulate-mig",
+            "0:1g.10gb,3g.40gb",
+            "--simulate-mig-parent-refused",
+        ])
+        .output()
+        .expect("gpufit runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("unhealthy"), "{text}");
+    assert!(
+        text.contains("ok (memory:") && text.contains("CAP_SYS_ADMIN"),
+        "{text}"
+    );
+    assert!(
+        text.contains("MIG 1g.10gb") && text.contains("MIG 3g.40gb"),
+        "{text}"
+    );
+}

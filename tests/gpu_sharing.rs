@@ -642,3 +642,69 @@ fn gpus_live_says_why_a_mig_cards_own_memory_is_missing() {
         "{text}"
     );
 }
+
+/// go-nvml's mock GPU instance profiles (`MemorySizeMB`): the catalog never
+/// plans a slice for more than they give, and a figure credited to them is
+/// theirs.
+#[test]
+fn catalog_slices_are_at_or_below_go_nvmls_mock_profiles() {
+    let cards = [
+        ("a100_40gb", "a100.go", "NVIDIA A100-SXM4-40GB"),
+        ("a100_80gb", "a100.go", "NVIDIA A100-SXM4-80GB"),
+        ("a30_24gb", "a30.go", "NVIDIA A30"),
+        ("h100_80gb", "h100.go", "NVIDIA H100 80GB HBM3"),
+        ("h200_141gb", "h200.go", "NVIDIA H200"),
+        ("b200_180gb", "b200.go", "NVIDIA B200"),
+    ];
+    let catalog = mig_catalog();
+    let mut checked = 0;
+    for (map, file, card) in cards {
+        let text = fixture(&format!("go-nvml/{file}"));
+        let mut in_map = false;
+        let mut constant = String::new();
+        let slices: Vec<_> = catalog.iter().filter(|e| e.card == card).collect();
+        for line in text.lines().map(str::trim) {
+            if line.contains("GpuInstanceProfiles = map") {
+                in_map = line.starts_with(&format!("{map}_GpuInstanceProfiles"));
+            } else if let Some(c) = line.strip_prefix("nvml.GPU_INSTANCE_PROFILE_") {
+                constant = c.trim_end_matches(": {").to_string();
+            } else if let Some(rest) = line.strip_prefix("MemorySizeMB:").filter(|_| in_map) {
+                let mib: u64 = rest
+                    .split(',')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .parse()
+                    .expect("MiB");
+                // 1_SLICE / _REV1 (+me): the smaller 1g profile; _REV2: the larger.
+                let (g, larger) = match constant.as_str() {
+                    "1_SLICE" | "1_SLICE_REV1" => (1, false),
+                    "1_SLICE_REV2" => (1, true),
+                    "2_SLICE" | "2_SLICE_REV1" => (2, false),
+                    "3_SLICE" => (3, false),
+                    "4_SLICE" => (4, false),
+                    "7_SLICE" => (7, false),
+                    other => panic!("{file}: {other}"),
+                };
+                let mut of_g: Vec<_> = slices
+                    .iter()
+                    .filter(|e| e.profile.starts_with(&format!("{g}g.")))
+                    .collect();
+                of_g.sort_by_key(|e| e.memory_eighths);
+                let e = if larger { of_g.last() } else { of_g.first() };
+                let e = e.unwrap_or_else(|| panic!("{card}: no {g}g profile"));
+                assert!(
+                    e.memory_mib <= mib,
+                    "{card} {}: {} MiB above go-nvml's {mib}",
+                    e.profile,
+                    e.memory_mib
+                );
+                if e.source == gpufit::core::catalog::MigMemorySource::GoNvml {
+                    assert_eq!(e.memory_mib, mib, "{card} {}", e.profile);
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 35, "{checked} profiles checked");
+}

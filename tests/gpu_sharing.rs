@@ -708,3 +708,54 @@ fn catalog_slices_are_at_or_below_go_nvmls_mock_profiles() {
     }
     assert!(checked >= 35, "{checked} profiles checked");
 }
+
+/// `nvidia-smi mig -lgip` as printed on real cards: the catalog never plans
+/// a slice for more than its "Memory GiB", and a figure credited to lgip is
+/// that column.
+#[test]
+fn catalog_slices_are_at_or_below_what_nvidia_smi_lists() {
+    let catalog = mig_catalog();
+    let mut checked = 0;
+    for (file, first_card) in [
+        ("mig-user-guide/h200-lgip.txt", "NVIDIA H200"),
+        ("mig-user-guide/h100-80gb-lgip.txt", "NVIDIA H100 80GB HBM3"),
+        ("mig-user-guide/a100-lgip.txt", "NVIDIA A100-SXM4-40GB"),
+    ] {
+        let mut card = first_card;
+        for line in fixture(file).lines() {
+            if line.starts_with("A100 80GB") {
+                card = "NVIDIA A100-SXM4-80GB";
+            }
+            let t: Vec<&str> = line.split_whitespace().collect();
+            let Some(at) = t.iter().position(|w| *w == "MIG") else {
+                continue;
+            };
+            let (Some(profile), Some(gib)) = (t.get(at + 1), t.get(at + 4)) else {
+                continue;
+            };
+            let gib: f64 = gib.parse().unwrap_or_else(|_| panic!("{file}: {line}"));
+            // nvidia-smi prints GiB to two decimals (19.625 as 19.62): a
+            // figure within half a hundredth of a GiB is the same.
+            let mib = ((gib + 0.005) * 1024.0).floor() as u64;
+            let base = mig_base_profile(profile).expect("a profile");
+            let e = catalog
+                .iter()
+                .find(|e| e.card == card && e.profile == base)
+                .unwrap_or_else(|| panic!("{card} {base} in the catalog"));
+            assert!(
+                e.memory_mib <= mib,
+                "{card} {base}: {} MiB above lgip's {mib}",
+                e.memory_mib
+            );
+            if e.source == gpufit::core::catalog::MigMemorySource::Lgip {
+                let printed = e.memory_mib as f64 / 1024.0;
+                assert!(
+                    (printed - gib).abs() <= 0.005 + 1e-9,
+                    "{card} {base}: {printed} GiB, lgip {gib}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "{checked}");
+}

@@ -475,7 +475,7 @@ CASES: list[Case] = [
         "single-replica-no-leader-election",
         {
             "controller": {"leaderElection": {"enabled": False}, "watchNamespace": "team-a", "clusterName": "gpu-west"},
-            "sidecar": {"readOtherUsersProcesses": True, "nvmlLib": "/usr/lib64/libnvidia-ml.so.1", "interval": "50ms"},
+            "sidecar": {"readOtherUsersProcesses": True, "migMonitoring": True, "nvmlLib": "/usr/lib64/libnvidia-ml.so.1", "interval": "50ms"},
         },
         expect_single_no_leader,
     ),
@@ -839,8 +839,16 @@ def check_sidecar(r: Rendered, p: Problems) -> None:
     caps = sc.get("capabilities", {})
     p.check(caps.get("drop") == ["ALL"], "the sidecar drops every capability")
     want_caps = ["SYS_PTRACE", "DAC_READ_SEARCH"] if r.merged["sidecar"]["readOtherUsersProcesses"] else []
+    mig_monitoring = r.merged["sidecar"]["migMonitoring"]
+    if mig_monitoring:
+        want_caps = want_caps + ["SYS_ADMIN"]
     p.check(sorted(caps.get("add") or []) == sorted(want_caps),
-            f"the sidecar adds exactly {want_caps} (sidecar.readOtherUsersProcesses), got {caps.get('add')}")
+            f"the sidecar adds exactly {want_caps} (sidecar.readOtherUsersProcesses, sidecar.migMonitoring), got {caps.get('add')}")
+    # MIG monitoring: the toolkit's NVIDIA_MIG_MONITOR_DEVICES only with
+    # CAP_SYS_ADMIN (it refuses the one without the other), and only opted in.
+    mig_env = [e.get("value") for e in c.get("env", []) if e.get("name") == "NVIDIA_MIG_MONITOR_DEVICES"]
+    p.check(mig_env == (["all"] if mig_monitoring else []),
+            f"NVIDIA_MIG_MONITOR_DEVICES=all exactly when sidecar.migMonitoring, got {mig_env}")
     p.check(spec.get("automountServiceAccountToken") is False, "the sidecar needs no API token")
     http = next((pt for pt in c.get("ports", []) if pt.get("name") == "http"), {})
     dep = r.one("Deployment")

@@ -574,3 +574,188 @@ fn a_slurm_mig_jobs_prolog_and_epilog_map_its_slice_in_both_id_forms() {
         assert!(files().is_empty(), "{cvd}: {:?}", files());
     }
 }
+
+/// The table of cards × profiles × memory in docs/gpus.md is the catalog's,
+/// row for row (a changed figure must change the docs too).
+#[test]
+fn the_docs_mig_table_is_the_catalogs() {
+    let mut want = String::from(
+        "| Card (NVML name) | Profile | Memory share | Planned MiB | GiB | Source |\n|---|---|---|---|---|---|\n",
+    );
+    for e in mig_catalog() {
+        want += &format!(
+            "| {} | `{}` | {}/8 | {} | {:.2} | {} |\n",
+            e.card,
+            e.profile,
+            e.memory_eighths,
+            e.memory_mib,
+            e.memory_mib as f64 / 1024.0,
+            e.source.as_str()
+        );
+    }
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/gpus.md"))
+        .expect("docs/gpus.md");
+    let table = docs
+        .split_once("<!-- mig-table -->\n")
+        .and_then(|(_, rest)| rest.split_once("<!-- /mig-table -->"))
+        .map(|(t, _)| t)
+        .unwrap_or("");
+    assert!(
+        table == want,
+        "docs/gpus.md's MIG table should read:\n{want}"
+    );
+}
+
+/// `gpufit gpus --live` on a MIG node read without privileges: the card is
+/// `ok`, with why its own memory is missing; its slices are listed.
+#[test]
+fn gpus_live_says_why_a_mig_cards_own_memory_is_missing() {
+    let out = std::process::Command::new(cli::BIN)
+        .args([
+            "gpus",
+            "--live",
+            "--backend",
+            "simulate",
+            "--simulate-model",
+            "NVIDIA H100 80GB HBM3",
+            "--simulate-gpus",
+            "1",
+            "--simulate-mig",
+            "0:1g.10gb,3g.40gb",
+            "--simulate-mig-parent-refused",
+        ])
+        .output()
+        .expect("gpufit runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("unhealthy"), "{text}");
+    assert!(
+        text.contains("ok (memory:") && text.contains("CAP_SYS_ADMIN"),
+        "{text}"
+    );
+    assert!(
+        text.contains("MIG 1g.10gb") && text.contains("MIG 3g.40gb"),
+        "{text}"
+    );
+}
+
+/// go-nvml's mock GPU instance profiles (`MemorySizeMB`): the catalog never
+/// plans a slice for more than they give, and a figure credited to them is
+/// theirs.
+#[test]
+fn catalog_slices_are_at_or_below_go_nvmls_mock_profiles() {
+    let cards = [
+        ("a100_40gb", "a100.go", "NVIDIA A100-SXM4-40GB"),
+        ("a100_80gb", "a100.go", "NVIDIA A100-SXM4-80GB"),
+        ("a30_24gb", "a30.go", "NVIDIA A30"),
+        ("h100_80gb", "h100.go", "NVIDIA H100 80GB HBM3"),
+        ("h200_141gb", "h200.go", "NVIDIA H200"),
+        ("b200_180gb", "b200.go", "NVIDIA B200"),
+    ];
+    let catalog = mig_catalog();
+    let mut checked = 0;
+    for (map, file, card) in cards {
+        let text = fixture(&format!("go-nvml/{file}"));
+        let mut in_map = false;
+        let mut constant = String::new();
+        let slices: Vec<_> = catalog.iter().filter(|e| e.card == card).collect();
+        for line in text.lines().map(str::trim) {
+            if line.contains("GpuInstanceProfiles = map") {
+                in_map = line.starts_with(&format!("{map}_GpuInstanceProfiles"));
+            } else if let Some(c) = line.strip_prefix("nvml.GPU_INSTANCE_PROFILE_") {
+                constant = c.trim_end_matches(": {").to_string();
+            } else if let Some(rest) = line.strip_prefix("MemorySizeMB:").filter(|_| in_map) {
+                let mib: u64 = rest
+                    .split(',')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .parse()
+                    .expect("MiB");
+                // 1_SLICE / _REV1 (+me): the smaller 1g profile; _REV2: the larger.
+                let (g, larger) = match constant.as_str() {
+                    "1_SLICE" | "1_SLICE_REV1" => (1, false),
+                    "1_SLICE_REV2" => (1, true),
+                    "2_SLICE" | "2_SLICE_REV1" => (2, false),
+                    "3_SLICE" => (3, false),
+                    "4_SLICE" => (4, false),
+                    "7_SLICE" => (7, false),
+                    other => panic!("{file}: {other}"),
+                };
+                let mut of_g: Vec<_> = slices
+                    .iter()
+                    .filter(|e| e.profile.starts_with(&format!("{g}g.")))
+                    .collect();
+                of_g.sort_by_key(|e| e.memory_eighths);
+                let e = if larger { of_g.last() } else { of_g.first() };
+                let e = e.unwrap_or_else(|| panic!("{card}: no {g}g profile"));
+                assert!(
+                    e.memory_mib <= mib,
+                    "{card} {}: {} MiB above go-nvml's {mib}",
+                    e.profile,
+                    e.memory_mib
+                );
+                if e.source == gpufit::core::catalog::MigMemorySource::GoNvml {
+                    assert_eq!(e.memory_mib, mib, "{card} {}", e.profile);
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 35, "{checked} profiles checked");
+}
+
+/// `nvidia-smi mig -lgip` as printed on real cards: the catalog never plans
+/// a slice for more than its "Memory GiB", and a figure credited to lgip is
+/// that column.
+#[test]
+fn catalog_slices_are_at_or_below_what_nvidia_smi_lists() {
+    let catalog = mig_catalog();
+    let mut checked = 0;
+    for (file, first_card) in [
+        ("mig-user-guide/h200-lgip.txt", "NVIDIA H200"),
+        ("mig-user-guide/h100-80gb-lgip.txt", "NVIDIA H100 80GB HBM3"),
+        ("mig-user-guide/a100-lgip.txt", "NVIDIA A100-SXM4-40GB"),
+    ] {
+        let mut card = first_card;
+        for line in fixture(file).lines() {
+            if line.starts_with("A100 80GB") {
+                card = "NVIDIA A100-SXM4-80GB";
+            }
+            let t: Vec<&str> = line.split_whitespace().collect();
+            let Some(at) = t.iter().position(|w| *w == "MIG") else {
+                continue;
+            };
+            let (Some(profile), Some(gib)) = (t.get(at + 1), t.get(at + 4)) else {
+                continue;
+            };
+            let gib: f64 = gib.parse().unwrap_or_else(|_| panic!("{file}: {line}"));
+            // nvidia-smi prints GiB to two decimals (19.625 as 19.62): a
+            // figure within half a hundredth of a GiB is the same.
+            let mib = ((gib + 0.005) * 1024.0).floor() as u64;
+            let base = mig_base_profile(profile).expect("a profile");
+            let e = catalog
+                .iter()
+                .find(|e| e.card == card && e.profile == base)
+                .unwrap_or_else(|| panic!("{card} {base} in the catalog"));
+            assert!(
+                e.memory_mib <= mib,
+                "{card} {base}: {} MiB above lgip's {mib}",
+                e.memory_mib
+            );
+            if e.source == gpufit::core::catalog::MigMemorySource::Lgip {
+                let printed = e.memory_mib as f64 / 1024.0;
+                assert!(
+                    (printed - gib).abs() <= 0.005 + 1e-9,
+                    "{card} {base}: {printed} GiB, lgip {gib}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "{checked}");
+}

@@ -49,6 +49,10 @@ fn namespace(name: &str, mode: Option<&str>) -> Namespace {
 }
 
 async fn start_webhook() -> Webhook {
+    start_webhook_on(vec![gpu_node()]).await
+}
+
+async fn start_webhook_on(gpu_nodes: Vec<Node>) -> Webhook {
     let dir = tempfile::tempdir().expect("temp dir");
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
     let cert_path = dir.path().join("tls.crt");
@@ -59,7 +63,9 @@ async fn start_webhook() -> Webhook {
     let history = gpufit::history::open(&format!("sqlite:{}", dir.path().join("h.db").display()))
         .expect("sqlite history");
     let (nodes, mut nw) = reflector::store::<Node>();
-    nw.apply_watcher_event(&watcher::Event::Apply(gpu_node()));
+    for n in gpu_nodes {
+        nw.apply_watcher_event(&watcher::Event::Apply(n));
+    }
     let (namespaces, mut nsw) = reflector::store::<Namespace>();
     nsw.apply_watcher_event(&watcher::Event::Apply(namespace("ml", None)));
     nsw.apply_watcher_event(&watcher::Event::Apply(namespace(
@@ -764,4 +770,56 @@ async fn a_pod_with_two_cpus_per_gpu_gets_at_most_two_workers() {
     let e = env(&apply_patch(&obj, &resp)["spec"]["template"], 0);
     let workers: u32 = e["GPUFIT_DATALOADER_NUM_WORKERS"].parse().expect("workers");
     assert!(workers <= 2, "{workers} workers for 2 CPUs");
+}
+
+/// Acceptance (issue 46): on a node sharing each A100 80GB ten ways through
+/// MPS, a job asking `gpufit.io/gpu-sharing=whole` is planned for the 8 GiB
+/// the MPS daemon lets it use, and the admission response warns why.
+#[tokio::test]
+async fn whole_on_an_mps_node_is_planned_for_the_share_with_a_warning() {
+    let mps: Node = serde_json::from_value(json!({"metadata": {"name": "mps-1", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-SHARED", "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/gpu.count": "8", "nvidia.com/gpu.replicas": "10",
+        "nvidia.com/gpu.sharing-strategy": "mps"}}}))
+    .expect("node");
+    let w = start_webhook_on(vec![mps]).await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/gpu-sharing"] = json!("whole");
+    // An 8B model does not fit 8 GiB: the warning still says why it is 8 GiB.
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns.clone()))).await;
+    let warnings = resp["response"]["warnings"].to_string();
+    assert!(
+        warnings.contains("does not fit") && warnings.contains("MPS daemon caps"),
+        "{resp}"
+    );
+    anns["gpufit.io/model"] = json!("Qwen/Qwen2.5-0.5B");
+    anns["gpufit.io/seq-len"] = json!("512");
+    let obj = job(anns);
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let warnings = resp["response"]["warnings"].to_string();
+    assert!(
+        warnings.contains("gpufit.io/gpu-sharing=whole ignored") && warnings.contains("MPS"),
+        "{resp}"
+    );
+    let out = apply_patch(&obj, &resp);
+    let reason = out["metadata"]["annotations"][ANN_REASON]
+        .as_str()
+        .unwrap_or("");
+    assert!(reason.contains("MPS-shared by 10"), "{reason}");
+    let applied: Value = serde_json::from_str(
+        out["metadata"]["annotations"][ANN_APPLIED]
+            .as_str()
+            .unwrap_or("{}"),
+    )
+    .expect("applied JSON");
+    assert!(
+        applied["gpu"]
+            .as_str()
+            .unwrap_or("")
+            .contains("MPS-shared by 10"),
+        "{applied}"
+    );
+    let peak = applied["predictedPeakBytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(peak <= 8 << 30, "planned within 8 GiB: {peak}");
 }

@@ -247,12 +247,17 @@ impl Attributor {
 
     /// The job of `pid` running on GPU `gpu`, without caching.
     pub fn attribute(&self, pid: u32, gpu: u32) -> Option<JobKey> {
-        self.attribute_on(pid, gpu, &[])
+        self.attribute_on(pid, gpu, None)
     }
 
-    /// The job of `pid` running on GPU `gpu` — on a MIG slice when
-    /// `slice_names` (its mapping file names) is not empty — without caching.
-    pub fn attribute_on(&self, pid: u32, gpu: u32, slice_names: &[String]) -> Option<JobKey> {
+    /// The job of `pid` running on GPU `gpu` — on a MIG slice whose mapping
+    /// file names are `slice_names` when given — without caching.
+    pub fn attribute_on(
+        &self,
+        pid: u32,
+        gpu: u32,
+        slice_names: Option<&[String]>,
+    ) -> Option<JobKey> {
         let environ = self.proc.environ(pid).ok();
         if let Ok(text) = self.proc.cgroup(pid) {
             match parse_cgroup(&text) {
@@ -279,12 +284,11 @@ impl Attributor {
             });
         }
         let dir = self.mapping_dir.as_deref()?;
-        let id = if slice_names.is_empty() {
-            mapping_dir_job(dir, gpu)
-        } else {
+        let id = match slice_names {
+            None => mapping_dir_job(dir, gpu),
             // On a MIG node the card's index file is no job's: a slice's
             // job is found by the slice's own ids only.
-            slice_names.iter().find_map(|n| mapping_file_job(dir, n))
+            Some(names) => names.iter().find_map(|n| mapping_file_job(dir, n)),
         };
         id.map(|slurm_job_id| JobKey::Slurm { slurm_job_id })
     }
@@ -314,7 +318,7 @@ impl Attributor {
             }
             let job = match cache.get(&p.pid) {
                 Some(j) => j.clone(),
-                None => self.attribute_on(p.pid, p.gpu, &slice_names(p, gpus)),
+                None => self.attribute_on(p.pid, p.gpu, slice_names(p, gpus).as_deref()),
             };
             fresh.insert(p.pid, job.clone());
             p.job = job;
@@ -323,43 +327,37 @@ impl Attributor {
     }
 }
 
-/// The mapping file names of the MIG slice a process runs on (empty on a
+/// The mapping file names of the MIG slice a process runs on (None on a
 /// whole GPU): its `MIG-<uuid>` and, when its instance ids are known, the
-/// `MIG-GPU-<card uuid>_<gi>_<ci>` form.
+/// `MIG-GPU-<card uuid>_<gi>_<ci>` form; empty when the slice is not in
+/// `gpus` (no file can then be told to be its).
 fn slice_names(
     p: &super::source::ProcessObservation,
     gpus: &[super::source::GpuInfo],
-) -> Vec<String> {
-    let Some(slice) = &p.mig else {
-        return Vec::new();
-    };
+) -> Option<Vec<String>> {
+    let slice = p.mig.as_ref()?;
     let Some(g) = gpus
         .iter()
         .find(|g| g.index == p.gpu && g.mig.as_ref().is_some_and(|m| m.device == slice.device))
     else {
-        // A slice not in the list: no file can be told to be its.
-        return vec![String::new()];
+        return Some(Vec::new());
     };
-    let m = g.mig.as_ref();
-    let instance = m.and_then(|m| {
+    let instance = g.mig.as_ref().and_then(|m| {
         Some((
             m.parent_uuid.as_str(),
             m.gpu_instance_id?,
             m.compute_instance_id?,
         ))
     });
-    let names: Vec<String> = [
-        crate::slurm::plan::mig_mapping_name(Some(&g.uuid), None),
-        crate::slurm::plan::mig_mapping_name(None, instance),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if names.is_empty() {
-        vec![String::new()]
-    } else {
-        names
-    }
+    Some(
+        [
+            crate::slurm::plan::mig_mapping_name(Some(&g.uuid), None),
+            crate::slurm::plan::mig_mapping_name(None, instance),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -239,11 +239,14 @@ fn decide(
             )))
         }
         Err(NoSuggestion::Unavailable(m)) => {
-            return Ok(Decision::Warn(if m.starts_with("gpufit") {
+            let m = if m.starts_with("gpufit") {
                 m
             } else {
                 format!("gpufit did not change this object: {m}")
-            }))
+            };
+            // Why the GPU is what it is (e.g. MPS's cap) explains the failure too.
+            let all: Vec<String> = std::iter::once(m).chain(gpu_warnings).collect();
+            return Ok(Decision::Warn(all.join("; ")));
         }
     };
     let mut mutated = with_suggestion(original, &shape, &suggestion, plan.mode);

@@ -378,8 +378,8 @@ impl MigMemorySource {
 /// H100 94/96 GB, H20, GH200 and GB200 ones the guide's tables leave out).
 /// The usable memory is *not* the figure in the profile's name: it is the
 /// smallest of the sources in [`MigMemorySource`] that give one. Measured
-/// (`nvidia-smi mig -lgip`): A100 40GB 4.75 / 9.75 / 19.62 / 39.38 GiB,
-/// H100 80GB 9.75 / 19.62 / 39.50 / 79.25 GiB, H200 16.00 / 32.50 / 140.00
+/// (`nvidia-smi mig -lgip`): A100 40GB 4.75 / 9.75 / 19.62 / 39.50 GiB,
+/// A100 80GB 9.50 / 19.50 / 39.25 / 79.00 GiB, H100 80GB 9.75 / 19.62 / 39.50 / 79.25 GiB, H200 16.00 / 32.50 / 140.00
 /// GiB (1g.18gb, 2g.35gb, 7g.141gb); go-nvml's A100 and A30 mocks; the rest
 /// derived. Media-extension and graphics variants (`+me`, `+me.all`,
 /// `-me`, `+gfx`) have their base profile's memory and resolve to it.
@@ -402,14 +402,14 @@ const MIG_A100_40GB: &[MigProfile] = &[
     ("4g.20gb", 4, 19968, GoNvml),
     ("7g.40gb", 8, 40192, GoNvml),
 ];
-// A100 80GB: the 40GB chip with twice the HBM per memory slice (lgip 9.50
-// … 78.75 GiB); go-nvml a100_80gb: 9856 / 19968 / 40192 / 80384.
+// A100 80GB: lgip 9.50 / 19.50 / 39.25 / 79.00 GiB; go-nvml a100_80gb:
+// 9856 / 19968 / 40192 / 80384 (equal figures credited to lgip).
 const MIG_A100_80GB: &[MigProfile] = &[
     ("1g.10gb", 1, 9728, Lgip),
-    ("1g.20gb", 2, 19968, GoNvml),
-    ("2g.20gb", 2, 19968, GoNvml),
-    ("3g.40gb", 4, 40192, GoNvml),
-    ("4g.40gb", 4, 40192, GoNvml),
+    ("1g.20gb", 2, 19968, Lgip),
+    ("2g.20gb", 2, 19968, Lgip),
+    ("3g.40gb", 4, 40192, Lgip),
+    ("4g.40gb", 4, 40192, Lgip),
     ("7g.80gb", 8, 80384, GoNvml),
 ];
 // A30 24GB: quarters (1/4, 2/4, full); go-nvml a30_24gb.

@@ -27,6 +27,8 @@ pub const POD_IDENTITY_ENV: [(&str, &str); 2] = [
     ("GPUFIT_POD_NAME", "metadata.name"),
 ];
 
+use crate::core::confirm::MICRO_BATCH_IN_COMMAND_ENV;
+
 // The settings table (placeholders, variables, values) is the core's,
 // shared with the Slurm TaskProlog and `find-max-batch`.
 pub use crate::core::settings::{env_vars, substitute, SETTING_VARS};
@@ -122,6 +124,26 @@ fn fill_container(
     set_termination_policy: bool,
     rewrite: impl Fn(&str) -> String,
 ) {
+    // gpufit writes the micro batch into the command line itself: the job
+    // runs it, which confirms the run's settings when it is recorded
+    // (`crate::core::confirm`); the marker travels to the pods in the env.
+    let micro_batch = crate::core::settings::SETTING_VARS
+        .iter()
+        .find(|v| v.placeholder == "micro_batch_size")
+        .map(|v| v.placeholder_text())
+        .unwrap_or_default();
+    let in_command = ["command", "args"].iter().any(|f| {
+        c.get(*f).and_then(Value::as_array).is_some_and(|words| {
+            words
+                .iter()
+                .filter_map(Value::as_str)
+                .any(|w| !micro_batch.is_empty() && w.contains(&micro_batch))
+        })
+    });
+    let mut entries = entries;
+    if in_command {
+        entries.push(json!({"name": MICRO_BATCH_IN_COMMAND_ENV, "value": "true"}));
+    }
     let list = c.entry("env").or_insert_with(|| json!([]));
     if !list.is_array() {
         *list = json!([]);

@@ -21,6 +21,7 @@
 
 pub mod api;
 pub mod build;
+pub mod confirm;
 pub mod crd;
 pub mod gpu;
 pub mod inject;

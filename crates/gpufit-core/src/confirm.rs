@@ -26,6 +26,11 @@ use serde::{Deserialize, Serialize};
 use crate::result_record::StatedSettings;
 use crate::settings::EngineeringSettings;
 
+/// The environment variable gpufit adds to a container whose command line
+/// it wrote the micro batch into (a `{micro_batch_size}` placeholder): the
+/// recorder reads it from the pod to know the job ran the injected batch.
+pub const MICRO_BATCH_IN_COMMAND_ENV: &str = "GPUFIT_MICRO_BATCH_IN_COMMAND";
+
 /// How a run's recorded settings are known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

@@ -654,6 +654,12 @@ impl RunRecord {
         self
     }
 
+    /// How the recorded settings are known ([`crate::confirm`]).
+    pub fn with_confirmation(mut self, confirmation: Confirmation) -> Self {
+        self.confirmation = confirmation;
+        self
+    }
+
     pub fn is_oom(&self) -> bool {
         !self.result.success && self.result.failure_reason == Some(FailureReason::Oom)
     }

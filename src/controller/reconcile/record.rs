@@ -49,7 +49,11 @@ pub fn run_record(
     ns: &str,
     a: &Attempt,
 ) -> Option<RunRecord> {
-    let settings = a.settings.to_settings()?;
+    // The settings the Job stated it ran win over the injected ones.
+    let settings = match &a.ran_settings {
+        Some(ran) => ran.to_settings()?,
+        None => a.settings.to_settings()?,
+    };
     let w = &v.workload;
     let duration = match (
         unix(a.started_at.as_deref()),
@@ -86,7 +90,10 @@ pub fn run_record(
             duration_sec: duration,
         },
     )
-    .with_prediction(a.predicted_peak_bytes);
+    // The prediction was for the injected settings: none for others.
+    .with_prediction(a.predicted_peak_bytes.filter(|_| a.ran_settings.is_none()))
+    // An attempt from before confirmation was tracked says nothing: as then.
+    .with_confirmation(a.confirmation.unwrap_or_default());
     Some(record)
 }
 

@@ -191,7 +191,17 @@ pub fn run_record(
         (Some(s), Some(e)) if e >= s => Some(e - s),
         _ => None,
     };
-    let tokens = reported_tokens_per_sec(&pods, settings.micro_batch_size, w.seq_len);
+    // What the pods really ran (docs/controller.md, "Confirmed settings").
+    let evidence = crate::controller::confirm::PodEvidence::of(&pods);
+    use crate::core::confirm::Confirmation;
+    let confirmed = evidence.confirm(&settings);
+    let settings = confirmed.settings;
+    let tokens = evidence
+        .record
+        .as_ref()
+        .and_then(|r| r.tokens_per_sec)
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .or_else(|| reported_tokens_per_sec(&pods, settings.micro_batch_size, w.seq_len));
     let origin = RunOrigin::new(RunSource::Kubernetes, now)
         .cluster(cluster.map(str::to_string))
         .node(pods.iter().find_map(|p| p.spec.as_ref()?.node_name.clone()))
@@ -219,7 +229,13 @@ pub fn run_record(
             duration_sec: duration,
         },
     )
-    .with_prediction(applied["predictedPeakBytes"].as_u64());
+    // The prediction was for the injected settings: none for others.
+    .with_prediction(
+        applied["predictedPeakBytes"]
+            .as_u64()
+            .filter(|_| confirmed.confirmation != Confirmation::RanOther),
+    )
+    .with_confirmation(confirmed.confirmation);
     Ok(Some(record))
 }
 

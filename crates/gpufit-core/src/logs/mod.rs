@@ -192,7 +192,7 @@ impl ParsedLog {
     }
 
     fn found_anything(&self) -> bool {
-        !self.formats.is_empty() || self.outcome.is_some()
+        !self.formats.is_empty() || self.outcome.is_some() || self.stated.is_some()
     }
 }
 

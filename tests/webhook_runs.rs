@@ -1380,3 +1380,121 @@ async fn a_failed_trainjob_whose_one_node_ran_out_of_memory_is_one_oom_record_an
         "the OOM made the next suggestion lighter: {first} → {second}"
     );
 }
+
+/// A script that ignores GPUFIT_MICRO_BATCH_SIZE (a hard-coded batch in its
+/// args, no placeholder) and says what it ran in its result record (the
+/// Python package's callback writes it to /dev/termination-log).
+#[tokio::test]
+async fn a_job_that_ran_another_micro_batch_than_injected_is_recorded_and_learned_at_what_it_ran() {
+    let mut w = World::new();
+    let hard_coded = |name: &str| {
+        let mut j = batch_job(name);
+        j["spec"]["template"]["spec"]["containers"][0]["args"] =
+            json!(["--per_device_train_batch_size", "8"]);
+        j
+    };
+    let job = w.submit(JOB, hard_coded("fixed"));
+    let first = applied(&job);
+    let injected = first["settings"]["microBatchSize"]
+        .as_u64()
+        .expect("injected batch");
+    let ran = if injected == 8 { 6 } else { 8 };
+    // The peak of what really ran: 40 GiB.
+    *w.peaks.bytes.lock().unwrap() = Some(40 << 30);
+    let record = json!({
+        "schema_version": 1, "source": "hf", "world_size": 1,
+        "injected": {"micro_batch_size": injected},
+        "ran": {"micro_batch_size": ran, "gradient_accumulation_steps": 64 / ran},
+        "peaks": [], "tokens_per_sec": 5000.0, "steps": 20, "outcome": "completed"
+    })
+    .to_string();
+    let c = w.controller(JOB);
+    w.api.lock().unwrap().pods = vec![job_pod(
+        &job,
+        "fixed-x7k2p",
+        "Succeeded",
+        json!({"terminated": {"exitCode": 0, "reason": "Completed", "message": record}}),
+    )];
+    let done = w.set_status(
+        "jobs/fixed",
+        json!({"startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:10:00Z",
+               "succeeded": 1, "conditions": [
+                   {"type": "SuccessCriteriaMet", "status": "True"},
+                   {"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T00:10:00Z"}]}),
+    );
+    reconcile(&done, &c).await;
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1);
+    let r = &runs[0];
+    assert_eq!(
+        r.settings.micro_batch_size as u64, ran,
+        "stored with what ran"
+    );
+    assert_eq!(
+        r.confirmation,
+        gpufit::core::confirm::Confirmation::RanOther
+    );
+    assert_eq!(
+        r.predicted_peak_bytes, None,
+        "the prediction was another batch's"
+    );
+    assert_eq!(
+        r.result.tokens_per_sec,
+        Some(5000.0),
+        "the record's own throughput"
+    );
+
+    w.later();
+    let again = w.submit(JOB, hard_coded("fixed-2"));
+    let second = applied(&again);
+    let reason = again["metadata"]["annotations"]["gpufit.io/reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(second["source"], "historical_data_with_memory", "{second}");
+    assert!(
+        reason.contains(&format!("micro batch {ran} measured 40.0 GiB")),
+        "learned from the batch that ran: {reason}"
+    );
+}
+
+/// The same script without a record or any stated setting: nothing confirms
+/// it ran the injected batch, so its peak is a floor and moves nothing up.
+#[tokio::test]
+async fn an_unconfirmed_run_is_stored_as_such_and_not_extrapolated_from() {
+    let mut w = World::new();
+    let mut j = batch_job("silent");
+    j["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["--batch", "8"]);
+    let job = w.submit(JOB, j.clone());
+    let first = applied(&job);
+    let predicted = first["predictedPeakBytes"].as_u64().unwrap();
+    *w.peaks.bytes.lock().unwrap() = Some(predicted / 2);
+    let c = w.controller(JOB);
+    w.api.lock().unwrap().pods = vec![job_pod(
+        &job,
+        "silent-1",
+        "Succeeded",
+        json!({"terminated": {"exitCode": 0, "reason": "Completed", "message": ""}}),
+    )];
+    let done = w.set_status(
+        "jobs/silent",
+        json!({"startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:10:00Z",
+               "succeeded": 1, "conditions": [
+                   {"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T00:10:00Z"}]}),
+    );
+    reconcile(&done, &c).await;
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        runs[0].confirmation,
+        gpufit::core::confirm::Confirmation::Unconfirmed
+    );
+    w.later();
+    let mut j2 = j;
+    j2["metadata"]["name"] = json!("silent-2");
+    let second = applied(&w.submit(JOB, j2));
+    assert_ne!(second["source"], "historical_data_with_memory", "{second}");
+    assert_eq!(
+        second["settings"]["microBatchSize"], first["settings"]["microBatchSize"],
+        "half the predicted peak, unconfirmed, moves nothing: {first} → {second}"
+    );
+}

@@ -996,6 +996,8 @@ pub struct JobEnd {
     pub peak_memory_bytes: Option<u64>,
     /// What the job's own output says (log parsers), when it says anything.
     pub log: LogFacts,
+    /// The settings the job's result record says it ran.
+    pub record: Option<crate::core::result_record::StatedSettings>,
     pub ended_at: DateTime<Utc>,
 }
 
@@ -1008,6 +1010,8 @@ pub struct LogFacts {
     pub peak_memory_bytes: Option<u64>,
     pub tokens_per_sec: Option<f64>,
     pub samples_per_sec: Option<f64>,
+    /// The settings the log states (HF Trainer, torchtune, Lightning).
+    pub stated: Option<crate::core::result_record::StatedSettings>,
 }
 
 /// How many hosts a Slurm node list names (`gpu[01-04,07],cpu1` → 6);
@@ -1116,10 +1120,21 @@ pub fn build_run(
         gpus: state.workload.gpus.unwrap_or(1),
         global_batch: state.workload.global_batch,
     };
+    // What the job ran: its record, else what its log states; a Slurm job
+    // gets settings only as variables, so nothing else confirms them.
+    let confirmed = crate::core::confirm::confirm(
+        &s.settings,
+        &crate::core::confirm::Evidence {
+            record: outcome.record.as_ref(),
+            stated: outcome.log.stated.as_ref(),
+            placeholders_filled: false,
+        },
+    );
+    let ran_other = confirmed.confirmation == crate::core::confirm::Confirmation::RanOther;
     RunRecord::new(
         origin,
         key,
-        s.settings.clone(),
+        confirmed.settings,
         RunResult {
             host_oom: ended.host_oom(),
             success: ended.success(),
@@ -1130,7 +1145,9 @@ pub fn build_run(
             duration_sec: (duration >= 0.0).then_some(duration),
         },
     )
-    .with_prediction(Some(s.predicted_peak_bytes))
+    // The prediction was for the injected settings: none for others.
+    .with_prediction((!ran_other).then_some(s.predicted_peak_bytes))
+    .with_confirmation(confirmed.confirmation)
 }
 
 /// The job's output file: `SLURM_JOB_STDOUT` is the `--output` pattern as

@@ -395,6 +395,7 @@ fn the_run_says_success_oom_or_other_error_from_the_exit_state() {
     ];
     for (exit, derived, oom, success, reason) in cases {
         let out = JobEnd {
+            record: None,
             exit_status: *exit,
             derived_status: *derived,
             oom: *oom,
@@ -484,6 +485,7 @@ fn a_host_memory_kill_is_an_other_error_flagged_for_the_data_loader() {
         .unwrap()
         .into();
     let mut out = JobEnd {
+        record: None,
         // 9 << 8 would be SIGKILL's wait status; Slurm reports the OOM kill as 0:125 too.
         exit_status: Some(9),
         derived_status: Some(0),
@@ -525,12 +527,14 @@ fn a_peak_the_log_states_wins_over_the_sidecars() {
         .unwrap()
         .into();
     let mut out = JobEnd {
+        record: None,
         exit_status: Some(0),
         derived_status: Some(0),
         oom: false,
         host_oom: false,
         peak_memory_bytes: Some(100),
         log: LogFacts {
+            stated: None,
             peak_memory_bytes: Some(90),
             tokens_per_sec: Some(1234.0),
             samples_per_sec: None,

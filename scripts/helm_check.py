@@ -490,6 +490,11 @@ FAILING: list[FailingCase] = [
         "leaderElection.enabled=true",
     ),
     FailingCase("postgres without a secret", {"history": {"type": "postgres"}}, "history.postgres.existingSecret"),
+    FailingCase(
+        "kueue with a namespace-limited controller",
+        {"kueue": {"enabled": True}, "controller": {"watchNamespace": "ml"}},
+        "cannot be set with kueue.enabled",
+    ),
     FailingCase("unknown history type", {"history": {"type": "mysql"}}, "/history/type"),
     FailingCase("unknown mode", {"controller": {"mode": "Mutate"}}, "/controller/mode"),
     FailingCase(

@@ -2747,3 +2747,123 @@ async fn no_pod_starts_with_an_empty_setting_across_the_failure_matrix() {
         "empty-setting matrix: {checked} cases, 0 pods with an empty setting, 0 FailedToStart"
     );
 }
+
+// === Kueue's own objects (tests/fixtures/kueue, kubernetes-sigs/kueue ff69552) ===
+
+fn fixture(name: &str) -> Vec<Value> {
+    let path = format!("{}/tests/fixtures/kueue/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn kueues_samples_are_read_as_kueue_reads_them() {
+    use gpufit::controller::kinds;
+    // The JobSet: pod sets named after the replicated Jobs (no GPUs: all
+    // of them), queued through its label (the integration is on by default).
+    let js = &fixture("sample-jobset.yaml")[0];
+    let k = kinds::of(Some("jobset.x-k8s.io"), "JobSet").unwrap();
+    let sets: Vec<String> = k
+        .shape(js)
+        .unwrap()
+        .templates
+        .into_iter()
+        .map(|t| t.pod_set)
+        .collect();
+    assert_eq!(sets, ["workers", "driver"]);
+    let cfg = KueueConfig::default();
+    assert_eq!(
+        cfg.queue_for(k.kueue_framework(), js.get("metadata"), "default", None)
+            .unwrap(),
+        Some("user-queue".into())
+    );
+    // The PyTorchJob: pod sets master and worker; Kueue's default
+    // configuration does not enable its integration, so the label does not queue it.
+    let pj = &fixture("sample-pytorchjob.yaml")[0];
+    let k = kinds::of(Some("kubeflow.org"), "PyTorchJob").unwrap();
+    let sets: Vec<String> = k
+        .shape(pj)
+        .unwrap()
+        .templates
+        .into_iter()
+        .map(|t| t.pod_set)
+        .collect();
+    assert_eq!(sets, ["master", "worker"]);
+    assert_eq!(
+        cfg.queue_for(k.kueue_framework(), pj.get("metadata"), "default", None)
+            .unwrap(),
+        None
+    );
+}
+
+#[test]
+fn kueues_admission_checks_are_not_gpufits_and_its_cluster_queue_is_v1beta2() {
+    let mut objs = fixture("provisioning-setup.yaml");
+    objs.extend(fixture("sample-admission-check.yaml"));
+    let mut w = Writer::new(admission_checks("v1beta2"));
+    let store = w.as_reader();
+    for o in objs.iter().filter(|o| o["kind"] == "AdmissionCheck") {
+        assert_eq!(o["apiVersion"], "kueue.x-k8s.io/v1beta2");
+        w.apply_watcher_event(&watcher::Event::Apply(
+            serde_json::from_value(o.clone()).unwrap(),
+        ));
+    }
+    assert_eq!(store.state().len(), 2);
+    assert!(our_checks(&store).is_empty());
+    // The ClusterQueue names its checks per flavor (v1beta2): the docs'
+    // example for gpufit's check has the same shape.
+    let cq = objs.iter().find(|o| o["kind"] == "ClusterQueue").unwrap();
+    let strategy = &cq["spec"]["admissionChecksStrategy"]["admissionChecks"][0];
+    assert_eq!(strategy["onFlavors"][0], "default-flavor");
+    let docs =
+        std::fs::read_to_string(format!("{}/docs/controller.md", env!("CARGO_MANIFEST_DIR")))
+            .unwrap();
+    let example = docs
+        .split("```yaml")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("kind: ClusterQueue"))
+        .expect("docs/controller.md has a ClusterQueue example");
+    let docs_cq: Value = serde_yaml::Deserializer::from_str(example)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .find(|v: &Value| v["kind"] == "ClusterQueue")
+        .unwrap();
+    assert_eq!(docs_cq["apiVersion"], cq["apiVersion"]);
+    assert!(
+        docs_cq["spec"].get("admissionChecks").is_none(),
+        "v1beta2 has admissionChecksStrategy only"
+    );
+    assert_eq!(
+        docs_cq["spec"]["admissionChecksStrategy"]["admissionChecks"][0]["name"],
+        "gpufit"
+    );
+}
+
+#[test]
+fn kueues_workload_status_shapes_are_read() {
+    use gpufit::controller::kueue::{step, Step, Workload};
+    // QuotaReserved with a Pending check: that check is answered, and the
+    // reservation time is read from the condition.
+    let pending = &fixture("pending-admission-check-status.yaml")[0];
+    let wl = Workload::from_json(pending).unwrap();
+    let ours = ["dws-prov".to_string()].into();
+    assert_eq!(
+        step(&wl, &ours),
+        Step::Configure {
+            checks: vec!["dws-prov".into()]
+        }
+    );
+    assert_eq!(
+        wl.reserved_at().unwrap().to_rfc3339(),
+        "2024-05-03T20:01:59+00:00"
+    );
+    // podSetAssignments: count and flavors per resource.
+    let assigned = &fixture("podsetassignments-workload.yaml")[0];
+    let wl = Workload::from_json(assigned).unwrap();
+    let a = &wl.status.admission.as_ref().unwrap().pod_set_assignments[0];
+    assert_eq!((a.name.as_str(), a.count), ("main", Some(3)));
+    assert_eq!(a.flavors["cpu"], "default-flavor");
+}

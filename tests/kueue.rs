@@ -2867,3 +2867,104 @@ fn kueues_workload_status_shapes_are_read() {
     assert_eq!((a.name.as_str(), a.count), ("main", Some(3)));
     assert_eq!(a.flavors["cpu"], "default-flavor");
 }
+
+/// JobSet's `resumeJob` (kubernetes-sigs/jobset v0.12.0,
+/// `pkg/controllers/jobset_controller.go`): an existing child Job's pod
+/// template gets the replicated Job's annotations **merged** in
+/// (`collections.MergeMaps`: new values win, old keys stay).
+fn jobset_resume_child(child: &mut Value, template: &Value) {
+    let old = child["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut merged = old;
+    for (k, v) in template["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        merged.insert(k.clone(), v.clone());
+    }
+    child["metadata"]["annotations"] = Value::Object(merged);
+}
+
+#[tokio::test]
+async fn a_readmission_to_another_flavor_reaches_the_jobsets_existing_child_jobs() {
+    let w = World::new();
+    let (mut js, wl_name) = w.submit(JOBSET, jobset("llm"));
+    let counts = [("driver", 1), ("leader", 1), ("workers", 6)];
+    // First admission: H100, configured; JobSet creates its child Jobs
+    // from the replicated Jobs' templates.
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &counts));
+    w.answer(&wl_name).await;
+    let fl = {
+        let mut f = flavors(&w);
+        f.insert("spot".into(), w.get("resourceflavors/spot"));
+        f
+    };
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut js, &fl);
+    let ptr = "/spec/replicatedJobs/2/template/spec/template";
+    let mut child = js.pointer(ptr).unwrap().clone();
+    let h100 = assert_no_empty_setting(&w.pod_from(&child), "first admission");
+    // Evicted; re-admitted on a flavor gpufit cannot read the GPU of:
+    // the fallback, every key of it.
+    w.kueue_writes(&wl_name, |wl| kueue_evict(wl, &mut js));
+    w.kueue_writes(&wl_name, kueue_release);
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "spot", &counts));
+    w.answer(&wl_name).await;
+    let mut restarted = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut restarted, &mut js, &fl);
+    jobset_resume_child(&mut child, js.pointer(ptr).unwrap());
+    let pod = w.pod_from(&child);
+    let again = assert_no_empty_setting(&pod, "re-admission");
+    for v in gpufit::core::settings::SETTING_VARS {
+        let key = format!("{SETTING_ANNOTATION_PREFIX}{}", v.placeholder);
+        assert_eq!(
+            pod["metadata"]["annotations"][&key],
+            js.pointer(ptr).unwrap()["metadata"]["annotations"][&key],
+            "{key}: the child Job runs this admission's value"
+        );
+    }
+    assert_eq!(
+        again["GPUFIT_MICRO_BATCH_SIZE"], "1",
+        "the fallback, not H100's {}",
+        h100["GPUFIT_MICRO_BATCH_SIZE"]
+    );
+    let (m, a) = (
+        num(&again, "GPUFIT_MICRO_BATCH_SIZE"),
+        num(&again, "GPUFIT_GRAD_ACCUM_STEPS"),
+    );
+    assert_eq!(m * a * 8, 64, "m × a × W(8) = G");
+}
+
+#[test]
+fn the_oldest_pending_check_is_what_the_alert_watches() {
+    use gpufit::controller::reconcile::kueue::oldest_pending;
+    let wl = |name: &str, reserved: &str, state: &str| -> Arc<DynamicObject> {
+        Arc::new(
+            serde_json::from_value(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": []}}}]},
+                "status": {"admission": {"clusterQueue": "q", "podSetAssignments": [{"name": "main", "count": 1}]},
+                    "conditions": [{"type": "QuotaReserved", "status": "True", "lastTransitionTime": reserved}],
+                    "admissionChecks": [{"name": "gpufit", "state": state, "message": ""}]}}))
+            .unwrap(),
+        )
+    };
+    let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:10:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let ours = ["gpufit".to_string()].into();
+    let all = [
+        wl("a", "2026-01-01T00:09:00Z", "Pending"),
+        wl("b", "2026-01-01T00:00:00Z", "Ready"),
+        wl("c", "2026-01-01T00:08:20Z", "Pending"),
+    ];
+    assert_eq!(oldest_pending(&all, &ours, now), 100.0);
+    assert_eq!(
+        oldest_pending(&all[1..2], &ours, now),
+        0.0,
+        "answered: nothing waits"
+    );
+}

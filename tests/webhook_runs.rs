@@ -455,7 +455,7 @@ fn oom() -> Value {
 #[tokio::test]
 async fn a_pytorchjob_whose_one_worker_ran_out_of_memory_is_one_oom_record_across_duplicates_and_a_restart(
 ) {
-    let mut w = World::new();
+    let w = World::new();
     let job = w.submit(PYTORCHJOB, pytorchjob("ddp"));
     assert_eq!(job["metadata"]["labels"][LABEL_CONFIGURED], "true");
     assert_eq!(

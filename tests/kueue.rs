@@ -2968,3 +2968,30 @@ fn the_oldest_pending_check_is_what_the_alert_watches() {
         "answered: nothing waits"
     );
 }
+
+#[test]
+fn trainers_torch_runtime_trains_in_the_node_job_the_tests_replay() {
+    // Kubeflow Trainer v2.3.0's torch-distributed runtime (tests/fixtures/trainer).
+    let path = format!("{}/tests/fixtures/trainer/torch_distributed.yaml", env!("CARGO_MANIFEST_DIR"));
+    let upstream: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(upstream["apiVersion"], "trainer.kubeflow.org/v1alpha1");
+    let node = |rt: &Value| -> Value {
+        rt["spec"]["template"]["spec"]["replicatedJobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer")
+            .cloned()
+            .expect("a replicated Job that trains")
+    };
+    // The runtime the TrainJob tests replay trains where Trainer's does:
+    // the Job `node`, its container `node` (where spec.trainer is merged).
+    let (ours, theirs) = (node(&training_runtime()), node(&upstream));
+    assert_eq!(ours["name"], theirs["name"]);
+    assert_eq!(
+        ours["template"]["spec"]["template"]["spec"]["containers"][0]["name"],
+        theirs["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
+    );
+    // Its Kueue pod set is named after the replicated Job.
+    assert_eq!(theirs["name"], "node");
+}

@@ -42,218 +42,10 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{json, Value};
 
-#[path = "common/mock_api.rs"]
-mod mock_api;
+#[path = "common/api_server.rs"]
+mod api_server;
 
-/// The scripted API server: objects by `plural/name`, pods, every write.
-#[derive(Default)]
-struct FakeApi {
-    /// The one Kueue API version this stand-in serves (`v1beta2` as Kueue
-    /// ≥ v0.20 will, `v1beta1` as Kueue ≤ v0.14 did).
-    version: &'static str,
-    objects: BTreeMap<String, Value>,
-    pods: Vec<Value>,
-    /// (method, path, query) of every PATCH.
-    writes: Vec<(String, String, String)>,
-    /// Another writer changes the next Workload read, right after it is read.
-    change_after_get: bool,
-    rv: u64,
-    unexpected: Vec<String>,
-    /// Events published (their bodies).
-    events: Vec<Value>,
-    /// Resources the controller's RBAC does not allow reading (403).
-    forbidden: Vec<&'static str>,
-    /// Resources whose reads fail (500) this many more times.
-    failing_gets: u32,
-}
-
-impl FakeApi {
-    fn bump(&mut self, key: &str) {
-        self.rv += 1;
-        let rv = self.rv.to_string();
-        if let Some(o) = self.objects.get_mut(key) {
-            o["metadata"]["resourceVersion"] = json!(rv);
-        }
-    }
-
-    fn status_writes(&self) -> usize {
-        self.writes
-            .iter()
-            .filter(|(_, p, _)| p.ends_with("/status"))
-            .count()
-    }
-
-    fn owner_writes(&self, plural: &str) -> usize {
-        self.writes
-            .iter()
-            .filter(|(_, p, _)| p.contains(&format!("/{plural}/")))
-            .count()
-    }
-}
-
-fn not_found() -> (u16, Value) {
-    (
-        404,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-    )
-}
-
-fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
-    if path.starts_with("/apis/events.k8s.io/") {
-        api.events.push(body.clone());
-        return (201, body);
-    }
-    if api
-        .forbidden
-        .iter()
-        .any(|p| path.contains(&format!("/{p}/")))
-    {
-        return (
-            403,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
-                   "message": format!("{path} is forbidden: User \"system:serviceaccount:gpufit:gpufit\" cannot get resource")}),
-        );
-    }
-    if method == "GET" && api.failing_gets > 0 && !path.contains("/workloads/") {
-        api.failing_gets -= 1;
-        return (
-            500,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcdserver: request timed out"}),
-        );
-    }
-    let kueue = format!("/apis/kueue.x-k8s.io/{}", api.version);
-    if path == "/apis" && method == "GET" {
-        // Discovery: the one Kueue version served.
-        let gv = format!("kueue.x-k8s.io/{}", api.version);
-        return (
-            200,
-            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-                {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
-                 "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}},
-                {"name": "kueue.x-k8s.io", "versions": [{"groupVersion": gv, "version": api.version}],
-                 "preferredVersion": {"groupVersion": gv, "version": api.version}}]}),
-        );
-    }
-    if path.starts_with("/apis/kueue.x-k8s.io/") && !path.starts_with(&format!("{kueue}/")) {
-        // A version this Kueue does not serve.
-        api.unexpected
-            .push(format!("{method} {path} (version not served)"));
-        return not_found();
-    }
-    if path == "/api/v1/namespaces/ml/pods" && method == "GET" {
-        // `labelSelector=key` or `key=value`, as the recorder asks.
-        let query = query.replace("%2F", "/").replace("%3D", "=");
-        let selector = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("labelSelector="))
-            .unwrap_or_default()
-            .to_string();
-        let (key, value) = match selector.split_once('=') {
-            Some((k, v)) => (k.to_string(), Some(v.to_string())),
-            None => (selector.clone(), None),
-        };
-        let items: Vec<Value> = api
-            .pods
-            .iter()
-            .filter(|p| match (&p["metadata"]["labels"][&key], &value) {
-                (Value::String(v), Some(want)) => v == want,
-                (Value::String(_), None) => !key.is_empty(),
-                _ => false,
-            })
-            .cloned()
-            .collect();
-        return (
-            200,
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
-        );
-    }
-    if let Some(name) = path.strip_prefix(&format!("{kueue}/resourceflavors/")) {
-        return match (method, api.objects.get(&format!("resourceflavors/{name}"))) {
-            ("GET", Some(f)) => (200, f.clone()),
-            ("GET", None) => not_found(),
-            _ => {
-                api.unexpected.push(format!("{method} {path}"));
-                (405, json!({}))
-            }
-        };
-    }
-    if let Some(rest) = path.strip_prefix(&format!("{kueue}/namespaces/ml/workloads/")) {
-        let (name, status) = match rest.strip_suffix("/status") {
-            Some(n) => (n, true),
-            None => (rest, false),
-        };
-        let key = format!("workloads/{name}");
-        if !api.objects.contains_key(&key) {
-            return not_found();
-        }
-        match (method, status) {
-            ("GET", false) => {
-                let out = api.objects[&key].clone();
-                if std::mem::take(&mut api.change_after_get) {
-                    api.bump(&key);
-                }
-                return (200, out);
-            }
-            ("PATCH", true) => {
-                api.writes.push((method.into(), path.into(), query.into()));
-                let stored = &api.objects[&key];
-                // Server-side apply with a resourceVersion: a precondition.
-                if body["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"] {
-                    return (
-                        409,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
-                               "message": "the object has been modified; please apply your changes to the latest version and try again"}),
-                    );
-                }
-                // `admissionChecks` is a map keyed by name: our entry replaced, the others kept.
-                let obj = api.objects.get_mut(&key).expect("workload");
-                let checks = obj["status"]["admissionChecks"]
-                    .as_array_mut()
-                    .expect("admissionChecks");
-                for ours in body["status"]["admissionChecks"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                {
-                    match checks.iter_mut().find(|c| c["name"] == ours["name"]) {
-                        Some(c) => *c = ours.clone(),
-                        None => checks.push(ours.clone()),
-                    }
-                }
-                api.bump(&key);
-                return (200, api.objects[&key].clone());
-            }
-            _ => {}
-        }
-    }
-    for plural in ["jobs", "pytorchjobs", "jobsets", "trainjobs"] {
-        let Some(name) = path
-            .rsplit_once(&format!("/namespaces/ml/{plural}/"))
-            .map(|(_, n)| n.to_string())
-        else {
-            continue;
-        };
-        let key = format!("{plural}/{name}");
-        let Some(obj) = api.objects.get_mut(&key) else {
-            return not_found();
-        };
-        match method {
-            "GET" => return (200, obj.clone()),
-            "PATCH" => {
-                json_patch::merge(obj, &body);
-                let out = obj.clone();
-                api.writes.push((method.into(), path.into(), query.into()));
-                return (200, out);
-            }
-            _ => {}
-        }
-    }
-    api.unexpected.push(format!("{method} {path}?{query}"));
-    (
-        500,
-        json!({"kind": "Status", "code": 500, "message": "unexpected"}),
-    )
-}
+use api_server::{ApiServer as FakeApi, Rule};
 
 /// Peak reader double.
 struct Peaks(u64);
@@ -349,10 +141,9 @@ impl World {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite:{}", dir.path().join("h.db").display());
         let history: Arc<dyn HistoryStore> = Arc::from(gpufit::history::open(&url).expect("db"));
-        let api = Arc::new(Mutex::new(FakeApi {
-            version,
-            ..FakeApi::default()
-        }));
+        let api = Arc::new(Mutex::new(
+            FakeApi::default().serving("kueue.x-k8s.io", version),
+        ));
         {
             let mut a = api.lock().unwrap();
             // The two ResourceFlavors of the ClusterQueue, as an admin writes them.
@@ -380,7 +171,7 @@ impl World {
                     .expect("namespace"),
             ));
         }
-        let client = mock_api::mock_client(api.clone(), answer);
+        let client = api_server::client(api.clone());
         let mut ctx = Context::new(
             client,
             history.clone(),
@@ -1013,7 +804,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     // Queued, no quota yet: nothing to answer.
     let queued = w.get(&format!("workloads/{wl_name}"));
     w.reconcile(&queued).await;
-    assert_eq!(w.api.lock().unwrap().writes.len(), 0);
+    assert_eq!(w.api.lock().unwrap().writes().len(), 0);
 
     // Quota reserved on the A100 flavor for 4 pods.
     let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "a100-40gb", &[("main", 4)]));
@@ -1053,8 +844,8 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     {
         let api = w.api.lock().unwrap();
         assert_eq!(api.status_writes(), 1);
-        let (_, _, query) = &api
-            .writes
+        let writes = api.writes();
+        let (_, _, query) = writes
             .iter()
             .find(|(_, p, _)| p.ends_with("/status"))
             .unwrap();
@@ -1072,7 +863,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
         1,
         "one answer per admission"
     );
-    assert_eq!(w.api.lock().unwrap().owner_writes("jobs"), 1);
+    assert_eq!(w.api.lock().unwrap().writes_to("jobs"), 1);
 
     // Kueue admits and starts it: the container reads the A100 settings.
     let mut job = w.get("jobs/train");
@@ -1162,7 +953,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("jobs/train".into(), job.clone());
-        api.pods = pods;
+        api.set_pods(pods);
     }
     let recorder = Arc::new(WorkloadContext {
         ctx: w.kueue.ctx.clone(),
@@ -1265,7 +1056,7 @@ async fn a_pytorchjob_gets_the_flavor_settings_on_master_and_workers_and_new_one
     });
     // Another writer changes the Workload between our read and our write:
     // a conflict, nothing answered; the next reconcile answers.
-    w.api.lock().unwrap().change_after_get = true;
+    w.api.lock().unwrap().bump_after_get = Some(format!("workloads/{wl_name}"));
     w.reconcile(&reserved).await;
     assert_eq!(
         check(&w.get(&format!("workloads/{wl_name}")), "gpufit")["state"],
@@ -1378,13 +1169,13 @@ async fn a_job_gpufit_cannot_configure_is_admitted_as_written_never_held() {
     let mut other = batch_job("other", 1, json!({}));
     other["metadata"]["annotations"] = json!({});
     let (_, other_wl) = w.submit(JOB, other);
-    let writes = w.api.lock().unwrap().owner_writes("jobs");
+    let writes = w.api.lock().unwrap().writes_to("jobs");
     let reserved = w.kueue_writes(&other_wl, |wl| reserve(wl, "a100-40gb", &[("main", 1)]));
     w.reconcile(&reserved).await;
     let wl = w.get(&format!("workloads/{other_wl}"));
     assert_eq!(check(&wl, "gpufit")["state"], "Ready");
     assert!(check(&wl, "gpufit").get("podSetUpdates").is_none());
-    assert_eq!(w.api.lock().unwrap().owner_writes("jobs"), writes);
+    assert_eq!(w.api.lock().unwrap().writes_to("jobs"), writes);
 }
 
 #[test]
@@ -1906,7 +1697,7 @@ async fn a_jobset_gets_its_flavor_settings_in_every_training_job_and_new_ones_on
     {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("jobsets/llm".into(), js.clone());
-        api.pods = pods;
+        api.set_pods(pods);
     }
     record(&w, JOBSET, &js).await;
     // A stale event for the same JobSet records nothing more.
@@ -2029,13 +1820,13 @@ async fn trainjob_through_kueue(legacy: bool) {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("trainjobs/tj".into(), tj.clone());
         api.objects.insert("jobsets/tj".into(), child.clone());
-        api.pods = jobset_pods("tj", "js-tj", "node", 2, &t);
+        api.set_pods(jobset_pods("tj", "js-tj", "node", 2, &t));
         // The initializers ran first (from 00:40): not the training's time.
         let js = trainer_jobset(&tj);
         let init_t = &js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
         let mut init = jobset_pods("tj", "js-tj", "dataset-initializer", 1, init_t);
         init[0]["status"]["startTime"] = json!("2026-01-01T00:40:00Z");
-        api.pods.extend(init);
+        api.add_pods(init);
     }
     record(&w, JOBSET, &child).await;
     assert!(w.history.list(&ListFilter::default()).unwrap().is_empty());
@@ -2378,12 +2169,12 @@ async fn each_stand_in_is_spoken_in_the_one_version_it_serves() {
         let api = w.api.lock().unwrap();
         assert!(api.unexpected.is_empty(), "{version}: {:?}", api.unexpected);
         assert!(
-            api.writes
+            api.writes()
                 .iter()
                 .filter(|(_, p, _)| p.contains("kueue.x-k8s.io"))
                 .all(|(_, p, _)| p.contains(&format!("/{version}/"))),
             "{version}: {:?}",
-            api.writes
+            api.writes()
         );
     }
 }
@@ -2516,20 +2307,23 @@ async fn every_workload_is_answered_within_the_bound_across_the_fault_matrix() {
     {
         let api = w.api.lock().unwrap();
         assert!(
-            api.unexpected.is_empty(),
+            !api.seen.iter().any(|r| r.path.contains("rayjobs")),
             "the RayJob is never read: {:?}",
-            api.unexpected
+            api.seen
         );
         assert!(
-            api.events.iter().any(|e| e["type"] == "Warning"),
+            api.events().iter().any(|e| e["type"] == "Warning"),
             "{:?}",
-            api.events
+            api.events()
         );
     }
 
     // 2. An owner gpufit may not read (403).
     let w = World::new();
-    w.api.lock().unwrap().forbidden.push("jobs");
+    w.api
+        .lock()
+        .unwrap()
+        .fail("GET", "/jobs/", u32::MAX, 403, "Forbidden");
     let (mut job, wl_name) = w.submit(JOB, batch_job("forbidden", 2, json!({})));
     w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
     waits.push(("owner 403", w.answer(&wl_name).await));
@@ -2551,7 +2345,14 @@ async fn every_workload_is_answered_within_the_bound_across_the_fault_matrix() {
     let w = World::new();
     let (_, wl_name) = w.submit(JOB, batch_job("flaky", 2, json!({})));
     w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
-    w.api.lock().unwrap().failing_gets = u32::MAX;
+    w.api.lock().unwrap().rules.push(Rule {
+        method: "GET",
+        path: "/".into(),
+        unless: "/workloads/".into(),
+        times: u32::MAX,
+        code: 500,
+        reason: "InternalError",
+    });
     let waited = w.answer(&wl_name).await;
     waits.push(("owner reads fail (500) throughout", waited));
     assert!(
@@ -2630,7 +2431,7 @@ async fn every_workload_is_answered_within_the_bound_across_the_fault_matrix() {
         .await
         .unwrap();
     assert_eq!(
-        w.api.lock().unwrap().writes.len(),
+        w.api.lock().unwrap().writes().len(),
         0,
         "a standby writes nothing"
     );
@@ -2972,7 +2773,10 @@ fn the_oldest_pending_check_is_what_the_alert_watches() {
 #[test]
 fn trainers_torch_runtime_trains_in_the_node_job_the_tests_replay() {
     // Kubeflow Trainer v2.3.0's torch-distributed runtime (tests/fixtures/trainer).
-    let path = format!("{}/tests/fixtures/trainer/torch_distributed.yaml", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/fixtures/trainer/torch_distributed.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let upstream: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(upstream["apiVersion"], "trainer.kubeflow.org/v1alpha1");
     let node = |rt: &Value| -> Value {
@@ -2980,7 +2784,10 @@ fn trainers_torch_runtime_trains_in_the_node_job_the_tests_replay() {
             .as_array()
             .unwrap()
             .iter()
-            .find(|r| r["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer")
+            .find(|r| {
+                r["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"]
+                    == "trainer"
+            })
             .cloned()
             .expect("a replicated Job that trains")
     };

@@ -2802,3 +2802,44 @@ fn trainers_torch_runtime_trains_in_the_node_job_the_tests_replay() {
     // Its Kueue pod set is named after the replicated Job.
     assert_eq!(theirs["name"], "node");
 }
+
+#[tokio::test]
+async fn a_trainjob_pod_started_without_gpufits_answer_reads_its_fallback_not_empty_settings() {
+    // gpufit's check absent on the flavor (admissionChecksStrategy.onFlavors):
+    // Kueue starts the TrainJob without gpufit's annotations. Its pods come
+    // from the runtime, so the fallback travels in the trainer's environment.
+    let w = World::new();
+    let (mut tj, wl_name) = w.submit(TRAINJOB, trainjob("tj", false));
+    let counts = [
+        ("dataset-initializer", 1),
+        ("model-initializer", 1),
+        ("node", 2),
+    ];
+    w.kueue_writes(&wl_name, |wl| {
+        wl["status"]["admissionChecks"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|c| c["name"] != "gpufit");
+        reserve(wl, "h100-80gb", &counts);
+    });
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut tj, &fl);
+    let template = trainer_template(&tj);
+    let (raw, _) = container_view(&template);
+    assert_eq!(
+        raw["GPUFIT_MICRO_BATCH_SIZE"], "",
+        "without the pod rule: empty"
+    );
+    let pod = w.pod_from(&template);
+    let env = assert_no_empty_setting(&pod, "TrainJob, no answer");
+    let (m, a) = (
+        num(&env, "GPUFIT_MICRO_BATCH_SIZE"),
+        num(&env, "GPUFIT_GRAD_ACCUM_STEPS"),
+    );
+    assert_eq!(
+        m * a * 8,
+        64,
+        "the fallback keeps G over the job's W: m {m} × a {a} × 8"
+    );
+}

@@ -2843,3 +2843,64 @@ async fn a_trainjob_pod_started_without_gpufits_answer_reads_its_fallback_not_em
         "the fallback keeps G over the job's W: m {m} × a {a} × 8"
     );
 }
+
+#[tokio::test]
+async fn a_leader_killed_while_checks_are_pending_is_replaced_within_the_lease() {
+    use gpufit::controller::leader::{self, LeaderConfig};
+    use gpufit::controller::reconcile::kueue::ANSWER_BUDGET;
+    let lease = Duration::from_secs(3);
+    let w = World::new();
+    let replica = |identity: &str| {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let cfg = LeaderConfig {
+            lease_name: "gpufit-controller".into(),
+            namespace: "gpufit".into(),
+            identity: identity.into(),
+            lease_duration: lease,
+            renew_every: lease / 3,
+        };
+        let client = api_server::client(w.api.clone());
+        let task = tokio::spawn(leader::run(client, cfg, tx, std::future::pending()));
+        let mut ctx = Context::new(
+            api_server::client(w.api.clone()),
+            w.history.clone(),
+            nodes(),
+            reflector::store::<Namespace>().0,
+            Arc::new(Peaks(1)),
+            Metrics::new(),
+        );
+        ctx.leading = rx;
+        let k = Arc::new(KueueContext::new(
+            Arc::new(ctx),
+            checks("v1beta2"),
+            "v1beta2",
+        ));
+        (task, k)
+    };
+    // Replica a leads, then dies (no hand-back: a crash).
+    let (a_task, a) = replica("a");
+    let mut a_leading = a.ctx.leading.clone();
+    tokio::time::timeout(Duration::from_secs(10), a_leading.wait_for(|l| *l))
+        .await
+        .expect("a leads")
+        .unwrap();
+    a_task.abort();
+    // Quota is reserved while nobody answers; replica b starts.
+    let (_, wl_name) = w.submit(JOB, batch_job("crash", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    let (_b_task, b) = replica("b");
+    let b_world = World { kueue: b, ..w };
+    let waited = b_world.answer(&wl_name).await;
+    eprintln!(
+        "fault matrix: leader killed (Lease {lease:?}), the other replica took over and answered after {:.3} s",
+        waited.as_secs_f64()
+    );
+    assert!(
+        waited <= lease + ANSWER_BUDGET + Duration::from_secs(1),
+        "{waited:?}"
+    );
+    assert_eq!(
+        check(&b_world.get(&format!("workloads/{wl_name}")), "gpufit")["state"],
+        "Ready"
+    );
+}

@@ -193,6 +193,7 @@ impl World {
                 default_mode: Mode::Inject,
                 cache: Default::default(),
                 kueue: KueueConfig {
+                    enabled: true,
                     unlabelled,
                     frameworks,
                     local_queues: Some(lq_store),
@@ -2575,7 +2576,10 @@ fn kueues_samples_are_read_as_kueue_reads_them() {
         .map(|t| t.pod_set)
         .collect();
     assert_eq!(sets, ["workers", "driver"]);
-    let cfg = KueueConfig::default();
+    let cfg = KueueConfig {
+        enabled: true,
+        ..KueueConfig::default()
+    };
     assert_eq!(
         cfg.queue_for(k.kueue_framework(), js.get("metadata"), "default", None)
             .unwrap(),

@@ -2908,3 +2908,62 @@ async fn a_leader_killed_while_checks_are_pending_is_replaced_within_the_lease()
         "Ready"
     );
 }
+
+#[tokio::test]
+async fn the_trainjob_replay_writes_where_kueues_own_test_expects() {
+    // Kueue's expected runtimePatches (tests/fixtures/kueue/trainjob-runtime-patch.json).
+    let path = format!(
+        "{}/tests/fixtures/kueue/trainjob-runtime-patch.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let theirs: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let theirs = &theirs["runtimePatches"][0];
+    // The replay's, after an admission gpufit answered.
+    let w = World::new();
+    let (mut tj, wl_name) = w.submit(TRAINJOB, trainjob("tj", false));
+    let counts = [
+        ("dataset-initializer", 1),
+        ("model-initializer", 1),
+        ("node", 2),
+    ];
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &counts));
+    w.answer(&wl_name).await;
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut tj, &fl);
+    let ours = tj["spec"]["runtimePatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["manager"] == theirs["manager"])
+        .expect("Kueue's own runtime patch")
+        .clone();
+    let node = |p: &Value| -> Value {
+        p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "node")
+            .cloned()
+            .expect("the node patch")
+    };
+    let (ours, theirs) = (node(&ours), node(theirs));
+    for ptr in [
+        "/template/spec/template/metadata/annotations",
+        "/template/spec/template/metadata/labels",
+        "/template/spec/template/spec/nodeSelector",
+    ] {
+        assert!(
+            theirs.pointer(ptr).is_some_and(Value::is_object),
+            "Kueue writes {ptr}"
+        );
+        assert!(
+            ours.pointer(ptr).is_some_and(Value::is_object),
+            "the replay writes {ptr}: {ours:#}"
+        );
+    }
+    assert!(ours
+        .pointer("/template/spec/template/metadata/annotations")
+        .and_then(|a| a.get(format!("{SETTING_ANNOTATION_PREFIX}micro_batch_size")))
+        .is_some());
+}

@@ -2967,3 +2967,20 @@ async fn the_trainjob_replay_writes_where_kueues_own_test_expects() {
         .and_then(|a| a.get(format!("{SETTING_ANNOTATION_PREFIX}micro_batch_size")))
         .is_some());
 }
+
+#[test]
+fn both_versions_of_kueues_conversion_pair_read_alike() {
+    use gpufit::controller::kueue::Workload;
+    let path = format!(
+        "{}/tests/fixtures/kueue/workload-conversion-pair.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let pair: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let old = Workload::from_json(&pair["v1beta1"]).unwrap();
+    let new = Workload::from_json(&pair["v1beta2"]).unwrap();
+    assert_eq!(
+        old, new,
+        "the fields gpufit reads do not change between versions"
+    );
+    assert_eq!(new.status.conditions[0].type_, "Admitted");
+}

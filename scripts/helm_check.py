@@ -100,6 +100,7 @@ ALLOWED_RULES: dict[tuple[str, str], set[str]] = {
 # The webhook for pods of Kueue-queued jobs (kueue.enabled): its own
 # failurePolicy and selector, checked by expect_kueue.
 PODS_WEBHOOK = "pods.gpufit.io"
+TRAINER_PODS_WEBHOOK = "trainer-pods.gpufit.io"
 KUEUE_RULES = {k: v for k, v in ALLOWED_RULES.items() if k[0] == "kueue.x-k8s.io"}
 # A managedJobsNamespaceSelector as an admin copies it from Kueue's configuration.
 KUEUE_SELECTOR = {
@@ -381,6 +382,11 @@ def expect_kueue(r: Rendered, p: Problems) -> None:
             p.check(w.get("failurePolicy") == r.merged["webhook"]["podFailurePolicy"], "the pods webhook's failurePolicy must follow webhook.podFailurePolicy")
             p.check((w.get("objectSelector") or {}).get("matchLabels") == {"gpufit.io/deferred": "true"}, "the pods webhook must match only gpufit's deferred pods")
             p.check([x["resources"] for x in w["rules"]] == [["pods"]], "the pods webhook handles pods only")
+        trainer = [w for w in hook["webhooks"] if w["name"] == TRAINER_PODS_WEBHOOK]
+        if p.check(len(trainer) == 1, f"kueue.enabled with webhook.trainJobs: the {TRAINER_PODS_WEBHOOK} webhook must be rendered"):
+            w = trainer[0]
+            p.check(w.get("failurePolicy") == "Ignore", "the TrainJob pods webhook sees pods gpufit did not configure: failurePolicy Ignore")
+            p.check((w.get("objectSelector") or {}).get("matchLabels") == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}, "the TrainJob pods webhook matches trainer pods only")
     checks = r.of("AdmissionCheck")
     if p.check(len(checks) == 1, f"kueue.enabled: one AdmissionCheck, got {len(checks)}"):
         p.check(checks[0]["spec"].get("controllerName") == "gpufit.io/advisor", "the AdmissionCheck's controllerName must be gpufit.io/advisor")
@@ -490,6 +496,11 @@ FAILING: list[FailingCase] = [
         "leaderElection.enabled=true",
     ),
     FailingCase("postgres without a secret", {"history": {"type": "postgres"}}, "history.postgres.existingSecret"),
+    FailingCase(
+        "kueue with a namespace-limited controller",
+        {"kueue": {"enabled": True}, "controller": {"watchNamespace": "ml"}},
+        "cannot be set with kueue.enabled",
+    ),
     FailingCase("unknown history type", {"history": {"type": "mysql"}}, "/history/type"),
     FailingCase("unknown mode", {"controller": {"mode": "Mutate"}}, "/controller/mode"),
     FailingCase(
@@ -677,7 +688,7 @@ def check_webhook(r: Rendered, p: Problems) -> None:
     svc = r.one("Service", "-controller")
     for w in hook["webhooks"]:
         name = f"webhook {w['name']}"
-        if w["name"] == PODS_WEBHOOK:
+        if w["name"] in (PODS_WEBHOOK, TRAINER_PODS_WEBHOOK):
             continue
         p.check(w.get("reinvocationPolicy") == "IfNeeded", f"{name}: reinvocationPolicy must be IfNeeded (Kueue's webhook may run after gpufit's)")
         p.check(w.get("failurePolicy") == r.merged["webhook"]["failurePolicy"], f"{name}: failurePolicy must follow webhook.failurePolicy")

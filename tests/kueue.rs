@@ -42,218 +42,10 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{json, Value};
 
-#[path = "common/mock_api.rs"]
-mod mock_api;
+#[path = "common/api_server.rs"]
+mod api_server;
 
-/// The scripted API server: objects by `plural/name`, pods, every write.
-#[derive(Default)]
-struct FakeApi {
-    /// The one Kueue API version this stand-in serves (`v1beta2` as Kueue
-    /// ≥ v0.20 will, `v1beta1` as Kueue ≤ v0.14 did).
-    version: &'static str,
-    objects: BTreeMap<String, Value>,
-    pods: Vec<Value>,
-    /// (method, path, query) of every PATCH.
-    writes: Vec<(String, String, String)>,
-    /// Another writer changes the next Workload read, right after it is read.
-    change_after_get: bool,
-    rv: u64,
-    unexpected: Vec<String>,
-    /// Events published (their bodies).
-    events: Vec<Value>,
-    /// Resources the controller's RBAC does not allow reading (403).
-    forbidden: Vec<&'static str>,
-    /// Resources whose reads fail (500) this many more times.
-    failing_gets: u32,
-}
-
-impl FakeApi {
-    fn bump(&mut self, key: &str) {
-        self.rv += 1;
-        let rv = self.rv.to_string();
-        if let Some(o) = self.objects.get_mut(key) {
-            o["metadata"]["resourceVersion"] = json!(rv);
-        }
-    }
-
-    fn status_writes(&self) -> usize {
-        self.writes
-            .iter()
-            .filter(|(_, p, _)| p.ends_with("/status"))
-            .count()
-    }
-
-    fn owner_writes(&self, plural: &str) -> usize {
-        self.writes
-            .iter()
-            .filter(|(_, p, _)| p.contains(&format!("/{plural}/")))
-            .count()
-    }
-}
-
-fn not_found() -> (u16, Value) {
-    (
-        404,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-    )
-}
-
-fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
-    if path.starts_with("/apis/events.k8s.io/") {
-        api.events.push(body.clone());
-        return (201, body);
-    }
-    if api
-        .forbidden
-        .iter()
-        .any(|p| path.contains(&format!("/{p}/")))
-    {
-        return (
-            403,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
-                   "message": format!("{path} is forbidden: User \"system:serviceaccount:gpufit:gpufit\" cannot get resource")}),
-        );
-    }
-    if method == "GET" && api.failing_gets > 0 && !path.contains("/workloads/") {
-        api.failing_gets -= 1;
-        return (
-            500,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcdserver: request timed out"}),
-        );
-    }
-    let kueue = format!("/apis/kueue.x-k8s.io/{}", api.version);
-    if path == "/apis" && method == "GET" {
-        // Discovery: the one Kueue version served.
-        let gv = format!("kueue.x-k8s.io/{}", api.version);
-        return (
-            200,
-            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-                {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
-                 "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}},
-                {"name": "kueue.x-k8s.io", "versions": [{"groupVersion": gv, "version": api.version}],
-                 "preferredVersion": {"groupVersion": gv, "version": api.version}}]}),
-        );
-    }
-    if path.starts_with("/apis/kueue.x-k8s.io/") && !path.starts_with(&format!("{kueue}/")) {
-        // A version this Kueue does not serve.
-        api.unexpected
-            .push(format!("{method} {path} (version not served)"));
-        return not_found();
-    }
-    if path == "/api/v1/namespaces/ml/pods" && method == "GET" {
-        // `labelSelector=key` or `key=value`, as the recorder asks.
-        let query = query.replace("%2F", "/").replace("%3D", "=");
-        let selector = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("labelSelector="))
-            .unwrap_or_default()
-            .to_string();
-        let (key, value) = match selector.split_once('=') {
-            Some((k, v)) => (k.to_string(), Some(v.to_string())),
-            None => (selector.clone(), None),
-        };
-        let items: Vec<Value> = api
-            .pods
-            .iter()
-            .filter(|p| match (&p["metadata"]["labels"][&key], &value) {
-                (Value::String(v), Some(want)) => v == want,
-                (Value::String(_), None) => !key.is_empty(),
-                _ => false,
-            })
-            .cloned()
-            .collect();
-        return (
-            200,
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
-        );
-    }
-    if let Some(name) = path.strip_prefix(&format!("{kueue}/resourceflavors/")) {
-        return match (method, api.objects.get(&format!("resourceflavors/{name}"))) {
-            ("GET", Some(f)) => (200, f.clone()),
-            ("GET", None) => not_found(),
-            _ => {
-                api.unexpected.push(format!("{method} {path}"));
-                (405, json!({}))
-            }
-        };
-    }
-    if let Some(rest) = path.strip_prefix(&format!("{kueue}/namespaces/ml/workloads/")) {
-        let (name, status) = match rest.strip_suffix("/status") {
-            Some(n) => (n, true),
-            None => (rest, false),
-        };
-        let key = format!("workloads/{name}");
-        if !api.objects.contains_key(&key) {
-            return not_found();
-        }
-        match (method, status) {
-            ("GET", false) => {
-                let out = api.objects[&key].clone();
-                if std::mem::take(&mut api.change_after_get) {
-                    api.bump(&key);
-                }
-                return (200, out);
-            }
-            ("PATCH", true) => {
-                api.writes.push((method.into(), path.into(), query.into()));
-                let stored = &api.objects[&key];
-                // Server-side apply with a resourceVersion: a precondition.
-                if body["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"] {
-                    return (
-                        409,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
-                               "message": "the object has been modified; please apply your changes to the latest version and try again"}),
-                    );
-                }
-                // `admissionChecks` is a map keyed by name: our entry replaced, the others kept.
-                let obj = api.objects.get_mut(&key).expect("workload");
-                let checks = obj["status"]["admissionChecks"]
-                    .as_array_mut()
-                    .expect("admissionChecks");
-                for ours in body["status"]["admissionChecks"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                {
-                    match checks.iter_mut().find(|c| c["name"] == ours["name"]) {
-                        Some(c) => *c = ours.clone(),
-                        None => checks.push(ours.clone()),
-                    }
-                }
-                api.bump(&key);
-                return (200, api.objects[&key].clone());
-            }
-            _ => {}
-        }
-    }
-    for plural in ["jobs", "pytorchjobs", "jobsets", "trainjobs"] {
-        let Some(name) = path
-            .rsplit_once(&format!("/namespaces/ml/{plural}/"))
-            .map(|(_, n)| n.to_string())
-        else {
-            continue;
-        };
-        let key = format!("{plural}/{name}");
-        let Some(obj) = api.objects.get_mut(&key) else {
-            return not_found();
-        };
-        match method {
-            "GET" => return (200, obj.clone()),
-            "PATCH" => {
-                json_patch::merge(obj, &body);
-                let out = obj.clone();
-                api.writes.push((method.into(), path.into(), query.into()));
-                return (200, out);
-            }
-            _ => {}
-        }
-    }
-    api.unexpected.push(format!("{method} {path}?{query}"));
-    (
-        500,
-        json!({"kind": "Status", "code": 500, "message": "unexpected"}),
-    )
-}
+use api_server::{ApiServer as FakeApi, Rule};
 
 /// Peak reader double.
 struct Peaks(u64);
@@ -349,10 +141,9 @@ impl World {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite:{}", dir.path().join("h.db").display());
         let history: Arc<dyn HistoryStore> = Arc::from(gpufit::history::open(&url).expect("db"));
-        let api = Arc::new(Mutex::new(FakeApi {
-            version,
-            ..FakeApi::default()
-        }));
+        let api = Arc::new(Mutex::new(
+            FakeApi::default().serving("kueue.x-k8s.io", version),
+        ));
         {
             let mut a = api.lock().unwrap();
             // The two ResourceFlavors of the ClusterQueue, as an admin writes them.
@@ -380,7 +171,7 @@ impl World {
                     .expect("namespace"),
             ));
         }
-        let client = mock_api::mock_client(api.clone(), answer);
+        let client = api_server::client(api.clone());
         let mut ctx = Context::new(
             client,
             history.clone(),
@@ -402,6 +193,7 @@ impl World {
                 default_mode: Mode::Inject,
                 cache: Default::default(),
                 kueue: KueueConfig {
+                    enabled: true,
                     unlabelled,
                     frameworks,
                     local_queues: Some(lq_store),
@@ -1013,7 +805,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     // Queued, no quota yet: nothing to answer.
     let queued = w.get(&format!("workloads/{wl_name}"));
     w.reconcile(&queued).await;
-    assert_eq!(w.api.lock().unwrap().writes.len(), 0);
+    assert_eq!(w.api.lock().unwrap().writes().len(), 0);
 
     // Quota reserved on the A100 flavor for 4 pods.
     let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "a100-40gb", &[("main", 4)]));
@@ -1053,8 +845,8 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     {
         let api = w.api.lock().unwrap();
         assert_eq!(api.status_writes(), 1);
-        let (_, _, query) = &api
-            .writes
+        let writes = api.writes();
+        let (_, _, query) = writes
             .iter()
             .find(|(_, p, _)| p.ends_with("/status"))
             .unwrap();
@@ -1072,7 +864,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
         1,
         "one answer per admission"
     );
-    assert_eq!(w.api.lock().unwrap().owner_writes("jobs"), 1);
+    assert_eq!(w.api.lock().unwrap().writes_to("jobs"), 1);
 
     // Kueue admits and starts it: the container reads the A100 settings.
     let mut job = w.get("jobs/train");
@@ -1162,7 +954,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("jobs/train".into(), job.clone());
-        api.pods = pods;
+        api.set_pods(pods);
     }
     let recorder = Arc::new(WorkloadContext {
         ctx: w.kueue.ctx.clone(),
@@ -1265,7 +1057,7 @@ async fn a_pytorchjob_gets_the_flavor_settings_on_master_and_workers_and_new_one
     });
     // Another writer changes the Workload between our read and our write:
     // a conflict, nothing answered; the next reconcile answers.
-    w.api.lock().unwrap().change_after_get = true;
+    w.api.lock().unwrap().bump_after_get = Some(format!("workloads/{wl_name}"));
     w.reconcile(&reserved).await;
     assert_eq!(
         check(&w.get(&format!("workloads/{wl_name}")), "gpufit")["state"],
@@ -1378,13 +1170,13 @@ async fn a_job_gpufit_cannot_configure_is_admitted_as_written_never_held() {
     let mut other = batch_job("other", 1, json!({}));
     other["metadata"]["annotations"] = json!({});
     let (_, other_wl) = w.submit(JOB, other);
-    let writes = w.api.lock().unwrap().owner_writes("jobs");
+    let writes = w.api.lock().unwrap().writes_to("jobs");
     let reserved = w.kueue_writes(&other_wl, |wl| reserve(wl, "a100-40gb", &[("main", 1)]));
     w.reconcile(&reserved).await;
     let wl = w.get(&format!("workloads/{other_wl}"));
     assert_eq!(check(&wl, "gpufit")["state"], "Ready");
     assert!(check(&wl, "gpufit").get("podSetUpdates").is_none());
-    assert_eq!(w.api.lock().unwrap().owner_writes("jobs"), writes);
+    assert_eq!(w.api.lock().unwrap().writes_to("jobs"), writes);
 }
 
 #[test]
@@ -1906,7 +1698,7 @@ async fn a_jobset_gets_its_flavor_settings_in_every_training_job_and_new_ones_on
     {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("jobsets/llm".into(), js.clone());
-        api.pods = pods;
+        api.set_pods(pods);
     }
     record(&w, JOBSET, &js).await;
     // A stale event for the same JobSet records nothing more.
@@ -2029,13 +1821,13 @@ async fn trainjob_through_kueue(legacy: bool) {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("trainjobs/tj".into(), tj.clone());
         api.objects.insert("jobsets/tj".into(), child.clone());
-        api.pods = jobset_pods("tj", "js-tj", "node", 2, &t);
+        api.set_pods(jobset_pods("tj", "js-tj", "node", 2, &t));
         // The initializers ran first (from 00:40): not the training's time.
         let js = trainer_jobset(&tj);
         let init_t = &js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
         let mut init = jobset_pods("tj", "js-tj", "dataset-initializer", 1, init_t);
         init[0]["status"]["startTime"] = json!("2026-01-01T00:40:00Z");
-        api.pods.extend(init);
+        api.add_pods(init);
     }
     record(&w, JOBSET, &child).await;
     assert!(w.history.list(&ListFilter::default()).unwrap().is_empty());
@@ -2378,12 +2170,12 @@ async fn each_stand_in_is_spoken_in_the_one_version_it_serves() {
         let api = w.api.lock().unwrap();
         assert!(api.unexpected.is_empty(), "{version}: {:?}", api.unexpected);
         assert!(
-            api.writes
+            api.writes()
                 .iter()
                 .filter(|(_, p, _)| p.contains("kueue.x-k8s.io"))
                 .all(|(_, p, _)| p.contains(&format!("/{version}/"))),
             "{version}: {:?}",
-            api.writes
+            api.writes()
         );
     }
 }
@@ -2516,20 +2308,23 @@ async fn every_workload_is_answered_within_the_bound_across_the_fault_matrix() {
     {
         let api = w.api.lock().unwrap();
         assert!(
-            api.unexpected.is_empty(),
+            !api.seen.iter().any(|r| r.path.contains("rayjobs")),
             "the RayJob is never read: {:?}",
-            api.unexpected
+            api.seen
         );
         assert!(
-            api.events.iter().any(|e| e["type"] == "Warning"),
+            api.events().iter().any(|e| e["type"] == "Warning"),
             "{:?}",
-            api.events
+            api.events()
         );
     }
 
     // 2. An owner gpufit may not read (403).
     let w = World::new();
-    w.api.lock().unwrap().forbidden.push("jobs");
+    w.api
+        .lock()
+        .unwrap()
+        .fail("GET", "/jobs/", u32::MAX, 403, "Forbidden");
     let (mut job, wl_name) = w.submit(JOB, batch_job("forbidden", 2, json!({})));
     w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
     waits.push(("owner 403", w.answer(&wl_name).await));
@@ -2551,7 +2346,14 @@ async fn every_workload_is_answered_within_the_bound_across_the_fault_matrix() {
     let w = World::new();
     let (_, wl_name) = w.submit(JOB, batch_job("flaky", 2, json!({})));
     w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
-    w.api.lock().unwrap().failing_gets = u32::MAX;
+    w.api.lock().unwrap().rules.push(Rule {
+        method: "GET",
+        path: "/".into(),
+        unless: "/workloads/".into(),
+        times: u32::MAX,
+        code: 500,
+        reason: "InternalError",
+    });
     let waited = w.answer(&wl_name).await;
     waits.push(("owner reads fail (500) throughout", waited));
     assert!(
@@ -2630,7 +2432,7 @@ async fn every_workload_is_answered_within_the_bound_across_the_fault_matrix() {
         .await
         .unwrap();
     assert_eq!(
-        w.api.lock().unwrap().writes.len(),
+        w.api.lock().unwrap().writes().len(),
         0,
         "a standby writes nothing"
     );
@@ -2746,4 +2548,439 @@ async fn no_pod_starts_with_an_empty_setting_across_the_failure_matrix() {
     eprintln!(
         "empty-setting matrix: {checked} cases, 0 pods with an empty setting, 0 FailedToStart"
     );
+}
+
+// === Kueue's own objects (tests/fixtures/kueue, kubernetes-sigs/kueue ff69552) ===
+
+fn fixture(name: &str) -> Vec<Value> {
+    let path = format!("{}/tests/fixtures/kueue/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn kueues_samples_are_read_as_kueue_reads_them() {
+    use gpufit::controller::kinds;
+    // The JobSet: pod sets named after the replicated Jobs (no GPUs: all
+    // of them), queued through its label (the integration is on by default).
+    let js = &fixture("sample-jobset.yaml")[0];
+    let k = kinds::of(Some("jobset.x-k8s.io"), "JobSet").unwrap();
+    let sets: Vec<String> = k
+        .shape(js)
+        .unwrap()
+        .templates
+        .into_iter()
+        .map(|t| t.pod_set)
+        .collect();
+    assert_eq!(sets, ["workers", "driver"]);
+    let cfg = KueueConfig {
+        enabled: true,
+        ..KueueConfig::default()
+    };
+    assert_eq!(
+        cfg.queue_for(k.kueue_framework(), js.get("metadata"), "default", None)
+            .unwrap(),
+        Some("user-queue".into())
+    );
+    // The PyTorchJob: pod sets master and worker; Kueue's default
+    // configuration does not enable its integration, so the label does not queue it.
+    let pj = &fixture("sample-pytorchjob.yaml")[0];
+    let k = kinds::of(Some("kubeflow.org"), "PyTorchJob").unwrap();
+    let sets: Vec<String> = k
+        .shape(pj)
+        .unwrap()
+        .templates
+        .into_iter()
+        .map(|t| t.pod_set)
+        .collect();
+    assert_eq!(sets, ["master", "worker"]);
+    assert_eq!(
+        cfg.queue_for(k.kueue_framework(), pj.get("metadata"), "default", None)
+            .unwrap(),
+        None
+    );
+}
+
+#[test]
+fn kueues_admission_checks_are_not_gpufits_and_its_cluster_queue_is_v1beta2() {
+    let mut objs = fixture("provisioning-setup.yaml");
+    objs.extend(fixture("sample-admission-check.yaml"));
+    let mut w = Writer::new(admission_checks("v1beta2"));
+    let store = w.as_reader();
+    for o in objs.iter().filter(|o| o["kind"] == "AdmissionCheck") {
+        assert_eq!(o["apiVersion"], "kueue.x-k8s.io/v1beta2");
+        w.apply_watcher_event(&watcher::Event::Apply(
+            serde_json::from_value(o.clone()).unwrap(),
+        ));
+    }
+    assert_eq!(store.state().len(), 2);
+    assert!(our_checks(&store).is_empty());
+    // The ClusterQueue names its checks per flavor (v1beta2): the docs'
+    // example for gpufit's check has the same shape.
+    let cq = objs.iter().find(|o| o["kind"] == "ClusterQueue").unwrap();
+    let strategy = &cq["spec"]["admissionChecksStrategy"]["admissionChecks"][0];
+    assert_eq!(strategy["onFlavors"][0], "default-flavor");
+    let docs =
+        std::fs::read_to_string(format!("{}/docs/controller.md", env!("CARGO_MANIFEST_DIR")))
+            .unwrap();
+    let example = docs
+        .split("```yaml")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("kind: ClusterQueue"))
+        .expect("docs/controller.md has a ClusterQueue example");
+    let docs_cq: Value = serde_yaml::Deserializer::from_str(example)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .find(|v: &Value| v["kind"] == "ClusterQueue")
+        .unwrap();
+    assert_eq!(docs_cq["apiVersion"], cq["apiVersion"]);
+    assert!(
+        docs_cq["spec"].get("admissionChecks").is_none(),
+        "v1beta2 has admissionChecksStrategy only"
+    );
+    assert_eq!(
+        docs_cq["spec"]["admissionChecksStrategy"]["admissionChecks"][0]["name"],
+        "gpufit"
+    );
+}
+
+#[test]
+fn kueues_workload_status_shapes_are_read() {
+    use gpufit::controller::kueue::{step, Step, Workload};
+    // QuotaReserved with a Pending check: that check is answered, and the
+    // reservation time is read from the condition.
+    let pending = &fixture("pending-admission-check-status.yaml")[0];
+    let wl = Workload::from_json(pending).unwrap();
+    let ours = ["dws-prov".to_string()].into();
+    assert_eq!(
+        step(&wl, &ours),
+        Step::Configure {
+            checks: vec!["dws-prov".into()]
+        }
+    );
+    assert_eq!(
+        wl.reserved_at().unwrap().to_rfc3339(),
+        "2024-05-03T20:01:59+00:00"
+    );
+    // podSetAssignments: count and flavors per resource.
+    let assigned = &fixture("podsetassignments-workload.yaml")[0];
+    let wl = Workload::from_json(assigned).unwrap();
+    let a = &wl.status.admission.as_ref().unwrap().pod_set_assignments[0];
+    assert_eq!((a.name.as_str(), a.count), ("main", Some(3)));
+    assert_eq!(a.flavors["cpu"], "default-flavor");
+}
+
+/// JobSet's `resumeJob` (kubernetes-sigs/jobset v0.12.0,
+/// `pkg/controllers/jobset_controller.go`): an existing child Job's pod
+/// template gets the replicated Job's annotations **merged** in
+/// (`collections.MergeMaps`: new values win, old keys stay).
+fn jobset_resume_child(child: &mut Value, template: &Value) {
+    let old = child["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut merged = old;
+    for (k, v) in template["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        merged.insert(k.clone(), v.clone());
+    }
+    child["metadata"]["annotations"] = Value::Object(merged);
+}
+
+#[tokio::test]
+async fn a_readmission_to_another_flavor_reaches_the_jobsets_existing_child_jobs() {
+    let w = World::new();
+    let (mut js, wl_name) = w.submit(JOBSET, jobset("llm"));
+    let counts = [("driver", 1), ("leader", 1), ("workers", 6)];
+    // First admission: H100, configured; JobSet creates its child Jobs
+    // from the replicated Jobs' templates.
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &counts));
+    w.answer(&wl_name).await;
+    let fl = {
+        let mut f = flavors(&w);
+        f.insert("spot".into(), w.get("resourceflavors/spot"));
+        f
+    };
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut js, &fl);
+    let ptr = "/spec/replicatedJobs/2/template/spec/template";
+    let mut child = js.pointer(ptr).unwrap().clone();
+    let h100 = assert_no_empty_setting(&w.pod_from(&child), "first admission");
+    // Evicted; re-admitted on a flavor gpufit cannot read the GPU of:
+    // the fallback, every key of it.
+    w.kueue_writes(&wl_name, |wl| kueue_evict(wl, &mut js));
+    w.kueue_writes(&wl_name, kueue_release);
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "spot", &counts));
+    w.answer(&wl_name).await;
+    let mut restarted = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut restarted, &mut js, &fl);
+    jobset_resume_child(&mut child, js.pointer(ptr).unwrap());
+    let pod = w.pod_from(&child);
+    let again = assert_no_empty_setting(&pod, "re-admission");
+    for v in gpufit::core::settings::SETTING_VARS {
+        let key = format!("{SETTING_ANNOTATION_PREFIX}{}", v.placeholder);
+        assert_eq!(
+            pod["metadata"]["annotations"][&key],
+            js.pointer(ptr).unwrap()["metadata"]["annotations"][&key],
+            "{key}: the child Job runs this admission's value"
+        );
+    }
+    assert_eq!(
+        again["GPUFIT_MICRO_BATCH_SIZE"], "1",
+        "the fallback, not H100's {}",
+        h100["GPUFIT_MICRO_BATCH_SIZE"]
+    );
+    let (m, a) = (
+        num(&again, "GPUFIT_MICRO_BATCH_SIZE"),
+        num(&again, "GPUFIT_GRAD_ACCUM_STEPS"),
+    );
+    assert_eq!(m * a * 8, 64, "m × a × W(8) = G");
+}
+
+#[test]
+fn the_oldest_pending_check_is_what_the_alert_watches() {
+    use gpufit::controller::reconcile::kueue::oldest_pending;
+    let wl = |name: &str, reserved: &str, state: &str| -> Arc<DynamicObject> {
+        Arc::new(
+            serde_json::from_value(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": []}}}]},
+                "status": {"admission": {"clusterQueue": "q", "podSetAssignments": [{"name": "main", "count": 1}]},
+                    "conditions": [{"type": "QuotaReserved", "status": "True", "lastTransitionTime": reserved}],
+                    "admissionChecks": [{"name": "gpufit", "state": state, "message": ""}]}}))
+            .unwrap(),
+        )
+    };
+    let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:10:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let ours = ["gpufit".to_string()].into();
+    let all = [
+        wl("a", "2026-01-01T00:09:00Z", "Pending"),
+        wl("b", "2026-01-01T00:00:00Z", "Ready"),
+        wl("c", "2026-01-01T00:08:20Z", "Pending"),
+    ];
+    assert_eq!(oldest_pending(&all, &ours, now), 100.0);
+    assert_eq!(
+        oldest_pending(&all[1..2], &ours, now),
+        0.0,
+        "answered: nothing waits"
+    );
+}
+
+#[test]
+fn trainers_torch_runtime_trains_in_the_node_job_the_tests_replay() {
+    // Kubeflow Trainer v2.3.0's torch-distributed runtime (tests/fixtures/trainer).
+    let path = format!(
+        "{}/tests/fixtures/trainer/torch_distributed.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let upstream: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(upstream["apiVersion"], "trainer.kubeflow.org/v1alpha1");
+    let node = |rt: &Value| -> Value {
+        rt["spec"]["template"]["spec"]["replicatedJobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                r["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"]
+                    == "trainer"
+            })
+            .cloned()
+            .expect("a replicated Job that trains")
+    };
+    // The runtime the TrainJob tests replay trains where Trainer's does:
+    // the Job `node`, its container `node` (where spec.trainer is merged).
+    let (ours, theirs) = (node(&training_runtime()), node(&upstream));
+    assert_eq!(ours["name"], theirs["name"]);
+    assert_eq!(
+        ours["template"]["spec"]["template"]["spec"]["containers"][0]["name"],
+        theirs["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
+    );
+    // Its Kueue pod set is named after the replicated Job.
+    assert_eq!(theirs["name"], "node");
+}
+
+#[tokio::test]
+async fn a_trainjob_pod_started_without_gpufits_answer_reads_its_fallback_not_empty_settings() {
+    // gpufit's check absent on the flavor (admissionChecksStrategy.onFlavors):
+    // Kueue starts the TrainJob without gpufit's annotations. Its pods come
+    // from the runtime, so the fallback travels in the trainer's environment.
+    let w = World::new();
+    let (mut tj, wl_name) = w.submit(TRAINJOB, trainjob("tj", false));
+    let counts = [
+        ("dataset-initializer", 1),
+        ("model-initializer", 1),
+        ("node", 2),
+    ];
+    w.kueue_writes(&wl_name, |wl| {
+        wl["status"]["admissionChecks"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|c| c["name"] != "gpufit");
+        reserve(wl, "h100-80gb", &counts);
+    });
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut tj, &fl);
+    let template = trainer_template(&tj);
+    let (raw, _) = container_view(&template);
+    assert_eq!(
+        raw["GPUFIT_MICRO_BATCH_SIZE"], "",
+        "without the pod rule: empty"
+    );
+    let pod = w.pod_from(&template);
+    let env = assert_no_empty_setting(&pod, "TrainJob, no answer");
+    let (m, a) = (
+        num(&env, "GPUFIT_MICRO_BATCH_SIZE"),
+        num(&env, "GPUFIT_GRAD_ACCUM_STEPS"),
+    );
+    assert_eq!(
+        m * a * 8,
+        64,
+        "the fallback keeps G over the job's W: m {m} × a {a} × 8"
+    );
+}
+
+#[tokio::test]
+async fn a_leader_killed_while_checks_are_pending_is_replaced_within_the_lease() {
+    use gpufit::controller::leader::{self, LeaderConfig};
+    use gpufit::controller::reconcile::kueue::ANSWER_BUDGET;
+    let lease = Duration::from_secs(3);
+    let w = World::new();
+    let replica = |identity: &str| {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let cfg = LeaderConfig {
+            lease_name: "gpufit-controller".into(),
+            namespace: "gpufit".into(),
+            identity: identity.into(),
+            lease_duration: lease,
+            renew_every: lease / 3,
+        };
+        let client = api_server::client(w.api.clone());
+        let task = tokio::spawn(leader::run(client, cfg, tx, std::future::pending()));
+        let mut ctx = Context::new(
+            api_server::client(w.api.clone()),
+            w.history.clone(),
+            nodes(),
+            reflector::store::<Namespace>().0,
+            Arc::new(Peaks(1)),
+            Metrics::new(),
+        );
+        ctx.leading = rx;
+        let k = Arc::new(KueueContext::new(
+            Arc::new(ctx),
+            checks("v1beta2"),
+            "v1beta2",
+        ));
+        (task, k)
+    };
+    // Replica a leads, then dies (no hand-back: a crash).
+    let (a_task, a) = replica("a");
+    let mut a_leading = a.ctx.leading.clone();
+    tokio::time::timeout(Duration::from_secs(10), a_leading.wait_for(|l| *l))
+        .await
+        .expect("a leads")
+        .unwrap();
+    a_task.abort();
+    // Quota is reserved while nobody answers; replica b starts.
+    let (_, wl_name) = w.submit(JOB, batch_job("crash", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    let (_b_task, b) = replica("b");
+    let b_world = World { kueue: b, ..w };
+    let waited = b_world.answer(&wl_name).await;
+    eprintln!(
+        "fault matrix: leader killed (Lease {lease:?}), the other replica took over and answered after {:.3} s",
+        waited.as_secs_f64()
+    );
+    assert!(
+        waited <= lease + ANSWER_BUDGET + Duration::from_secs(1),
+        "{waited:?}"
+    );
+    assert_eq!(
+        check(&b_world.get(&format!("workloads/{wl_name}")), "gpufit")["state"],
+        "Ready"
+    );
+}
+
+#[tokio::test]
+async fn the_trainjob_replay_writes_where_kueues_own_test_expects() {
+    // Kueue's expected runtimePatches (tests/fixtures/kueue/trainjob-runtime-patch.json).
+    let path = format!(
+        "{}/tests/fixtures/kueue/trainjob-runtime-patch.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let theirs: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let theirs = &theirs["runtimePatches"][0];
+    // The replay's, after an admission gpufit answered.
+    let w = World::new();
+    let (mut tj, wl_name) = w.submit(TRAINJOB, trainjob("tj", false));
+    let counts = [
+        ("dataset-initializer", 1),
+        ("model-initializer", 1),
+        ("node", 2),
+    ];
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &counts));
+    w.answer(&wl_name).await;
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut tj, &fl);
+    let ours = tj["spec"]["runtimePatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["manager"] == theirs["manager"])
+        .expect("Kueue's own runtime patch")
+        .clone();
+    let node = |p: &Value| -> Value {
+        p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "node")
+            .cloned()
+            .expect("the node patch")
+    };
+    let (ours, theirs) = (node(&ours), node(theirs));
+    for ptr in [
+        "/template/spec/template/metadata/annotations",
+        "/template/spec/template/metadata/labels",
+        "/template/spec/template/spec/nodeSelector",
+    ] {
+        assert!(
+            theirs.pointer(ptr).is_some_and(Value::is_object),
+            "Kueue writes {ptr}"
+        );
+        assert!(
+            ours.pointer(ptr).is_some_and(Value::is_object),
+            "the replay writes {ptr}: {ours:#}"
+        );
+    }
+    assert!(ours
+        .pointer("/template/spec/template/metadata/annotations")
+        .and_then(|a| a.get(format!("{SETTING_ANNOTATION_PREFIX}micro_batch_size")))
+        .is_some());
+}
+
+#[test]
+fn both_versions_of_kueues_conversion_pair_read_alike() {
+    use gpufit::controller::kueue::Workload;
+    let path = format!(
+        "{}/tests/fixtures/kueue/workload-conversion-pair.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let pair: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let old = Workload::from_json(&pair["v1beta1"]).unwrap();
+    let new = Workload::from_json(&pair["v1beta2"]).unwrap();
+    assert_eq!(
+        old, new,
+        "the fields gpufit reads do not change between versions"
+    );
+    assert_eq!(new.status.conditions[0].type_, "Admitted");
 }

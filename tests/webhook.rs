@@ -823,3 +823,121 @@ async fn whole_on_an_mps_node_is_planned_for_the_share_with_a_warning() {
     let peak = applied["predictedPeakBytes"].as_u64().unwrap_or(u64::MAX);
     assert!(peak <= 8 << 30, "planned within 8 GiB: {peak}");
 }
+
+// === What the webhook mutates, and what it reads (issue 47.6) ===
+
+/// The response's warnings, joined.
+fn warnings(resp: &Value) -> String {
+    resp["response"]["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+#[tokio::test]
+async fn a_deployment_is_never_mutated_though_it_has_a_pod_template() {
+    let w = start_webhook().await;
+    let mut d = job(lora_annotations());
+    d["apiVersion"] = json!("apps/v1");
+    d["kind"] = json!("Deployment");
+    let kind = ("apps", "v1", "Deployment", "deployments");
+    let (_, resp) = post(&w, PATH, &review(kind, "ml", d)).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(resp["response"].get("patch").is_none(), "{resp}");
+    assert!(warnings(&resp).contains("Deployment"), "{resp}");
+    // A `Job` of another API group is not a batch Job either.
+    let (_, resp) = post(
+        &w,
+        PATH,
+        &review(
+            ("example.com", "v1", "Job", "jobs"),
+            "ml",
+            job(lora_annotations()),
+        ),
+    )
+    .await;
+    assert!(resp["response"].get("patch").is_none(), "{resp}");
+}
+
+#[tokio::test]
+async fn gpu_counts_are_read_as_kubernetes_quantities_and_bad_ones_are_named() {
+    let w = start_webhook().await;
+    for bad in ["two", "-2", "1.5"] {
+        let mut j = job(lora_annotations());
+        j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+            json!(bad);
+        let (_, resp) = post(&w, PATH, &review(JOB, "ml", j)).await;
+        assert_eq!(resp["response"]["allowed"], true, "{bad}: {resp}");
+        assert!(
+            resp["response"].get("patch").is_none(),
+            "{bad}: not W = 1 silently: {resp}"
+        );
+        let warned = warnings(&resp);
+        assert!(
+            warned.contains(&format!("`{bad}`")) && warned.contains("nvidia.com/gpu"),
+            "{bad}: {warned}"
+        );
+    }
+    // "2k" is a valid quantity: 2000 GPUs per pod, which the global batch
+    // of 32 cannot be split over: allowed unchanged, saying what it saw.
+    let mut j = job(lora_annotations());
+    j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+        json!("2k");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", j)).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(warnings(&resp).contains("2000"), "{resp}");
+}
+
+#[tokio::test]
+async fn a_shape_that_makes_the_global_batch_impossible_is_a_warning_not_a_denial() {
+    let w = start_webhook().await;
+    let mut j = job(lora_annotations());
+    j["spec"]["parallelism"] = json!(1_000_000_000u64);
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", j.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(resp["response"].get("patch").is_none());
+    let warned = warnings(&resp);
+    assert!(
+        warned.contains("1000000000") && warned.contains("global-batch 32"),
+        "{warned}"
+    );
+    // The same W from the user's own gpufit.io/gpus: that annotation is at fault.
+    let mut anns = lora_annotations();
+    anns["gpufit.io/gpus"] = json!("1000000000");
+    j["metadata"]["annotations"] = anns;
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", j)).await;
+    assert_eq!(resp["response"]["allowed"], false, "{resp}");
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("gpufit.io/gpus"), "{msg}");
+}
+
+#[tokio::test]
+async fn settings_the_history_would_refuse_are_never_injected() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/global-batch"] = json!("2147483648");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(
+        resp["response"].get("patch").is_none(),
+        "an accumulation of ~10^9 injected: {resp}"
+    );
+    assert!(warnings(&resp).contains("65536"), "{resp}");
+}
+
+#[tokio::test]
+async fn a_pin_given_twice_is_denied_naming_the_annotation() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/pins"] = json!("micro_batch_size=2,micro_batch_size=8");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], false, "{resp}");
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("gpufit.io/pins") && msg.contains("micro_batch_size"),
+        "{msg}"
+    );
+}

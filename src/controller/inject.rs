@@ -15,7 +15,7 @@ use super::crd::{Mode, SettingsStatus};
 use crate::core::advisor::Suggestion;
 
 pub use super::keys::{
-    ANN_APPLIED, ANN_FALLBACK, ANN_REASON, ANN_RECOMMENDATION, LABEL_DEFERRED,
+    ANN_APPLIED, ANN_FALLBACK, ANN_REASON, ANN_RECOMMENDATION, ENV_FALLBACK, LABEL_DEFERRED,
     SETTING_ANNOTATION_PREFIX,
 };
 
@@ -132,13 +132,19 @@ fn fill_container(
         .find(|v| v.placeholder == "micro_batch_size")
         .map(|v| v.placeholder_text())
         .unwrap_or_default();
+    // Also when a pass before this one (a reinvoked webhook) already wrote
+    // it: the placeholder is then a `$(VAR)` reference or the value, and
+    // the marker is kept in the same place, so every pass gives one object.
+    let env_ref = "$(GPUFIT_MICRO_BATCH_SIZE)";
     let in_command = ["command", "args"].iter().any(|f| {
         c.get(*f).and_then(Value::as_array).is_some_and(|words| {
-            words
-                .iter()
-                .filter_map(Value::as_str)
-                .any(|w| !micro_batch.is_empty() && w.contains(&micro_batch))
+            words.iter().filter_map(Value::as_str).any(|w| {
+                (!micro_batch.is_empty() && w.contains(&micro_batch)) || w.contains(env_ref)
+            })
         })
+    }) || c.get("env").and_then(Value::as_array).is_some_and(|env| {
+        env.iter()
+            .any(|e| e.get("name").and_then(Value::as_str) == Some(MICRO_BATCH_IN_COMMAND_ENV))
     });
     let mut entries = entries;
     if in_command {
@@ -276,10 +282,55 @@ pub fn add_fallback(template: &mut Value, fallback: &BTreeMap<String, String>) {
     }
 }
 
+/// Writes the fallback settings on a container-like object (a TrainJob's
+/// `spec.trainer`) as the [`ENV_FALLBACK`] variable.
+pub fn add_fallback_env(
+    c: &mut serde_json::Map<String, Value>,
+    fallback: &BTreeMap<String, String>,
+) {
+    let Ok(json) = serde_json::to_string(fallback) else {
+        return;
+    };
+    let list = c.entry("env").or_insert_with(|| json!([]));
+    if let Some(list) = list.as_array_mut() {
+        list.retain(|e| e.get("name").and_then(Value::as_str) != Some(ENV_FALLBACK));
+        list.push(json!({"name": ENV_FALLBACK, "value": json}));
+    }
+}
+
+/// Whether a pod (JSON) has containers that read a setting from a pod
+/// annotation (gpufit's deferred injection, through a job's template or a
+/// TrainJob's trainer).
+pub fn reads_deferred_settings(pod: &Value) -> bool {
+    let prefix = format!("metadata.annotations['{SETTING_ANNOTATION_PREFIX}");
+    pod.pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("env").and_then(Value::as_array))
+        .flatten()
+        .filter_map(|e| {
+            e.pointer("/valueFrom/fieldRef/fieldPath")
+                .and_then(Value::as_str)
+        })
+        .any(|p| p.starts_with(&prefix))
+}
+
 /// Fills, on a pod (JSON), every setting annotation that is missing or
-/// empty: from its [`ANN_FALLBACK`], else from the default settings.
-/// Returns the annotations filled.
+/// empty: from its [`ANN_FALLBACK`] annotation, else its containers'
+/// [`ENV_FALLBACK`], else the default settings. Returns the annotations
+/// filled.
 pub fn fill_missing_settings(pod: &mut Value) -> Vec<String> {
+    let from_env: Option<String> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("env").and_then(Value::as_array))
+        .flatten()
+        .find(|e| e.get("name").and_then(Value::as_str) == Some(ENV_FALLBACK))
+        .and_then(|e| e.get("value").and_then(Value::as_str))
+        .map(str::to_string);
     let Some(meta) = pod.get_mut("metadata") else {
         return Vec::new();
     };
@@ -287,7 +338,9 @@ pub fn fill_missing_settings(pod: &mut Value) -> Vec<String> {
     let fallback: BTreeMap<String, String> = anns
         .get(ANN_FALLBACK)
         .and_then(Value::as_str)
-        .and_then(|s| serde_json::from_str(s).ok())
+        .map(str::to_string)
+        .or(from_env)
+        .and_then(|s| serde_json::from_str(&s).ok())
         .unwrap_or_default();
     let defaults = setting_annotations(&crate::core::settings::EngineeringSettings::default());
     let mut add = BTreeMap::new();

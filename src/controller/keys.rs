@@ -69,6 +69,10 @@ pub const SETTING_ANNOTATION_PREFIX: &str = "gpufit.io/setting.";
 /// annotations, JSON) a deferred pod falls back to when it starts without
 /// gpufit's admission answer. gpufit's answer never carries this key.
 pub const ANN_FALLBACK: &str = "gpufit.io/fallback-settings";
+/// Container variable with the same fallback, where no pod template can
+/// carry it (a TrainJob's trainer: Trainer copies `spec.trainer.env` into
+/// the runtime's trainer container).
+pub const ENV_FALLBACK: &str = "GPUFIT_FALLBACK_SETTINGS";
 /// Annotation (job) or label (namespace) that sets the mode.
 pub const MODE_KEY: &str = "gpufit.io/mode";
 /// Namespace label: `managed` (jobs without a queue label here are

@@ -96,6 +96,10 @@ pub const DEFAULT_FRAMEWORKS: [&str; 3] = [
 /// copies it into the controller's flags), and the LocalQueues it sees.
 #[derive(Clone, Default)]
 pub struct KueueConfig {
+    /// gpufit answers Kueue's checks (`--kueue`). Without it no job is
+    /// treated as queued: a deferred setting would never be answered, so
+    /// a job Kueue queues anyway is configured at creation instead.
+    pub enabled: bool,
     /// `manageJobsWithoutQueueName` and `managedJobsNamespaceSelector`.
     pub unlabelled: Unlabelled,
     /// `integrations.frameworks` (None: Kueue's default, [`DEFAULT_FRAMEWORKS`]).
@@ -108,6 +112,7 @@ pub struct KueueConfig {
 impl std::fmt::Debug for KueueConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KueueConfig")
+            .field("enabled", &self.enabled)
             .field("unlabelled", &self.unlabelled)
             .field("frameworks", &self.frameworks)
             .field("local_queues", &self.local_queues.is_some())
@@ -117,7 +122,7 @@ impl std::fmt::Debug for KueueConfig {
 
 impl KueueConfig {
     /// Whether Kueue's integration `framework` is enabled.
-    pub fn enabled(&self, framework: &str) -> bool {
+    pub fn framework_enabled(&self, framework: &str) -> bool {
         match &self.frameworks {
             Some(f) => f.contains(framework),
             None => DEFAULT_FRAMEWORKS.contains(&framework),
@@ -153,7 +158,7 @@ impl KueueConfig {
         ns: &str,
         ns_labels: Option<&BTreeMap<String, String>>,
     ) -> Result<Option<String>, KueueError> {
-        if !self.enabled(framework) {
+        if !self.enabled || !self.framework_enabled(framework) {
             return Ok(None);
         }
         if owned_by_integration(metadata) {
@@ -941,7 +946,18 @@ mod tests {
 
     #[test]
     fn kueue_queues_as_its_webhook_and_reconciler_decide() {
-        let mut cfg = KueueConfig::default();
+        let mut cfg = KueueConfig {
+            enabled: true,
+            ..KueueConfig::default()
+        };
+        // Without --kueue nothing is treated as queued (never answered).
+        let off = KueueConfig::default();
+        let labelled0 = json!({"labels": {QUEUE_NAME: "team"}});
+        assert_eq!(
+            off.queue_for("batch/job", Some(&labelled0), "ml", None)
+                .unwrap(),
+            None
+        );
         let labelled = json!({"labels": {QUEUE_NAME: "team"}});
         assert_eq!(
             cfg.queue_for("batch/job", Some(&labelled), "ml", None)
@@ -979,6 +995,7 @@ mod tests {
                 .unwrap(),
             ));
             KueueConfig {
+                enabled: true,
                 unlabelled: Unlabelled::managing(DEFAULT_NAMESPACE_SELECTOR)
                     .map(|mut u| {
                         u.manage = false;

@@ -93,6 +93,7 @@ pub async fn run(
         None
     };
     let kueue = super::kueue::KueueConfig {
+        enabled: cfg.kueue,
         unlabelled: cfg.kueue_unlabelled.clone(),
         frameworks: cfg.kueue_frameworks.clone(),
         local_queues: kueue_version.map(|v| {

@@ -294,6 +294,9 @@ fn queued(
     if let Some(ptr) = &shape.trainer {
         if let Some(trainer) = object_at(&mut mutated, ptr) {
             inject::inject_container_deferred(trainer, false);
+            // Its pods come from the runtime: the fallback travels in the
+            // trainer's environment, which Trainer copies into them.
+            inject::add_fallback_env(trainer, &fallback);
         }
     }
     kinds::mark_for_recording(&mut mutated, &shape.pointers(), &plan.workload);
@@ -301,18 +304,19 @@ fn queued(
 }
 
 /// A pod whose containers read their settings from its annotations
-/// ([`LABEL_DEFERRED`]): every setting annotation it lacks (Kueue started
-/// it without gpufit's answer: a check absent on its flavor, gpufit down
-/// at admission) is filled from its fallback, so no container reads "".
+/// ([`LABEL_DEFERRED`], or a TrainJob trainer's variables): every setting
+/// annotation it lacks (Kueue started it without gpufit's answer: a check
+/// absent on its flavor) is filled from its fallback, so no container
+/// reads "".
 fn pod(original: &Value) -> Decision {
-    let deferred = original
+    let labelled = original
         .pointer(&format!(
             "/metadata/labels/{}",
             LABEL_DEFERRED.replace('/', "~1")
         ))
         .and_then(Value::as_str)
         == Some("true");
-    if !deferred {
+    if !labelled && !inject::reads_deferred_settings(original) {
         return Decision::Untouched;
     }
     let mut mutated = original.clone();

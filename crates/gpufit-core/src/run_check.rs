@@ -424,7 +424,13 @@ fn check_nodes(run: &RunRecord) -> Result<(), RecordError> {
     let mut sorted = node_list.clone();
     sorted.sort_unstable();
     sorted.dedup();
-    if sorted.len() != node_list.len() || u32::try_from(node_list.len()).ok() != Some(n.reported) {
+    // A lone report may leave its node unnamed here (a node's report
+    // without one is refused where it is merged, as a report).
+    let unnamed_one = node_list.is_empty() && n.reported == 1;
+    if !unnamed_one
+        && (sorted.len() != node_list.len()
+            || u32::try_from(node_list.len()).ok() != Some(n.reported))
+    {
         return Err(bad(
             format!(
                 "reported {} with node list {}",
@@ -446,6 +452,15 @@ fn check_nodes(run: &RunRecord) -> Result<(), RecordError> {
         return Err(bad(
             format!("without_peak {:?}", n.without_peak),
             "reported nodes, each once",
+        ));
+    }
+    // Every reported node without a peak: the record has none either.
+    if u32::try_from(n.without_peak.len()).ok() == Some(n.reported)
+        && run.result.peak_memory_bytes.is_some()
+    {
+        return Err(bad(
+            format!("without_peak {:?} beside a peak", n.without_peak),
+            "only the reported nodes without a peak; a record whose every node has none has no peak_memory_bytes",
         ));
     }
     Ok(())

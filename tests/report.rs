@@ -4,6 +4,7 @@
 //! Chromium (Debian's `chromium`), its plots checked in the DOM and in the
 //! screenshot's pixels.
 
+use gpufit::core::run::RunOutcome;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -54,9 +55,11 @@ fn run(
             ..EngineeringSettings::default()
         },
         result: RunResult {
-            host_oom: false,
-            success: ok,
-            failure_reason: (!ok).then_some(FailureReason::Oom),
+            outcome: RunOutcome::of(
+                ok,
+                ((!ok).then_some(FailureReason::Oom)) == Some(FailureReason::Oom),
+                false,
+            ),
             peak_memory_bytes: peak_gib.map(|g| g * GIB),
             samples_per_sec: None,
             tokens_per_sec: tps,

@@ -10,6 +10,7 @@
 // Each consumer (a test, a benchmark) uses part of this module.
 #![allow(dead_code)]
 
+use gpufit::core::run::RunOutcome;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -225,9 +226,11 @@ fn record(
         global_batch: None,
         settings: s.clone(),
         result: RunResult {
-            host_oom: false,
-            success: res.is_some(),
-            failure_reason: res.is_none().then_some(FailureReason::Oom),
+            outcome: RunOutcome::of(
+                res.is_some(),
+                (res.is_none().then_some(FailureReason::Oom)) == Some(FailureReason::Oom),
+                false,
+            ),
             peak_memory_bytes: res.map(|(d, _)| d as u64),
             samples_per_sec: res.map(|(_, t)| t / wl.w.seq_len as f64),
             tokens_per_sec: res.map(|(_, t)| t),

@@ -147,7 +147,7 @@ impl<'a> Ctx<'a> {
             .collect();
         let largest_success =
             learner::largest_success(&fitted).filter(|&m| oom_min.is_none_or(|o| m < o));
-        let successes = runs.iter().filter(|r| r.result.success).count();
+        let successes = runs.iter().filter(|r| r.result.success()).count();
         let evidence = if pred.correction.is_some() {
             Evidence::Memory
         } else if successes > 0 {
@@ -157,7 +157,7 @@ impl<'a> Ctx<'a> {
         };
         let measured = runs
             .iter()
-            .filter(|r| r.result.success)
+            .filter(|r| r.result.success())
             .filter_map(|r| Some((r.settings.micro_batch_size, r.full_peak()?)))
             .max();
         let lower_bounds = runs

@@ -39,7 +39,7 @@ use gpufit::core::advisor::{suggest, AdviceRequest, Strategy, StrategyTargets, M
 use gpufit::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
 use gpufit::core::learner::{error_stats_of, percentile};
 use gpufit::core::memory::estimate;
-use gpufit::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
 use gpufit::core::throughput;
 use gpufit::core::workload::{
@@ -262,11 +262,7 @@ fn record(
 ) -> RunRecord {
     let ok = peak.is_some();
     let result = RunResult {
-        outcome: RunOutcome::of(
-            ok,
-            ((!ok).then_some(FailureReason::Oom)) == Some(FailureReason::Oom),
-            false,
-        ),
+        outcome: RunOutcome::of(ok, !ok, false),
         peak_memory_bytes: peak,
         samples_per_sec: None,
         tokens_per_sec: ok.then(|| throughput::tokens_per_sec(&c.w, &c.gpu, s)),

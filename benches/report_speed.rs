@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Duration, Utc};
 use gpufit::cli::report::{build_report, html, parse_since};
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::EngineeringSettings;
 use gpufit::core::workload::Method;
 use gpufit::history::sqlite::SqliteStore;
@@ -68,11 +68,7 @@ fn runs(n: usize, now: DateTime<Utc>) -> impl Iterator<Item = Result<RunRecord, 
                 ..EngineeringSettings::default()
             },
             result: RunResult {
-                outcome: RunOutcome::of(
-                    !oom,
-                    (oom.then_some(FailureReason::Oom)) == Some(FailureReason::Oom),
-                    false,
-                ),
+                outcome: RunOutcome::of(!oom, oom, false),
                 peak_memory_bytes: (!oom).then_some((peak * GIB) as u64),
                 samples_per_sec: (!oom).then_some(batch as f64 * 0.7),
                 tokens_per_sec: (!oom).then_some(rng.gen_range(500.0..5000.0) * gpus as f64),

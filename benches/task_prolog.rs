@@ -13,7 +13,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings};
 use gpufit::core::workload::Method;
 use gpufit::history::HistoryError;
@@ -106,11 +106,7 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
                 ..EngineeringSettings::default()
             },
             result: RunResult {
-                outcome: RunOutcome::of(
-                    !oom,
-                    (oom.then_some(FailureReason::Oom)) == Some(FailureReason::Oom),
-                    false,
-                ),
+                outcome: RunOutcome::of(!oom, oom, false),
                 peak_memory_bytes: (!oom).then_some(peak as u64),
                 samples_per_sec: Some(10.0 * f64::from(mb)),
                 tokens_per_sec: None,

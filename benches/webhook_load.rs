@@ -22,7 +22,7 @@ use gpufit::controller::crd::Mode;
 use gpufit::controller::metrics::Metrics;
 use gpufit::controller::webhook::{WebhookConfig, WebhookServer, WebhookState, PATH};
 use gpufit::core::advisor::StrategyTargets;
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{DataLoaderSettings, Dtype, EngineeringSettings};
 use gpufit::core::workload::Method;
 use gpufit::history::{HistoryError, HistoryStore};
@@ -113,11 +113,7 @@ fn synthetic_run(i: u64, rng: &mut Rng, canonical: &str) -> RunRecord {
             dataloader: DataLoaderSettings::default(),
         },
         result: RunResult {
-            outcome: RunOutcome::of(
-                !oom,
-                (oom.then_some(FailureReason::Oom)) == Some(FailureReason::Oom),
-                false,
-            ),
+            outcome: RunOutcome::of(!oom, oom, false),
             peak_memory_bytes: (!oom).then_some(peak),
             samples_per_sec: Some(10.0 + micro as f64),
             tokens_per_sec: None,

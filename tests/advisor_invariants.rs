@@ -24,9 +24,7 @@ use gpufit::core::advisor::{
 };
 use gpufit::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
 use gpufit::core::memory::estimate;
-use gpufit::core::run::{
-    FailureReason, NodeReports, RunKey, RunOrigin, RunRecord, RunResult, RunSource,
-};
+use gpufit::core::run::{NodeReports, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
 use gpufit::core::workload::{Framework, Method, Workload};
 
@@ -121,11 +119,7 @@ impl Truth {
         let peak = self.peak(&s) * (1.0 + noise);
         let ok = peak <= self.capacity();
         let result = RunResult {
-            outcome: RunOutcome::of(
-                ok,
-                ((!ok).then_some(FailureReason::Oom)) == Some(FailureReason::Oom),
-                false,
-            ),
+            outcome: RunOutcome::of(ok, !ok, false),
             peak_memory_bytes: ok.then_some(peak as u64),
             samples_per_sec: None,
             tokens_per_sec: ok.then_some(1000.0),

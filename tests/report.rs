@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::EngineeringSettings;
 use gpufit::core::workload::Method;
 use serde_json::Value;
@@ -55,11 +55,7 @@ fn run(
             ..EngineeringSettings::default()
         },
         result: RunResult {
-            outcome: RunOutcome::of(
-                ok,
-                ((!ok).then_some(FailureReason::Oom)) == Some(FailureReason::Oom),
-                false,
-            ),
+            outcome: RunOutcome::of(ok, !ok, false),
             peak_memory_bytes: peak_gib.map(|g| g * GIB),
             samples_per_sec: None,
             tokens_per_sec: tps,

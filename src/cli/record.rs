@@ -304,7 +304,7 @@ fn result_of(
     Ok(RunResult {
         outcome: RunOutcome::of(
             success,
-            (failure_reason) == Some(FailureReason::Oom),
+            failure_reason == Some(FailureReason::Oom),
             host_oom,
         ),
         peak_memory_bytes: peak_flag.or(log_result.as_ref().and_then(|r| r.peak_memory_bytes)),

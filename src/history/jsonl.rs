@@ -410,7 +410,7 @@ fn result_of(
     Ok(RunResult {
         outcome: RunOutcome::of(
             success,
-            (failure_reason) == Some(FailureReason::Oom),
+            failure_reason == Some(FailureReason::Oom),
             extra.host_oom,
         ),
         peak_memory_bytes,
@@ -1023,7 +1023,7 @@ mod tests {
             r.settings.activation_checkpointing = flags[0];
             r.settings.activation_offloading = flags[1];
             r.settings.compile = flags[2];
-            r.result.outcome = RunOutcome::of(flags[3], (if flags[3] { None } else if oom_fail { Some(FailureReason::Oom) } else { Some(FailureReason::OtherError) }) == Some(FailureReason::Oom), false);
+            r.result.outcome = RunOutcome::of(flags[3], !flags[3] && oom_fail, false);
             r.result.peak_memory_bytes = peak;
             r.result.samples_per_sec = samples;
             r.result.outcome = RunOutcome::Failed { host_oom: host_oom && !flags[3] };

@@ -1023,10 +1023,9 @@ mod tests {
             r.settings.activation_checkpointing = flags[0];
             r.settings.activation_offloading = flags[1];
             r.settings.compile = flags[2];
-            r.result.outcome = RunOutcome::of(flags[3], !flags[3] && oom_fail, false);
+            r.result.outcome = RunOutcome::of(flags[3], !flags[3] && oom_fail, host_oom);
             r.result.peak_memory_bytes = peak;
             r.result.samples_per_sec = samples;
-            r.result.outcome = RunOutcome::Failed { host_oom: host_oom && !flags[3] };
             let mut out = Vec::new();
             write_record(&mut out, &r).unwrap();
             let text = String::from_utf8(out).unwrap();

@@ -28,6 +28,7 @@
 //!
 //! Run: `cargo bench --bench convergence`.
 
+use gpufit::core::run::RunOutcome;
 use std::process::ExitCode;
 
 use chrono::Utc;
@@ -38,7 +39,7 @@ use gpufit::core::advisor::{suggest, AdviceRequest, Strategy, StrategyTargets, M
 use gpufit::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
 use gpufit::core::learner::{error_stats_of, percentile};
 use gpufit::core::memory::estimate;
-use gpufit::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
 use gpufit::core::throughput;
 use gpufit::core::workload::{
@@ -261,9 +262,7 @@ fn record(
 ) -> RunRecord {
     let ok = peak.is_some();
     let result = RunResult {
-        host_oom: false,
-        success: ok,
-        failure_reason: (!ok).then_some(FailureReason::Oom),
+        outcome: RunOutcome::of(ok, !ok, false),
         peak_memory_bytes: peak,
         samples_per_sec: None,
         tokens_per_sec: ok.then(|| throughput::tokens_per_sec(&c.w, &c.gpu, s)),
@@ -353,12 +352,12 @@ fn baseline_linear(c: &Case, h: &[RunRecord]) -> Next {
     let runs: Vec<&RunRecord> = mine(c, h).collect();
     let oom = runs
         .iter()
-        .filter(|r| !r.result.success)
+        .filter(|r| !r.result.success())
         .map(|r| r.settings.micro_batch_size)
         .min();
     let best = runs
         .iter()
-        .filter(|r| r.result.success)
+        .filter(|r| r.result.success())
         .filter_map(|r| Some((r.settings.micro_batch_size, r.result.peak_memory_bytes?)))
         .max();
     let m = match (best, oom) {
@@ -384,13 +383,13 @@ fn baseline_binary(c: &Case, h: &[RunRecord]) -> Next {
     let runs: Vec<&RunRecord> = mine(c, h).collect();
     let lo = runs
         .iter()
-        .filter(|r| r.result.success)
+        .filter(|r| r.result.success())
         .map(|r| r.settings.micro_batch_size)
         .max()
         .unwrap_or(0);
     let hi = runs
         .iter()
-        .filter(|r| !r.result.success)
+        .filter(|r| !r.result.success())
         .map(|r| r.settings.micro_batch_size)
         .min();
     let m = match hi {

@@ -11,8 +11,14 @@
 //!
 //!     cargo bench --bench idle_connections
 //!
+//! Then, per server at the higher limit, the same under 5,000 stalled
+//! request bodies (a head announcing 1,000 bytes and one byte of it, on a
+//! route that reads its body; issue 47): `/healthz` latency, and the
+//! status the oldest stalled request got (408: its place was taken back).
+//!
 //! Exits non-zero when a `/healthz` takes 100 ms or more (or fails), or a
-//! kind of log line grows by more than one line per second.
+//! kind of log line grows by more than one line per second, or a stalled
+//! body keeps a `/healthz` waiting 100 ms or more.
 //! `IDLE_BENCH_BIN=/path/to/gpufit` measures another build (e.g. main's).
 
 #[path = "../tests/common/serving.rs"]
@@ -20,7 +26,7 @@ mod serving;
 
 use std::time::Duration;
 
-use serving::{measure, set_own_limit, start, Server};
+use serving::{measure, measure_stalled, set_own_limit, start, Server};
 
 const IDLE: usize = 5_000;
 const TRIES: usize = 20;
@@ -113,6 +119,33 @@ fn main() {
                 eprintln!("{} @ {limit}: first failure: {e}", which.name());
             }
         }
+    }
+    println!("\n{IDLE} stalled request bodies per server (head + 1 body byte, then nothing)");
+    println!("| server | fd limit | stalled opened | /healthz median ms | /healthz max ms | failed | oldest stalled answered | pass |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let limit = LIMITS.iter().copied().max().unwrap_or(65_536).min(allowed);
+    for which in Server::ALL {
+        let run = match start(&bin, which, limit) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("{e}");
+                all_pass = false;
+                continue;
+            }
+        };
+        let (f, oldest) = measure_stalled(&run, which, IDLE, TRIES);
+        let pass = f.failures.is_empty() && f.max().is_some_and(|m| m < HEALTHZ_LIMIT);
+        all_pass &= pass;
+        println!(
+            "| {} | {limit} | {} | {} | {} | {} | {} | {} |",
+            which.name(),
+            f.opened,
+            ms(f.median()),
+            ms(f.max()),
+            f.failures.len(),
+            oldest.map_or_else(|| "-".into(), |s| s.to_string()),
+            if pass { "yes" } else { "NO" }
+        );
     }
     if !worst_kinds.is_empty() {
         println!("\nlog lines in the window, most frequent kind per run:");

@@ -12,12 +12,13 @@ mod pg;
 #[path = "common/fleet_gpus.rs"]
 mod fleet_gpus;
 use fleet_gpus::GPUS;
+use gpufit::core::run::RunOutcome;
 
 use std::time::Instant;
 
 use chrono::{DateTime, Duration, Utc};
 use gpufit::cli::report::{build_report, html, parse_since};
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::EngineeringSettings;
 use gpufit::core::workload::Method;
 use gpufit::history::sqlite::SqliteStore;
@@ -68,9 +69,7 @@ fn runs(n: usize, now: DateTime<Utc>) -> impl Iterator<Item = Result<RunRecord, 
                 ..EngineeringSettings::default()
             },
             result: RunResult {
-                host_oom: false,
-                success: !oom,
-                failure_reason: oom.then_some(FailureReason::Oom),
+                outcome: RunOutcome::of(!oom, oom, false),
                 peak_memory_bytes: (!oom).then_some((peak * GIB) as u64),
                 samples_per_sec: (!oom).then_some(batch as f64 * 0.7),
                 tokens_per_sec: (!oom).then_some(rng.gen_range(500.0..5000.0) * gpus as f64),

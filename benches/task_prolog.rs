@@ -8,11 +8,12 @@
 //! `cargo bench --bench task_prolog` (GPUFIT_BENCH_RECORDS / GPUFIT_BENCH_RUNS
 //! change the sizes).
 
+use gpufit::core::run::RunOutcome;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings};
 use gpufit::core::workload::Method;
 use gpufit::history::HistoryError;
@@ -106,9 +107,7 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
                 ..EngineeringSettings::default()
             },
             result: RunResult {
-                host_oom: false,
-                success: !oom,
-                failure_reason: oom.then_some(FailureReason::Oom),
+                outcome: RunOutcome::of(!oom, oom, false),
                 peak_memory_bytes: (!oom).then_some(peak as u64),
                 samples_per_sec: Some(10.0 * f64::from(mb)),
                 tokens_per_sec: None,

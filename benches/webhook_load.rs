@@ -12,6 +12,7 @@
 //! Prints p50/p90/p99/max latency and errors for the 1M-record history and,
 //! in the same run, for an empty history, with the ratio of the two p99s.
 
+use gpufit::core::run::RunOutcome;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use gpufit::controller::crd::Mode;
 use gpufit::controller::metrics::Metrics;
 use gpufit::controller::webhook::{WebhookConfig, WebhookServer, WebhookState, PATH};
 use gpufit::core::advisor::StrategyTargets;
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{DataLoaderSettings, Dtype, EngineeringSettings};
 use gpufit::core::workload::Method;
 use gpufit::history::{HistoryError, HistoryStore};
@@ -113,9 +114,7 @@ fn synthetic_run(i: u64, rng: &mut Rng, canonical: &str) -> RunRecord {
             dataloader: DataLoaderSettings::default(),
         },
         result: RunResult {
-            host_oom: false,
-            success: !oom,
-            failure_reason: oom.then_some(FailureReason::Oom),
+            outcome: RunOutcome::of(!oom, oom, false),
             peak_memory_bytes: (!oom).then_some(peak),
             samples_per_sec: Some(10.0 + micro as f64),
             tokens_per_sec: None,

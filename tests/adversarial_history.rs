@@ -14,7 +14,7 @@ use std::time::Duration;
 use chrono::Utc;
 use gpufit::controller::api::ApiState;
 use gpufit::controller::metrics::{Health, Metrics, Routes};
-use gpufit::core::run::{NodeReports, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{FailureReason, NodeReports, RunOutcome, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::EngineeringSettings;
 use gpufit::core::workload::Method;
 use gpufit::history::{HistoryStore, ListFilter};
@@ -142,9 +142,7 @@ fn one_node(job: &str, gpu: &str, peak: u64) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
-            host_oom: false,
-            success: true,
-            failure_reason: None,
+            outcome: RunOutcome::Succeeded,
             peak_memory_bytes: Some(peak),
             samples_per_sec: Some(3.0),
             tokens_per_sec: None,
@@ -327,24 +325,36 @@ fn node_counts_are_bounded_reports_need_a_job_and_a_replay_counts_once() {
     assert_eq!(c.store.count().unwrap(), 1);
 }
 
-/// Item 7, the outcome: a run whose fields say an impossible outcome is
-/// refused; the stored outcome reads back as one [`RunOutcome`].
+/// Item 7, the outcome: a run whose fields say an impossible outcome
+/// cannot be built (`RunOutcome`) nor read from a request; the stored
+/// outcome reads back as the one it was.
 #[test]
 fn impossible_outcomes_are_refused_and_each_stored_one_is_one_outcome() {
-    use gpufit::core::run::{FailureReason, RunOutcome};
     let d = tempfile::tempdir().unwrap();
     let c = Controller::start(&d.path().join("h.db"));
-    let mut oom_and_host = one_node("51", H100, 50_000_000_000);
-    oom_and_host.result.success = false;
-    oom_and_host.result.failure_reason = Some(FailureReason::Oom);
-    oom_and_host.result.host_oom = true;
-    assert_eq!(c.post(&oom_and_host).0, 400);
-    let mut host = oom_and_host.clone();
-    host.result.failure_reason = Some(FailureReason::OtherError);
+    let good = serde_json::to_value(one_node("51", H100, 50_000_000_000)).unwrap();
+    for (success, reason, host_oom) in [
+        (false, Some("OOM"), true),
+        (true, Some("OOM"), false),
+        (true, None, true),
+        (false, None, false),
+    ] {
+        let mut v = good.clone();
+        v["result"]["success"] = success.into();
+        v["result"]["failure_reason"] = serde_json::json!(reason);
+        v["result"]["host_oom"] = host_oom.into();
+        let (s, b) = c.post_json(&v);
+        assert_eq!(s, 400, "{success} {reason:?} {host_oom}: {b}");
+    }
+    assert_eq!(c.store.count().unwrap(), 0);
+    let mut host = one_node("51", H100, 50_000_000_000);
+    host.result.outcome = RunOutcome::Failed { host_oom: true };
     assert_eq!(c.post(&host).0, 201);
+    let stored = &c.job("51")[0];
+    assert_eq!(stored.result.outcome, RunOutcome::Failed { host_oom: true });
     assert_eq!(
-        c.job("51")[0].result.outcome(),
-        RunOutcome::Failed { host_oom: true }
+        stored.result.failure_reason(),
+        Some(FailureReason::OtherError)
     );
 }
 
@@ -398,9 +408,14 @@ fn a_store_filled_by_every_path_round_trips_through_export_and_import() {
     // A recorder (the reconciler, the webhook's) writes through the store.
     let mut k8s = one_node("team-a/train-1/uid-1", H100, 60_000_000_000);
     k8s.source = RunSource::Kubernetes;
-    k8s.result.success = false;
-    k8s.result.failure_reason = Some(gpufit::core::run::FailureReason::Oom);
+    k8s.result.outcome = RunOutcome::GpuOom;
     c.store.record(&k8s).unwrap();
+    // A run without a job id (its identity is its content) whose
+    // throughput is a float JSON must read back exactly.
+    let mut jobless = one_node("-", H100, 55_000_000_000);
+    jobless.job_id = None;
+    jobless.result.samples_per_sec = Some(106_620_151.484_521_08);
+    c.store.record(&jobless).unwrap();
     // `gpufit record`, a GPU OOM and a host-memory kill.
     for failure in ["oom", "host-oom"] {
         gpufit_json(
@@ -439,7 +454,7 @@ fn a_store_filled_by_every_path_round_trips_through_export_and_import() {
     );
     assert_eq!(imported["skipped"], 0, "{imported}");
     let filled = records(c.store.as_ref());
-    assert_eq!(filled.len(), 8, "{filled:#?}");
+    assert_eq!(filled.len(), 9, "{filled:#?}");
 
     // Export, then import into a new store: nothing skipped, all equal.
     let out = env.path("export.jsonl");
@@ -455,7 +470,7 @@ fn a_store_filled_by_every_path_round_trips_through_export_and_import() {
         &["-o", "json", "history", "import", out.to_str().unwrap()],
     );
     assert_eq!(again["skipped"], 0, "{again}");
-    assert_eq!(again["imported"], 8, "{again}");
+    assert_eq!(again["imported"], 9, "{again}");
     let store2 = gpufit::history::open(&format!("sqlite:{}", db2.display())).unwrap();
     assert_eq!(records(store2.as_ref()), filled);
     // And importing the export into the store it came from changes nothing.
@@ -470,7 +485,6 @@ fn a_store_filled_by_every_path_round_trips_through_export_and_import() {
 
 mod property {
     use super::*;
-    use gpufit::core::run::FailureReason;
     use gpufit::history::jsonl::{parse_line, write_record, ImportOptions, Resolver};
     use proptest::prelude::*;
 
@@ -521,13 +535,7 @@ mod property {
                     r.settings.gradient_accumulation_steps = accum;
                     r.result.peak_memory_bytes = (peak > 0).then_some(peak);
                     r.predicted_peak_bytes = predicted;
-                    r.result.success = success;
-                    r.result.failure_reason = match (success, oom) {
-                        (_, true) => Some(FailureReason::Oom),
-                        (false, false) => Some(FailureReason::OtherError),
-                        (true, false) => None,
-                    };
-                    r.result.host_oom = host_oom;
+                    r.result.outcome = RunOutcome::of(success, oom, host_oom);
                     r.result.samples_per_sec = rate;
                     r.nodes = expected.map(|e| NodeReports {
                         reported: 1,

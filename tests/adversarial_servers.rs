@@ -14,7 +14,7 @@ mod serving;
 
 use std::time::{Duration, Instant};
 
-use serving::{start, Server};
+use serving::{body_route, start, Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
 
@@ -23,15 +23,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_gpufit");
 const STALLED: usize = 2_000;
 const NOFILE: u64 = 1_024;
 const TRIES: usize = 20;
-
-/// A route of `which` that reads its request body.
-fn body_route(which: Server) -> &'static str {
-    match which {
-        Server::Sidecar => "/v1/simulate/processes",
-        Server::Controller => "/v1/runs",
-        Server::Webhook => "/mutate",
-    }
-}
 
 #[test]
 fn thousands_of_stalled_bodies_do_not_keep_a_new_request_waiting() {

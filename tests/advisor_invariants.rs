@@ -15,6 +15,7 @@
 mod sweep;
 
 use chrono::Utc;
+use gpufit::core::run::RunOutcome;
 use proptest::prelude::*;
 
 use gpufit::core::advisor::{
@@ -23,9 +24,7 @@ use gpufit::core::advisor::{
 };
 use gpufit::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
 use gpufit::core::memory::estimate;
-use gpufit::core::run::{
-    FailureReason, NodeReports, RunKey, RunOrigin, RunRecord, RunResult, RunSource,
-};
+use gpufit::core::run::{NodeReports, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
 use gpufit::core::workload::{Framework, Method, Workload};
 
@@ -120,9 +119,7 @@ impl Truth {
         let peak = self.peak(&s) * (1.0 + noise);
         let ok = peak <= self.capacity();
         let result = RunResult {
-            host_oom: false,
-            success: ok,
-            failure_reason: (!ok).then_some(FailureReason::Oom),
+            outcome: RunOutcome::of(ok, !ok, false),
             peak_memory_bytes: ok.then_some(peak as u64),
             samples_per_sec: None,
             tokens_per_sec: ok.then_some(1000.0),
@@ -229,7 +226,7 @@ proptest! {
             if r.is_oom() && saves_at_least(r, &s) {
                 prop_assert!(m < rm, "m {m} at or above an OOM at {rm} of {:?}: {s:?}", r.settings);
             }
-            let Some(peak) = r.result.peak_memory_bytes.filter(|_| r.result.success) else {
+            let Some(peak) = r.result.peak_memory_bytes.filter(|_| r.result.success()) else {
                 continue;
             };
             if t.cache_filled(r, peak) {
@@ -341,7 +338,7 @@ proptest! {
         let m = s.settings.micro_batch_size;
         for r in &history {
             let rm = r.settings.micro_batch_size;
-            let Some(peak) = r.result.peak_memory_bytes.filter(|_| r.result.success) else {
+            let Some(peak) = r.result.peak_memory_bytes.filter(|_| r.result.success()) else {
                 continue;
             };
             if t.cache_filled(r, peak) {

@@ -407,7 +407,7 @@ async fn a_finished_job_has_its_peak_read_its_run_recorded_and_the_training_job_
     let runs = s.history.all();
     assert_eq!(runs.len(), 1, "one run recorded");
     let r = &runs[0];
-    assert!(r.result.success);
+    assert!(r.result.success());
     assert_eq!(r.result.peak_memory_bytes, Some(30 << 30));
     assert_eq!(r.result.duration_sec, Some(1800.0));
     // Namespace, Job name and Job uid: the run's identity in the history.
@@ -659,10 +659,10 @@ async fn a_host_memory_kill_fails_the_attempt_and_is_recorded_for_the_data_loade
     let runs = s.history.all();
     assert_eq!(runs.len(), 1);
     assert_eq!(
-        runs[0].result.failure_reason,
+        runs[0].result.failure_reason(),
         Some(gpufit::core::run::FailureReason::OtherError)
     );
-    assert!(runs[0].result.host_oom);
+    assert!(runs[0].result.host_oom());
     assert_eq!(s.ctx.metrics.ooms.get(), 0, "not a GPU OOM");
 }
 

@@ -13,6 +13,7 @@
 #[path = "common/postgres.rs"]
 mod pg;
 
+use gpufit::core::run::RunOutcome;
 use std::collections::HashSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -98,9 +99,7 @@ fn record(job: &str) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
-            host_oom: false,
-            success: true,
-            failure_reason: None,
+            outcome: RunOutcome::Succeeded,
             peak_memory_bytes: Some(40_000_000_000),
             samples_per_sec: Some(5.0),
             tokens_per_sec: Some(10_240.0),

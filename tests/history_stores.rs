@@ -2,6 +2,7 @@
 //! real PostgreSQL server started by the test from Debian's binaries on
 //! 127.0.0.1 (a free port, a temp data directory), stopped afterwards.
 
+use gpufit::core::run::RunOutcome;
 use std::io::Write;
 use std::time::Duration;
 
@@ -51,9 +52,7 @@ fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
-            host_oom: false,
-            success: true,
-            failure_reason: None,
+            outcome: RunOutcome::Succeeded,
             peak_memory_bytes: Some(20_000_000_000 + batch as u64 * 1_000_000_000),
             samples_per_sec: Some(3.5),
             tokens_per_sec: Some(7168.0),
@@ -65,9 +64,7 @@ fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
 
 fn oom(mut r: RunRecord) -> RunRecord {
     r.result = RunResult {
-        host_oom: false,
-        success: false,
-        failure_reason: Some(FailureReason::Oom),
+        outcome: RunOutcome::GpuOom,
         peak_memory_bytes: None,
         samples_per_sec: None,
         tokens_per_sec: None,
@@ -329,7 +326,7 @@ fn node_reports_make_one_record(store: &dyn HistoryStore) {
         Some((2, false))
     );
     assert_eq!(whole.node.as_deref(), Some("n1,n2"));
-    assert!(whole.result.success);
+    assert!(whole.result.success());
 
     // Out of order: the larger peak first, a smaller one after it; the
     // third node ran out of memory.
@@ -346,8 +343,7 @@ fn node_reports_make_one_record(store: &dyn HistoryStore) {
         Some((2, true))
     );
     let mut oom_node = node_report("multi-2", "c", 25_000_000_000, 3);
-    oom_node.result.success = false;
-    oom_node.result.failure_reason = Some(FailureReason::Oom);
+    oom_node.result.outcome = RunOutcome::GpuOom;
     store.record_node_report(&oom_node).unwrap();
     let three = job_record(store, "multi-2");
     assert!(three.is_oom(), "one node's OOM is the job's: {three:?}");
@@ -538,8 +534,7 @@ fn concurrent_report(tag: &str, j: u32, node: u32, nodes: u32) -> RunRecord {
     let peak = 30_000_000_000 + u64::from(node) * 1_000_000_000 + u64::from(j);
     let mut r = node_report(&format!("{tag}-{j}"), &format!("n{node}"), peak, nodes);
     if node == 0 && j.is_multiple_of(5) {
-        r.result.success = false;
-        r.result.failure_reason = Some(FailureReason::Oom);
+        r.result.outcome = RunOutcome::GpuOom;
     }
     r
 }
@@ -677,9 +672,7 @@ fn host_memory_kills_reach_the_advisor(store: &dyn HistoryStore) {
         30,
     );
     killed.result = RunResult {
-        host_oom: true,
-        success: false,
-        failure_reason: Some(FailureReason::OtherError),
+        outcome: RunOutcome::Failed { host_oom: true },
         peak_memory_bytes: None,
         samples_per_sec: None,
         tokens_per_sec: None,
@@ -691,9 +684,9 @@ fn host_memory_kills_reach_the_advisor(store: &dyn HistoryStore) {
     let q = HistoryQuery::new(&w.model.name, Method::Lora, A100, 4096);
     let back = store.similar(&q).unwrap();
     assert_eq!(back.len(), 1);
-    assert!(back[0].result.host_oom, "host_oom survives the store");
+    assert!(back[0].result.host_oom(), "host_oom survives the store");
     assert_eq!(
-        back[0].result.failure_reason,
+        back[0].result.failure_reason(),
         Some(FailureReason::OtherError)
     );
 
@@ -756,9 +749,9 @@ fn a_version_3_sqlite_history_is_migrated_to_host_oom() {
         .similar(&HistoryQuery::new(M, Method::Lora, A100, 8192))
         .unwrap();
     assert_eq!(rows.len(), 1);
-    assert!(!rows[0].result.host_oom);
+    assert!(!rows[0].result.host_oom());
     assert_eq!(
-        rows[0].result.failure_reason,
+        rows[0].result.failure_reason(),
         Some(FailureReason::OtherError)
     );
     let c = rusqlite::Connection::open(&path).unwrap();

@@ -1714,7 +1714,7 @@ async fn a_jobset_gets_its_flavor_settings_in_every_training_job_and_new_ones_on
         h100["settings"]["microBatchSize"].as_u64().unwrap()
     );
     assert_eq!(r.job_id.as_deref(), Some("JobSet:ml/llm/uid-llm"));
-    assert!(r.result.success);
+    assert!(r.result.success());
     assert_eq!(r.result.duration_sec, Some(3600.0));
     assert!(
         w.api.lock().unwrap().unexpected.is_empty(),

@@ -4,12 +4,13 @@
 //! Chromium (Debian's `chromium`), its plots checked in the DOM and in the
 //! screenshot's pixels.
 
+use gpufit::core::run::RunOutcome;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::EngineeringSettings;
 use gpufit::core::workload::Method;
 use serde_json::Value;
@@ -55,9 +56,7 @@ fn run(
             ..EngineeringSettings::default()
         },
         result: RunResult {
-            host_oom: false,
-            success: ok,
-            failure_reason: (!ok).then_some(FailureReason::Oom),
+            outcome: RunOutcome::of(ok, !ok, false),
             peak_memory_bytes: peak_gib.map(|g| g * GIB),
             samples_per_sec: None,
             tokens_per_sec: tps,

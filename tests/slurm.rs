@@ -673,7 +673,7 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
     let run = wait_until("the Epilog's run record", Duration::from_secs(20), || {
         runs_of_job(&ctl_url, &job1)
     });
-    assert!(run.result.success, "{run:?}");
+    assert!(run.result.success(), "{run:?}");
     assert_eq!(run.settings.micro_batch_size, m);
     assert_eq!(run.source, RunSource::Slurm);
     assert_eq!(run.seq_len, 2048);
@@ -717,7 +717,7 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
     let run2 = wait_until("the second run record", Duration::from_secs(20), || {
         runs_of_job(&ctl_url, &job2)
     });
-    assert!(run2.result.success, "{run2:?}");
+    assert!(run2.result.success(), "{run2:?}");
 
     // 6. A job that runs out of memory is recorded as an OOM.
     let oom_script = "#!/bin/sh\necho 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.'\nexit 1\n";
@@ -726,9 +726,9 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
     let run3 = wait_until("the OOM run record", Duration::from_secs(20), || {
         runs_of_job(&ctl_url, &job3)
     });
-    assert!(!run3.result.success);
+    assert!(!run3.result.success());
     assert_eq!(
-        run3.result.failure_reason,
+        run3.result.failure_reason(),
         Some(FailureReason::Oom),
         "{run3:?}"
     );
@@ -753,7 +753,7 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
             runs_of_job(&ctl_url, &job)
         });
         assert_eq!(
-            run.result.failure_reason,
+            run.result.failure_reason(),
             Some(FailureReason::Oom),
             "{extra:?}: {run:?}; epilog log: {}",
             std::fs::read_to_string(dir.join("epilog.log")).unwrap_or_default()
@@ -772,11 +772,11 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
         runs_of_job(&ctl_url, &job)
     });
     assert_eq!(
-        run.result.failure_reason,
+        run.result.failure_reason(),
         Some(FailureReason::OtherError),
         "{run:?}"
     );
-    assert!(run.result.host_oom, "{run:?}");
+    assert!(run.result.host_oom(), "{run:?}");
 
     // 6c. Output thrown away: the Epilog says (at info) it read nothing.
     let (job, _, _) = cluster.sbatch(&["--output=/dev/null"], &workload_env, oom_script);
@@ -941,7 +941,7 @@ fn a_two_node_job_is_one_record_with_the_larger_nodes_peak() {
         "{run:?}"
     );
     assert_eq!(run.node.as_deref(), Some("127.0.0.2,127.0.0.3"));
-    assert!(run.result.success, "{run:?}");
+    assert!(run.result.success(), "{run:?}");
     for node in [a, b] {
         assert!(
             !state_dir.join(format!("job-{job}.{node}.json")).exists(),

@@ -2,6 +2,7 @@
 //! the bearer token on writes, JSON errors that say what is wrong, the
 //! body-size limit.
 
+use gpufit::core::run::RunOutcome;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -119,9 +120,7 @@ fn run_record(job: &str) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
-            host_oom: false,
-            success: true,
-            failure_reason: None,
+            outcome: RunOutcome::Succeeded,
             peak_memory_bytes: Some(50_000_000_000),
             samples_per_sec: None,
             tokens_per_sec: None,
@@ -481,8 +480,7 @@ fn a_two_node_job_is_one_run_in_the_metrics_and_a_retried_report_is_not_counted(
     a.predicted_peak_bytes = Some(72_000_000_000);
     let mut b = node_report("20", "gpu02", 80_000_000_000);
     b.predicted_peak_bytes = Some(72_000_000_000);
-    b.result.success = false;
-    b.result.failure_reason = Some(gpufit::core::run::FailureReason::Oom);
+    b.result.outcome = RunOutcome::GpuOom;
     assert_eq!(post(&a).0, 201);
     let m = metrics();
     assert_eq!(

@@ -397,7 +397,7 @@ async fn a_pytorchjob_whose_one_worker_ran_out_of_memory_is_one_oom_record_acros
         "one record for the workload, not one per pod: {runs:#?}"
     );
     let r = &runs[0];
-    assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+    assert_eq!(r.result.failure_reason(), Some(FailureReason::Oom));
     assert_eq!(r.path(), "webhook");
     assert_eq!(r.gpus, 4, "W = 4 ranks × 1 GPU");
     assert_eq!(r.result.peak_memory_bytes, Some(70 << 30));
@@ -472,7 +472,7 @@ async fn a_finished_job_is_recorded_once_and_the_next_submission_uses_its_measur
     reconcile(&done, &c).await;
     let runs = w.runs();
     assert_eq!(runs.len(), 1);
-    assert!(runs[0].result.success);
+    assert!(runs[0].result.success());
     assert_eq!(runs[0].result.tokens_per_sec, Some(6.25 * 2048.0));
     assert_eq!(runs[0].result.duration_sec, Some(600.0));
     assert_eq!(runs[0].path(), "webhook");
@@ -532,10 +532,10 @@ async fn a_peak_missing_when_the_job_ends_is_filled_in_later_and_a_host_oomkill_
     let runs = w.runs();
     assert_eq!(runs.len(), 1);
     assert_eq!(
-        runs[0].result.failure_reason,
+        runs[0].result.failure_reason(),
         Some(FailureReason::OtherError)
     );
-    assert!(runs[0].result.host_oom, "OOMKilled: host memory");
+    assert!(runs[0].result.host_oom(), "OOMKilled: host memory");
     assert_eq!(
         runs[0].result.peak_memory_bytes, None,
         "not in Prometheus yet"
@@ -560,7 +560,7 @@ async fn a_peak_missing_when_the_job_ends_is_filled_in_later_and_a_host_oomkill_
     let done = w.api.lock().unwrap().objects["jobs/late"].clone();
     assert!(done["metadata"]["annotations"]["gpufit.io/peak-pending"].is_null());
     assert!(
-        w.runs()[0].result.host_oom,
+        w.runs()[0].result.host_oom(),
         "kept when the peak is filled in"
     );
 
@@ -659,7 +659,7 @@ async fn a_jobset_whose_one_pod_ran_out_of_memory_is_one_oom_record_with_the_pea
     let runs = w.runs();
     assert_eq!(runs.len(), 1, "one record for the JobSet: {runs:#?}");
     let r = &runs[0];
-    assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+    assert_eq!(r.result.failure_reason(), Some(FailureReason::Oom));
     assert_eq!(r.result.peak_memory_bytes, Some(75 << 30));
     assert_eq!(r.predicted_peak_bytes, first["predictedPeakBytes"].as_u64());
     assert!(r
@@ -862,7 +862,7 @@ async fn a_trainjob_is_recorded_once_when_it_completes_and_its_resubmission_lear
     let runs = w.runs();
     assert_eq!(runs.len(), 1, "one record for the TrainJob: {runs:#?}");
     let r = &runs[0];
-    assert!(r.result.success);
+    assert!(r.result.success());
     assert_eq!(
         r.job_id.as_deref(),
         Some("TrainJob:ml/llama-ft/uid-llama-ft")
@@ -920,7 +920,7 @@ async fn a_completed_jobset_is_recorded_once_and_its_resubmission_uses_the_measu
     reconcile(&done, &c).await;
     let runs = w.runs();
     assert_eq!(runs.len(), 1);
-    assert!(runs[0].result.success);
+    assert!(runs[0].result.success());
     assert_eq!(runs[0].gpus, 2, "W = 1 replica × 2 pods × 1 GPU");
     assert_eq!(runs[0].predicted_peak_bytes, Some(predicted));
     assert_eq!(runs[0].result.peak_memory_bytes, Some(predicted / 2));
@@ -1075,7 +1075,7 @@ async fn each_kind_survives_a_restart_mid_run_and_a_second_replica_with_no_dupli
         let runs = w.runs();
         assert_eq!(runs.len(), 1, "{kind}: 0 lost, 0 duplicated: {runs:#?}");
         let r = &runs[0];
-        assert!(r.result.success, "{kind}");
+        assert!(r.result.success(), "{kind}");
         assert_eq!(
             r.job_id.as_deref(),
             Some(format!("{kind}:ml/{name}/uid-{name}").as_str())
@@ -1266,7 +1266,7 @@ async fn a_failed_trainjob_whose_one_node_ran_out_of_memory_is_one_oom_record_an
     reconcile(&failed, &w.controller(TRAINJOB)).await;
     let runs = w.runs();
     assert_eq!(runs.len(), 1, "one record, not one per node: {runs:#?}");
-    assert_eq!(runs[0].result.failure_reason, Some(FailureReason::Oom));
+    assert_eq!(runs[0].result.failure_reason(), Some(FailureReason::Oom));
     assert_eq!(runs[0].result.peak_memory_bytes, Some(78 << 30));
     assert_eq!(runs[0].result.duration_sec, Some(300.0));
 

@@ -3,6 +3,7 @@
 //! exit status and output, binary-searches the largest micro batch starting
 //! from the advisor's prediction, and records every trial in the history.
 
+use crate::core::run::RunOutcome;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use serde::Serialize;
 use super::suggest::AdviceArgs;
 use super::{print_json, Global, OutputFormat};
 use crate::core::advisor::{AdvisorError, Alternative, Strategy};
-use crate::core::run::{FailureReason, RunKey, RunOrigin, RunRecord, RunResult, RunSource};
+use crate::core::run::{RunKey, RunOrigin, RunRecord, RunResult, RunSource};
 use crate::core::settings::{
     Dtype, EngineeringSettings, SettingVar, ACTIVATION_CHECKPOINTING, COMPILE, DTYPE,
     MICRO_BATCH_SIZE,
@@ -572,11 +573,10 @@ fn record_for(
         RunKey::of(w, gpu),
         s,
         RunResult {
-            host_oom: false,
-            success: t.outcome == TrialOutcome::Success,
-            failure_reason: FailureReason::of(
+            outcome: RunOutcome::of(
                 t.outcome == TrialOutcome::Success,
                 t.outcome == TrialOutcome::Oom,
+                false,
             ),
             peak_memory_bytes: t.peak_memory_bytes,
             samples_per_sec: t.tokens_per_sec.map(|x| x / w.seq_len.max(1) as f64),

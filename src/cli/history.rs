@@ -260,7 +260,7 @@ fn export(
 }
 
 fn outcome(r: &RunRecord) -> &'static str {
-    if r.result.success {
+    if r.result.success() {
         "ok"
     } else if r.is_oom() {
         "OOM"

@@ -1,5 +1,6 @@
 //! `gpufit record`: one run's settings and result into the history.
 
+use crate::core::run::RunOutcome;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -301,9 +302,11 @@ fn result_of(
         notes.push("samples/s = the log's iterations/s × micro batch".into());
     }
     Ok(RunResult {
-        host_oom,
-        success,
-        failure_reason,
+        outcome: RunOutcome::of(
+            success,
+            failure_reason == Some(FailureReason::Oom),
+            host_oom,
+        ),
         peak_memory_bytes: peak_flag.or(log_result.as_ref().and_then(|r| r.peak_memory_bytes)),
         samples_per_sec: samples
             .or(log_result.as_ref().and_then(|r| r.samples_per_sec))
@@ -330,14 +333,14 @@ fn success_of(
         }
         (Some(s), _, _) => s,
         (None, Some(_), _) => false,
-        (None, None, Some(r)) => r.success,
+        (None, None, Some(r)) => r.success(),
         (None, None, None) => true,
     };
     let failure_reason = if success {
         None
     } else {
         failure
-            .or(log_result.and_then(|r| r.failure_reason))
+            .or(log_result.and_then(|r| r.failure_reason()))
             .or(Some(FailureReason::OtherError))
     };
     Ok((success, failure_reason))
@@ -359,7 +362,7 @@ fn print_recorded(
         })?,
         OutputFormat::Table => {
             let r = &run.result;
-            let outcome = if r.success {
+            let outcome = if r.success() {
                 "success".to_string()
             } else if run.is_oom() {
                 "CUDA out of memory".to_string()

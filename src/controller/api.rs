@@ -421,7 +421,7 @@ fn stored_gpu(run: &RunRecord) -> String {
 /// Counts a recorded run in `gpufit_controller_runs_total` by outcome,
 /// and in the OOM counter.
 fn count_outcome(m: &super::metrics::Metrics, run: &RunRecord) {
-    let outcome = if run.result.success {
+    let outcome = if run.result.success() {
         RunOutcome::Success
     } else if run.is_oom() {
         RunOutcome::Oom

@@ -320,7 +320,7 @@ impl Metrics {
         let Some(mine) = run
             .result
             .tokens_per_sec
-            .filter(|t| run.result.success && *t > 0.0)
+            .filter(|t| run.result.success() && *t > 0.0)
         else {
             return;
         };
@@ -334,7 +334,7 @@ impl Metrics {
             .similar(&q)
             .unwrap_or_default()
             .iter()
-            .filter(|r| r.result.success)
+            .filter(|r| r.result.success())
             .filter_map(|r| r.result.tokens_per_sec)
             .filter(|t| t.is_finite())
             .fold(mine, f64::max);

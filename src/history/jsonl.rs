@@ -27,6 +27,7 @@
 //! - `timestamp`: ISO 8601 with or without offset (naive = UTC), or Unix
 //!   seconds; missing means the import time.
 
+use crate::core::run::RunOutcome;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, Write};
 
@@ -407,9 +408,11 @@ fn result_of(
         })
     });
     Ok(RunResult {
-        host_oom: extra.host_oom,
-        success,
-        failure_reason,
+        outcome: RunOutcome::of(
+            success,
+            failure_reason == Some(FailureReason::Oom),
+            extra.host_oom,
+        ),
         peak_memory_bytes,
         samples_per_sec: samples,
         tokens_per_sec: extra.tokens_per_sec.filter(|t| t.is_finite() && *t >= 0.0),
@@ -704,10 +707,10 @@ pub fn write_record<W: Write>(w: &mut W, r: &RunRecord) -> std::io::Result<()> {
             gradient_accumulation_steps: s.gradient_accumulation_steps,
         },
         result: ResultOut {
-            success: r.result.success,
+            success: r.result.success(),
             peak_memory_gb: r.result.peak_memory_bytes.map(|b| b as f64 / GB as f64),
             samples_per_sec: r.result.samples_per_sec,
-            failure_reason: r.result.failure_reason.map(schema::failure_str),
+            failure_reason: r.result.failure_reason().map(schema::failure_str),
             duration_sec: r.result.duration_sec,
         },
         gpu_type: &r.gpu_model,
@@ -725,7 +728,7 @@ pub fn write_record<W: Write>(w: &mut W, r: &RunRecord) -> std::io::Result<()> {
             job_id: r.job_id.clone(),
             dataloader: Some(s.dataloader.clone()),
             nodes: r.nodes.clone(),
-            host_oom: r.result.host_oom,
+            host_oom: r.result.host_oom(),
         },
     };
     serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::other)?;
@@ -906,7 +909,7 @@ mod tests {
                 "\"failure_reason\": \"CUDA out of memory. Tried to allocate 2.00 GiB\"",
             );
         let r = parse(&l).unwrap();
-        assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+        assert_eq!(r.result.failure_reason(), Some(FailureReason::Oom));
         assert!(r.is_oom());
     }
 
@@ -919,7 +922,7 @@ mod tests {
                     "\"failure_reason\": null",
                     &format!("\"failure_reason\": \"{reason}\""),
                 );
-            parse(&l).unwrap().result.failure_reason
+            parse(&l).unwrap().result.failure_reason()
         };
         assert_eq!(failed("bloom-7b crashed"), Some(FailureReason::OtherError));
         assert_eq!(failed("OOMKilled"), Some(FailureReason::OtherError));
@@ -1020,11 +1023,9 @@ mod tests {
             r.settings.activation_checkpointing = flags[0];
             r.settings.activation_offloading = flags[1];
             r.settings.compile = flags[2];
-            r.result.success = flags[3];
-            r.result.failure_reason = if flags[3] { None } else if oom_fail { Some(FailureReason::Oom) } else { Some(FailureReason::OtherError) };
+            r.result.outcome = RunOutcome::of(flags[3], !flags[3] && oom_fail, host_oom);
             r.result.peak_memory_bytes = peak;
             r.result.samples_per_sec = samples;
-            r.result.host_oom = host_oom && !flags[3];
             let mut out = Vec::new();
             write_record(&mut out, &r).unwrap();
             let text = String::from_utf8(out).unwrap();

@@ -208,7 +208,7 @@ fn to_params(r: &RunRecord) -> Params {
             Some(r.gpu_model.clone()),
             Some(s.dtype.as_str().into()),
             r.result
-                .failure_reason
+                .failure_reason()
                 .map(|f| schema::failure_str(f).into()),
             schema::without_peak_str(r.nodes.as_ref()),
             Some(r.confirmation.as_str().into()),
@@ -219,8 +219,8 @@ fn to_params(r: &RunRecord) -> Params {
             s.compile,
             s.dataloader.pin_memory,
             s.dataloader.persistent_workers,
-            r.result.success,
-            r.result.host_oom,
+            r.result.success(),
+            r.result.host_oom(),
         ],
         floats: [
             r.result.samples_per_sec.filter(|v| v.is_finite()),
@@ -328,15 +328,17 @@ fn from_row(url: &str, row: &Row) -> Result<RunRecord, HistoryError> {
             },
         },
         result: RunResult {
-            host_oom: row.try_get(32).map_err(g)?,
-            success: row.try_get(23).map_err(g)?,
-            failure_reason: match failure {
-                Some(f) => Some(
-                    schema::parse_failure(&f)
-                        .ok_or_else(|| e(format!("unknown failure_reason `{f}`")))?,
-                ),
-                None => None,
-            },
+            outcome: schema::outcome(
+                row.try_get(23).map_err(g)?,
+                match failure {
+                    Some(f) => Some(
+                        schema::parse_failure(&f)
+                            .ok_or_else(|| e(format!("unknown failure_reason `{f}`")))?,
+                    ),
+                    None => None,
+                },
+                row.try_get(32).map_err(g)?,
+            ),
             peak_memory_bytes: opt_u(25)?,
             samples_per_sec: row.try_get(26).map_err(g)?,
             tokens_per_sec: row.try_get(27).map_err(g)?,

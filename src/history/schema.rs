@@ -9,7 +9,7 @@
 
 use chrono::{DateTime, TimeZone, Utc};
 
-use crate::core::run::{FailureReason, NodeReports, RunSource};
+use crate::core::run::{FailureReason, NodeReports, RunOutcome, RunSource};
 use crate::core::settings::Dtype;
 use crate::core::workload::Method;
 
@@ -165,11 +165,13 @@ pub fn node_reports(
 /// of the same identity, in SQL ([`crate::core::run_check::check_replace`]
 /// says it in Rust, with the reason): a one-node record never replaces a
 /// job's multi-node record, nor a run more than an hour apart (a reused job
-/// id). A write it holds back changes nothing (an upsert with `RETURNING`
+/// id; a Kubernetes job's id carries its object's UID, never reused, so a
+/// replayed reconcile may come any time). A write it holds back changes nothing (an upsert with `RETURNING`
 /// returns no row: the store then says why).
 pub const REPLACE_GUARD: &str =
     "NOT (COALESCE(runs.nodes_expected, 1) > 1 AND COALESCE(excluded.nodes_expected, 1) <= 1) \
-     AND runs.timestamp_us - excluded.timestamp_us BETWEEN -3600000000 AND 3600000000";
+     AND (excluded.source = 'kubernetes' \
+          OR runs.timestamp_us - excluded.timestamp_us BETWEEN -3600000000 AND 3600000000)";
 
 /// `INSERT INTO runs (<columns>, run_key) VALUES (…) ON CONFLICT (run_key)
 /// DO UPDATE SET <columns> = excluded.<columns> WHERE <REPLACE_GUARD>`: the
@@ -260,6 +262,21 @@ pub fn failure_str(f: FailureReason) -> &'static str {
 /// `other_error`…), strictly — a store holds no free text.
 pub fn parse_failure(s: &str) -> Option<FailureReason> {
     s.parse().ok()
+}
+
+/// A stored outcome's columns (`success`, `failure_reason`, `host_oom`) as
+/// one [`RunOutcome`]. Rows the door wrote always say one; a row written
+/// before it that says two at once reads as [`RunOutcome::of`] decides (a
+/// GPU OOM first, a host kill only on another failure), so an old history
+/// still opens.
+pub fn outcome(success: bool, failure: Option<FailureReason>, host_oom: bool) -> RunOutcome {
+    RunOutcome::from_fields(success, failure, host_oom).unwrap_or_else(|_| {
+        RunOutcome::of(
+            success && failure.is_none(),
+            failure == Some(FailureReason::Oom),
+            host_oom,
+        )
+    })
 }
 
 /// Reads a method (`full`, `lora`, `qlora`).

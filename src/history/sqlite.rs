@@ -391,9 +391,9 @@ fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 35] {
         b(s.dataloader.pin_memory),
         b(s.dataloader.persistent_workers),
         int(s.dataloader.prefetch_factor as i64),
-        b(r.result.success),
+        b(r.result.success()),
         v(r.result
-            .failure_reason
+            .failure_reason()
             .map_or(Null, |f| Text(schema::failure_str(f).as_bytes()))),
         opt_i(r.result.peak_memory_bytes),
         opt_f(r.result.samples_per_sec),
@@ -402,7 +402,7 @@ fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 35] {
         opt_i(r.predicted_peak_bytes),
         opt_i(r.nodes.as_ref().map(|n| u64::from(n.reported))),
         opt_i(r.nodes.as_ref().map(|n| u64::from(n.expected))),
-        b(r.result.host_oom),
+        b(r.result.host_oom()),
         match schema::without_peak_str(r.nodes.as_ref()) {
             Some(t) => ToSqlOutput::Owned(rusqlite::types::Value::Text(t)),
             None => v(Null),
@@ -456,14 +456,16 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
             },
         },
         result: RunResult {
-            host_oom: row.get(32)?,
-            success: row.get(23)?,
-            failure_reason: match failure {
-                Some(f) => {
-                    Some(schema::parse_failure(&f).ok_or_else(|| bad(24, "failure_reason", &f))?)
-                }
-                None => None,
-            },
+            outcome: schema::outcome(
+                row.get(23)?,
+                match failure {
+                    Some(f) => Some(
+                        schema::parse_failure(&f).ok_or_else(|| bad(24, "failure_reason", &f))?,
+                    ),
+                    None => None,
+                },
+                row.get(32)?,
+            ),
             peak_memory_bytes: opt_u(25)?,
             samples_per_sec: row.get(26)?,
             tokens_per_sec: row.get(27)?,

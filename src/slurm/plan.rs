@@ -1136,9 +1136,7 @@ pub fn build_run(
         key,
         confirmed.settings,
         RunResult {
-            host_oom: ended.host_oom(),
-            success: ended.success(),
-            failure_reason: ended.failure_reason(),
+            outcome: ended,
             peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),
             samples_per_sec: outcome.log.samples_per_sec,
             tokens_per_sec: outcome.log.tokens_per_sec,

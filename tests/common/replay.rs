@@ -10,6 +10,7 @@
 // Each consumer (a test, a benchmark) uses part of this module.
 #![allow(dead_code)]
 
+use gpufit::core::run::RunOutcome;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -17,7 +18,7 @@ use chrono::Utc;
 use gpufit::core::advisor::{self, AdviceRequest, Strategy, StrategyTargets};
 use gpufit::core::catalog::{lookup_gpu, lookup_model, GpuSpec};
 use gpufit::core::memory::default_lora_targets;
-use gpufit::core::run::{FailureReason, RunRecord, RunResult, RunSource};
+use gpufit::core::run::{RunRecord, RunResult, RunSource};
 use gpufit::core::settings::{Dtype, EngineeringSettings, Pins};
 use gpufit::core::workload::{
     Attention, Framework, LoraConfig, Method, Optimizer, Sharding, Workload,
@@ -226,9 +227,7 @@ fn record(
         global_batch: None,
         settings: s.clone(),
         result: RunResult {
-            host_oom: false,
-            success: res.is_some(),
-            failure_reason: res.is_none().then_some(FailureReason::Oom),
+            outcome: RunOutcome::of(res.is_some(), res.is_none(), false),
             peak_memory_bytes: res.map(|(d, _)| d as u64),
             samples_per_sec: res.map(|(_, t)| t / wl.w.seq_len as f64),
             tokens_per_sec: res.map(|(_, t)| t),

@@ -461,3 +461,46 @@ pub fn measure(run: &Running, idle: usize, tries: usize, window: Duration) -> Fi
         worst_kind: kinds.into_iter().max_by_key(|(_, n)| *n),
     }
 }
+
+/// A route of `which` that reads its request body.
+pub fn body_route(which: Server) -> &'static str {
+    match which {
+        Server::Sidecar => "/v1/simulate/processes",
+        Server::Controller => "/v1/runs",
+        Server::Webhook => "/mutate",
+    }
+}
+
+/// Holds `n` stalled request bodies ([`Running::open_stalled`]), then asks
+/// `/healthz` `tries` times on new connections; the figures, and the
+/// status the oldest stalled request was answered with (408 when the
+/// server took its place back).
+pub fn measure_stalled(
+    run: &Running,
+    which: Server,
+    n: usize,
+    tries: usize,
+) -> (Figures, Option<u16>) {
+    let from = Instant::now();
+    let mut held = run.open_stalled(n, body_route(which));
+    let mut answers = Vec::new();
+    let mut failures = Vec::new();
+    for _ in 0..tries {
+        match run.healthz(Duration::from_secs(5)) {
+            Ok(t) => answers.push(t),
+            Err(e) => failures.push(e),
+        }
+    }
+    answers.sort();
+    let oldest = held
+        .first_mut()
+        .and_then(|s| s.status(Duration::from_secs(15)).ok());
+    let f = Figures {
+        opened: held.len(),
+        answers,
+        failures,
+        window: from.elapsed(),
+        worst_kind: None,
+    };
+    (f, oldest)
+}

@@ -616,7 +616,7 @@ pub fn worst_split(points: &[Measured], range: ErrorRange) -> Option<Split> {
 /// fit: [`RunRecord::full_peak`]).
 pub fn observations(runs: &[&RunRecord]) -> Vec<Observation> {
     runs.iter()
-        .filter(|r| r.result.success)
+        .filter(|r| r.result.success())
         .filter_map(|r| {
             Some(Observation {
                 micro_batch: r.settings.micro_batch_size,
@@ -642,7 +642,7 @@ pub fn smallest_oom(runs: &[&RunRecord]) -> Option<u32> {
 pub fn largest_success(runs: &[&RunRecord]) -> Option<u32> {
     runs.iter()
         // An unconfirmed success may have run another micro batch: no proof.
-        .filter(|r| r.result.success && r.outcome_is_whole() && !r.settings_unconfirmed())
+        .filter(|r| r.result.success() && r.outcome_is_whole() && !r.settings_unconfirmed())
         .map(|r| r.settings.micro_batch_size)
         .max()
 }
@@ -675,11 +675,11 @@ pub fn host_memory_lesson(runs: &[&RunRecord]) -> Option<HostMemoryLesson> {
     let killed: Vec<&RunRecord> = runs
         .iter()
         .copied()
-        .filter(|k| k.result.host_oom)
+        .filter(|k| k.result.host_oom())
         .filter(|k| {
-            !runs
-                .iter()
-                .any(|r| r.result.success && r.timestamp > k.timestamp && workers(r) >= workers(k))
+            !runs.iter().any(|r| {
+                r.result.success() && r.timestamp > k.timestamp && workers(r) >= workers(k)
+            })
         })
         .collect();
     let killed_with = killed.iter().map(|r| workers(r)).min()?;

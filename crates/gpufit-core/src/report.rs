@@ -62,7 +62,7 @@ impl<'a> ReportRow<'a> {
             method: r.method,
             seq_len: r.seq_len,
             gpus: r.gpus,
-            success: r.result.success,
+            success: r.result.success(),
             oom: r.is_oom(),
             // A partial multi-node record's peak (a node missing, or
             // reported without a peak) is only a lower bound (as the

@@ -66,12 +66,14 @@ impl<'de> Deserialize<'de> for FailureReason {
     }
 }
 
-/// What became of a run: the one place its outcome is decided
-/// ([`RunOutcome::of`]). Stored and sent as [`RunResult`]'s `success`,
-/// `failure_reason` and `host_oom`; [`crate::run_check::check_run`] refuses
-/// the combinations no outcome has (a success with a failure reason, a
-/// host-memory kill on a success or a GPU OOM).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What became of a run: the one type of its outcome, so a record cannot
+/// say an impossible one (a success with a failure reason, a host-memory
+/// kill on a success or a GPU OOM). [`RunOutcome::of`] decides it, once.
+/// On the wire and in the stores it keeps its fields: `success`,
+/// `failure_reason` (`OOM` / `other_error`) and `host_oom` (left out when
+/// false); reading a combination no outcome has is an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "OutcomeFields", into = "OutcomeFields")]
 pub enum RunOutcome {
     Succeeded,
     /// Ran out of GPU memory: its micro batch was too large.
@@ -81,6 +83,51 @@ pub enum RunOutcome {
     Failed {
         host_oom: bool,
     },
+}
+
+/// [`RunOutcome`] as stored and sent.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+struct OutcomeFields {
+    success: bool,
+    failure_reason: Option<FailureReason>,
+    /// The run was killed for host memory (Kubernetes' `OOMKilled`, Slurm's
+    /// `OUT_OF_MEMORY` / a cgroup oom-kill): its micro batch says nothing
+    /// (`failure_reason` stays `other_error`), but its data loader used too
+    /// much host memory, which the next suggestion of the workload heeds
+    /// ([`crate::learner::host_memory_lesson`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    host_oom: bool,
+}
+
+impl From<RunOutcome> for OutcomeFields {
+    fn from(o: RunOutcome) -> Self {
+        OutcomeFields {
+            success: o.success(),
+            failure_reason: o.failure_reason(),
+            host_oom: o.host_oom(),
+        }
+    }
+}
+
+impl TryFrom<OutcomeFields> for RunOutcome {
+    type Error = String;
+    fn try_from(f: OutcomeFields) -> Result<Self, String> {
+        RunOutcome::from_fields(f.success, f.failure_reason, f.host_oom)
+    }
+}
+
+impl JsonSchema for RunOutcome {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RunOutcome".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        OutcomeFields::json_schema(generator)
+    }
 }
 
 impl RunOutcome {
@@ -94,6 +141,29 @@ impl RunOutcome {
             RunOutcome::Succeeded
         } else {
             RunOutcome::Failed { host_oom }
+        }
+    }
+
+    /// The outcome the stored fields say, or why they say none: a success
+    /// with a failure reason, a failure without one, a host-memory kill on
+    /// a success or a GPU OOM.
+    pub fn from_fields(
+        success: bool,
+        failure_reason: Option<FailureReason>,
+        host_oom: bool,
+    ) -> Result<RunOutcome, String> {
+        match (success, failure_reason, host_oom) {
+            (true, None, false) => Ok(RunOutcome::Succeeded),
+            (false, Some(FailureReason::Oom), false) => Ok(RunOutcome::GpuOom),
+            (false, Some(FailureReason::OtherError), h) => Ok(RunOutcome::Failed { host_oom: h }),
+            (true, Some(_), _) => Err("a successful run cannot have a failure_reason".into()),
+            (false, None, _) => {
+                Err("a failed run needs its failure_reason (OOM or other_error)".into())
+            }
+            (_, _, true) => Err(
+                "host_oom marks a run killed for host memory: a run that succeeded or ran out of GPU memory (failure_reason OOM) cannot have it"
+                    .into(),
+            ),
         }
     }
 
@@ -125,23 +195,42 @@ impl RunOutcome {
     }
 }
 
-/// The outcome of a run.
+/// The outcome of a run and what was measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RunResult {
-    pub success: bool,
-    pub failure_reason: Option<FailureReason>,
-    /// The run was killed for host memory (Kubernetes' `OOMKilled`, Slurm's
-    /// `OUT_OF_MEMORY` / a cgroup oom-kill): its micro batch says nothing
-    /// (`failure_reason` stays `other_error`), but its data loader used too
-    /// much host memory, which the next suggestion of the workload heeds
-    /// ([`crate::learner::host_memory_lesson`]).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub host_oom: bool,
+    /// `success`, `failure_reason`, `host_oom` on the wire.
+    #[serde(flatten)]
+    pub outcome: RunOutcome,
     /// Measured peak GPU memory in bytes; None when unknown (filled in later).
     pub peak_memory_bytes: Option<u64>,
     pub samples_per_sec: Option<f64>,
     pub tokens_per_sec: Option<f64>,
     pub duration_sec: Option<f64>,
+}
+
+impl RunResult {
+    /// An outcome with nothing measured yet.
+    pub fn of(outcome: RunOutcome) -> RunResult {
+        RunResult {
+            outcome,
+            peak_memory_bytes: None,
+            samples_per_sec: None,
+            tokens_per_sec: None,
+            duration_sec: None,
+        }
+    }
+
+    pub fn success(&self) -> bool {
+        self.outcome.success()
+    }
+
+    pub fn failure_reason(&self) -> Option<FailureReason> {
+        self.outcome.failure_reason()
+    }
+
+    pub fn host_oom(&self) -> bool {
+        self.outcome.host_oom()
+    }
 }
 
 /// One run of a workload with given settings.
@@ -337,11 +426,8 @@ pub fn merge_node_report(
     };
     let mut out = prev.clone();
     let (a, b) = (&prev.result, &report.result);
-    let outcome = a.outcome().and(b.outcome());
     out.result = RunResult {
-        host_oom: outcome.host_oom(),
-        success: outcome.success(),
-        failure_reason: outcome.failure_reason(),
+        outcome: a.outcome.and(b.outcome),
         peak_memory_bytes: a.peak_memory_bytes.max(b.peak_memory_bytes),
         samples_per_sec: max_f(a.samples_per_sec, b.samples_per_sec),
         tokens_per_sec: max_f(a.tokens_per_sec, b.tokens_per_sec),
@@ -598,24 +684,6 @@ impl FailureReason {
     }
 }
 
-impl RunResult {
-    /// The run's outcome, read from its stored fields ([`RunOutcome::of`]).
-    pub fn outcome(&self) -> RunOutcome {
-        RunOutcome::of(
-            self.success,
-            self.failure_reason == Some(FailureReason::Oom),
-            self.host_oom,
-        )
-    }
-
-    /// Sets the stored fields from an outcome: the only combinations written.
-    pub fn set_outcome(&mut self, o: RunOutcome) {
-        self.success = o.success();
-        self.failure_reason = o.failure_reason();
-        self.host_oom = o.host_oom();
-    }
-}
-
 impl RunRecord {
     /// The one way a run record is made (every path that finishes a job):
     /// not stored yet (`id` None), no prediction until
@@ -661,7 +729,7 @@ impl RunRecord {
     }
 
     pub fn is_oom(&self) -> bool {
-        !self.result.success && self.result.failure_reason == Some(FailureReason::Oom)
+        self.result.outcome == RunOutcome::GpuOom
     }
 
     /// Whether the record's peak is only a lower bound of the run's: a
@@ -924,9 +992,7 @@ mod identity_tests {
             global_batch: None,
             settings: EngineeringSettings::default(),
             result: RunResult {
-                host_oom: false,
-                success: true,
-                failure_reason: None,
+                outcome: RunOutcome::Succeeded,
                 peak_memory_bytes: Some(1),
                 samples_per_sec: None,
                 tokens_per_sec: None,
@@ -1012,9 +1078,7 @@ mod new_tests {
             attention: Attention::Sdpa,
         };
         let result = RunResult {
-            host_oom: false,
-            success: false,
-            failure_reason: FailureReason::of(false, true),
+            outcome: RunOutcome::of(false, true, false),
             peak_memory_bytes: Some(7),
             samples_per_sec: None,
             tokens_per_sec: None,
@@ -1081,8 +1145,7 @@ mod node_report_tests {
             expected: 2,
             without_peak: Vec::new(),
         });
-        r.result.success = success;
-        r.result.failure_reason = FailureReason::of(success, oom);
+        r.result.outcome = RunOutcome::of(success, oom, false);
         r.result.peak_memory_bytes = Some(peak);
         r
     }
@@ -1152,7 +1215,7 @@ mod node_report_tests {
             two.timestamp, small.timestamp,
             "the job's end: the earliest"
         );
-        assert!(two.result.success && two.result.failure_reason.is_none());
+        assert!(two.result.success() && two.result.failure_reason().is_none());
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
 
-use crate::run::{FailureReason, RunRecord};
+use crate::run::RunRecord;
 
 /// Why a record cannot enter the history. Each names the field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -57,11 +57,6 @@ pub enum RecordError {
     },
     #[error("timestamp {0} is in the future")]
     FromTheFuture(DateTime<Utc>),
-    #[error("a successful run cannot have a failure_reason")]
-    SuccessWithFailure,
-    /// `host_oom` on a run that succeeded or ran out of GPU memory.
-    #[error("host_oom marks a run killed for host memory: a run that succeeded or ran out of GPU memory (failure_reason OOM) cannot have it")]
-    HostOomWithoutFailure,
     /// A multi-node job's report must say which node it is from.
     #[error("node: a multi-node job's report must name its node (SLURMD_NODENAME): without it a repeated report cannot be told from another node's")]
     NodeReportWithoutNode,
@@ -375,14 +370,7 @@ pub fn check_run(mut run: RunRecord, capacity: Option<u64>) -> Result<RunRecord,
     if let Some(t) = DateTime::<Utc>::from_timestamp_micros(run.timestamp.timestamp_micros()) {
         run.timestamp = t;
     }
-    let r = &run.result;
-    // --- the outcome ---
-    if r.success && r.failure_reason.is_some() {
-        return Err(RecordError::SuccessWithFailure);
-    }
-    if r.host_oom && (r.success || r.failure_reason == Some(FailureReason::Oom)) {
-        return Err(RecordError::HostOomWithoutFailure);
-    }
+    // The outcome is one of the possible ones by its type (RunOutcome).
     // --- node counts ---
     check_nodes(&run)?;
     Ok(run)
@@ -424,7 +412,13 @@ fn check_nodes(run: &RunRecord) -> Result<(), RecordError> {
     let mut sorted = node_list.clone();
     sorted.sort_unstable();
     sorted.dedup();
-    if sorted.len() != node_list.len() || u32::try_from(node_list.len()).ok() != Some(n.reported) {
+    // A lone report may leave its node unnamed here (a node's report
+    // without one is refused where it is merged, as a report).
+    let unnamed_one = node_list.is_empty() && n.reported == 1;
+    if !unnamed_one
+        && (sorted.len() != node_list.len()
+            || u32::try_from(node_list.len()).ok() != Some(n.reported))
+    {
         return Err(bad(
             format!(
                 "reported {} with node list {}",
@@ -446,6 +440,15 @@ fn check_nodes(run: &RunRecord) -> Result<(), RecordError> {
         return Err(bad(
             format!("without_peak {:?}", n.without_peak),
             "reported nodes, each once",
+        ));
+    }
+    // Every reported node without a peak: the record has none either.
+    if u32::try_from(n.without_peak.len()).ok() == Some(n.reported)
+        && run.result.peak_memory_bytes.is_some()
+    {
+        return Err(bad(
+            format!("without_peak {:?} beside a peak", n.without_peak),
+            "only the reported nodes without a peak; a record whose every node has none has no peak_memory_bytes",
         ));
     }
     Ok(())
@@ -473,7 +476,10 @@ pub fn check_replace(stored: &RunRecord, new: &RunRecord) -> Result<(), RecordEr
         });
     }
     let apart = (new.timestamp - stored.timestamp).num_seconds();
-    if apart.abs() > crate::run::NODE_REPORT_WINDOW_SECS {
+    // A Kubernetes job's id carries its object's UID: never reused, and a
+    // replayed reconcile (recorded at its own time) may come any time.
+    let reusable = new.source != crate::run::RunSource::Kubernetes;
+    if reusable && apart.abs() > crate::run::NODE_REPORT_WINDOW_SECS {
         return Err(RecordError::WouldReplace {
             job: job(),
             what: format!(
@@ -495,7 +501,7 @@ impl RunRecord {
 #[cfg(test)]
 mod validation_tests {
     use super::*;
-    use crate::run::{RunResult, RunSource};
+    use crate::run::{FailureReason, RunOutcome, RunResult, RunSource};
     use crate::settings::EngineeringSettings;
     use crate::workload::Method;
 
@@ -521,9 +527,7 @@ mod validation_tests {
                 ..EngineeringSettings::default()
             },
             result: RunResult {
-                host_oom: false,
-                success: true,
-                failure_reason: None,
+                outcome: RunOutcome::Succeeded,
                 peak_memory_bytes: Some(50_000_000_000),
                 samples_per_sec: Some(5.0),
                 tokens_per_sec: Some(10_000.0),
@@ -614,19 +618,25 @@ mod validation_tests {
                 "year 1",
                 Box::new(|r| r.timestamp = DateTime::<Utc>::MIN_UTC),
             ),
-            (
-                "host OOM on a success",
-                Box::new(|r| r.result.host_oom = true),
-            ),
-            (
-                "success with a failure",
-                Box::new(|r| r.result.failure_reason = Some(FailureReason::Oom)),
-            ),
         ];
         for (what, f) in cases {
             let mut r = rec();
             f(&mut r);
             assert!(r.validated(None).is_err(), "{what} was accepted");
+        }
+        // Impossible outcomes cannot be built, nor read from JSON.
+        for (success, reason, host) in [
+            (true, Some(FailureReason::Oom), false),
+            (true, None, true),
+            (false, Some(FailureReason::Oom), true),
+            (false, None, false),
+        ] {
+            assert!(RunOutcome::from_fields(success, reason, host).is_err());
+            let mut v = serde_json::to_value(rec()).unwrap();
+            v["result"]["success"] = success.into();
+            v["result"]["failure_reason"] = serde_json::to_value(reason).unwrap();
+            v["result"]["host_oom"] = host.into();
+            assert!(serde_json::from_value::<RunRecord>(v).is_err());
         }
         // A custom GPU the catalog does not know is accepted; its peak is
         // checked against the capacity the caller knows.

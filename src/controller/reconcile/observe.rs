@@ -236,32 +236,35 @@ pub fn classify_pods(pods: &[Pod]) -> Option<(AttemptOutcome, String)> {
                     ));
                 }
                 if other.is_none() {
-                    other = Some(
-                        if t.reason.as_deref() == Some("OOMKilled") || t.exit_code == 137 {
-                            format!(
+                    other = Some(if killed_for_host_memory(t) {
+                        format!(
                             "container {} was killed (exit code {}, {}): host memory, not GPU memory; raise its memory limit",
                             cs.name,
                             t.exit_code,
-                            t.reason.as_deref().unwrap_or("SIGKILL")
+                            t.reason.as_deref().unwrap_or("OOMKilled")
                         )
-                        } else {
-                            let last = msg
-                                .lines()
-                                .rev()
-                                .find(|l| !l.trim().is_empty())
-                                .unwrap_or("");
-                            format!(
-                                "container {} exited with code {}{}",
-                                cs.name,
-                                t.exit_code,
-                                if last.is_empty() {
-                                    String::new()
-                                } else {
-                                    format!(": {}", truncate(last.trim(), 300))
-                                }
-                            )
-                        },
-                    );
+                    } else if t.exit_code == 137 {
+                        format!(
+                            "container {} was killed (exit code 137, SIGKILL without OOMKilled): preempted, evicted or stopped, not out of memory",
+                            cs.name
+                        )
+                    } else {
+                        let last = msg
+                            .lines()
+                            .rev()
+                            .find(|l| !l.trim().is_empty())
+                            .unwrap_or("");
+                        format!(
+                            "container {} exited with code {}{}",
+                            cs.name,
+                            t.exit_code,
+                            if last.is_empty() {
+                                String::new()
+                            } else {
+                                format!(": {}", truncate(last.trim(), 300))
+                            }
+                        )
+                    });
                 }
             }
         }
@@ -290,7 +293,14 @@ fn terminated_states(pods: &[Pod]) -> impl Iterator<Item = &ContainerStateTermin
 /// A bare exit code 137 is any SIGKILL (preemption, eviction), so only the
 /// reason counts.
 pub fn host_oom_killed(pods: &[Pod]) -> bool {
-    terminated_states(pods).any(|t| t.reason.as_deref() == Some("OOMKilled"))
+    terminated_states(pods).any(killed_for_host_memory)
+}
+
+/// The exit-137 rule, said once: a container was killed for host memory
+/// only when the kubelet says `OOMKilled`; a bare exit code 137 is any
+/// SIGKILL (preemption, eviction).
+fn killed_for_host_memory(t: &ContainerStateTerminated) -> bool {
+    t.reason.as_deref() == Some("OOMKilled")
 }
 
 fn time_str(t: Option<&Time>) -> Option<String> {
@@ -427,5 +437,15 @@ mod throughput_tests {
         // Nothing printed: nothing invented.
         assert_eq!(reported_tokens_per_sec(&[pod("", 0)], 4, 2048), None);
         assert_eq!(reported_tokens_per_sec(&[], 4, 2048), None);
+    }
+
+    #[test]
+    fn a_bare_exit_137_is_not_called_host_memory() {
+        // Issue 47: the message said "host memory" for any 137 while the
+        // record treated it as any SIGKILL; one rule now.
+        let (_, msg) = classify_pods(&[pod("", 137)]).expect("a failure");
+        assert!(!msg.contains("host memory"), "{msg}");
+        assert!(msg.contains("SIGKILL"), "{msg}");
+        assert!(!host_oom_killed(&[pod("", 137)]));
     }
 }

@@ -6,9 +6,7 @@ use crate::controller::crd::{Attempt, AttemptOutcome, Mode, TrainingJobStatus};
 use crate::controller::metrics::RunOutcome;
 use crate::controller::validate::Validated;
 use crate::controller::ControllerError;
-use crate::core::run::{
-    FailureReason, RunKey, RunOrigin, RunPath, RunRecord, RunResult, RunSource,
-};
+use crate::core::run::{RunKey, RunOrigin, RunPath, RunRecord, RunResult, RunSource};
 use crate::history::HistoryError;
 
 use super::context::Context;
@@ -76,14 +74,12 @@ pub fn run_record(
         RunKey::of(w, gpu),
         settings,
         RunResult {
-            host_oom: a.outcome == AttemptOutcome::Failed && a.host_oom,
-            success: a.outcome == AttemptOutcome::Succeeded,
             // Only finished attempts are recorded: Succeeded, Oom or Failed.
-            failure_reason: match a.outcome {
-                AttemptOutcome::Oom => Some(FailureReason::Oom),
-                AttemptOutcome::Failed => Some(FailureReason::OtherError),
-                _ => None,
-            },
+            outcome: crate::core::run::RunOutcome::of(
+                a.outcome == AttemptOutcome::Succeeded,
+                a.outcome == AttemptOutcome::Oom,
+                a.host_oom,
+            ),
             peak_memory_bytes: a.measured_peak_bytes,
             samples_per_sec: a.tokens_per_sec.map(|t| t / w.seq_len.max(1) as f64),
             tokens_per_sec: a.tokens_per_sec,

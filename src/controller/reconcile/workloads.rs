@@ -216,13 +216,11 @@ pub fn run_record(
         RunKey::of(&w, gpu),
         settings,
         RunResult {
-            host_oom: outcome == AttemptOutcome::Failed && host_oom_killed(&pods),
-            success,
-            failure_reason: match outcome {
-                AttemptOutcome::Succeeded => None,
-                AttemptOutcome::Oom => Some(FailureReason::Oom),
-                _ => Some(FailureReason::OtherError),
-            },
+            outcome: crate::core::run::RunOutcome::of(
+                success,
+                outcome == AttemptOutcome::Oom,
+                host_oom_killed(&pods),
+            ),
             peak_memory_bytes: None,
             samples_per_sec: tokens.map(|t| t / w.seq_len.max(1) as f64),
             tokens_per_sec: tokens,
@@ -360,7 +358,7 @@ pub async fn reconcile_workload(
     let peak = read_peak(ctx, q).await.ok().flatten();
     rec.result.peak_memory_bytes = peak.as_ref().map(|p| p.bytes);
     let gpu = rec.gpu_model.clone();
-    let outcome = match rec.result.failure_reason {
+    let outcome = match rec.result.failure_reason() {
         None => RunOutcome::Success,
         Some(FailureReason::Oom) => RunOutcome::Oom,
         Some(FailureReason::OtherError) => RunOutcome::OtherError,
@@ -633,8 +631,8 @@ mod tests {
     #[test]
     fn a_succeeded_pytorchjob_is_one_success_with_the_admission_prediction() {
         let r = record(&pytorchjob(ended(true), &[]), &[]).expect("recorded");
-        assert!(r.result.success);
-        assert_eq!(r.result.failure_reason, None);
+        assert!(r.result.success());
+        assert_eq!(r.result.failure_reason(), None);
         assert_eq!(r.predicted_peak_bytes, Some(32_000_000_000));
         assert_eq!(r.settings.micro_batch_size, 4);
         assert_eq!(r.gpus, 4);
@@ -659,21 +657,21 @@ mod tests {
             pod("llama-worker-2", "worker", 1, "", None),
         ];
         let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
-        assert!(!r.result.success);
-        assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+        assert!(!r.result.success());
+        assert_eq!(r.result.failure_reason(), Some(FailureReason::Oom));
     }
 
     #[test]
     fn a_host_oomkill_is_an_other_error_not_a_gpu_oom() {
         let pods = [pod("llama-master-0", "master", 137, "", Some("OOMKilled"))];
         let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
-        assert_eq!(r.result.failure_reason, Some(FailureReason::OtherError));
-        assert!(r.result.host_oom, "the data loader's lesson");
+        assert_eq!(r.result.failure_reason(), Some(FailureReason::OtherError));
+        assert!(r.result.host_oom(), "the data loader's lesson");
         // A bare SIGKILL (preemption, eviction) is no host-memory kill.
         let pods = [pod("llama-master-0", "master", 137, "", None)];
         let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
-        assert_eq!(r.result.failure_reason, Some(FailureReason::OtherError));
-        assert!(!r.result.host_oom);
+        assert_eq!(r.result.failure_reason(), Some(FailureReason::OtherError));
+        assert!(!r.result.host_oom());
         // A CUDA OOM on one worker and a host kill on another: the GPU's lesson.
         let pods = [
             pod("llama-master-0", "master", 137, "", Some("OOMKilled")),
@@ -686,8 +684,8 @@ mod tests {
             ),
         ];
         let r = record(&pytorchjob(ended(false), &[]), &pods).expect("recorded");
-        assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
-        assert!(!r.result.host_oom);
+        assert_eq!(r.result.failure_reason(), Some(FailureReason::Oom));
+        assert!(!r.result.host_oom());
     }
 
     #[test]
@@ -779,8 +777,8 @@ mod tests {
         let pods = owned(listed, "JobSet", "llama", "u-1");
         assert_eq!(pods.len(), 2);
         let r = record(&js, &pods).expect("recorded");
-        assert!(!r.result.success);
-        assert_eq!(r.result.failure_reason, Some(FailureReason::Oom));
+        assert!(!r.result.success());
+        assert_eq!(r.result.failure_reason(), Some(FailureReason::Oom));
         assert_eq!(r.job_id.as_deref(), Some("JobSet:team/llama/u-1"));
         assert_eq!(
             pod_selector("JobSet", "llama"),
@@ -792,7 +790,7 @@ mod tests {
     fn a_completed_jobset_is_a_success() {
         let done = json!([{"type": "Completed", "status": "True"}]);
         let js = multi_pod("jobset.x-k8s.io/v1alpha2", "JobSet", done);
-        assert!(record(&js, &[]).expect("recorded").result.success);
+        assert!(record(&js, &[]).expect("recorded").result.success());
     }
 
     #[test]
@@ -817,7 +815,7 @@ mod tests {
             "a TrainJob's pods carry its runtime JobSet's uid"
         );
         let r = record(&tj, &pods).expect("recorded");
-        assert!(r.result.success);
+        assert!(r.result.success());
         assert_eq!(r.job_id.as_deref(), Some("TrainJob:team/llama/u-1"));
         assert_eq!(r.predicted_peak_bytes, Some(32_000_000_000));
     }

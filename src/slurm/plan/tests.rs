@@ -405,9 +405,10 @@ fn the_run_says_success_oom_or_other_error_from_the_exit_state() {
             ended_at: end,
         };
         let run = build_run(&state(), &out, Some("c".into()), None);
-        assert_eq!(run.result.success, *success, "{exit:?} {derived:?} {oom}");
+        assert_eq!(run.result.success(), *success, "{exit:?} {derived:?} {oom}");
         assert_eq!(
-            run.result.failure_reason, *reason,
+            run.result.failure_reason(),
+            *reason,
             "{exit:?} {derived:?} {oom}"
         );
         assert_eq!(run.result.duration_sec, Some(90.0));
@@ -496,21 +497,21 @@ fn a_host_memory_kill_is_an_other_error_flagged_for_the_data_loader() {
         ended_at: end,
     };
     let run = build_run(&state(), &out, None, None);
-    assert!(!run.result.success);
-    assert_eq!(run.result.failure_reason, Some(FailureReason::OtherError));
-    assert!(run.result.host_oom);
+    assert!(!run.result.success());
+    assert_eq!(run.result.failure_reason(), Some(FailureReason::OtherError));
+    assert!(run.result.host_oom());
     out.oom = true;
     let run = build_run(&state(), &out, None, None);
-    assert_eq!(run.result.failure_reason, Some(FailureReason::Oom));
+    assert_eq!(run.result.failure_reason(), Some(FailureReason::Oom));
     assert!(
-        !run.result.host_oom,
+        !run.result.host_oom(),
         "a GPU OOM is the micro batch's lesson"
     );
     out.oom = false;
     out.exit_status = Some(0);
     let run = build_run(&state(), &out, None, None);
     assert!(
-        run.result.success && !run.result.host_oom,
+        run.result.success() && !run.result.host_oom(),
         "a job that succeeded was not killed"
     );
     assert!(scontrol_out_of_memory(

@@ -147,14 +147,14 @@ impl Ctx<'_> {
                 let compiled_ok = self
                     .key_runs
                     .iter()
-                    .any(|r| r.result.success && r.settings.compile);
+                    .any(|r| r.result.success() && r.settings.compile);
                 let compiled_broke = self.key_runs.iter().any(|r| {
-                    r.settings.compile && !r.result.success && !r.is_oom() && !r.result.host_oom
+                    r.settings.compile && !r.result.success() && !r.is_oom() && !r.result.host_oom()
                 });
                 let baseline = self
                     .key_runs
                     .iter()
-                    .any(|r| r.result.success && !r.settings.compile);
+                    .any(|r| r.result.success() && !r.settings.compile);
                 if compiled_ok || (baseline && !compiled_broke) {
                     vec![false, true]
                 } else {

@@ -152,7 +152,7 @@ impl<'a> Ctx<'a> {
             learner::largest_success(&fitted).filter(|&m| oom_min.is_none_or(|o| m < o));
         let successes = runs
             .iter()
-            .filter(|r| r.result.success && !r.settings_unconfirmed())
+            .filter(|r| r.result.success() && !r.settings_unconfirmed())
             .count();
         let evidence = if pred.correction.is_some() {
             Evidence::Memory
@@ -163,7 +163,7 @@ impl<'a> Ctx<'a> {
         };
         let measured = runs
             .iter()
-            .filter(|r| r.result.success)
+            .filter(|r| r.result.success())
             .filter_map(|r| Some((r.settings.micro_batch_size, r.full_peak()?)))
             .max();
         let lower_bounds = runs

@@ -279,8 +279,8 @@ impl<'a> Ctx<'a> {
             .filter(|r| pins.dtype.is_none_or(|d| r.settings.dtype == d))
             .collect();
         // A run killed for host memory says nothing about the GPU's.
-        let runs: Vec<&RunRecord> = runs.into_iter().filter(|r| !r.result.host_oom).collect();
-        if runs.is_empty() || runs.iter().any(|r| r.result.success) {
+        let runs: Vec<&RunRecord> = runs.into_iter().filter(|r| !r.result.host_oom()).collect();
+        if runs.is_empty() || runs.iter().any(|r| r.result.success()) {
             return Ok(None);
         }
         let c = Cand {

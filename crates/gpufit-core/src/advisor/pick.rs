@@ -125,7 +125,7 @@ impl<'a> Ctx<'a> {
             .ok_or_else(|| AdvisorError::BadPin("no candidate settings".into()))?;
         let measured = |e: &Eval| {
             self.key_runs.iter().any(|r| {
-                r.result.success
+                r.result.success()
                     && Self::same_speed_settings(r, e.cand)
                     && speed::run_tokens_per_sec(r).is_some()
             })

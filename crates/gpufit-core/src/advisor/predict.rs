@@ -172,7 +172,7 @@ impl<'a> Ctx<'a> {
         let has_own = runs
             .iter()
             .filter(same_compile)
-            .any(|r| r.result.success && r.full_peak().is_some());
+            .any(|r| r.result.success() && r.full_peak().is_some());
         p.compile_untried = c.compile && !has_own;
         if p.compile_untried {
             let plain = Cand {
@@ -188,7 +188,7 @@ impl<'a> Ctx<'a> {
         };
         let mut points = Vec::new();
         let mut cache_filled = 0;
-        for r in learn_from.into_iter().filter(|r| r.result.success) {
+        for r in learn_from.into_iter().filter(|r| r.result.success()) {
             // A partial multi-node peak is only a lower bound of the job's:
             // it raises the floors (see `floors`), never the fitted line,
             // which would extrapolate from it as if it were the peak.
@@ -261,7 +261,7 @@ impl<'a> Ctx<'a> {
     fn floors(&self, w: &Workload, c: Cand) -> Result<Vec<(u32, f64)>, AdvisorError> {
         let mut out = Vec::new();
         for r in self.key_runs.iter().filter(|r| saves_at_least(r, c)) {
-            let Some(peak) = r.result.peak_memory_bytes.filter(|_| r.result.success) else {
+            let Some(peak) = r.result.peak_memory_bytes.filter(|_| r.result.success()) else {
                 continue;
             };
             if r.seq_len > w.seq_len {

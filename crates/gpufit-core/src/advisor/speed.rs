@@ -75,7 +75,7 @@ impl Ctx<'_> {
     /// measured / model over successful runs that reported throughput.
     fn calibration<'r>(&self, runs: impl Iterator<Item = &'r RunRecord>) -> Option<f64> {
         median(
-            runs.filter(|r| r.result.success)
+            runs.filter(|r| r.result.success())
                 .filter_map(|r| {
                     let m = run_tokens_per_sec(r)?;
                     let p = self.model_tps_of_run(r);
@@ -103,7 +103,7 @@ impl Ctx<'_> {
             .collect();
         let exact: Vec<f64> = own
             .iter()
-            .filter(|r| r.result.success && r.settings.micro_batch_size == m)
+            .filter(|r| r.result.success() && r.settings.micro_batch_size == m)
             .filter_map(|r| run_tokens_per_sec(r))
             .collect();
         let model =

@@ -2,12 +2,13 @@
 //! small linear stand-in so the rules are tested as relations, independent
 //! of the real estimator's byte values.
 
+use crate::run::RunOutcome;
 use chrono::Utc;
 use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest, ProptestConfig};
 
 use super::*;
 use crate::memory::{Breakdown, Estimate};
-use crate::run::{FailureReason, RunResult, RunSource};
+use crate::run::{RunResult, RunSource};
 use crate::settings::Dtype;
 use crate::units::GIB;
 use crate::workload::{ArchKind, Attention, ModelArch};
@@ -164,9 +165,7 @@ fn run(m: u32, dtype: Dtype, ckpt: bool) -> RunRecord {
             ..EngineeringSettings::default()
         },
         result: RunResult {
-            host_oom: false,
-            success: true,
-            failure_reason: None,
+            outcome: RunOutcome::Succeeded,
             peak_memory_bytes: None,
             samples_per_sec: None,
             tokens_per_sec: None,
@@ -188,8 +187,7 @@ fn ok_peak(m: u32, gib: f64) -> RunRecord {
 
 fn oom(m: u32) -> RunRecord {
     let mut r = ok(m);
-    r.result.success = false;
-    r.result.failure_reason = Some(FailureReason::Oom);
+    r.result.outcome = RunOutcome::GpuOom;
     r
 }
 
@@ -478,8 +476,7 @@ fn two_measured_points_are_fitted_by_least_squares() {
 #[test]
 fn when_every_similar_run_failed_the_advice_is_micro_batch_one_with_checkpointing() {
     let mut other = ok(2);
-    other.result.success = false;
-    other.result.failure_reason = Some(FailureReason::OtherError);
+    other.result.outcome = RunOutcome::Failed { host_oom: false };
     let s = balanced(&[oom(8), oom(4), other]);
     assert_eq!(s.source, SuggestionSource::LearnedFromFailures);
     assert_eq!(s.settings.micro_batch_size, 1);
@@ -635,8 +632,7 @@ fn when_nothing_at_all_fits_the_error_says_to_use_a_bigger_gpu() {
 #[test]
 fn an_oom_at_micro_batch_one_with_checkpointing_is_does_not_fit() {
     let mut r = run(1, Dtype::Bf16, true);
-    r.result.success = false;
-    r.result.failure_reason = Some(FailureReason::Oom);
+    r.result.outcome = RunOutcome::GpuOom;
     let err = ask(
         &workload(),
         &a100(),
@@ -732,8 +728,7 @@ fn arb_history() -> impl Strategy_<Value = Vec<RunRecord>> {
             0 => r.result.peak_memory_bytes = Some((gib * GIB as f64) as u64),
             1 => {}
             _ => {
-                r.result.success = false;
-                r.result.failure_reason = Some(FailureReason::Oom);
+                r.result.outcome = RunOutcome::GpuOom;
             }
         }
         r
@@ -1142,9 +1137,7 @@ fn data_loader_advice_follows_the_cpus_per_gpu() {
 /// `OUT_OF_MEMORY`) with `workers` data-loader workers and pinned memory.
 fn host_killed(m: u32, workers: u32) -> RunRecord {
     let mut r = ok(m);
-    r.result.success = false;
-    r.result.failure_reason = Some(FailureReason::OtherError);
-    r.result.host_oom = true;
+    r.result.outcome = RunOutcome::Failed { host_oom: true };
     r.settings.dataloader.num_workers = workers;
     r.settings.dataloader.pin_memory = true;
     r
@@ -1172,8 +1165,7 @@ fn a_host_memory_kill_lowers_the_workers_and_unpins_memory_not_the_micro_batch()
     );
     // The same failure as a GPU OOM is the other lesson: a smaller micro batch.
     let mut gpu_oom = host_killed(fresh.settings.micro_batch_size, 8);
-    gpu_oom.result.host_oom = false;
-    gpu_oom.result.failure_reason = Some(FailureReason::Oom);
+    gpu_oom.result.outcome = RunOutcome::GpuOom;
     let g = balanced(&[gpu_oom]);
     assert!(g.settings.micro_batch_size < fresh.settings.micro_batch_size);
     assert!(g.settings.dataloader.pin_memory);
@@ -1658,8 +1650,7 @@ fn balanced_tries_compile_once_the_uncompiled_speed_is_known_and_keeps_the_faste
     assert!(!s3.settings.compile, "no flip-flop: {}", s3.reasoning);
     // A compile that crashed (not an OOM) is not tried again.
     let mut broke = ok_speed(16, false, true, 0.0, 0.0);
-    broke.result.success = false;
-    broke.result.failure_reason = Some(FailureReason::OtherError);
+    broke.result.outcome = RunOutcome::Failed { host_oom: false };
     broke.result.peak_memory_bytes = None;
     broke.result.tokens_per_sec = None;
     let s4 = ask(
@@ -1734,8 +1725,7 @@ proptest! {
             r.method = method;
             r.gpu_model = gpu.name.clone();
             if is_oom {
-                r.result.success = false;
-                r.result.failure_reason = Some(FailureReason::Oom);
+                r.result.outcome = RunOutcome::GpuOom;
             } else {
                 r.result.peak_memory_bytes = Some((frac * cap) as u64);
                 r.result.tokens_per_sec = Some(tps);

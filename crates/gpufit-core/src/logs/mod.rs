@@ -28,7 +28,7 @@ use std::io::BufRead;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::run::{FailureReason, RunResult};
+use crate::run::{RunOutcome, RunResult};
 use crate::units::{GB, GIB, KIB, MB, MIB};
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -175,15 +175,9 @@ impl ParsedLog {
     /// end marker (metrics were printed, so the steps ran).
     pub fn to_run_result(&self, assume_success: bool) -> RunResult {
         let success = self.success().unwrap_or(assume_success);
-        let failure_reason = match self.outcome {
-            Some(LogOutcome::OutOfMemory) => Some(FailureReason::Oom),
-            _ if !success => Some(FailureReason::OtherError),
-            _ => None,
-        };
+        let oom = self.outcome == Some(LogOutcome::OutOfMemory);
         RunResult {
-            host_oom: false,
-            success,
-            failure_reason,
+            outcome: RunOutcome::of(success, oom, false),
             peak_memory_bytes: self.peak_memory_bytes(),
             samples_per_sec: self.samples_per_sec,
             tokens_per_sec: self.tokens_per_sec,
@@ -510,8 +504,11 @@ mod tests {
         assert_eq!(p.outcome, Some(LogOutcome::Failed));
         assert_eq!(p.error_message.as_deref(), Some("ValueError: bad shape"));
         let r = p.to_run_result(true);
-        assert!(!r.success);
-        assert_eq!(r.failure_reason, Some(FailureReason::OtherError));
+        assert!(!r.success());
+        assert_eq!(
+            r.failure_reason(),
+            Some(crate::run::FailureReason::OtherError)
+        );
     }
 
     #[test]

@@ -240,8 +240,8 @@ mod tests {
         assert_eq!(o.gpu_free_bytes, Some((3.19 * MIB as f64).round() as u64));
         assert_eq!(o.gpu_index, Some(1));
         let r = p.to_run_result(true);
-        assert!(!r.success);
-        assert_eq!(r.failure_reason, Some(crate::run::FailureReason::Oom));
+        assert!(!r.success());
+        assert_eq!(r.failure_reason(), Some(crate::run::FailureReason::Oom));
     }
 
     #[test]

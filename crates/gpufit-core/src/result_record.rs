@@ -1,9 +1,9 @@
 //! The result record a training process writes about itself (the Python
 //! package's Hugging Face / Lightning callbacks and `gpufit.track`): the
 //! settings the job really ran, the exact per-rank peak and the measured
-//! throughput. It is what confirms a run (SPEC §7, "learn only from runs
-//! whose settings are confirmed"); docs/python.md, "The result record"
-//! documents it.
+//! throughput. It is what confirms a run (learn only from runs whose
+//! settings are confirmed); docs/python.md, "The result record" documents
+//! it.
 //!
 //! Where it is written — read by the recorders:
 //! - Kubernetes: the container's termination-message file (default

@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import uuid
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 from . import _native
@@ -395,6 +393,8 @@ def log_run_result(
         GpufitError: the run is refused (batch 0, negative memory…) or the
             store fails; nothing is written then.
     """
+    import uuid  # here, not at import: `import gpufit` stays quick
+
     if run_log_dir is None and history is False:
         raise ValueError("run_log_dir not set, cannot log results")
     model = _model_name(config) or config.get("model_config") or model_config
@@ -463,8 +463,8 @@ def log_run_result(
     # goes nowhere.
     stored = json.loads(_native.record_run(text, None, False))
     if run_log_dir is not None:
-        path = Path(run_log_dir) / "run_logs.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(run_log_dir, exist_ok=True)
+        path = os.path.join(run_log_dir, "run_logs.jsonl")
         with open(path, "a", encoding="utf-8") as f:
             f.write(text + "\n")
     if history is not False:

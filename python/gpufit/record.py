@@ -19,17 +19,20 @@ Only the global rank 0 writes; the other ranks' peaks reach it through
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
-import tempfile
 import time
-import urllib.request
 from typing import Any, Dict, List, Optional
 
 from . import _native
 
-log = logging.getLogger("gpufit")
+
+def _warn(msg: str, *args: Any) -> None:
+    # logging, tempfile and urllib are imported when used: `import gpufit`
+    # stays quick in a training script's start-up.
+    import logging
+
+    logging.getLogger("gpufit").warning(msg, *args)
 
 SCHEMA_VERSION: int = _native.RESULT_SCHEMA_VERSION
 MAX_RECORD_BYTES: int = _native.MAX_RECORD_BYTES
@@ -204,7 +207,11 @@ class Meter:
         job = os.environ.get("GPUFIT_JOB_ID", "").strip()
         if job:
             rec["job_id"] = job[:200]
-        return rec
+        try:
+            # As the recorders will read it (numbers as they parse them).
+            return validate(rec)
+        except _native.GpufitError:
+            return rec  # write() says why, or keeps what fits
 
 
 def write(
@@ -243,14 +250,14 @@ def write(
             _write_file(path, text)
             written.append(path)
         except OSError as e:
-            log.warning("gpufit: cannot write the result record to %s: %s", path, e)
+            _warn("gpufit: cannot write the result record to %s: %s", path, e)
     url = controller_url or os.environ.get("GPUFIT_RESULT_URL") or None
     if url:
         try:
             _post(url, text, token)
             written.append(url)
         except Exception as e:  # noqa: BLE001 - any failure is logged, never raised
-            log.warning("gpufit: cannot send the result record to %s: %s", url, e)
+            _warn("gpufit: cannot send the result record to %s: %s", url, e)
     return written
 
 
@@ -273,6 +280,8 @@ def _write_file(path: str, text: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         return
+    import tempfile
+
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".gpufit-result-", dir=d)
     try:
@@ -288,6 +297,8 @@ def _write_file(path: str, text: str) -> None:
 
 
 def _post(url: str, text: str, token: Optional[str]) -> None:
+    import urllib.request
+
     if token is None:
         tf = os.environ.get("GPUFIT_TOKEN_FILE")
         if tf:

@@ -7,9 +7,10 @@
 //! the CLI's messages. Results cross as JSON text; `gpufit/__init__.py`
 //! turns them into the helper's dicts.
 
+use std::collections::HashMap;
 use std::io::BufReader;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use clap::Parser;
 use pyo3::create_exception;
@@ -20,7 +21,7 @@ use serde::Serialize;
 use gpufit::cli::common::WorkloadArgs;
 use gpufit::cli::estimate::{settings_from, EstimateArgs};
 use gpufit::cli::history::StoreArgs;
-use gpufit::cli::suggest::SuggestArgs;
+use gpufit::cli::suggest::{Resolved, SuggestArgs};
 use gpufit::core::advisor::{first_run_plan, under_prediction_margin};
 use gpufit::core::catalog::lookup_gpu;
 use gpufit::core::logs::{self, LogOutcome};
@@ -31,6 +32,7 @@ use gpufit::core::settings::SETTING_VARS;
 use gpufit::core::similarity::HistoryQuery;
 use gpufit::history::jsonl::{ImportOptions, JsonlReader};
 use gpufit::history::HistoryStore;
+use gpufit::service::Pipeline;
 
 create_exception!(
     gpufit,
@@ -143,6 +145,41 @@ fn jsonl_runs(dir: &str, q: &HistoryQuery) -> PyResult<Vec<RunRecord>> {
     Ok(out)
 }
 
+/// History stores opened by earlier calls, by URL and busy timeout: a
+/// training script that asks many times opens its store once (`gpufit
+/// suggest` opens it per process, which is per call).
+type StoreCache = HashMap<(String, u64), Arc<dyn HistoryStore>>;
+static STORES: Mutex<Option<StoreCache>> = Mutex::new(None);
+
+/// The similar runs of the store at `url`, as `gpufit suggest` reads them.
+fn similar_cached(
+    args: &StoreArgs,
+    url: &str,
+    r: &Resolved,
+) -> gpufit::Result<Arc<Vec<RunRecord>>> {
+    let key = (url.to_string(), args.history_busy_timeout_ms);
+    let cached = STORES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .get(&key)
+        .cloned();
+    if let Some(store) = cached {
+        // A connection that broke (a restarted server) is opened anew below.
+        if let Ok(h) = Pipeline::similar_runs(store.as_ref(), &r.workload, &r.gpu) {
+            return Ok(h);
+        }
+    }
+    let store: Arc<dyn HistoryStore> = Arc::from(args.open_url(url)?);
+    let h = Pipeline::similar_runs(store.as_ref(), &r.workload, &r.gpu)?;
+    STORES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, store);
+    Ok(h)
+}
+
 #[derive(Serialize)]
 struct SuggestOut<'a> {
     suggestion: &'a gpufit::core::advisor::Suggestion,
@@ -164,9 +201,29 @@ struct SuggestOut<'a> {
 #[pyfunction]
 #[pyo3(signature = (argv, run_log_dir=None))]
 fn suggest(py: Python<'_>, argv: Vec<String>, run_log_dir: Option<String>) -> PyResult<String> {
-    let cmd: SuggestCmd = parse("gpufit suggest", argv)?;
+    let mut cmd: SuggestCmd = parse("gpufit suggest", argv)?;
     py.detach(move || {
+        // The history is read below, through stores kept open across calls.
+        let use_history = !cmd.args.advice.no_history;
+        cmd.args.advice.no_history = true;
         let mut r = cmd.args.advice.resolve().map_err(py_err)?;
+        if use_history {
+            let store = &cmd.args.advice.store;
+            match store.given() {
+                // An explicitly named store must work (as `gpufit suggest`).
+                Some(url) => r.history = similar_cached(store, url, &r).map_err(py_err)?,
+                // The default store is a convenience: the CLI's note, not an error.
+                None => {
+                    let url = gpufit::history::default_url();
+                    match similar_cached(store, &url, &r) {
+                        Ok(h) => r.history = h,
+                        Err(e) => r.notes.push(format!(
+                            "history store {url} unavailable ({e}): advice from the memory model only"
+                        )),
+                    }
+                }
+            }
+        }
         if let Some(dir) = run_log_dir.as_deref() {
             let q = HistoryQuery::new(
                 &r.workload.model.name,

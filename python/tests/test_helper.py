@@ -258,3 +258,13 @@ def test_the_installed_package_is_tested_not_the_source_tree():
     assert "site-packages" in gpufit.__file__, gpufit.__file__
     import gpufit._native as n
     assert n.__file__.endswith((".so", ".pyd")) and "abi3" in n.__file__
+
+
+def test_without_a_gpu_named_the_local_one_is_asked_for():
+    import shutil
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA GPU: detection would succeed")
+    with pytest.raises(GpufitError, match="NVML") as e:
+        GPUEfficiencyHelper().suggest_config(MODEL, 2048)
+    assert "NVIDIA A100-SXM4-80GB" in str(e.value)  # the message shows how to name one

@@ -1,9 +1,9 @@
 //! The result record a training process writes about itself (the Python
 //! package's Hugging Face / Lightning callbacks and `gpufit.track`): the
 //! settings the job really ran, the exact per-rank peak and the measured
-//! throughput. It is what confirms a run (SPEC §7, "learn only from runs
-//! whose settings are confirmed"); docs/python.md, "The result record"
-//! documents it.
+//! throughput. It is what confirms a run (learn only from runs whose
+//! settings are confirmed); docs/python.md, "The result record" documents
+//! it.
 //!
 //! Where it is written — read by the recorders:
 //! - Kubernetes: the container's termination-message file (default
@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::settings::Dtype;
+use crate::settings::{Dtype, EngineeringSettings};
 
 /// The version this crate writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -273,6 +273,25 @@ impl ResultRecord {
             .unwrap_or_default()
     }
 
+    /// The settings the job ran, for the history: `base` (what gpufit
+    /// injected or planned) with every field the record states replaced.
+    pub fn ran_settings(&self, base: &EngineeringSettings) -> EngineeringSettings {
+        let r = &self.ran;
+        let mut s = base.clone();
+        s.micro_batch_size = r.micro_batch_size.unwrap_or(s.micro_batch_size);
+        s.gradient_accumulation_steps = r
+            .gradient_accumulation_steps
+            .unwrap_or(s.gradient_accumulation_steps);
+        s.dtype = r.dtype.unwrap_or(s.dtype);
+        s.activation_checkpointing = r
+            .activation_checkpointing
+            .unwrap_or(s.activation_checkpointing);
+        s.activation_offloading = r.activation_offloading.unwrap_or(s.activation_offloading);
+        s.compile = r.compile.unwrap_or(s.compile);
+        s.dataloader.num_workers = r.num_workers.unwrap_or(s.dataloader.num_workers);
+        s
+    }
+
     /// The largest reserved peak over the ranks (what the GPU had to hold).
     pub fn peak_reserved_bytes(&self) -> Option<u64> {
         self.peaks.iter().map(|p| p.reserved_bytes).max()
@@ -391,6 +410,27 @@ mod tests {
                 ("micro_batch_size", "4".into(), "8".into()),
                 ("dtype", "bf16".into(), "bf16-mixed".into())
             ]
+        );
+    }
+
+    #[test]
+    fn the_settings_that_ran_replace_the_injected_ones_field_by_field() {
+        let injected = EngineeringSettings {
+            micro_batch_size: 4,
+            gradient_accumulation_steps: 4,
+            activation_offloading: true,
+            ..Default::default()
+        };
+        let s = record().ran_settings(&injected);
+        assert_eq!(s.micro_batch_size, 8);
+        assert_eq!(s.gradient_accumulation_steps, 2);
+        assert_eq!(s.dtype, Dtype::Bf16Mixed);
+        assert_eq!(s.dataloader.num_workers, 2);
+        // Not stated by the record: kept as injected.
+        assert!(s.activation_offloading);
+        assert_eq!(
+            s.dataloader.prefetch_factor,
+            injected.dataloader.prefetch_factor
         );
     }
 

@@ -132,8 +132,9 @@ pub fn window(r: &FleetReport) -> String {
     }
 }
 
-const FIGURES: [&str; 9] = [
+const FIGURES: [&str; 10] = [
     "runs",
+    "confirmed",
     "OOM",
     "OOM GPU-h",
     "err p50",
@@ -147,6 +148,7 @@ const FIGURES: [&str; 9] = [
 fn figures(g: &GroupStats) -> Vec<String> {
     vec![
         g.runs.to_string(),
+        pct(Some(g.confirmed_share)),
         format!("{} ({})", g.oom_runs, pct(Some(g.oom_share))),
         hours(g.oom_gpu_hours),
         pct(g.prediction_error.median_abs),

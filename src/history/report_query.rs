@@ -1,7 +1,7 @@
 //! The narrow, streaming query behind `gpufit report`
 //! ([`super::HistoryStore::report_rows`]).
 //!
-//! It reads only the twelve columns the report aggregates, and hands each
+//! It reads only the columns the report aggregates, and hands each
 //! row to the caller as a [`ReportRow`] borrowing the driver's buffers, so a
 //! million-run history is aggregated in one pass without building a
 //! `RunRecord` (or a `String`) per run. Rows before the window are read only
@@ -27,7 +27,8 @@ const COLUMNS: &str = "timestamp_us, gpu_model, model, method, seq_len, gpus, su
     failure_reason, \
     CASE WHEN nodes_reported < nodes_expected OR nodes_without_peak IS NOT NULL \
     THEN NULL ELSE peak_memory_bytes END, \
-    predicted_peak_bytes, tokens_per_sec, duration_sec, source, job_id";
+    predicted_peak_bytes, tokens_per_sec, duration_sec, source, job_id, \
+    settings_confirmation <> 'unconfirmed'";
 
 /// The run's path from its stored source and job id.
 fn path(source: &str, job_id: Option<&str>) -> &'static str {
@@ -108,6 +109,7 @@ pub(crate) fn sqlite_rows(
                     .and_then(|v| v.as_str_or_null().map_err(rusqlite::Error::from))
                     .map_err(err)?,
             ),
+            confirmed: row.get(14).map_err(err)?,
         };
         f(&r)?;
         n += 1;
@@ -147,6 +149,7 @@ pub(crate) fn postgres_rows(
             tokens_per_sec: row.try_get(10).map_err(err)?,
             duration_sec: row.try_get(11).map_err(err)?,
             path: path(row.try_get(12).map_err(err)?, row.try_get(13).map_err(err)?),
+            confirmed: row.try_get(14).map_err(err)?,
         };
         f(&r)?;
         n += 1;

@@ -50,6 +50,10 @@ pub struct ReportRow<'a> {
     pub duration_sec: Option<f64>,
     /// How the run reached the history ([`crate::run::run_path`]).
     pub path: &'static str,
+    /// Whether the run's settings are the ones it ran
+    /// ([`crate::confirm::Confirmation::is_confirmed`]); an unconfirmed
+    /// run's peak may be another batch's, so it has no prediction error.
+    pub confirmed: bool,
 }
 
 impl<'a> ReportRow<'a> {
@@ -72,6 +76,7 @@ impl<'a> ReportRow<'a> {
             tokens_per_sec: r.result.tokens_per_sec,
             duration_sec: r.result.duration_sec,
             path: r.path(),
+            confirmed: r.confirmation.is_confirmed(),
         }
     }
 }
@@ -133,6 +138,12 @@ pub struct GroupStats {
     /// Successful runs without a peak, a duration or a catalog capacity.
     pub unused_runs_unmeasured: u64,
     pub throughput: ThroughputStats,
+    /// Runs whose settings the job confirmed (its result record, its log,
+    /// or gpufit's filled placeholders), and their share of `runs`.
+    #[serde(default)]
+    pub confirmed_runs: u64,
+    #[serde(default)]
+    pub confirmed_share: f64,
 }
 
 /// Runs by how they reached the history: `trainingjob`, `webhook`,
@@ -195,6 +206,7 @@ struct Acc {
     capacity_gib_seconds: f64,
     unused_runs_measured: u64,
     unused_runs_unmeasured: u64,
+    confirmed_runs: u64,
     /// (throughput key, tokens/s per GPU) of successful runs in the window.
     throughput: Vec<(u32, f64)>,
 }
@@ -213,6 +225,7 @@ impl Acc {
         self.capacity_gib_seconds += o.capacity_gib_seconds;
         self.unused_runs_measured += o.unused_runs_measured;
         self.unused_runs_unmeasured += o.unused_runs_unmeasured;
+        self.confirmed_runs += o.confirmed_runs;
         self.throughput.extend_from_slice(&o.throughput);
     }
 }
@@ -424,6 +437,7 @@ impl ReportBuilder {
             .entry(r.timestamp_us.div_euclid(US_PER_DAY))
             .or_default();
         a.runs += 1;
+        a.confirmed_runs += u64::from(r.confirmed);
         day.runs += 1;
         let dur = r.duration_sec.filter(|d| d.is_finite() && *d >= 0.0);
         if let Some(d) = dur {
@@ -445,7 +459,8 @@ impl ReportBuilder {
             a.other_failures += 1;
         }
         if let (Some(p), Some(m)) = (r.predicted_peak_bytes, r.peak_memory_bytes) {
-            if m > 0 {
+            // An unconfirmed run's peak may be another batch's.
+            if m > 0 && r.confirmed {
                 a.errors.push((p as f64 - m as f64) / m as f64);
             }
         }
@@ -583,6 +598,12 @@ impl ReportBuilder {
                 .then(|| a.unused_gib_seconds / a.capacity_gib_seconds),
             unused_runs_measured: a.unused_runs_measured,
             unused_runs_unmeasured: a.unused_runs_unmeasured,
+            confirmed_runs: a.confirmed_runs,
+            confirmed_share: if a.runs == 0 {
+                0.0
+            } else {
+                a.confirmed_runs as f64 / a.runs as f64
+            },
             throughput: ThroughputStats {
                 runs: ratios.len() as u64,
                 mean_vs_best: (!ratios.is_empty())
@@ -672,6 +693,7 @@ mod tests {
         dur: Option<f64>,
     ) -> ReportRow<'static> {
         ReportRow {
+            confirmed: true,
             timestamp_us: at(h),
             gpu_model: gpu,
             model,
@@ -809,6 +831,50 @@ mod tests {
             .iter()
             .find(|g| g.gpu_model.as_deref() == Some(name))
             .unwrap_or_else(|| panic!("no group {name}"))
+    }
+
+    #[test]
+    fn confirmed_runs_are_counted_and_an_unconfirmed_peak_has_no_prediction_error() {
+        let mut b = ReportBuilder::with_capacity_fn(None, Utc::now(), cap);
+        let confirmed = row(
+            1,
+            "G80",
+            "m",
+            Method::Lora,
+            1,
+            "ok",
+            Some(40),
+            Some(44),
+            None,
+            Some(3600.0),
+        );
+        // Predicted 44 against a peak of 20 that may be another batch's.
+        let unconfirmed = ReportRow {
+            confirmed: false,
+            ..row(
+                2,
+                "G80",
+                "m",
+                Method::Lora,
+                1,
+                "ok",
+                Some(20),
+                Some(44),
+                None,
+                Some(3600.0),
+            )
+        };
+        b.add(&confirmed);
+        b.add(&unconfirmed);
+        let r = b.finish();
+        let g = gpu(&r, "G80");
+        assert_eq!((g.runs, g.confirmed_runs), (2, 1));
+        assert!(close(g.confirmed_share, 0.5), "{}", g.confirmed_share);
+        assert_eq!(g.prediction_error.runs, 1, "only the confirmed run's error");
+        assert!(close(g.prediction_error.median_abs.unwrap(), 0.1));
+        // Its memory was still used: both count in the unused memory.
+        assert_eq!(g.unused_runs_measured, 2);
+        assert!(close(r.total.confirmed_share, 0.5));
     }
 
     #[test]

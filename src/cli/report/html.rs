@@ -424,6 +424,7 @@ mod tests {
     fn report(gpu: &str, model: &str) -> FleetReport {
         let mut b = ReportBuilder::new(None, chrono::Utc::now());
         let row = ReportRow {
+            confirmed: true,
             timestamp_us: 1_700_000_000_000_000,
             gpu_model: gpu,
             model,
@@ -497,6 +498,7 @@ mod tests {
         let mut b = ReportBuilder::new(None, chrono::Utc::now());
         for (i, n) in names.iter().enumerate() {
             b.add(&ReportRow {
+                confirmed: true,
                 timestamp_us: 1_700_000_000_000_000,
                 gpu_model: n,
                 model: "m",

@@ -81,8 +81,10 @@ const H100: &str = "NVIDIA H100 80GB HBM3";
 fn contract(store: &dyn HistoryStore) {
     assert_eq!(store.count().unwrap(), 0);
 
-    // record → similar gives the same record back, id filled in.
-    let first = run(M, A100, 2048, 4, 1);
+    // record → similar gives the same record back, id filled in (its
+    // settings confirmation too: the stores keep all three).
+    let first = run(M, A100, 2048, 4, 1)
+        .with_confirmation(gpufit::core::confirm::Confirmation::Unconfirmed);
     let id = store.record(&first).unwrap();
     let got = store
         .similar(&HistoryQuery::new(M, Method::Lora, A100, 2048))
@@ -93,7 +95,12 @@ fn contract(store: &dyn HistoryStore) {
     assert_eq!(got[0], want, "every field survives the round trip");
 
     // similar: same key within ±10 % sequence; other keys excluded.
-    store.record(&run(M, A100, 2200, 8, 2)).unwrap(); // +7 %: similar
+    store
+        .record(
+            &run(M, A100, 2200, 8, 2)
+                .with_confirmation(gpufit::core::confirm::Confirmation::RanOther),
+        )
+        .unwrap(); // +7 %: similar
     store.record(&run(M, A100, 4096, 8, 3)).unwrap(); // other seq
     store.record(&run(M, H100, 2048, 8, 4)).unwrap(); // other GPU
     store
@@ -111,6 +118,12 @@ fn contract(store: &dyn HistoryStore) {
     batches.sort();
     assert_eq!(batches, vec![4, 8, 16]);
     assert_eq!(sim.iter().filter(|r| r.is_oom()).count(), 1);
+    assert_eq!(
+        sim.iter()
+            .find(|r| r.seq_len == 2200)
+            .map(|r| r.confirmation),
+        Some(gpufit::core::confirm::Confirmation::RanOther)
+    );
 
     // list: newest first, filters, limit.
     let all = store.list(&ListFilter::default()).unwrap();
@@ -444,6 +457,11 @@ fn a_version_3_history_migrates(store: &dyn HistoryStore) {
     assert_eq!((n.reported, n.expected, n.peaks()), (1, 2, 1));
     assert!(n.without_peak.is_empty());
     assert_eq!(old.result.peak_memory_bytes, Some(30_000_000_000));
+    assert_eq!(
+        old.confirmation,
+        gpufit::core::confirm::Confirmation::Confirmed,
+        "a row from before migration 6 reads confirmed, as it was used then"
+    );
     let mut report = old.clone();
     report.id = None;
     report.node = Some("n2".into());
@@ -520,7 +538,8 @@ fn a_sqlite_history_of_schema_version_3_migrates_to_the_peakless_node_list() {
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .unwrap();
     assert_eq!(v, gpufit::history::sqlite::schema_version());
-    assert_eq!(v, 5);
+    // 6: the settings confirmation (older rows read `confirmed`).
+    assert_eq!(v, 6);
 }
 
 /// Environment of a child process that reports nodes (see
@@ -1085,7 +1104,7 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
         .query_one("SELECT version FROM gpufit_schema", &[])
         .unwrap()
         .get(0);
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
 
     let nodes = pg.create_db("nodes");
     nodes_report_concurrently(&nodes, "threads", false);

@@ -117,7 +117,7 @@ pub fn confirm(injected: &EngineeringSettings, ev: &Evidence<'_>) -> Confirmed {
     // The log first, then the record over it: the record is the job's own
     // account and wins where both speak.
     for stated in [ev.stated, ev.record].into_iter().flatten() {
-        apply(&mut settings, stated);
+        overlay(&mut settings, stated);
         confirmed_by_statement |= stated.micro_batch_size.is_some();
     }
     for (name, a, b) in diff(injected, &settings) {
@@ -137,7 +137,9 @@ pub fn confirm(injected: &EngineeringSettings, ev: &Evidence<'_>) -> Confirmed {
     }
 }
 
-fn apply(s: &mut EngineeringSettings, st: &StatedSettings) {
+/// `s` with every field `st` states replaced (a 0 batch or accumulation is
+/// no statement).
+pub fn overlay(s: &mut EngineeringSettings, st: &StatedSettings) {
     if let Some(m) = st.micro_batch_size.filter(|&m| m > 0) {
         s.micro_batch_size = m;
     }

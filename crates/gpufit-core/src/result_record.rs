@@ -276,19 +276,8 @@ impl ResultRecord {
     /// The settings the job ran, for the history: `base` (what gpufit
     /// injected or planned) with every field the record states replaced.
     pub fn ran_settings(&self, base: &EngineeringSettings) -> EngineeringSettings {
-        let r = &self.ran;
         let mut s = base.clone();
-        s.micro_batch_size = r.micro_batch_size.unwrap_or(s.micro_batch_size);
-        s.gradient_accumulation_steps = r
-            .gradient_accumulation_steps
-            .unwrap_or(s.gradient_accumulation_steps);
-        s.dtype = r.dtype.unwrap_or(s.dtype);
-        s.activation_checkpointing = r
-            .activation_checkpointing
-            .unwrap_or(s.activation_checkpointing);
-        s.activation_offloading = r.activation_offloading.unwrap_or(s.activation_offloading);
-        s.compile = r.compile.unwrap_or(s.compile);
-        s.dataloader.num_workers = r.num_workers.unwrap_or(s.dataloader.num_workers);
+        crate::confirm::overlay(&mut s, &self.ran);
         s
     }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _native
 from ._native import GpufitError
@@ -54,7 +54,7 @@ def _on_off(v: Optional[bool]) -> Optional[str]:
     return "on" if v else "off"
 
 
-def _flags(pairs: List[tuple]) -> List[str]:
+def _flags(pairs: List[Tuple[str, Any]]) -> List[str]:
     argv: List[str] = []
     for flag, value in pairs:
         if value is None:
@@ -258,7 +258,7 @@ def estimate(
             ("--gpu", gpu_type),
         ]
     )
-    out = json.loads(_native.estimate(argv))
+    out: Dict[str, Any] = json.loads(_native.estimate(argv))
     out["peak_memory_gb"] = out["estimate"]["peak_bytes"] / GB
     return out
 
@@ -461,7 +461,7 @@ def log_run_result(
     text = json.dumps(line)
     # Checked before anything is written: a run the history would refuse
     # goes nowhere.
-    stored = json.loads(_native.record_run(text, None, False))
+    stored: Dict[str, Any] = json.loads(_native.record_run(text, None, False))
     if run_log_dir is not None:
         os.makedirs(run_log_dir, exist_ok=True)
         path = os.path.join(run_log_dir, "run_logs.jsonl")

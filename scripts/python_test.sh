@@ -21,9 +21,9 @@ if [ ! -x "$py" ]; then
   mkdir -p .build
   python3 -m venv "$venv"
 fi
-if ! "$py" -c 'import maturin, pytest' >/dev/null 2>&1; then
+if ! "$py" -c 'import maturin, pytest, mypy' >/dev/null 2>&1; then
   "$py" -m pip install -q --upgrade pip
-  "$py" -m pip install -q 'maturin>=1.9,<2' pytest
+  "$py" -m pip install -q 'maturin>=1.9,<2' pytest mypy
 fi
 if ! "$py" -c 'import torch, transformers, accelerate, lightning' >/dev/null 2>&1; then
   "$py" -m pip install -q torch transformers accelerate lightning

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _native
 from ._native import GpufitError
@@ -54,7 +54,7 @@ def _on_off(v: Optional[bool]) -> Optional[str]:
     return "on" if v else "off"
 
 
-def _flags(pairs: List[tuple]) -> List[str]:
+def _flags(pairs: List[Tuple[str, Any]]) -> List[str]:
     argv: List[str] = []
     for flag, value in pairs:
         if value is None:
@@ -258,7 +258,7 @@ def estimate(
             ("--gpu", gpu_type),
         ]
     )
-    out = json.loads(_native.estimate(argv))
+    out: Dict[str, Any] = json.loads(_native.estimate(argv))
     out["peak_memory_gb"] = out["estimate"]["peak_bytes"] / GB
     return out
 
@@ -299,30 +299,77 @@ def find_max_batch_size(
     max_seq_length: Optional[int] = None,
     test_run: bool = False,
     max_search: int = 64,
+    *,
+    command: Optional[str] = None,
+    steps: int = 10,
+    timeout: str = "10m",
     **kwargs: Any,
 ) -> int:
-    """Largest micro batch predicted to fit (``test_run=False``).
+    """Find the largest micro batch that fits.
 
-    The aggressive strategy's micro batch: the memory model calibrated by
-    the similar runs of the history, the batch ``gpufit find-max-batch``
-    starts its search from; capped at ``max_search``. Keyword arguments are
-    ``suggest_config``'s.
+    ``test_run=False`` (fast): the largest predicted to fit — the aggressive
+    strategy's micro batch, from the memory model calibrated by the similar
+    runs of the history (where ``gpufit find-max-batch`` starts its search);
+    capped at ``max_search``.
 
-    ``test_run=True`` runs real training trials: that is the command line's
-    ``gpufit find-max-batch --cmd '…'`` (it binary-searches with your
-    training command and records every trial); this function refuses it.
+    ``test_run=True`` (expensive): real trials. ``gpufit find-max-batch``
+    binary-searches with ``command`` (run through ``sh -c``;
+    ``{micro_batch_size}`` and ``GPUFIT_MICRO_BATCH_SIZE`` give each trial
+    its batch), ``steps`` steps per trial, and records every trial in the
+    history. It runs the ``gpufit`` command line (``GPUFIT_CLI``, else
+    ``gpufit`` on ``PATH``) in its own process, so its signal handling and
+    trial process groups stay out of this interpreter.
+
+    Keyword arguments are ``suggest_config``'s (``gpu_type``, ``history``, …).
     """
-    if test_run:
-        raise GpufitError(
-            "test_run=True runs real training trials: run `gpufit find-max-batch --model … --gpu … "
-            "--cmd 'python train.py --batch {micro_batch_size}'`, which searches with your command "
-            "and records each trial in the history"
-        )
     if max_search < 1:
         raise ValueError(f"max_search must be at least 1 (got {max_search})")
     kwargs.pop("strategy", None)
-    s = suggest_config(model_config, max_seq_length, "aggressive", **kwargs)
-    return int(min(s["batch_size"], max_search))
+    if not test_run:
+        s = suggest_config(model_config, max_seq_length, "aggressive", **kwargs)
+        return int(min(s["batch_size"], max_search))
+    if not command:
+        raise ValueError("test_run=True needs command=, e.g. \"python train.py --batch {micro_batch_size}\"")
+    import shutil
+    import subprocess
+
+    exe = os.environ.get("GPUFIT_CLI") or shutil.which("gpufit")
+    if not exe:
+        raise GpufitError(
+            "test_run=True runs `gpufit find-max-batch`: put the gpufit binary on PATH "
+            "(cargo install --path .) or name it in GPUFIT_CLI"
+        )
+    kwargs.pop("run_log_dir", None)  # trials are recorded in the history store
+    argv = _workload_flags(
+        model_config,
+        max_seq_length,
+        kwargs.pop("framework", None),
+        kwargs.pop("method", None),
+        kwargs.pop("lora_rank", None),
+        kwargs.pop("global_batch", None),
+        kwargs.pop("gpus", None),
+        kwargs.pop("optimizer", None),
+    )
+    argv += _gpu_flag(kwargs.pop("gpu_type", None))
+    history = kwargs.pop("history", None)
+    if history is False:
+        argv += ["--no-history", "--no-record"]
+    elif history is not None and history is not True:
+        argv += ["--history", str(history)]
+    if kwargs:
+        raise TypeError(f"find_max_batch_size(test_run=True) got unexpected arguments: {sorted(kwargs)}")
+    argv += ["--cmd", command, "--steps", str(steps), "--timeout", timeout, "--max-batch", str(max_search)]
+    p = subprocess.run([exe, "find-max-batch", *argv, "-o", "json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        try:
+            err = json.loads(p.stderr.strip().splitlines()[-1])
+            msg, code = err["error"], err.get("exit_code", p.returncode)
+        except (ValueError, KeyError, IndexError):
+            msg, code = p.stderr.strip() or f"gpufit find-max-batch exited with {p.returncode}", p.returncode
+        e = GpufitError(msg)
+        e.exit_code = code
+        raise e
+    return int(json.loads(p.stdout)["max_micro_batch"])
 
 
 def _model_name(config: Mapping[str, Any]) -> Optional[str]:
@@ -461,7 +508,7 @@ def log_run_result(
     text = json.dumps(line)
     # Checked before anything is written: a run the history would refuse
     # goes nowhere.
-    stored = json.loads(_native.record_run(text, None, False))
+    stored: Dict[str, Any] = json.loads(_native.record_run(text, None, False))
     if run_log_dir is not None:
         os.makedirs(run_log_dir, exist_ok=True)
         path = os.path.join(run_log_dir, "run_logs.jsonl")

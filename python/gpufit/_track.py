@@ -124,12 +124,11 @@ class track:  # noqa: N801 - a function-like context manager, as the API names i
         self.tracker.meter.start()
         return self.tracker
 
-    def __exit__(self, et: Any, e: Optional[BaseException], tb: Any) -> bool:
+    def __exit__(self, et: Any, e: Optional[BaseException], tb: Any) -> None:
         if e is None:
             outcome = "completed"
         elif _is_oom(e):
             outcome = "oom"
         else:
             outcome = "failed"
-        self.tracker._finish(outcome)
-        return False
+        self.tracker._finish(outcome)  # the exception, if any, propagates

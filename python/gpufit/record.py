@@ -66,12 +66,14 @@ def dtype_name(text: Any) -> Optional[str]:
 
 def validate(record: Dict[str, Any]) -> Dict[str, Any]:
     """The record as the recorders read it; raises GpufitError when refused."""
-    return json.loads(_native.validate_result_record(json.dumps(record)))
+    out: Dict[str, Any] = json.loads(_native.validate_result_record(json.dumps(record)))
+    return out
 
 
 def mismatches(record: Dict[str, Any]) -> List[List[str]]:
     """``[field, injected, ran]`` for every setting the job ran otherwise."""
-    return json.loads(_native.result_record_mismatches(json.dumps(record)))
+    out: List[List[str]] = json.loads(_native.result_record_mismatches(json.dumps(record)))
+    return out
 
 
 def _int_env(*names: str) -> Optional[int]:

@@ -234,7 +234,7 @@ def test_find_max_batch_size_and_estimate():
     m = helper.find_max_batch_size(MODEL, 2048)
     assert m >= balanced["batch_size"]
     assert helper.find_max_batch_size(MODEL, 2048, max_search=1) == 1
-    with pytest.raises(GpufitError, match="find-max-batch"):
+    with pytest.raises(ValueError, match="command="):
         helper.find_max_batch_size(MODEL, 2048, test_run=True)
     small = helper.estimate(MODEL, 2048, batch_size=1)
     big = helper.estimate(MODEL, 2048, batch_size=8)
@@ -268,3 +268,30 @@ def test_without_a_gpu_named_the_local_one_is_asked_for():
     with pytest.raises(GpufitError, match="NVML") as e:
         GPUEfficiencyHelper().suggest_config(MODEL, 2048)
     assert "NVIDIA A100-SXM4-80GB" in str(e.value)  # the message shows how to name one
+
+
+def test_find_max_batch_size_with_test_runs_searches_with_the_command(tmp_path, monkeypatch, gpufit_bin):
+    # A training stand-in whose every micro batch up to 5 fits.
+    script = tmp_path / "train.sh"
+    seen = tmp_path / "seen"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"echo \"$1\" >> {seen}\n"
+        "if [ \"$1\" -gt 5 ]; then echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 1; fi\n"
+        "echo 'Peak memory: 30.0 GB'\n"
+    )
+    monkeypatch.setenv("GPUFIT_CLI", gpufit_bin)
+    helper = GPUEfficiencyHelper(gpu_type=A100)
+    m = helper.find_max_batch_size(MODEL, 2048, test_run=True, max_search=16, command=f"sh {script} {{micro_batch_size}}", steps=1)
+    assert m == 5
+    tried = [int(x) for x in seen.read_text().split()]
+    assert 5 in tried and 6 in tried and max(tried) <= 16
+    # The trials taught the history: the next suggestion knows 6 ran out of memory.
+    s = helper.suggest_config(MODEL, 2048, "aggressive")
+    assert s["history_runs"] >= 2
+    if not s["enable_activation_checkpointing"]:
+        assert s["batch_size"] <= 5
+    # A command that never fits: the command line's error, with its exit code.
+    with pytest.raises(GpufitError) as e:
+        helper.find_max_batch_size(MODEL, 2048, test_run=True, command="exit 1", steps=1)
+    assert e.value.exit_code != 0 and str(e.value)

@@ -143,3 +143,69 @@ def test_an_unwritable_destination_does_not_fail_training(tmp_path):
     with gpufit.track(micro_batch_size=2, result_file=str(tmp_path / "no" / "such" / "dir" / "r.json")) as t:
         t.step()
     assert t.written == [] and t.record["outcome"] == "completed"
+
+
+class FakeCuda:
+    """torch.cuda's calls the record makes, with a peak that moves."""
+
+    def __init__(self):
+        self.resets = 0
+
+    def is_available(self):
+        return True
+
+    def reset_peak_memory_stats(self):
+        self.resets += 1
+
+    def max_memory_allocated(self):
+        return 30 * 2**30
+
+    def max_memory_reserved(self):
+        return 34 * 2**30
+
+    def get_device_name(self):
+        return "NVIDIA H100 80GB HBM3"
+
+
+class FakeDist:
+    """torch.distributed as rank 0 of 2 sees it: rank 1 ran the same steps
+    with a higher peak."""
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def get_rank(self):
+        return 0
+
+    def get_world_size(self):
+        return 2
+
+    def all_gather_object(self, out, obj):
+        if isinstance(obj, dict):  # a peak
+            other = {**obj, "rank": 1, "reserved_bytes": obj["reserved_bytes"] + 2**30}
+        else:  # (tokens, samples)
+            other = obj
+        out[0], out[1] = obj, other
+
+
+def test_per_rank_peaks_and_throughput_over_ranks_with_cuda_and_torch_distributed(tmp_path, monkeypatch):
+    import types
+
+    fake = types.SimpleNamespace(cuda=FakeCuda(), distributed=FakeDist())
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    out = tmp_path / "r.json"
+    with gpufit.track(micro_batch_size=4, seq_len=100, result_file=str(out)) as t:
+        t.step()
+        t.step()
+    rec = read(out)
+    assert fake.cuda.resets == 1  # the peak is this run's, not the process's
+    assert rec["world_size"] == 2 and rec["device"] == "NVIDIA H100 80GB HBM3"
+    assert rec["peaks"] == [
+        {"rank": 0, "allocated_bytes": 30 * 2**30, "reserved_bytes": 34 * 2**30},
+        {"rank": 1, "allocated_bytes": 30 * 2**30, "reserved_bytes": 35 * 2**30},
+    ]
+    # Both ranks' tokens: 2 ranks × 2 steps × 4 samples × 100 tokens.
+    assert rec["tokens_per_sec"] * rec["duration_sec"] == pytest.approx(1600)

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 try:
     from lightning.pytorch import Callback
 except ImportError:  # the standalone package
-    from pytorch_lightning import Callback  # type: ignore[no-redef]
+    from pytorch_lightning import Callback  # type: ignore[no-redef,assignment,unused-ignore]
 
 from .. import record as _record
 from .._track import _is_oom

@@ -48,6 +48,7 @@ fn runs(n: usize, now: DateTime<Utc>) -> impl Iterator<Item = Result<RunRecord, 
         let peak = cap * rng.gen_range(0.3..0.98);
         let gpus = [1, 1, 2, 4, 8][rng.gen_range(0..5)];
         Ok(RunRecord {
+            confirmation: Default::default(),
             nodes: None,
             id: None,
             timestamp: now - Duration::seconds(rng.gen_range(0..30 * 86_400)),

@@ -81,6 +81,7 @@ fn runs(n: usize) -> impl Iterator<Item = Result<RunRecord, HistoryError>> {
             .expect("bench GPU in the catalog");
         let peak = card * (0.25 + 0.025 * f64::from(mb));
         Ok(RunRecord {
+            confirmation: Default::default(),
             nodes: None,
             id: None,
             timestamp: t0 - chrono::Duration::seconds(i as i64),

@@ -89,6 +89,7 @@ fn synthetic_run(i: u64, rng: &mut Rng, canonical: &str) -> RunRecord {
         (card as f64 * (0.2 + 0.045 * micro as f64)) as u64
     };
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: chrono::Utc::now(),
@@ -258,7 +259,7 @@ async fn start(history: Box<dyn HistoryStore>, dir: &Path) -> Server {
         targets: StrategyTargets::default(),
         default_mode: Mode::Inject,
         cache: Default::default(),
-        kueue_unlabelled: Default::default(),
+        kueue: Default::default(),
     });
     let server = WebhookServer::bind(&WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),

@@ -59,6 +59,8 @@ CUSTOM_KINDS = {
     ("cert-manager.io/v1", "Certificate"),
     ("cert-manager.io/v1", "Issuer"),
     ("kueue.x-k8s.io/v1beta1", "AdmissionCheck"),
+    ("kueue.x-k8s.io/v1beta2", "AdmissionCheck"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 
 CLUSTER_SCOPED = {
@@ -93,7 +95,12 @@ ALLOWED_RULES: dict[tuple[str, str], set[str]] = {
     ("kueue.x-k8s.io", "admissionchecks"): {"get", "list", "watch"},
     ("kueue.x-k8s.io", "admissionchecks/status"): {"patch"},
     ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+    ("kueue.x-k8s.io", "localqueues"): {"get", "list", "watch"},
 }
+# The webhook for pods of Kueue-queued jobs (kueue.enabled): its own
+# failurePolicy and selector, checked by expect_kueue.
+PODS_WEBHOOK = "pods.gpufit.io"
+TRAINER_PODS_WEBHOOK = "trainer-pods.gpufit.io"
 KUEUE_RULES = {k: v for k, v in ALLOWED_RULES.items() if k[0] == "kueue.x-k8s.io"}
 # A managedJobsNamespaceSelector as an admin copies it from Kueue's configuration.
 KUEUE_SELECTOR = {
@@ -367,10 +374,35 @@ def expect_kueue(r: Rendered, p: Problems) -> None:
     if dep:
         p.check("--kueue" in container(dep, "controller").get("args", []), "kueue.enabled must pass --kueue")
     p.check(kueue_grants(r) == KUEUE_RULES, f"kueue.enabled: RBAC on Kueue must be {KUEUE_RULES}, got {kueue_grants(r)}")
+    hook = r.one("MutatingWebhookConfiguration")
+    if hook:
+        pods = [w for w in hook["webhooks"] if w["name"] == PODS_WEBHOOK]
+        if p.check(len(pods) == 1, f"kueue.enabled: the {PODS_WEBHOOK} webhook must be rendered"):
+            w = pods[0]
+            p.check(w.get("failurePolicy") == r.merged["webhook"]["podFailurePolicy"], "the pods webhook's failurePolicy must follow webhook.podFailurePolicy")
+            p.check((w.get("objectSelector") or {}).get("matchLabels") == {"gpufit.io/deferred": "true"}, "the pods webhook must match only gpufit's deferred pods")
+            p.check([x["resources"] for x in w["rules"]] == [["pods"]], "the pods webhook handles pods only")
+        trainer = [w for w in hook["webhooks"] if w["name"] == TRAINER_PODS_WEBHOOK]
+        if p.check(len(trainer) == 1, f"kueue.enabled with webhook.trainJobs: the {TRAINER_PODS_WEBHOOK} webhook must be rendered"):
+            w = trainer[0]
+            p.check(w.get("failurePolicy") == "Ignore", "the TrainJob pods webhook sees pods gpufit did not configure: failurePolicy Ignore")
+            p.check((w.get("objectSelector") or {}).get("matchLabels") == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}, "the TrainJob pods webhook matches trainer pods only")
     checks = r.of("AdmissionCheck")
     if p.check(len(checks) == 1, f"kueue.enabled: one AdmissionCheck, got {len(checks)}"):
         p.check(checks[0]["spec"].get("controllerName") == "gpufit.io/advisor", "the AdmissionCheck's controllerName must be gpufit.io/advisor")
         p.check(checks[0]["metadata"]["name"] == "gpu-advisor", "kueue.admissionCheck.name names it")
+
+
+def expect_kueue_integrations_alert(r: Rendered, p: Problems) -> None:
+    expect_kueue_without_check(r, p)
+    dep = r.one("Deployment")
+    if dep:
+        args = container(dep, "controller").get("args", [])
+        p.check("--kueue-integrations=batch/job,kubeflow.org/pytorchjob" in args, f"kueue.integrations must pass --kueue-integrations, got {args}")
+    rules = r.of("PrometheusRule")
+    if p.check(len(rules) == 1, "kueue.alert.enabled: one PrometheusRule"):
+        alerts = {x["alert"] for g in rules[0]["spec"]["groups"] for x in g["rules"]}
+        p.check(alerts == {"GpufitKueueCheckPending", "GpufitKueueAnswererDown"}, f"alerts: {alerts}")
 
 
 def expect_kueue_without_check(r: Rendered, p: Problems) -> None:
@@ -416,6 +448,11 @@ CASES: list[Case] = [
     ),
     Case("kueue-manage-unlabelled-default-selector", {"kueue": {"enabled": True, "manageJobsWithoutQueueName": True}}, expect_kueue_unlabelled_default_selector),
     Case("kueue-no-admission-check", {"kueue": {"enabled": True, "admissionCheck": {"create": False}}}, expect_kueue_without_check),
+    Case(
+        "kueue-integrations-alert",
+        {"kueue": {"enabled": True, "admissionCheck": {"create": False}, "integrations": ["batch/job", "kubeflow.org/pytorchjob"], "alert": {"enabled": True}}},
+        expect_kueue_integrations_alert,
+    ),
     Case("webhook-disabled", {"webhook": {"enabled": False}}, expect_no_webhook),
     Case("sidecar-disabled", {"sidecar": {"enabled": False}}, expect_no_sidecar),
     Case(
@@ -444,7 +481,7 @@ CASES: list[Case] = [
         "single-replica-no-leader-election",
         {
             "controller": {"leaderElection": {"enabled": False}, "watchNamespace": "team-a", "clusterName": "gpu-west"},
-            "sidecar": {"readOtherUsersProcesses": True, "nvmlLib": "/usr/lib64/libnvidia-ml.so.1", "interval": "50ms"},
+            "sidecar": {"readOtherUsersProcesses": True, "migMonitoring": True, "nvmlLib": "/usr/lib64/libnvidia-ml.so.1", "interval": "50ms"},
         },
         expect_single_no_leader,
     ),
@@ -459,6 +496,11 @@ FAILING: list[FailingCase] = [
         "leaderElection.enabled=true",
     ),
     FailingCase("postgres without a secret", {"history": {"type": "postgres"}}, "history.postgres.existingSecret"),
+    FailingCase(
+        "kueue with a namespace-limited controller",
+        {"kueue": {"enabled": True}, "controller": {"watchNamespace": "ml"}},
+        "cannot be set with kueue.enabled",
+    ),
     FailingCase("unknown history type", {"history": {"type": "mysql"}}, "/history/type"),
     FailingCase("unknown mode", {"controller": {"mode": "Mutate"}}, "/controller/mode"),
     FailingCase(
@@ -646,6 +688,9 @@ def check_webhook(r: Rendered, p: Problems) -> None:
     svc = r.one("Service", "-controller")
     for w in hook["webhooks"]:
         name = f"webhook {w['name']}"
+        if w["name"] in (PODS_WEBHOOK, TRAINER_PODS_WEBHOOK):
+            continue
+        p.check(w.get("reinvocationPolicy") == "IfNeeded", f"{name}: reinvocationPolicy must be IfNeeded (Kueue's webhook may run after gpufit's)")
         p.check(w.get("failurePolicy") == r.merged["webhook"]["failurePolicy"], f"{name}: failurePolicy must follow webhook.failurePolicy")
         p.check(w.get("sideEffects") == "None", f"{name}: sideEffects must be None (the webhook writes nothing else)")
         p.check(w.get("admissionReviewVersions") == ["v1"], f"{name}: admissionReviewVersions must be [v1]")
@@ -805,8 +850,16 @@ def check_sidecar(r: Rendered, p: Problems) -> None:
     caps = sc.get("capabilities", {})
     p.check(caps.get("drop") == ["ALL"], "the sidecar drops every capability")
     want_caps = ["SYS_PTRACE", "DAC_READ_SEARCH"] if r.merged["sidecar"]["readOtherUsersProcesses"] else []
+    mig_monitoring = r.merged["sidecar"]["migMonitoring"]
+    if mig_monitoring:
+        want_caps = want_caps + ["SYS_ADMIN"]
     p.check(sorted(caps.get("add") or []) == sorted(want_caps),
-            f"the sidecar adds exactly {want_caps} (sidecar.readOtherUsersProcesses), got {caps.get('add')}")
+            f"the sidecar adds exactly {want_caps} (sidecar.readOtherUsersProcesses, sidecar.migMonitoring), got {caps.get('add')}")
+    # MIG monitoring: the toolkit's NVIDIA_MIG_MONITOR_DEVICES only with
+    # CAP_SYS_ADMIN (it refuses the one without the other), and only opted in.
+    mig_env = [e.get("value") for e in c.get("env", []) if e.get("name") == "NVIDIA_MIG_MONITOR_DEVICES"]
+    p.check(mig_env == (["all"] if mig_monitoring else []),
+            f"NVIDIA_MIG_MONITOR_DEVICES=all exactly when sidecar.migMonitoring, got {mig_env}")
     p.check(spec.get("automountServiceAccountToken") is False, "the sidecar needs no API token")
     http = next((pt for pt in c.get("ports", []) if pt.get("name") == "http"), {})
     dep = r.one("Deployment")

@@ -47,3 +47,6 @@ cargo test --workspace --lib --bins --tests -- --test-threads 2
 # The GPU loop's suggest -> record wiring, with the binary the tests built
 # (in cargo's target directory, wherever CARGO_TARGET_DIR puts it).
 python3 scripts/test_gpu_loop.py "${CARGO_TARGET_DIR:-target}/debug/gpufit"
+# The Python package: its wheel built and installed in .build/py-venv, its
+# tests (pytest) against the installed package and the binary above.
+bash scripts/python_test.sh "${CARGO_TARGET_DIR:-target}/debug/gpufit"

@@ -63,7 +63,8 @@ pub mod sidecar {
         pub accounting_enabled: Option<bool>,
         /// False when reading the device failed at the last sample.
         pub healthy: bool,
-        /// What failed, when unhealthy.
+        /// What failed, when unhealthy; on a healthy card in MIG mode, the
+        /// reading NVML refused (its memory is then its slices').
         pub error: Option<String>,
         /// Set when this entry is a MIG slice of GPU `index` (a card in MIG
         /// mode is listed itself, then each of its slices); absent for a whole GPU.

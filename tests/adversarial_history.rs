@@ -121,6 +121,7 @@ impl Drop for Controller {
 /// A one-node run as the Epilog of a one-node job posts it.
 fn one_node(job: &str, gpu: &str, peak: u64) -> RunRecord {
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: Utc::now() - chrono::Duration::minutes(5),

@@ -160,6 +160,39 @@ fn slurm_does_not_depend_on_the_controller() {
     );
 }
 
+/// The admission webhook and the reconcilers share what they both need
+/// (the kinds, the keys, the admission plan) through their own modules,
+/// never through each other.
+#[test]
+fn the_webhook_and_the_reconcilers_do_not_import_each_other() {
+    let bad = offending_lines(
+        "src/controller/webhook",
+        &[
+            "crate::controller::reconcile",
+            "super::super::reconcile",
+            "super::reconcile",
+        ],
+    );
+    assert!(
+        bad.is_empty(),
+        "the webhook uses reconcile/:\n{}",
+        bad.join("\n")
+    );
+    let bad = offending_lines(
+        "src/controller/reconcile",
+        &[
+            "crate::controller::webhook",
+            "super::super::webhook",
+            "super::webhook",
+        ],
+    );
+    assert!(
+        bad.is_empty(),
+        "reconcile/ uses the webhook:\n{}",
+        bad.join("\n")
+    );
+}
+
 /// The wire types are serde structs only: no I/O crate, no adapter.
 #[test]
 fn wire_types_do_no_io() {

@@ -22,33 +22,29 @@ use kube::runtime::watcher;
 use kube::Client;
 use serde_json::{json, Value};
 
+#[path = "common/api_server.rs"]
+mod api_server;
 #[path = "common/controller.rs"]
 mod fixtures;
-#[path = "common/mock_api.rs"]
-mod mock_api;
 use fixtures::*;
 
-/// One request the fake API server saw.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    body: Value,
+use api_server::ApiServer as FakeApi;
+
+/// What the TrainingJob tests read from the scripted API server.
+trait Reads {
+    /// Bodies of the Jobs created.
+    fn jobs_created(&self) -> Vec<Value>;
+    /// Patches of a status subresource.
+    fn status_patches(&self) -> usize;
+    /// Reasons of the Events published.
+    fn event_reasons(&self) -> Vec<String>;
+    /// The one TrainingJob.
+    fn tj_value(&self) -> Option<Value>;
+    /// Jobs stored.
+    fn jobs_len(&self) -> usize;
 }
 
-/// An in-memory API server for one namespace: TrainingJobs (status patches
-/// merged), Jobs, Pods, Events. Unknown requests answer 500 and are kept in
-/// `unexpected`, which every test checks.
-#[derive(Default)]
-struct FakeApi {
-    tj: Option<Value>,
-    jobs: BTreeMap<String, Value>,
-    pods: Vec<Value>,
-    seen: Vec<Seen>,
-    unexpected: Vec<String>,
-}
-
-impl FakeApi {
+impl Reads for FakeApi {
     fn jobs_created(&self) -> Vec<Value> {
         self.seen
             .iter()
@@ -63,102 +59,29 @@ impl FakeApi {
             .count()
     }
     fn event_reasons(&self) -> Vec<String> {
-        self.seen
+        self.events()
             .iter()
-            .filter(|s| s.path.contains("/events"))
-            .filter_map(|s| s.body["reason"].as_str().map(str::to_string))
+            .filter_map(|e| e["reason"].as_str().map(str::to_string))
             .collect()
     }
-}
-
-fn merge(target: &mut Value, patch: &Value) {
-    json_patch::merge(target, patch);
-}
-
-fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
-    let ns = "/namespaces/default";
-    let tj_name = api
-        .tj
-        .as_ref()
-        .and_then(|t| t["metadata"]["name"].as_str())
-        .unwrap_or("")
-        .to_string();
-    if path == format!("/apis/gpufit.io/v1alpha1{ns}/trainingjobs/{tj_name}/status")
-        && method == "PATCH"
-    {
-        let Some(tj) = api.tj.as_mut() else {
-            return status_404("trainingjob");
-        };
-        merge(tj, &body);
-        return (200, tj.clone());
-    }
-    if let Some(rest) = path.strip_prefix(&format!("/apis/batch/v1{ns}/jobs")) {
-        match (method, rest) {
-            ("POST", "") => {
-                let name = body["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                if api.jobs.contains_key(&name) {
-                    return (
-                        409,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists", "code": 409, "message": "exists"}),
-                    );
-                }
-                let mut job = body.clone();
-                job["metadata"]["uid"] = json!(format!("uid-{name}"));
-                api.jobs.insert(name, job.clone());
-                return (201, job);
-            }
-            ("GET", name) => {
-                let name = name.trim_start_matches('/');
-                return match api.jobs.get(name) {
-                    Some(j) => (200, j.clone()),
-                    None => status_404("job"),
-                };
-            }
-            _ => {}
-        }
-    }
-    if path == format!("/api/v1{ns}/pods") && method == "GET" {
-        let items: Vec<Value> = api
-            .pods
+    fn tj_value(&self) -> Option<Value> {
+        self.objects
             .iter()
-            .filter(|p| {
-                let job = p["metadata"]["labels"]["batch.kubernetes.io/job-name"]
-                    .as_str()
-                    .unwrap_or("");
-                query.contains(&format!("job-name%3D{job}"))
-                    || query.contains(&format!("job-name={job}"))
-            })
-            .cloned()
-            .collect();
-        return (
-            200,
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
-        );
+            .find(|(k, _)| k.starts_with("trainingjobs/"))
+            .map(|(_, v)| v.clone())
     }
-    if path.starts_with(&format!("/apis/events.k8s.io/v1{ns}/events")) {
-        return (if method == "POST" { 201 } else { 200 }, body);
+    fn jobs_len(&self) -> usize {
+        self.objects
+            .keys()
+            .filter(|k| k.starts_with("jobs/"))
+            .count()
     }
-    api.unexpected.push(format!("{method} {path}?{query}"));
-    (
-        500,
-        json!({"kind": "Status", "code": 500, "message": "unexpected request"}),
-    )
 }
 
-/// Starts the fake API server; returns a client talking to it. Every
+/// Starts the scripted API server; returns a client talking to it. Every
 /// request is kept in `seen` for the assertions.
 fn fake_client(api: Arc<Mutex<FakeApi>>) -> Client {
-    mock_api::mock_client(api, |api, method, path, query, body| {
-        api.seen.push(Seen {
-            method: method.to_string(),
-            path: path.to_string(),
-            body: body.clone(),
-        });
-        answer(api, method, path, query, body)
-    })
+    api_server::client(api)
 }
 
 /// A history store double: in memory, or down.
@@ -266,10 +189,15 @@ fn a100_nodes() -> Store<Node> {
 
 impl Scenario {
     fn new(tj: TrainingJob, nodes: Store<Node>) -> Self {
-        let api = Arc::new(Mutex::new(FakeApi {
-            tj: Some(serde_json::to_value(&tj).expect("tj json")),
-            ..FakeApi::default()
-        }));
+        let mut server = FakeApi::default();
+        server.insert(
+            &format!(
+                "trainingjobs/{}",
+                tj.metadata.name.clone().unwrap_or_default()
+            ),
+            serde_json::to_value(&tj).expect("tj json"),
+        );
+        let api = Arc::new(Mutex::new(server));
         let client = fake_client(api.clone());
         let history = Arc::new(MemHistory::default());
         let peaks = Arc::new(FakePeaks(Mutex::new(Ok(Some(30 << 30)))));
@@ -302,7 +230,7 @@ impl Scenario {
 
     /// The TrainingJob as the fake API server holds it now.
     fn tj(&self) -> TrainingJob {
-        serde_json::from_value(self.api.lock().unwrap().tj.clone().expect("tj")).expect("tj")
+        serde_json::from_value(self.api.lock().unwrap().tj_value().expect("tj")).expect("tj")
     }
 
     fn status(&self) -> TrainingJobStatus {
@@ -323,7 +251,10 @@ impl Scenario {
     /// Marks a Job finished (and adds its pod), as the Job controller would.
     fn finish_job(&self, name: &str, success: bool, message: &str) {
         let mut api = self.api.lock().unwrap();
-        let job = api.jobs.get_mut(name).expect("job exists");
+        let job = api
+            .objects
+            .get_mut(&format!("jobs/{name}"))
+            .expect("job exists");
         job["status"] = json!({
             "startTime": "2026-11-22T01:00:00Z",
             "completionTime": if success { json!("2026-11-22T01:30:00Z") } else { Value::Null },
@@ -336,7 +267,7 @@ impl Scenario {
                 .unwrap()
                 .remove("completionTime");
         }
-        api.pods.push(json!({
+        api.add_pods(vec![json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": format!("{name}-x1y2z"), "namespace": "default",
                          "labels": {"batch.kubernetes.io/job-name": name}},
@@ -344,7 +275,7 @@ impl Scenario {
             "status": {"hostIP": "10.0.0.7", "containerStatuses": [{
                 "name": "train", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
                 "state": {"terminated": {"exitCode": if success { 0 } else { 1 }, "reason": if success { "Completed" } else { "Error" }, "message": message}}}]}
-        }));
+        })]);
     }
 
     fn assert_no_unexpected_requests(&self) {
@@ -665,7 +596,7 @@ async fn a_stale_cached_training_job_announces_and_counts_each_job_once() {
     replay(before_retry).await;
 
     s.assert_no_unexpected_requests();
-    assert_eq!(s.api.lock().unwrap().jobs.len(), 2, "two Jobs");
+    assert_eq!(s.api.lock().unwrap().jobs_len(), 2, "two Jobs");
     let reasons = s.api.lock().unwrap().event_reasons();
     let count = |r: &str| reasons.iter().filter(|x| x.as_str() == r).count();
     assert_eq!(count("JobCreated"), 1, "{reasons:?}");
@@ -699,7 +630,10 @@ async fn a_host_memory_kill_fails_the_attempt_and_is_recorded_for_the_data_loade
     s.finish_job("llama-3-1-8b-lora-1", false, "");
     {
         let mut api = s.api.lock().unwrap();
-        let pod = api.pods.last_mut().expect("the job's pod");
+        let pod = api
+            .objects
+            .get_mut("pods/llama-3-1-8b-lora-1-x1y2z")
+            .expect("the job's pod");
         pod["status"]["containerStatuses"][0]["state"]["terminated"] =
             json!({"exitCode": 137, "reason": "OOMKilled"});
     }
@@ -787,7 +721,11 @@ async fn an_invalid_spec_sets_a_condition_and_creates_no_job() {
 async fn a_job_deleted_under_a_running_training_job_fails_it_and_is_not_recreated() {
     let s = Scenario::new(lora_tj(), a100_nodes());
     s.reconcile().await.expect("create");
-    s.api.lock().unwrap().jobs.clear();
+    s.api
+        .lock()
+        .unwrap()
+        .objects
+        .retain(|k, _| !k.starts_with("jobs/"));
     s.reconcile().await.expect("notices the deletion");
     s.assert_no_unexpected_requests();
     let st = s.status();

@@ -400,7 +400,8 @@ fn gfd_mixed_strategy_labels_resolve_each_profile_a_pod_asks_for() {
     let large = resolve_from_nodes(nodes.iter(), Some(&asks("nvidia.com/mig-3g.20gb")))
         .expect("the 3g.20gb slice");
     assert_eq!(large.name, "NVIDIA A100-SXM4-40GB MIG 3g.20gb");
-    assert_eq!(large.memory_bytes, 20096 << 20);
+    // min(catalog 19968, GFD .memory 20096): the smaller.
+    assert_eq!(large.memory_bytes, 19968 << 20);
     // A pod asking for a whole GPU on this node sees the card (replicas 0: not shared).
     let card = resolve_from_nodes(nodes.iter(), Some(&asks("nvidia.com/gpu"))).expect("the card");
     assert_eq!(card.name, "NVIDIA A100-SXM4-40GB");

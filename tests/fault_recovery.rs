@@ -78,6 +78,7 @@ fn agent() -> ureq::Agent {
 
 fn record(job: &str) -> RunRecord {
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: Utc::now(),

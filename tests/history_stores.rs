@@ -26,6 +26,7 @@ static NEXT_JOB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 fn run(model: &str, gpu: &str, seq: u32, batch: u32, minute: u32) -> RunRecord {
     let job = NEXT_JOB.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: Utc

@@ -21,10 +21,13 @@ use std::time::Duration;
 
 use gpufit::controller::crd::Mode;
 use gpufit::controller::inject::{ANN_APPLIED, SETTING_ANNOTATION_PREFIX};
-use gpufit::controller::kueue::{Unlabelled, CONTROLLER_NAME, DEFAULT_NAMESPACE_SELECTOR};
+use gpufit::controller::keys::{ANN_FALLBACK, LABEL_DEFERRED};
+use gpufit::controller::kueue::{
+    KueueConfig, Unlabelled, CONTROLLER_NAME, DEFAULT_NAMESPACE_SELECTOR,
+};
 use gpufit::controller::metrics::Metrics;
 use gpufit::controller::reconcile::kueue::{
-    activation, admission_checks, our_checks, reconcile_kueue_workload, KueueContext,
+    activation, admission_checks, local_queues, our_checks, reconcile_kueue_workload, KueueContext,
 };
 use gpufit::controller::reconcile::workloads::{
     reconcile_workload, WorkloadContext, ANN_WORKLOAD, LABEL_CONFIGURED,
@@ -39,173 +42,10 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{json, Value};
 
-#[path = "common/mock_api.rs"]
-mod mock_api;
+#[path = "common/api_server.rs"]
+mod api_server;
 
-const KUEUE: &str = "/apis/kueue.x-k8s.io/v1beta1";
-
-/// The scripted API server: objects by `plural/name`, pods, every write.
-#[derive(Default)]
-struct FakeApi {
-    objects: BTreeMap<String, Value>,
-    pods: Vec<Value>,
-    /// (method, path, query) of every PATCH.
-    writes: Vec<(String, String, String)>,
-    /// Another writer changes the next Workload read, right after it is read.
-    change_after_get: bool,
-    rv: u64,
-    unexpected: Vec<String>,
-}
-
-impl FakeApi {
-    fn bump(&mut self, key: &str) {
-        self.rv += 1;
-        let rv = self.rv.to_string();
-        if let Some(o) = self.objects.get_mut(key) {
-            o["metadata"]["resourceVersion"] = json!(rv);
-        }
-    }
-
-    fn status_writes(&self) -> usize {
-        self.writes
-            .iter()
-            .filter(|(_, p, _)| p.ends_with("/status"))
-            .count()
-    }
-
-    fn owner_writes(&self, plural: &str) -> usize {
-        self.writes
-            .iter()
-            .filter(|(_, p, _)| p.contains(&format!("/{plural}/")))
-            .count()
-    }
-}
-
-fn not_found() -> (u16, Value) {
-    (
-        404,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-    )
-}
-
-fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
-    if path.starts_with("/apis/events.k8s.io/") {
-        return (201, body);
-    }
-    if path == "/api/v1/namespaces/ml/pods" && method == "GET" {
-        // `labelSelector=key` or `key=value`, as the recorder asks.
-        let query = query.replace("%2F", "/").replace("%3D", "=");
-        let selector = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("labelSelector="))
-            .unwrap_or_default()
-            .to_string();
-        let (key, value) = match selector.split_once('=') {
-            Some((k, v)) => (k.to_string(), Some(v.to_string())),
-            None => (selector.clone(), None),
-        };
-        let items: Vec<Value> = api
-            .pods
-            .iter()
-            .filter(|p| match (&p["metadata"]["labels"][&key], &value) {
-                (Value::String(v), Some(want)) => v == want,
-                (Value::String(_), None) => !key.is_empty(),
-                _ => false,
-            })
-            .cloned()
-            .collect();
-        return (
-            200,
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
-        );
-    }
-    if let Some(name) = path.strip_prefix(&format!("{KUEUE}/resourceflavors/")) {
-        return match (method, api.objects.get(&format!("resourceflavors/{name}"))) {
-            ("GET", Some(f)) => (200, f.clone()),
-            ("GET", None) => not_found(),
-            _ => {
-                api.unexpected.push(format!("{method} {path}"));
-                (405, json!({}))
-            }
-        };
-    }
-    if let Some(rest) = path.strip_prefix(&format!("{KUEUE}/namespaces/ml/workloads/")) {
-        let (name, status) = match rest.strip_suffix("/status") {
-            Some(n) => (n, true),
-            None => (rest, false),
-        };
-        let key = format!("workloads/{name}");
-        if !api.objects.contains_key(&key) {
-            return not_found();
-        }
-        match (method, status) {
-            ("GET", false) => {
-                let out = api.objects[&key].clone();
-                if std::mem::take(&mut api.change_after_get) {
-                    api.bump(&key);
-                }
-                return (200, out);
-            }
-            ("PATCH", true) => {
-                api.writes.push((method.into(), path.into(), query.into()));
-                let stored = &api.objects[&key];
-                // Server-side apply with a resourceVersion: a precondition.
-                if body["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"] {
-                    return (
-                        409,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
-                               "message": "the object has been modified; please apply your changes to the latest version and try again"}),
-                    );
-                }
-                // `admissionChecks` is a map keyed by name: our entry replaced, the others kept.
-                let obj = api.objects.get_mut(&key).expect("workload");
-                let checks = obj["status"]["admissionChecks"]
-                    .as_array_mut()
-                    .expect("admissionChecks");
-                for ours in body["status"]["admissionChecks"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                {
-                    match checks.iter_mut().find(|c| c["name"] == ours["name"]) {
-                        Some(c) => *c = ours.clone(),
-                        None => checks.push(ours.clone()),
-                    }
-                }
-                api.bump(&key);
-                return (200, api.objects[&key].clone());
-            }
-            _ => {}
-        }
-    }
-    for plural in ["jobs", "pytorchjobs", "jobsets", "trainjobs"] {
-        let Some(name) = path
-            .rsplit_once(&format!("/namespaces/ml/{plural}/"))
-            .map(|(_, n)| n.to_string())
-        else {
-            continue;
-        };
-        let key = format!("{plural}/{name}");
-        let Some(obj) = api.objects.get_mut(&key) else {
-            return not_found();
-        };
-        match method {
-            "GET" => return (200, obj.clone()),
-            "PATCH" => {
-                json_patch::merge(obj, &body);
-                let out = obj.clone();
-                api.writes.push((method.into(), path.into(), query.into()));
-                return (200, out);
-            }
-            _ => {}
-        }
-    }
-    api.unexpected.push(format!("{method} {path}?{query}"));
-    (
-        500,
-        json!({"kind": "Status", "code": 500, "message": "unexpected"}),
-    )
-}
+use api_server::{ApiServer as FakeApi, Rule};
 
 /// Peak reader double.
 struct Peaks(u64);
@@ -237,8 +77,8 @@ fn nodes() -> reflector::Store<Node> {
 }
 
 /// The AdmissionChecks: gpufit's, and another controller's on the same queue.
-fn checks() -> reflector::Store<DynamicObject> {
-    let mut w = Writer::new(admission_checks());
+fn checks(version: &str) -> reflector::Store<DynamicObject> {
+    let mut w = Writer::new(admission_checks(version));
     let store = w.as_reader();
     for (name, controller) in [
         ("gpufit", CONTROLLER_NAME),
@@ -246,7 +86,7 @@ fn checks() -> reflector::Store<DynamicObject> {
     ] {
         w.apply_watcher_event(&watcher::Event::Apply(
             serde_json::from_value(json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "AdmissionCheck",
+                "apiVersion": format!("kueue.x-k8s.io/{version}"), "kind": "AdmissionCheck",
                 "metadata": {"name": name, "generation": 1},
                 "spec": {"controllerName": controller}
             }))
@@ -261,7 +101,22 @@ struct World {
     history: Arc<dyn HistoryStore>,
     webhook: WebhookState,
     kueue: Arc<KueueContext>,
+    /// The Kueue API version the stand-in serves.
+    version: &'static str,
+    /// The LocalQueues the webhook's reflector has seen.
+    local_queues: Mutex<Writer<DynamicObject>>,
     _dir: tempfile::TempDir,
+}
+
+/// Every training integration enabled (a cluster whose Kueue
+/// configuration lists `kubeflow.org/pytorchjob` too).
+fn all_frameworks() -> Option<std::collections::BTreeSet<String>> {
+    Some(
+        gpufit::controller::kinds::KINDS
+            .iter()
+            .map(|k| k.kueue_framework().to_string())
+            .collect(),
+    )
 }
 
 impl World {
@@ -272,24 +127,37 @@ impl World {
     /// A world whose webhook knows these namespaces (name, labels) and
     /// which jobs without a queue label Kueue manages.
     fn with(unlabelled: Unlabelled, ns: &[(&str, Value)]) -> Self {
+        World::build("v1beta2", unlabelled, all_frameworks(), ns)
+    }
+
+    /// The world with a Kueue that serves only API `version`, with these
+    /// integrations enabled.
+    fn build(
+        version: &'static str,
+        unlabelled: Unlabelled,
+        frameworks: Option<std::collections::BTreeSet<String>>,
+        ns: &[(&str, Value)],
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite:{}", dir.path().join("h.db").display());
         let history: Arc<dyn HistoryStore> = Arc::from(gpufit::history::open(&url).expect("db"));
-        let api = Arc::new(Mutex::new(FakeApi::default()));
+        let api = Arc::new(Mutex::new(
+            FakeApi::default().serving("kueue.x-k8s.io", version),
+        ));
         {
             let mut a = api.lock().unwrap();
             // The two ResourceFlavors of the ClusterQueue, as an admin writes them.
             for (name, pool) in [("a100-40gb", "a100"), ("h100-80gb", "h100")] {
                 a.objects.insert(
                     format!("resourceflavors/{name}"),
-                    json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                    json!({"apiVersion": format!("kueue.x-k8s.io/{version}"), "kind": "ResourceFlavor",
                            "metadata": {"name": name}, "spec": {"nodeLabels": {"pool": pool}}}),
                 );
             }
             // A flavor of CPU-only nodes (no GPU labels anywhere).
             a.objects.insert(
                 "resourceflavors/spot".into(),
-                json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                json!({"apiVersion": format!("kueue.x-k8s.io/{version}"), "kind": "ResourceFlavor",
                        "metadata": {"name": "spot"}, "spec": {"nodeLabels": {"pool": "spot"}}}),
             );
         }
@@ -303,7 +171,7 @@ impl World {
                     .expect("namespace"),
             ));
         }
-        let client = mock_api::mock_client(api.clone(), answer);
+        let client = api_server::client(api.clone());
         let mut ctx = Context::new(
             client,
             history.clone(),
@@ -313,6 +181,8 @@ impl World {
             Metrics::new(),
         );
         ctx.peak_retry = Duration::from_millis(200);
+        let lq = Writer::new(local_queues(version));
+        let lq_store = lq.as_reader();
         World {
             webhook: WebhookState {
                 history: history.clone(),
@@ -322,12 +192,16 @@ impl World {
                 targets: StrategyTargets::default(),
                 default_mode: Mode::Inject,
                 cache: Default::default(),
-                kueue_unlabelled: unlabelled,
+                kueue: KueueConfig {
+                    enabled: true,
+                    unlabelled,
+                    frameworks,
+                    local_queues: Some(lq_store),
+                },
             },
-            kueue: Arc::new(KueueContext {
-                ctx: Arc::new(ctx),
-                checks: checks(),
-            }),
+            kueue: Arc::new(KueueContext::new(Arc::new(ctx), checks(version), version)),
+            version,
+            local_queues: Mutex::new(lq),
             api,
             history,
             _dir: dir,
@@ -384,7 +258,8 @@ impl World {
         let mut job = admitted;
         let name = job["metadata"]["name"].as_str().unwrap().to_string();
         job["metadata"]["uid"] = json!(format!("uid-{name}"));
-        let wl = kueue_workload(kind, &job);
+        let mut wl = kueue_workload(kind, &job);
+        wl["apiVersion"] = json!(format!("kueue.x-k8s.io/{}", self.version));
         let wl_name = wl["metadata"]["name"].as_str().unwrap().to_string();
         let mut api = self.api.lock().unwrap();
         api.objects
@@ -915,10 +790,14 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
         t["spec"]["containers"][0]["args"][1],
         "$(GPUFIT_MICRO_BATCH_SIZE)"
     );
-    assert!(
-        t["metadata"]["annotations"].is_null(),
-        "the template's annotations are Kueue's to fill"
-    );
+    // The setting annotations are Kueue's to fill (a template key with
+    // another value would be a conflict); only the fallback is there.
+    let template_anns: Vec<&String> = t["metadata"]["annotations"]
+        .as_object()
+        .map(|a| a.keys().collect())
+        .unwrap_or_default();
+    assert_eq!(template_anns, [ANN_FALLBACK], "{template_anns:?}");
+    assert_eq!(t["metadata"]["labels"][LABEL_DEFERRED], "true");
     assert_eq!(t["metadata"]["labels"][LABEL_CONFIGURED], "true");
     assert!(job["metadata"]["annotations"][ANN_APPLIED].is_null());
     assert!(job["metadata"]["annotations"][ANN_WORKLOAD].is_string());
@@ -926,7 +805,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     // Queued, no quota yet: nothing to answer.
     let queued = w.get(&format!("workloads/{wl_name}"));
     w.reconcile(&queued).await;
-    assert_eq!(w.api.lock().unwrap().writes.len(), 0);
+    assert_eq!(w.api.lock().unwrap().writes().len(), 0);
 
     // Quota reserved on the A100 flavor for 4 pods.
     let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "a100-40gb", &[("main", 4)]));
@@ -966,8 +845,8 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     {
         let api = w.api.lock().unwrap();
         assert_eq!(api.status_writes(), 1);
-        let (_, _, query) = &api
-            .writes
+        let writes = api.writes();
+        let (_, _, query) = writes
             .iter()
             .find(|(_, p, _)| p.ends_with("/status"))
             .unwrap();
@@ -985,7 +864,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
         1,
         "one answer per admission"
     );
-    assert_eq!(w.api.lock().unwrap().owner_writes("jobs"), 1);
+    assert_eq!(w.api.lock().unwrap().writes_to("jobs"), 1);
 
     // Kueue admits and starts it: the container reads the A100 settings.
     let mut job = w.get("jobs/train");
@@ -1075,7 +954,7 @@ async fn a_queued_job_gets_the_settings_of_the_flavor_and_counts_it_was_admitted
     {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("jobs/train".into(), job.clone());
-        api.pods = pods;
+        api.set_pods(pods);
     }
     let recorder = Arc::new(WorkloadContext {
         ctx: w.kueue.ctx.clone(),
@@ -1178,7 +1057,7 @@ async fn a_pytorchjob_gets_the_flavor_settings_on_master_and_workers_and_new_one
     });
     // Another writer changes the Workload between our read and our write:
     // a conflict, nothing answered; the next reconcile answers.
-    w.api.lock().unwrap().change_after_get = true;
+    w.api.lock().unwrap().bump_after_get = Some(format!("workloads/{wl_name}"));
     w.reconcile(&reserved).await;
     assert_eq!(
         check(&w.get(&format!("workloads/{wl_name}")), "gpufit")["state"],
@@ -1256,7 +1135,19 @@ async fn a_job_gpufit_cannot_configure_is_admitted_as_written_never_held() {
         ours["state"], "Ready",
         "never Rejected (Kueue would deactivate it)"
     );
-    assert!(ours.get("podSetUpdates").is_none());
+    // Every setting, from the fallback (micro batch 1, accumulation keeping
+    // G = 64 over the admitted 2 GPUs): no container reads "" and the
+    // earlier flavor's values are all overwritten; no applied settings.
+    let update = &ours["podSetUpdates"][0]["annotations"];
+    assert!(update.get(ANN_APPLIED).is_none(), "{ours:#}");
+    assert_eq!(
+        update[format!("{SETTING_ANNOTATION_PREFIX}micro_batch_size")],
+        "1"
+    );
+    assert_eq!(
+        update[format!("{SETTING_ANNOTATION_PREFIX}gradient_accumulation_steps")],
+        "32"
+    );
     assert!(
         ours["message"]
             .as_str()
@@ -1264,6 +1155,11 @@ async fn a_job_gpufit_cannot_configure_is_admitted_as_written_never_held() {
             .contains("gpufit did not configure"),
         "{ours:#}"
     );
+    let mut admitted_wl = w.kueue_writes(&wl_name, other_check_ready);
+    let mut fl = flavors(&w);
+    fl.insert("spot".into(), w.get("resourceflavors/spot"));
+    kueue_start(&mut admitted_wl, &mut job, &fl);
+    assert_global_batch(&job["spec"]["template"], 2);
     let stored = w.get("jobs/cpu");
     assert!(
         stored["metadata"]["annotations"][ANN_APPLIED].is_null(),
@@ -1274,18 +1170,18 @@ async fn a_job_gpufit_cannot_configure_is_admitted_as_written_never_held() {
     let mut other = batch_job("other", 1, json!({}));
     other["metadata"]["annotations"] = json!({});
     let (_, other_wl) = w.submit(JOB, other);
-    let writes = w.api.lock().unwrap().owner_writes("jobs");
+    let writes = w.api.lock().unwrap().writes_to("jobs");
     let reserved = w.kueue_writes(&other_wl, |wl| reserve(wl, "a100-40gb", &[("main", 1)]));
     w.reconcile(&reserved).await;
     let wl = w.get(&format!("workloads/{other_wl}"));
     assert_eq!(check(&wl, "gpufit")["state"], "Ready");
     assert!(check(&wl, "gpufit").get("podSetUpdates").is_none());
-    assert_eq!(w.api.lock().unwrap().owner_writes("jobs"), writes);
+    assert_eq!(w.api.lock().unwrap().writes_to("jobs"), writes);
 }
 
 #[test]
 fn only_our_admission_checks_are_ours_and_each_is_marked_active_once() {
-    let store = checks();
+    let store = checks("v1beta2");
     let ours = our_checks(&store);
     assert_eq!(ours.into_iter().collect::<Vec<_>>(), ["gpufit"]);
     let ac = |controller: &str, conditions: Value| -> DynamicObject {
@@ -1296,15 +1192,26 @@ fn only_our_admission_checks_are_ours_and_each_is_marked_active_once() {
         }))
         .unwrap()
     };
-    let body =
-        activation(&ac(CONTROLLER_NAME, json!([])), "2026-01-01T00:00:00Z").expect("a patch");
+    let body = activation(
+        "v1beta2",
+        &ac(CONTROLLER_NAME, json!([])),
+        "2026-01-01T00:00:00Z",
+    )
+    .expect("a patch");
     assert_eq!(body["status"]["conditions"][0]["type"], "Active");
     assert_eq!(body["status"]["conditions"][0]["status"], "True");
     assert_eq!(body["status"]["conditions"][0]["observedGeneration"], 3);
     let active = json!([{"type": "Active", "status": "True"}]);
-    assert_eq!(activation(&ac(CONTROLLER_NAME, active), "t"), None);
     assert_eq!(
-        activation(&ac("kueue.x-k8s.io/provisioning-request", json!([])), "t"),
+        activation("v1beta2", &ac(CONTROLLER_NAME, active), "t"),
+        None
+    );
+    assert_eq!(
+        activation(
+            "v1beta2",
+            &ac("kueue.x-k8s.io/provisioning-request", json!([])),
+            "t"
+        ),
         None
     );
 }
@@ -1791,7 +1698,7 @@ async fn a_jobset_gets_its_flavor_settings_in_every_training_job_and_new_ones_on
     {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("jobsets/llm".into(), js.clone());
-        api.pods = pods;
+        api.set_pods(pods);
     }
     record(&w, JOBSET, &js).await;
     // A stale event for the same JobSet records nothing more.
@@ -1914,13 +1821,13 @@ async fn trainjob_through_kueue(legacy: bool) {
         let mut api = w.api.lock().unwrap();
         api.objects.insert("trainjobs/tj".into(), tj.clone());
         api.objects.insert("jobsets/tj".into(), child.clone());
-        api.pods = jobset_pods("tj", "js-tj", "node", 2, &t);
+        api.set_pods(jobset_pods("tj", "js-tj", "node", 2, &t));
         // The initializers ran first (from 00:40): not the training's time.
         let js = trainer_jobset(&tj);
         let init_t = &js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
         let mut init = jobset_pods("tj", "js-tj", "dataset-initializer", 1, init_t);
         init[0]["status"]["startTime"] = json!("2026-01-01T00:40:00Z");
-        api.pods.extend(init);
+        api.add_pods(init);
     }
     record(&w, JOBSET, &child).await;
     assert!(w.history.list(&ListFilter::default()).unwrap().is_empty());
@@ -2114,4 +2021,966 @@ fn the_controller_refuses_a_namespace_selector_it_cannot_read_and_the_flag_alone
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kueue"));
+    // A namespace-limited controller would never answer the checks of
+    // other namespaces' Workloads (their quota held forever): refused.
+    let out = std::process::Command::new(gpufit)
+        .args([
+            "controller",
+            "--kueue",
+            "--watch-namespace",
+            "ml",
+            "--history",
+            &db,
+        ])
+        .env("KUBECONFIG", dir.path().join("none"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--watch-namespace") && err.contains("quota"),
+        "{err}"
+    );
+}
+
+// === Kueue as it really behaves (issue 45) ===
+
+/// Kueue's job webhook on a Job without a queue label in a namespace with
+/// a LocalQueue `default` (`jobframework.ApplyDefaultLocalQueue`, then
+/// `ApplyDefaultForSuspend`): the label, and suspended.
+fn kueue_webhook(job: &Value) -> Value {
+    let mut j = job.clone();
+    if j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"].is_null() {
+        j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("default");
+    }
+    j["spec"]["suspend"] = json!(true);
+    j
+}
+
+impl World {
+    /// A LocalQueue appears (the webhook's reflector sees it).
+    fn local_queue(&self, ns: &str, name: &str) {
+        self.local_queues
+            .lock()
+            .unwrap()
+            .apply_watcher_event(&watcher::Event::Apply(
+                serde_json::from_value(json!({
+                    "apiVersion": format!("kueue.x-k8s.io/{}", self.version), "kind": "LocalQueue",
+                    "metadata": {"name": name, "namespace": ns}, "spec": {"clusterQueue": "gpu-cluster-queue"}}))
+                .expect("local queue"),
+            ));
+    }
+
+    /// Stores `job` (admitted) and the Workload Kueue makes for it.
+    fn store(&self, kind: (&str, &str, &str, &str), job: &mut Value) -> String {
+        let name = job["metadata"]["name"].as_str().unwrap().to_string();
+        job["metadata"]["uid"] = json!(format!("uid-{name}"));
+        let mut wl = kueue_workload(kind, job);
+        wl["apiVersion"] = json!(format!("kueue.x-k8s.io/{}", self.version));
+        let wl_name = wl["metadata"]["name"].as_str().unwrap().to_string();
+        let mut api = self.api.lock().unwrap();
+        api.objects
+            .insert(format!("{}/{name}", kind.3), job.clone());
+        api.objects.insert(format!("workloads/{wl_name}"), wl);
+        api.bump(&format!("workloads/{wl_name}"));
+        wl_name
+    }
+
+    /// Reconciles (as the controller's requeues would) until every gpufit
+    /// check on the Workload is answered; returns how long that took.
+    async fn answer(&self, wl_name: &str) -> Duration {
+        let start = std::time::Instant::now();
+        loop {
+            let cached = self.get(&format!("workloads/{wl_name}"));
+            let pending = cached["status"]["admissionChecks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| {
+                    c["name"].as_str().unwrap().starts_with("gpufit") && c["state"] == "Pending"
+                });
+            if !pending {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "never answered: {cached:#}"
+            );
+            let obj: DynamicObject = serde_json::from_value(cached).expect("workload");
+            let _ = reconcile_kueue_workload(Arc::new(obj), self.kueue.clone()).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A pod the Job controller creates from `template`, through gpufit's
+    /// pod webhook (the chart's `pods` rule).
+    fn pod_from(&self, template: &Value) -> Value {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p-0", "namespace": "ml",
+                         "labels": template["metadata"]["labels"].clone(),
+                         "annotations": template["metadata"]["annotations"].clone()},
+            "spec": template["spec"].clone()});
+        self.admit(("", "v1", "Pod", "pods"), &pod).0
+    }
+}
+
+/// Every `GPUFIT_*` setting the container reads, and every word of its
+/// args, as the kubelet expands them (`fieldpath.go`: a missing annotation
+/// is ""; `$(VAR)` from the environment): none may be empty.
+fn assert_no_empty_setting(pod: &Value, what: &str) -> BTreeMap<String, String> {
+    let (env, args) = container_view(pod);
+    for v in gpufit::core::settings::SETTING_VARS {
+        let got = env
+            .get(v.env)
+            .unwrap_or_else(|| panic!("{what}: {} not set", v.env));
+        assert!(!got.trim().is_empty(), "{what}: {} is empty", v.env);
+    }
+    for a in &args {
+        assert!(
+            !a.is_empty() && !a.ends_with('='),
+            "{what}: an empty argument in {args:?}"
+        );
+    }
+    env
+}
+
+/// The ids of the stand-ins: one Kueue API version each.
+const STAND_INS: [&str; 2] = ["v1beta2", "v1beta1"];
+
+#[tokio::test]
+async fn each_stand_in_is_spoken_in_the_one_version_it_serves() {
+    for version in STAND_INS {
+        let w = World::build(version, Unlabelled::default(), all_frameworks(), &[]);
+        let client = w.kueue.ctx.client.clone();
+        assert_eq!(
+            gpufit::controller::reconcile::kueue::discover_version(&client)
+                .await
+                .unwrap(),
+            version
+        );
+        let (mut job, wl_name) = w.submit(JOB, batch_job("v", 4, json!({})));
+        w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 4)]));
+        w.answer(&wl_name).await;
+        let fl = flavors(&w);
+        w.kueue_writes(&wl_name, |wl| {
+            other_check_ready(wl);
+            kueue_start(wl, &mut job, &fl);
+        });
+        assert_global_batch(&job["spec"]["template"], 4);
+        let api = w.api.lock().unwrap();
+        assert!(api.unexpected.is_empty(), "{version}: {:?}", api.unexpected);
+        assert!(
+            api.writes()
+                .iter()
+                .filter(|(_, p, _)| p.contains("kueue.x-k8s.io"))
+                .all(|(_, p, _)| p.contains(&format!("/{version}/"))),
+            "{version}: {:?}",
+            api.writes()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_kueue_serving_no_known_version_is_refused_with_the_versions_named() {
+    let w = World::build("v1alpha9", Unlabelled::default(), all_frameworks(), &[]);
+    let e = gpufit::controller::reconcile::kueue::discover_version(&w.kueue.ctx.client)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("v1alpha9") && e.contains("v1beta2"), "{e}");
+}
+
+#[tokio::test]
+async fn a_local_queue_defaulted_job_is_configured_at_admission_in_either_webhook_order() {
+    let ml = [("ml", json!({}))];
+    let mut defaults = Unlabelled::managing(DEFAULT_NAMESPACE_SELECTOR).unwrap();
+    defaults.manage = false; // Kueue's default: only LocalQueueDefaulting queues it.
+    let w = World::with(defaults, &ml);
+    w.local_queue("ml", "default");
+    let job = unlabelled_job("lqd");
+    // Kueue's webhook first, then gpufit's.
+    let (kueue_first, _) = w.admit(JOB, &kueue_webhook(&job));
+    // gpufit's first, then Kueue's, then gpufit's again
+    // (reinvocationPolicy: IfNeeded, since Kueue's changed the object).
+    let (gpufit_first, _) = w.admit(JOB, &job);
+    let (reinvoked, _) = w.admit(JOB, &kueue_webhook(&gpufit_first));
+    assert_eq!(
+        kueue_first, reinvoked,
+        "the same object whichever webhook runs first"
+    );
+    assert!(
+        deferred(&kueue_first),
+        "configured at admission, not at creation"
+    );
+    assert!(kueue_first["metadata"]["annotations"][ANN_APPLIED].is_null());
+
+    // Admitted on H100 for 2 pods: that flavor's settings.
+    let mut job = kueue_first;
+    let wl_name = w.store(JOB, &mut job);
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    w.answer(&wl_name).await;
+    let fl = flavors(&w);
+    w.kueue_writes(&wl_name, |wl| {
+        other_check_ready(wl);
+        kueue_start(wl, &mut job, &fl);
+    });
+    assert_global_batch(&job["spec"]["template"], 2);
+    assert!(applied(&w.get("jobs/lqd"))["gpu"]
+        .as_str()
+        .unwrap()
+        .contains("H100"));
+
+    // Without the LocalQueue, Kueue does not queue it: judged now (the
+    // two pools are two GPUs, so left alone with a warning).
+    let w = World::with(Unlabelled::default(), &ml);
+    let plain = unlabelled_job("plain");
+    assert_eq!(w.admit(JOB, &plain).0, plain);
+}
+
+#[tokio::test]
+async fn a_labelled_pytorchjob_is_configured_at_creation_when_kueues_integration_is_off() {
+    // Kueue's default configuration: the PyTorchJob integration is off, so
+    // Kueue neither suspends nor admits it; with deferred settings it
+    // would start with empty ones.
+    let w = World::build("v1beta2", Unlabelled::default(), None, &[]);
+    let mut pj = pytorchjob("off");
+    pj["metadata"]["annotations"]["gpufit.io/gpu"] = json!("H100-80GB");
+    let (out, _) = w.admit(PYTORCHJOB, &pj);
+    let t = &out["spec"]["pytorchReplicaSpecs"]["Worker"]["template"];
+    let env = assert_no_empty_setting(t, "PyTorchJob, integration off");
+    assert!(env["GPUFIT_MICRO_BATCH_SIZE"].parse::<u32>().is_ok());
+    assert!(out["metadata"]["annotations"][ANN_APPLIED].is_string());
+    // The Job integration is on: a labelled Job is queued (deferred).
+    let (job, _) = w.admit(JOB, &batch_job("on", 2, json!({})));
+    assert!(deferred(&job));
+}
+
+#[tokio::test]
+async fn an_immediately_configured_job_that_is_then_queued_never_fails_to_start() {
+    // Kueue's `job_controller_test.go` "conflict": a template annotation
+    // with another value in a podSetUpdate finishes the Workload
+    // FailedToStart. Here: the job was configured at creation (Kueue's
+    // label came later, e.g. a LocalQueue gpufit's cache had not seen yet),
+    // so its template carries gpufit.io/applied-settings.
+    let w = World::new();
+    let mut job = unlabelled_job("conflict");
+    job["metadata"]["annotations"]["gpufit.io/gpu"] = json!("A100-SXM4-40GB");
+    let (mut job, _) = w.admit(JOB, &job);
+    let before = job["spec"]["template"]["metadata"]["annotations"][ANN_APPLIED].clone();
+    assert!(before.is_string(), "{job:#}");
+    job = kueue_webhook(&job);
+    let wl_name = w.store(JOB, &mut job);
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    w.answer(&wl_name).await;
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    // `merge_into` asserts what podset.Merge refuses: no conflicting key.
+    kueue_start(&mut started, &mut job, &fl);
+    let t = &job["spec"]["template"];
+    assert_eq!(
+        t["metadata"]["annotations"][ANN_APPLIED], before,
+        "the template's own value kept"
+    );
+    assert_global_batch(t, 2);
+}
+
+#[tokio::test]
+async fn every_workload_is_answered_within_the_bound_across_the_fault_matrix() {
+    use gpufit::controller::reconcile::kueue::ANSWER_BUDGET;
+    let mut waits: Vec<(&str, Duration)> = Vec::new();
+
+    // 1. An owner of a kind gpufit does not describe (a RayJob): not read
+    //    (the chart's RBAC would answer 403), Ready at once, a Warning.
+    let w = World::new();
+    let (_, wl_name) = w.submit(JOB, batch_job("ray", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| {
+        wl["metadata"]["ownerReferences"][0]["apiVersion"] = json!("ray.io/v1");
+        wl["metadata"]["ownerReferences"][0]["kind"] = json!("RayJob");
+        reserve(wl, "h100-80gb", &[("main", 2)]);
+    });
+    waits.push(("unknown kind (RayJob)", w.answer(&wl_name).await));
+    let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
+    assert_eq!(ours["state"], "Ready");
+    assert!(
+        ours["message"].as_str().unwrap().contains("RayJob"),
+        "{ours:#}"
+    );
+    {
+        let api = w.api.lock().unwrap();
+        assert!(
+            !api.seen.iter().any(|r| r.path.contains("rayjobs")),
+            "the RayJob is never read: {:?}",
+            api.seen
+        );
+        assert!(
+            api.events().iter().any(|e| e["type"] == "Warning"),
+            "{:?}",
+            api.events()
+        );
+    }
+
+    // 2. An owner gpufit may not read (403).
+    let w = World::new();
+    w.api
+        .lock()
+        .unwrap()
+        .fail("GET", "/jobs/", u32::MAX, 403, "Forbidden");
+    let (mut job, wl_name) = w.submit(JOB, batch_job("forbidden", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    waits.push(("owner 403", w.answer(&wl_name).await));
+    let wl = w.get(&format!("workloads/{wl_name}"));
+    let ours = check(&wl, "gpufit").clone();
+    assert_eq!(ours["state"], "Ready");
+    assert!(
+        ours["message"].as_str().unwrap().contains("403"),
+        "{ours:#}"
+    );
+    // Its pods still read every setting (the template's fallback).
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut job, &fl);
+    assert_no_empty_setting(&w.pod_from(&job["spec"]["template"]), "owner 403");
+
+    // 3. The API server fails every read for longer than the budget: the
+    //    fallback answer, within the budget.
+    let w = World::new();
+    let (_, wl_name) = w.submit(JOB, batch_job("flaky", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    w.api.lock().unwrap().rules.push(Rule {
+        method: "GET",
+        path: "/".into(),
+        unless: "/workloads/".into(),
+        times: u32::MAX,
+        code: 500,
+        reason: "InternalError",
+    });
+    let waited = w.answer(&wl_name).await;
+    waits.push(("owner reads fail (500) throughout", waited));
+    assert!(
+        waited >= ANSWER_BUDGET.saturating_sub(Duration::from_secs(1)),
+        "{waited:?}"
+    );
+    let ours = check(&w.get(&format!("workloads/{wl_name}")), "gpufit").clone();
+    assert!(
+        ours["message"].as_str().unwrap().contains("fallback"),
+        "{ours:#}"
+    );
+    assert_eq!(
+        ours["podSetUpdates"][0]["annotations"]
+            [format!("{SETTING_ANNOTATION_PREFIX}micro_batch_size")],
+        "1"
+    );
+
+    // 4. Two gpufit checks on one Workload: both answered, in one write.
+    let w = World::new();
+    let (_, wl_name) = w.submit(JOB, batch_job("two", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| {
+        wl["status"]["admissionChecks"].as_array_mut().unwrap().push(
+            json!({"name": "gpufit-b", "state": "Pending", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}),
+        );
+        reserve(wl, "h100-80gb", &[("main", 2)]);
+    });
+    let mut ac = Writer::new(admission_checks("v1beta2"));
+    for c in w.kueue.checks.state() {
+        ac.apply_watcher_event(&watcher::Event::Apply((*c).clone()));
+    }
+    ac.apply_watcher_event(&watcher::Event::Apply(
+        serde_json::from_value(
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+            "metadata": {"name": "gpufit-b"}, "spec": {"controllerName": CONTROLLER_NAME}}),
+        )
+        .unwrap(),
+    ));
+    let two = World {
+        kueue: Arc::new(KueueContext::new(
+            w.kueue.ctx.clone(),
+            ac.as_reader(),
+            "v1beta2",
+        )),
+        ..w
+    };
+    waits.push(("two gpufit checks", two.answer(&wl_name).await));
+    let wl = two.get(&format!("workloads/{wl_name}"));
+    assert_eq!(check(&wl, "gpufit")["state"], "Ready");
+    assert_eq!(check(&wl, "gpufit-b")["state"], "Ready");
+    assert_eq!(two.api.lock().unwrap().status_writes(), 1);
+
+    // 5. A second replica that does not lead writes nothing; the
+    //    controller killed while checks are pending: the replica that
+    //    takes the Lease answers on its first look.
+    let w = World::new();
+    let (_, wl_name) = w.submit(JOB, batch_job("failover", 2, json!({})));
+    let reserved = w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    let standby = {
+        let mut ctx = Context::new(
+            w.kueue.ctx.client.clone(),
+            w.history.clone(),
+            nodes(),
+            reflector::store::<Namespace>().0,
+            Arc::new(Peaks(1)),
+            Metrics::new(),
+        );
+        ctx.leading = tokio::sync::watch::channel(false).1;
+        Arc::new(KueueContext::new(
+            Arc::new(ctx),
+            checks("v1beta2"),
+            "v1beta2",
+        ))
+    };
+    let obj: DynamicObject = serde_json::from_value(reserved.clone()).unwrap();
+    reconcile_kueue_workload(Arc::new(obj), standby)
+        .await
+        .unwrap();
+    assert_eq!(
+        w.api.lock().unwrap().writes().len(),
+        0,
+        "a standby writes nothing"
+    );
+    // The leader was killed (its in-flight reconcile dropped mid-way).
+    let obj: DynamicObject = serde_json::from_value(reserved).unwrap();
+    let leader = reconcile_kueue_workload(Arc::new(obj), w.kueue.clone());
+    let _ = tokio::time::timeout(Duration::from_micros(1), leader).await;
+    // The new leader (a fresh replica) answers.
+    let fresh = World {
+        kueue: Arc::new(KueueContext::new(
+            w.kueue.ctx.clone(),
+            checks("v1beta2"),
+            "v1beta2",
+        )),
+        ..w
+    };
+    waits.push(("leader killed, next replica", fresh.answer(&wl_name).await));
+    assert_eq!(
+        check(&fresh.get(&format!("workloads/{wl_name}")), "gpufit")["state"],
+        "Ready"
+    );
+
+    let longest = waits.iter().map(|(_, d)| *d).max().unwrap();
+    for (what, d) in &waits {
+        eprintln!(
+            "fault matrix: {what}: answered after {:.3} s",
+            d.as_secs_f64()
+        );
+    }
+    eprintln!(
+        "fault matrix: longest wait {:.3} s; bound {:?} (+ the Lease duration on failover)",
+        longest.as_secs_f64(),
+        ANSWER_BUDGET
+    );
+    assert!(
+        longest <= ANSWER_BUDGET + Duration::from_secs(1),
+        "{waits:?}"
+    );
+}
+
+#[tokio::test]
+async fn no_pod_starts_with_an_empty_setting_across_the_failure_matrix() {
+    let mut checked = 0;
+    // (what, flavor admitted on, whether gpufit's check is on the Workload)
+    for (what, flavor, with_check) in [
+        ("configured", "h100-80gb", true),
+        (
+            "a flavor without GPU labels (answer: fallback)",
+            "spot",
+            true,
+        ),
+        (
+            "a flavor whose nodes do not exist yet (answer: fallback)",
+            "future",
+            true,
+        ),
+        (
+            "the check absent on this flavor (admissionChecksStrategy.onFlavors)",
+            "h100-80gb",
+            false,
+        ),
+    ] {
+        let w = World::new();
+        w.api.lock().unwrap().objects.insert(
+            "resourceflavors/future".into(),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                   "metadata": {"name": "future"}, "spec": {"nodeLabels": {"pool": "autoscaled"}}}),
+        );
+        let (mut job, wl_name) = w.submit(JOB, batch_job("m", 2, json!({})));
+        w.kueue_writes(&wl_name, |wl| {
+            if !with_check {
+                wl["status"]["admissionChecks"]
+                    .as_array_mut()
+                    .unwrap()
+                    .retain(|c| c["name"] != "gpufit");
+            }
+            reserve(wl, flavor, &[("main", 2)]);
+        });
+        if with_check {
+            w.answer(&wl_name).await;
+        }
+        let mut fl = flavors(&w);
+        for f in ["spot", "future"] {
+            fl.insert(f.into(), w.get(&format!("resourceflavors/{f}")));
+        }
+        let mut started = w.kueue_writes(&wl_name, other_check_ready);
+        kueue_start(&mut started, &mut job, &fl);
+        let pod = w.pod_from(&job["spec"]["template"]);
+        let env = assert_no_empty_setting(&pod, what);
+        let (m, a) = (
+            num(&env, "GPUFIT_MICRO_BATCH_SIZE"),
+            num(&env, "GPUFIT_GRAD_ACCUM_STEPS"),
+        );
+        assert_eq!(m * a * 2, 64, "{what}: m {m} × a {a} × 2 = 64");
+        checked += 1;
+        // Kueue never finishes it FailedToStart: kueue_start's merge found no conflict.
+        let wl = w.get(&format!("workloads/{wl_name}"));
+        assert!(
+            !wl["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["reason"] == "FailedToStart"),
+            "{what}"
+        );
+    }
+    // Without the pod webhook the absent-check pod would read "" — the
+    // kubelet's rule the matrix guards against.
+    let w = World::new();
+    let (job, _) = w.admit(JOB, &batch_job("raw", 2, json!({})));
+    let (env, _) = container_view(&job["spec"]["template"]);
+    assert_eq!(env["GPUFIT_MICRO_BATCH_SIZE"], "");
+    eprintln!(
+        "empty-setting matrix: {checked} cases, 0 pods with an empty setting, 0 FailedToStart"
+    );
+}
+
+// === Kueue's own objects (tests/fixtures/kueue, kubernetes-sigs/kueue ff69552) ===
+
+fn fixture(name: &str) -> Vec<Value> {
+    let path = format!("{}/tests/fixtures/kueue/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn kueues_samples_are_read_as_kueue_reads_them() {
+    use gpufit::controller::kinds;
+    // The JobSet: pod sets named after the replicated Jobs (no GPUs: all
+    // of them), queued through its label (the integration is on by default).
+    let js = &fixture("sample-jobset.yaml")[0];
+    let k = kinds::of(Some("jobset.x-k8s.io"), "JobSet").unwrap();
+    let sets: Vec<String> = k
+        .shape(js)
+        .unwrap()
+        .templates
+        .into_iter()
+        .map(|t| t.pod_set)
+        .collect();
+    assert_eq!(sets, ["workers", "driver"]);
+    let cfg = KueueConfig {
+        enabled: true,
+        ..KueueConfig::default()
+    };
+    assert_eq!(
+        cfg.queue_for(k.kueue_framework(), js.get("metadata"), "default", None)
+            .unwrap(),
+        Some("user-queue".into())
+    );
+    // The PyTorchJob: pod sets master and worker; Kueue's default
+    // configuration does not enable its integration, so the label does not queue it.
+    let pj = &fixture("sample-pytorchjob.yaml")[0];
+    let k = kinds::of(Some("kubeflow.org"), "PyTorchJob").unwrap();
+    let sets: Vec<String> = k
+        .shape(pj)
+        .unwrap()
+        .templates
+        .into_iter()
+        .map(|t| t.pod_set)
+        .collect();
+    assert_eq!(sets, ["master", "worker"]);
+    assert_eq!(
+        cfg.queue_for(k.kueue_framework(), pj.get("metadata"), "default", None)
+            .unwrap(),
+        None
+    );
+}
+
+#[test]
+fn kueues_admission_checks_are_not_gpufits_and_its_cluster_queue_is_v1beta2() {
+    let mut objs = fixture("provisioning-setup.yaml");
+    objs.extend(fixture("sample-admission-check.yaml"));
+    let mut w = Writer::new(admission_checks("v1beta2"));
+    let store = w.as_reader();
+    for o in objs.iter().filter(|o| o["kind"] == "AdmissionCheck") {
+        assert_eq!(o["apiVersion"], "kueue.x-k8s.io/v1beta2");
+        w.apply_watcher_event(&watcher::Event::Apply(
+            serde_json::from_value(o.clone()).unwrap(),
+        ));
+    }
+    assert_eq!(store.state().len(), 2);
+    assert!(our_checks(&store).is_empty());
+    // The ClusterQueue names its checks per flavor (v1beta2): the docs'
+    // example for gpufit's check has the same shape.
+    let cq = objs.iter().find(|o| o["kind"] == "ClusterQueue").unwrap();
+    let strategy = &cq["spec"]["admissionChecksStrategy"]["admissionChecks"][0];
+    assert_eq!(strategy["onFlavors"][0], "default-flavor");
+    let docs =
+        std::fs::read_to_string(format!("{}/docs/controller.md", env!("CARGO_MANIFEST_DIR")))
+            .unwrap();
+    let example = docs
+        .split("```yaml")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("kind: ClusterQueue"))
+        .expect("docs/controller.md has a ClusterQueue example");
+    let docs_cq: Value = serde_yaml::Deserializer::from_str(example)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .find(|v: &Value| v["kind"] == "ClusterQueue")
+        .unwrap();
+    assert_eq!(docs_cq["apiVersion"], cq["apiVersion"]);
+    assert!(
+        docs_cq["spec"].get("admissionChecks").is_none(),
+        "v1beta2 has admissionChecksStrategy only"
+    );
+    assert_eq!(
+        docs_cq["spec"]["admissionChecksStrategy"]["admissionChecks"][0]["name"],
+        "gpufit"
+    );
+}
+
+#[test]
+fn kueues_workload_status_shapes_are_read() {
+    use gpufit::controller::kueue::{step, Step, Workload};
+    // QuotaReserved with a Pending check: that check is answered, and the
+    // reservation time is read from the condition.
+    let pending = &fixture("pending-admission-check-status.yaml")[0];
+    let wl = Workload::from_json(pending).unwrap();
+    let ours = ["dws-prov".to_string()].into();
+    assert_eq!(
+        step(&wl, &ours),
+        Step::Configure {
+            checks: vec!["dws-prov".into()]
+        }
+    );
+    assert_eq!(
+        wl.reserved_at().unwrap().to_rfc3339(),
+        "2024-05-03T20:01:59+00:00"
+    );
+    // podSetAssignments: count and flavors per resource.
+    let assigned = &fixture("podsetassignments-workload.yaml")[0];
+    let wl = Workload::from_json(assigned).unwrap();
+    let a = &wl.status.admission.as_ref().unwrap().pod_set_assignments[0];
+    assert_eq!((a.name.as_str(), a.count), ("main", Some(3)));
+    assert_eq!(a.flavors["cpu"], "default-flavor");
+}
+
+/// JobSet's `resumeJob` (kubernetes-sigs/jobset v0.12.0,
+/// `pkg/controllers/jobset_controller.go`): an existing child Job's pod
+/// template gets the replicated Job's annotations **merged** in
+/// (`collections.MergeMaps`: new values win, old keys stay).
+fn jobset_resume_child(child: &mut Value, template: &Value) {
+    let old = child["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut merged = old;
+    for (k, v) in template["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        merged.insert(k.clone(), v.clone());
+    }
+    child["metadata"]["annotations"] = Value::Object(merged);
+}
+
+#[tokio::test]
+async fn a_readmission_to_another_flavor_reaches_the_jobsets_existing_child_jobs() {
+    let w = World::new();
+    let (mut js, wl_name) = w.submit(JOBSET, jobset("llm"));
+    let counts = [("driver", 1), ("leader", 1), ("workers", 6)];
+    // First admission: H100, configured; JobSet creates its child Jobs
+    // from the replicated Jobs' templates.
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &counts));
+    w.answer(&wl_name).await;
+    let fl = {
+        let mut f = flavors(&w);
+        f.insert("spot".into(), w.get("resourceflavors/spot"));
+        f
+    };
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut js, &fl);
+    let ptr = "/spec/replicatedJobs/2/template/spec/template";
+    let mut child = js.pointer(ptr).unwrap().clone();
+    let h100 = assert_no_empty_setting(&w.pod_from(&child), "first admission");
+    // Evicted; re-admitted on a flavor gpufit cannot read the GPU of:
+    // the fallback, every key of it.
+    w.kueue_writes(&wl_name, |wl| kueue_evict(wl, &mut js));
+    w.kueue_writes(&wl_name, kueue_release);
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "spot", &counts));
+    w.answer(&wl_name).await;
+    let mut restarted = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut restarted, &mut js, &fl);
+    jobset_resume_child(&mut child, js.pointer(ptr).unwrap());
+    let pod = w.pod_from(&child);
+    let again = assert_no_empty_setting(&pod, "re-admission");
+    for v in gpufit::core::settings::SETTING_VARS {
+        let key = format!("{SETTING_ANNOTATION_PREFIX}{}", v.placeholder);
+        assert_eq!(
+            pod["metadata"]["annotations"][&key],
+            js.pointer(ptr).unwrap()["metadata"]["annotations"][&key],
+            "{key}: the child Job runs this admission's value"
+        );
+    }
+    assert_eq!(
+        again["GPUFIT_MICRO_BATCH_SIZE"], "1",
+        "the fallback, not H100's {}",
+        h100["GPUFIT_MICRO_BATCH_SIZE"]
+    );
+    let (m, a) = (
+        num(&again, "GPUFIT_MICRO_BATCH_SIZE"),
+        num(&again, "GPUFIT_GRAD_ACCUM_STEPS"),
+    );
+    assert_eq!(m * a * 8, 64, "m × a × W(8) = G");
+}
+
+#[test]
+fn the_oldest_pending_check_is_what_the_alert_watches() {
+    use gpufit::controller::reconcile::kueue::oldest_pending;
+    let wl = |name: &str, reserved: &str, state: &str| -> Arc<DynamicObject> {
+        Arc::new(
+            serde_json::from_value(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": []}}}]},
+                "status": {"admission": {"clusterQueue": "q", "podSetAssignments": [{"name": "main", "count": 1}]},
+                    "conditions": [{"type": "QuotaReserved", "status": "True", "lastTransitionTime": reserved}],
+                    "admissionChecks": [{"name": "gpufit", "state": state, "message": ""}]}}))
+            .unwrap(),
+        )
+    };
+    let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:10:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let ours = ["gpufit".to_string()].into();
+    let all = [
+        wl("a", "2026-01-01T00:09:00Z", "Pending"),
+        wl("b", "2026-01-01T00:00:00Z", "Ready"),
+        wl("c", "2026-01-01T00:08:20Z", "Pending"),
+    ];
+    assert_eq!(oldest_pending(&all, &ours, now), 100.0);
+    assert_eq!(
+        oldest_pending(&all[1..2], &ours, now),
+        0.0,
+        "answered: nothing waits"
+    );
+}
+
+#[test]
+fn trainers_torch_runtime_trains_in_the_node_job_the_tests_replay() {
+    // Kubeflow Trainer v2.3.0's torch-distributed runtime (tests/fixtures/trainer).
+    let path = format!(
+        "{}/tests/fixtures/trainer/torch_distributed.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let upstream: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(upstream["apiVersion"], "trainer.kubeflow.org/v1alpha1");
+    let node = |rt: &Value| -> Value {
+        rt["spec"]["template"]["spec"]["replicatedJobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                r["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"]
+                    == "trainer"
+            })
+            .cloned()
+            .expect("a replicated Job that trains")
+    };
+    // The runtime the TrainJob tests replay trains where Trainer's does:
+    // the Job `node`, its container `node` (where spec.trainer is merged).
+    let (ours, theirs) = (node(&training_runtime()), node(&upstream));
+    assert_eq!(ours["name"], theirs["name"]);
+    assert_eq!(
+        ours["template"]["spec"]["template"]["spec"]["containers"][0]["name"],
+        theirs["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
+    );
+    // Its Kueue pod set is named after the replicated Job.
+    assert_eq!(theirs["name"], "node");
+}
+
+#[tokio::test]
+async fn a_trainjob_pod_started_without_gpufits_answer_reads_its_fallback_not_empty_settings() {
+    // gpufit's check absent on the flavor (admissionChecksStrategy.onFlavors):
+    // Kueue starts the TrainJob without gpufit's annotations. Its pods come
+    // from the runtime, so the fallback travels in the trainer's environment.
+    let w = World::new();
+    let (mut tj, wl_name) = w.submit(TRAINJOB, trainjob("tj", false));
+    let counts = [
+        ("dataset-initializer", 1),
+        ("model-initializer", 1),
+        ("node", 2),
+    ];
+    w.kueue_writes(&wl_name, |wl| {
+        wl["status"]["admissionChecks"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|c| c["name"] != "gpufit");
+        reserve(wl, "h100-80gb", &counts);
+    });
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut tj, &fl);
+    let template = trainer_template(&tj);
+    let (raw, _) = container_view(&template);
+    assert_eq!(
+        raw["GPUFIT_MICRO_BATCH_SIZE"], "",
+        "without the pod rule: empty"
+    );
+    let pod = w.pod_from(&template);
+    let env = assert_no_empty_setting(&pod, "TrainJob, no answer");
+    let (m, a) = (
+        num(&env, "GPUFIT_MICRO_BATCH_SIZE"),
+        num(&env, "GPUFIT_GRAD_ACCUM_STEPS"),
+    );
+    assert_eq!(
+        m * a * 8,
+        64,
+        "the fallback keeps G over the job's W: m {m} × a {a} × 8"
+    );
+}
+
+#[tokio::test]
+async fn a_leader_killed_while_checks_are_pending_is_replaced_within_the_lease() {
+    use gpufit::controller::leader::{self, LeaderConfig};
+    use gpufit::controller::reconcile::kueue::ANSWER_BUDGET;
+    let lease = Duration::from_secs(3);
+    let w = World::new();
+    let replica = |identity: &str| {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let cfg = LeaderConfig {
+            lease_name: "gpufit-controller".into(),
+            namespace: "gpufit".into(),
+            identity: identity.into(),
+            lease_duration: lease,
+            renew_every: lease / 3,
+        };
+        let client = api_server::client(w.api.clone());
+        let task = tokio::spawn(leader::run(client, cfg, tx, std::future::pending()));
+        let mut ctx = Context::new(
+            api_server::client(w.api.clone()),
+            w.history.clone(),
+            nodes(),
+            reflector::store::<Namespace>().0,
+            Arc::new(Peaks(1)),
+            Metrics::new(),
+        );
+        ctx.leading = rx;
+        let k = Arc::new(KueueContext::new(
+            Arc::new(ctx),
+            checks("v1beta2"),
+            "v1beta2",
+        ));
+        (task, k)
+    };
+    // Replica a leads, then dies (no hand-back: a crash).
+    let (a_task, a) = replica("a");
+    let mut a_leading = a.ctx.leading.clone();
+    tokio::time::timeout(Duration::from_secs(10), a_leading.wait_for(|l| *l))
+        .await
+        .expect("a leads")
+        .unwrap();
+    a_task.abort();
+    // Quota is reserved while nobody answers; replica b starts.
+    let (_, wl_name) = w.submit(JOB, batch_job("crash", 2, json!({})));
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &[("main", 2)]));
+    let (_b_task, b) = replica("b");
+    let b_world = World { kueue: b, ..w };
+    let waited = b_world.answer(&wl_name).await;
+    eprintln!(
+        "fault matrix: leader killed (Lease {lease:?}), the other replica took over and answered after {:.3} s",
+        waited.as_secs_f64()
+    );
+    assert!(
+        waited <= lease + ANSWER_BUDGET + Duration::from_secs(1),
+        "{waited:?}"
+    );
+    assert_eq!(
+        check(&b_world.get(&format!("workloads/{wl_name}")), "gpufit")["state"],
+        "Ready"
+    );
+}
+
+#[tokio::test]
+async fn the_trainjob_replay_writes_where_kueues_own_test_expects() {
+    // Kueue's expected runtimePatches (tests/fixtures/kueue/trainjob-runtime-patch.json).
+    let path = format!(
+        "{}/tests/fixtures/kueue/trainjob-runtime-patch.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let theirs: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let theirs = &theirs["runtimePatches"][0];
+    // The replay's, after an admission gpufit answered.
+    let w = World::new();
+    let (mut tj, wl_name) = w.submit(TRAINJOB, trainjob("tj", false));
+    let counts = [
+        ("dataset-initializer", 1),
+        ("model-initializer", 1),
+        ("node", 2),
+    ];
+    w.kueue_writes(&wl_name, |wl| reserve(wl, "h100-80gb", &counts));
+    w.answer(&wl_name).await;
+    let fl = flavors(&w);
+    let mut started = w.kueue_writes(&wl_name, other_check_ready);
+    kueue_start(&mut started, &mut tj, &fl);
+    let ours = tj["spec"]["runtimePatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["manager"] == theirs["manager"])
+        .expect("Kueue's own runtime patch")
+        .clone();
+    let node = |p: &Value| -> Value {
+        p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "node")
+            .cloned()
+            .expect("the node patch")
+    };
+    let (ours, theirs) = (node(&ours), node(theirs));
+    for ptr in [
+        "/template/spec/template/metadata/annotations",
+        "/template/spec/template/metadata/labels",
+        "/template/spec/template/spec/nodeSelector",
+    ] {
+        assert!(
+            theirs.pointer(ptr).is_some_and(Value::is_object),
+            "Kueue writes {ptr}"
+        );
+        assert!(
+            ours.pointer(ptr).is_some_and(Value::is_object),
+            "the replay writes {ptr}: {ours:#}"
+        );
+    }
+    assert!(ours
+        .pointer("/template/spec/template/metadata/annotations")
+        .and_then(|a| a.get(format!("{SETTING_ANNOTATION_PREFIX}micro_batch_size")))
+        .is_some());
+}
+
+#[test]
+fn both_versions_of_kueues_conversion_pair_read_alike() {
+    use gpufit::controller::kueue::Workload;
+    let path = format!(
+        "{}/tests/fixtures/kueue/workload-conversion-pair.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let pair: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let old = Workload::from_json(&pair["v1beta1"]).unwrap();
+    let new = Workload::from_json(&pair["v1beta2"]).unwrap();
+    assert_eq!(
+        old, new,
+        "the fields gpufit reads do not change between versions"
+    );
+    assert_eq!(new.status.conditions[0].type_, "Admitted");
 }

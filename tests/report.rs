@@ -35,6 +35,7 @@ fn run(
     dur: f64,
 ) -> RunRecord {
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: Utc::now() - chrono::Duration::hours(ago_h),

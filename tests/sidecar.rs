@@ -497,6 +497,7 @@ fn in_process_sidecar_serves_until_stopped_and_then_refuses_connections() {
                 node: "inproc".into(),
                 demo_jobs: 0,
                 mig: Default::default(),
+                mig_parent_refused: false,
             },
         },
         listen: "127.0.0.1:0".parse().expect("socket address"),
@@ -744,7 +745,7 @@ fn mig_slices_serve_their_own_memory_and_per_job_peaks_that_stay_on_their_slice(
             )
         })
         .collect();
-    // The catalog's slice memory: nvidia-smi mig -lgip's 4.75 / 19.62 GiB.
+    // The catalog's slice memory: 4.75 GiB (nvidia-smi mig -lgip), 19.50 GiB (go-nvml's A100 mock, the lower source).
     assert_eq!(
         rows,
         [
@@ -759,7 +760,7 @@ fn mig_slices_serve_their_own_memory_and_per_job_peaks_that_stay_on_their_slice(
             (
                 0,
                 "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                20096 * MIB,
+                19968 * MIB,
                 12 * GIB
             ),
             (1, "NVIDIA A100-SXM4-40GB", 40960 * MIB, 0),
@@ -822,7 +823,7 @@ fn mig_slices_serve_their_own_memory_and_per_job_peaks_that_stay_on_their_slice(
                 ("mig_profile", "3g.20gb")
             ]
         ),
-        Some((20096 * MIB) as f64)
+        Some((19968 * MIB) as f64)
     );
     // The MIG-mode card: healthy, but its memory only through its slices.
     let card = [("gpu", "0"), ("mig_device", ""), ("node", "mig-node")];
@@ -905,4 +906,123 @@ fn mig_slices_serve_their_own_memory_and_per_job_peaks_that_stay_on_their_slice(
         !bad.status.success() && err.contains("not a MIG profile"),
         "{err}"
     );
+}
+
+/// Acceptance (issue 46): a MIG node read without MIG monitoring
+/// privileges. NVML refuses the card's own memory (NoPermission) and gives
+/// no per-process figure on the slices; the card is still listed, healthy,
+/// with the reason, its slices with their own memory, and a job's peak is
+/// tracked on its slice from the slice's own use. A log-stated peak is
+/// checked against the job's slice, not the card.
+#[test]
+fn a_mig_card_whose_own_reading_is_refused_lists_its_slices_and_tracks_peaks_on_them() {
+    const MIB: u64 = 1 << 20;
+    let (_tok, tok_path) = token_file("mig-token");
+    let sc = start(
+        &[
+            "--backend",
+            "simulate",
+            "--simulate-model",
+            "NVIDIA A100-SXM4-80GB",
+            "--simulate-gpus",
+            "1",
+            "--simulate-mig",
+            "0:1g.10gb,3g.40gb",
+            "--simulate-mig-parent-refused",
+            "--token-file",
+            &tok_path,
+            "--node",
+            "refused-node",
+        ],
+        &[],
+    );
+    let job = json!({"slurm_job_id": "88"});
+    for gib in [6u64, 9, 3] {
+        post_on_slice(&sc, 21, 0, 1, job.clone(), gib * GIB);
+    }
+    post_on_slice(&sc, 22, 0, 0, json!({"slurm_job_id": "89"}), 2 * GIB);
+
+    let gpus = get_json(&format!("{}/v1/gpus", sc.base));
+    let list = gpus["gpus"].as_array().expect("a list");
+    assert_eq!(list.len(), 3, "the card and its two slices: {gpus}");
+    let card = &list[0];
+    assert_eq!(card["healthy"], true, "{card}");
+    assert_eq!(card["mig_enabled"], true);
+    assert_eq!(card["memory_total_bytes"], 0, "refused: no aggregate");
+    let why = card["error"].as_str().unwrap_or("");
+    assert!(
+        why.contains("CAP_SYS_ADMIN") && why.contains("NVIDIA_MIG_MONITOR_DEVICES"),
+        "{why}"
+    );
+    let slices: Vec<(String, u64, u64)> = list[1..]
+        .iter()
+        .map(|g| {
+            (
+                g["name"].as_str().unwrap_or("").to_string(),
+                g["memory_total_bytes"].as_u64().unwrap_or(0),
+                g["memory_used_bytes"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        slices,
+        [
+            (
+                "NVIDIA A100-SXM4-80GB MIG 1g.10gb".to_string(),
+                9728 * MIB,
+                2 * GIB
+            ),
+            (
+                "NVIDIA A100-SXM4-80GB MIG 3g.40gb".to_string(),
+                40192 * MIB,
+                3 * GIB
+            ),
+        ]
+    );
+    // The job's peak: 9 GiB on its 3g.40gb slice, though NVML gave no
+    // per-process figure (the slice's own use stands in).
+    let j = get_json(&format!("{}/v1/jobs/88", sc.base));
+    assert_eq!(j["peak_bytes"].as_u64(), Some(9 * GIB), "{j}");
+    assert_eq!(j["current_bytes"].as_u64(), Some(3 * GIB));
+    assert_eq!(
+        j["gpus"][0]["mig"],
+        json!({"device": 1, "profile": "3g.40gb"})
+    );
+    let other = get_json(&format!("{}/v1/jobs/89", sc.base));
+    assert_eq!(other["peak_bytes"].as_u64(), Some(2 * GIB));
+
+    // log-peak: checked against the job's slice (39.25 GiB), not the card.
+    let url = |id: &str| format!("{}/v1/jobs/{id}/log-peak", sc.base);
+    let (code, body) = call_auth(
+        "POST",
+        &url("88"),
+        "mig-token",
+        json!({"peak_bytes": 45 * GIB}),
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("MIG slice 3g.40gb"), "{body}");
+    let (code, body) = call_auth(
+        "POST",
+        &url("88"),
+        "mig-token",
+        json!({"peak_bytes": 30 * GIB}),
+    );
+    assert_eq!(code, 200, "{body}");
+    // Job 89's slice is a 1g.10gb: 30 GiB cannot be its.
+    let (code, body) = call_auth(
+        "POST",
+        &url("89"),
+        "mig-token",
+        json!({"peak_bytes": 30 * GIB}),
+    );
+    assert_eq!(code, 400, "{body}");
+    // A job never seen: the node's largest device, the 3g.40gb slice (not the card).
+    let (code, body) = call_auth(
+        "POST",
+        &url("90"),
+        "mig-token",
+        json!({"peak_bytes": 45 * GIB}),
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("this node's GPU memory"), "{body}");
 }

@@ -442,8 +442,11 @@ fn gpufit_vars(output: &str) -> std::collections::BTreeMap<String, String> {
 const PRINT_ENV: &str = "#!/bin/sh\nenv | sort\necho job-ran\n";
 
 /// Prints its environment, then waits at the test's gate (while the test
-/// plays the training process's GPU memory on the simulate sidecar).
-const PRINT_ENV_GATED: &str = "#!/bin/sh\nenv | sort\n\"$JOB_TEST_GATE\"\necho job-ran\n";
+/// plays the training process's GPU memory on the simulate sidecar), and
+/// states the micro batch it ran as the Hugging Face Trainer does: the
+/// Epilog reads that from its output, which confirms the run's settings (a
+/// job that states nothing is recorded unconfirmed, its peak a floor only).
+const PRINT_ENV_GATED: &str = "#!/bin/sh\nenv | sort\n\"$JOB_TEST_GATE\"\necho \"  Instantaneous batch size per device = $GPUFIT_MICRO_BATCH_SIZE\"\necho job-ran\n";
 
 /// Plays a training process of `job` using `bytes` on its GPU, then ending.
 fn simulate_training(sidecar: &str, job: &str, gpus: &str, bytes: u64) {
@@ -785,6 +788,46 @@ fn slurm_jobs_get_settings_record_runs_and_fail_open() {
         log.lines()
             .any(|l| l.contains(&format!("job {job}: no output file could be read"))),
         "epilog log: {log}"
+    );
+
+    // 6d. A job that ignores GPUFIT_MICRO_BATCH_SIZE (it runs 16, or 8 if
+    //     16 was injected) and says so in its result record, in the file
+    //     the TaskProlog named: stored with what it ran (`ran_other`), the
+    //     record's exact peak, and the next job learns from that batch.
+    let ignoring = "#!/bin/sh\nif [ \"$GPUFIT_MICRO_BATCH_SIZE\" = 16 ]; then RAN=8; else RAN=16; fi\nprintf '{\"schema_version\":1,\"source\":\"track\",\"world_size\":1,\"injected\":{\"micro_batch_size\":%s},\"ran\":{\"micro_batch_size\":%s,\"gradient_accumulation_steps\":%s},\"peaks\":[{\"rank\":0,\"allocated_bytes\":40000000000,\"reserved_bytes\":42949672960}],\"tokens_per_sec\":4321.0,\"steps\":5,\"outcome\":\"completed\"}' \"$GPUFIT_MICRO_BATCH_SIZE\" \"$RAN\" $((16 / RAN)) > \"$GPUFIT_RESULT_FILE\"\necho ran=$RAN\necho job-ran\n";
+    let (job5, out, ok) = cluster.sbatch(&[], &workload_env, ignoring);
+    assert!(ok && out.contains("job-ran"), "job {job5}: {out}");
+    let ran: u32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ran="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("job {job5} printed its batch: {out}"));
+    let run5 = wait_until("the mismatch run record", Duration::from_secs(20), || {
+        runs_of_job(&ctl_url, &job5)
+    });
+    assert_eq!(run5.settings.micro_batch_size, ran, "{run5:?}");
+    assert_eq!(run5.settings.gradient_accumulation_steps, 16 / ran);
+    assert_eq!(
+        run5.confirmation,
+        gpufit::core::confirm::Confirmation::RanOther,
+        "{run5:?}"
+    );
+    assert_eq!(run5.result.peak_memory_bytes, Some(40 << 30), "{run5:?}");
+    assert_eq!(run5.result.tokens_per_sec, Some(4321.0));
+    assert_eq!(run5.predicted_peak_bytes, None, "{run5:?}");
+    assert!(
+        !gpufit::core::result_record::slurm_result_path(&job5).exists(),
+        "the Epilog removes the record file"
+    );
+    let (job6, out, ok) = cluster.sbatch(&[], &workload_env, PRINT_ENV);
+    assert!(ok, "job {job6}: {out}");
+    let reasoning = gpufit_vars(&out)
+        .get("GPUFIT_REASONING")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        reasoning.contains(&format!("micro batch {ran} measured 40.0 GiB")),
+        "job {job6} learns from the batch job {job5} ran: {reasoning}"
     );
 
     // 7. Controller stopped: the job still runs, without gpufit variables,

@@ -99,6 +99,7 @@ impl Drop for ApiServer {
 
 fn run_record(job: &str) -> RunRecord {
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: chrono::Utc::now(),

@@ -49,6 +49,10 @@ fn namespace(name: &str, mode: Option<&str>) -> Namespace {
 }
 
 async fn start_webhook() -> Webhook {
+    start_webhook_on(vec![gpu_node()]).await
+}
+
+async fn start_webhook_on(gpu_nodes: Vec<Node>) -> Webhook {
     let dir = tempfile::tempdir().expect("temp dir");
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
     let cert_path = dir.path().join("tls.crt");
@@ -59,7 +63,9 @@ async fn start_webhook() -> Webhook {
     let history = gpufit::history::open(&format!("sqlite:{}", dir.path().join("h.db").display()))
         .expect("sqlite history");
     let (nodes, mut nw) = reflector::store::<Node>();
-    nw.apply_watcher_event(&watcher::Event::Apply(gpu_node()));
+    for n in gpu_nodes {
+        nw.apply_watcher_event(&watcher::Event::Apply(n));
+    }
     let (namespaces, mut nsw) = reflector::store::<Namespace>();
     nsw.apply_watcher_event(&watcher::Event::Apply(namespace("ml", None)));
     nsw.apply_watcher_event(&watcher::Event::Apply(namespace(
@@ -75,7 +81,7 @@ async fn start_webhook() -> Webhook {
         targets: StrategyTargets::default(),
         default_mode: Mode::Inject,
         cache: Default::default(),
-        kueue_unlabelled: Default::default(),
+        kueue: Default::default(),
     });
     let server = WebhookServer::bind(&WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -764,4 +770,174 @@ async fn a_pod_with_two_cpus_per_gpu_gets_at_most_two_workers() {
     let e = env(&apply_patch(&obj, &resp)["spec"]["template"], 0);
     let workers: u32 = e["GPUFIT_DATALOADER_NUM_WORKERS"].parse().expect("workers");
     assert!(workers <= 2, "{workers} workers for 2 CPUs");
+}
+
+/// Acceptance (issue 46): on a node sharing each A100 80GB ten ways through
+/// MPS, a job asking `gpufit.io/gpu-sharing=whole` is planned for the 8 GiB
+/// the MPS daemon lets it use, and the admission response warns why.
+#[tokio::test]
+async fn whole_on_an_mps_node_is_planned_for_the_share_with_a_warning() {
+    let mps: Node = serde_json::from_value(json!({"metadata": {"name": "mps-1", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-SHARED", "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/gpu.count": "8", "nvidia.com/gpu.replicas": "10",
+        "nvidia.com/gpu.sharing-strategy": "mps"}}}))
+    .expect("node");
+    let w = start_webhook_on(vec![mps]).await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/gpu-sharing"] = json!("whole");
+    // An 8B model does not fit 8 GiB: the warning still says why it is 8 GiB.
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns.clone()))).await;
+    let warnings = resp["response"]["warnings"].to_string();
+    assert!(
+        warnings.contains("does not fit") && warnings.contains("MPS daemon caps"),
+        "{resp}"
+    );
+    anns["gpufit.io/model"] = json!("Qwen/Qwen2.5-0.5B");
+    anns["gpufit.io/seq-len"] = json!("512");
+    let obj = job(anns);
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", obj.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    let warnings = resp["response"]["warnings"].to_string();
+    assert!(
+        warnings.contains("gpufit.io/gpu-sharing=whole ignored") && warnings.contains("MPS"),
+        "{resp}"
+    );
+    let out = apply_patch(&obj, &resp);
+    let reason = out["metadata"]["annotations"][ANN_REASON]
+        .as_str()
+        .unwrap_or("");
+    assert!(reason.contains("MPS-shared by 10"), "{reason}");
+    let applied: Value = serde_json::from_str(
+        out["metadata"]["annotations"][ANN_APPLIED]
+            .as_str()
+            .unwrap_or("{}"),
+    )
+    .expect("applied JSON");
+    assert!(
+        applied["gpu"]
+            .as_str()
+            .unwrap_or("")
+            .contains("MPS-shared by 10"),
+        "{applied}"
+    );
+    let peak = applied["predictedPeakBytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(peak <= 8 << 30, "planned within 8 GiB: {peak}");
+}
+
+// === What the webhook mutates, and what it reads (issue 47.6) ===
+
+/// The response's warnings, joined.
+fn warnings(resp: &Value) -> String {
+    resp["response"]["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+#[tokio::test]
+async fn a_deployment_is_never_mutated_though_it_has_a_pod_template() {
+    let w = start_webhook().await;
+    let mut d = job(lora_annotations());
+    d["apiVersion"] = json!("apps/v1");
+    d["kind"] = json!("Deployment");
+    let kind = ("apps", "v1", "Deployment", "deployments");
+    let (_, resp) = post(&w, PATH, &review(kind, "ml", d)).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(resp["response"].get("patch").is_none(), "{resp}");
+    assert!(warnings(&resp).contains("Deployment"), "{resp}");
+    // A `Job` of another API group is not a batch Job either.
+    let (_, resp) = post(
+        &w,
+        PATH,
+        &review(
+            ("example.com", "v1", "Job", "jobs"),
+            "ml",
+            job(lora_annotations()),
+        ),
+    )
+    .await;
+    assert!(resp["response"].get("patch").is_none(), "{resp}");
+}
+
+#[tokio::test]
+async fn gpu_counts_are_read_as_kubernetes_quantities_and_bad_ones_are_named() {
+    let w = start_webhook().await;
+    for bad in ["two", "-2", "1.5"] {
+        let mut j = job(lora_annotations());
+        j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+            json!(bad);
+        let (_, resp) = post(&w, PATH, &review(JOB, "ml", j)).await;
+        assert_eq!(resp["response"]["allowed"], true, "{bad}: {resp}");
+        assert!(
+            resp["response"].get("patch").is_none(),
+            "{bad}: not W = 1 silently: {resp}"
+        );
+        let warned = warnings(&resp);
+        assert!(
+            warned.contains(&format!("`{bad}`")) && warned.contains("nvidia.com/gpu"),
+            "{bad}: {warned}"
+        );
+    }
+    // "2k" is a valid quantity: 2000 GPUs per pod, which the global batch
+    // of 32 cannot be split over: allowed unchanged, saying what it saw.
+    let mut j = job(lora_annotations());
+    j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+        json!("2k");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", j)).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(warnings(&resp).contains("2000"), "{resp}");
+}
+
+#[tokio::test]
+async fn a_shape_that_makes_the_global_batch_impossible_is_a_warning_not_a_denial() {
+    let w = start_webhook().await;
+    let mut j = job(lora_annotations());
+    j["spec"]["parallelism"] = json!(1_000_000_000u64);
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", j.clone())).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(resp["response"].get("patch").is_none());
+    let warned = warnings(&resp);
+    assert!(
+        warned.contains("1000000000") && warned.contains("global-batch 32"),
+        "{warned}"
+    );
+    // The same W from the user's own gpufit.io/gpus: that annotation is at fault.
+    let mut anns = lora_annotations();
+    anns["gpufit.io/gpus"] = json!("1000000000");
+    j["metadata"]["annotations"] = anns;
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", j)).await;
+    assert_eq!(resp["response"]["allowed"], false, "{resp}");
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("gpufit.io/gpus"), "{msg}");
+}
+
+#[tokio::test]
+async fn settings_the_history_would_refuse_are_never_injected() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/global-batch"] = json!("2147483648");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], true, "{resp}");
+    assert!(
+        resp["response"].get("patch").is_none(),
+        "an accumulation of ~10^9 injected: {resp}"
+    );
+    assert!(warnings(&resp).contains("65536"), "{resp}");
+}
+
+#[tokio::test]
+async fn a_pin_given_twice_is_denied_naming_the_annotation() {
+    let w = start_webhook().await;
+    let mut anns = lora_annotations();
+    anns["gpufit.io/pins"] = json!("micro_batch_size=2,micro_batch_size=8");
+    let (_, resp) = post(&w, PATH, &review(JOB, "ml", job(anns))).await;
+    assert_eq!(resp["response"]["allowed"], false, "{resp}");
+    let msg = resp["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("gpufit.io/pins") && msg.contains("micro_batch_size"),
+        "{msg}"
+    );
 }

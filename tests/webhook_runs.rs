@@ -8,7 +8,6 @@
 //! events: 0 duplicated and 0 lost records. One test reads the peaks from a
 //! real Prometheus scraping a simulated sidecar.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,129 +34,15 @@ use kube::Client;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-#[path = "common/mock_api.rs"]
-mod mock_api;
+#[path = "common/api_server.rs"]
+mod api_server;
 #[path = "common/prom.rs"]
 mod prom;
 
-/// The scripted API server: objects by `plural/name`, pods, the leader
-/// Lease, unexpected requests.
-#[derive(Default)]
-struct FakeApi {
-    objects: BTreeMap<String, Value>,
-    pods: Vec<Value>,
-    lease: Option<Value>,
-    unexpected: Vec<String>,
-}
-
-fn status(code: u16, reason: &str) -> (u16, Value) {
-    (
-        code,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason}),
-    )
-}
-
-/// The leader Lease as the API server keeps it: create once, replace only
-/// with the `resourceVersion` read (409 otherwise).
-fn answer_lease(api: &mut FakeApi, method: &str, path: &str, body: Value) -> Option<(u16, Value)> {
-    let base = "/apis/coordination.k8s.io/v1/namespaces/gpufit/leases";
-    let named = path == format!("{base}/{LEASE}");
-    Some(match method {
-        "GET" if named => match &api.lease {
-            Some(l) => (200, l.clone()),
-            None => status(404, "NotFound"),
-        },
-        "POST" if path == base => {
-            if api.lease.is_some() {
-                return Some(status(409, "AlreadyExists"));
-            }
-            let mut l = body;
-            l["metadata"]["resourceVersion"] = json!("1");
-            api.lease = Some(l.clone());
-            (201, l)
-        }
-        "PUT" if named => {
-            let current = api
-                .lease
-                .as_ref()
-                .and_then(|l| l["metadata"]["resourceVersion"].as_str())
-                .unwrap_or("")
-                .to_string();
-            if body["metadata"]["resourceVersion"].as_str() != Some(current.as_str()) {
-                return Some(status(409, "Conflict"));
-            }
-            let mut l = body;
-            let next = current.parse::<u64>().unwrap_or(0) + 1;
-            l["metadata"]["resourceVersion"] = json!(next.to_string());
-            api.lease = Some(l.clone());
-            (200, l)
-        }
-        _ => return None,
-    })
-}
-
-fn answer(api: &mut FakeApi, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
-    if path.starts_with("/apis/coordination.k8s.io/") {
-        if let Some(a) = answer_lease(api, method, path, body.clone()) {
-            return a;
-        }
-    }
-    if path == "/api/v1/namespaces/ml/pods" && method == "GET" {
-        let query = query.replace("%2F", "/").replace("%3D", "=");
-        let selected = query.contains(LABEL_CONFIGURED);
-        // A JobSet's pods are selected by the JobSet's name label.
-        let jobset = query
-            .split_once("jobset.sigs.k8s.io/jobset-name=")
-            .map(|(_, v)| v.split('&').next().unwrap_or_default().to_string());
-        let items: Vec<Value> = api
-            .pods
-            .iter()
-            .filter(|p| {
-                let l = &p["metadata"]["labels"];
-                match &jobset {
-                    Some(js) => l["jobset.sigs.k8s.io/jobset-name"] == js.as_str(),
-                    None => selected && l[LABEL_CONFIGURED] == "true",
-                }
-            })
-            .cloned()
-            .collect();
-        return (
-            200,
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
-        );
-    }
-    for plural in ["jobs", "pytorchjobs", "jobsets", "trainjobs"] {
-        let Some(name) = path
-            .rsplit_once(&format!("/namespaces/ml/{plural}/"))
-            .map(|(_, n)| n.to_string())
-        else {
-            continue;
-        };
-        let key = format!("{plural}/{name}");
-        let Some(obj) = api.objects.get_mut(&key) else {
-            return (
-                404,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-            );
-        };
-        match method {
-            "GET" => return (200, obj.clone()),
-            "PATCH" => {
-                json_patch::merge(obj, &body);
-                return (200, obj.clone());
-            }
-            _ => {}
-        }
-    }
-    api.unexpected.push(format!("{method} {path}?{query}"));
-    (
-        500,
-        json!({"kind": "Status", "code": 500, "message": "unexpected"}),
-    )
-}
+use api_server::ApiServer as FakeApi;
 
 fn fake_client(api: Arc<Mutex<FakeApi>>) -> Client {
-    mock_api::mock_client(api, answer)
+    api_server::client(api)
 }
 
 /// A peak reader double that keeps every query (to check all pods are asked).
@@ -250,7 +135,7 @@ impl World {
                 targets: StrategyTargets::default(),
                 default_mode: Mode::Inject,
                 cache: Default::default(),
-                kueue_unlabelled: Default::default(),
+                kueue: Default::default(),
             },
             history,
             peaks,
@@ -280,6 +165,8 @@ impl World {
         );
         ctx.peak_retry = Duration::from_millis(200);
         ctx.leading = leading;
+        // One process: the recorder and the webhook share the history cache.
+        ctx.history_cache = self.webhook.cache.clone();
         let (group, version, k, plural) = kind;
         Arc::new(WorkloadContext {
             ctx: Arc::new(ctx),
@@ -453,7 +340,7 @@ fn oom() -> Value {
 #[tokio::test]
 async fn a_pytorchjob_whose_one_worker_ran_out_of_memory_is_one_oom_record_across_duplicates_and_a_restart(
 ) {
-    let mut w = World::new();
+    let w = World::new();
     let job = w.submit(PYTORCHJOB, pytorchjob("ddp"));
     assert_eq!(job["metadata"]["labels"][LABEL_CONFIGURED], "true");
     assert_eq!(
@@ -472,12 +359,12 @@ async fn a_pytorchjob_whose_one_worker_ran_out_of_memory_is_one_oom_record_acros
     );
     {
         let mut api = w.api.lock().unwrap();
-        api.pods = vec![
+        api.set_pods(vec![
             operator_pod(&job, "master", 0, running()),
             operator_pod(&job, "worker", 0, running()),
             operator_pod(&job, "worker", 1, oom()),
             operator_pod(&job, "worker", 2, running()),
-        ];
+        ]);
     }
     reconcile(&created, &c1).await;
     assert_eq!(w.runs().len(), 0, "not ended: nothing recorded");
@@ -536,8 +423,8 @@ async fn a_pytorchjob_whose_one_worker_ran_out_of_memory_is_one_oom_record_acros
     assert_eq!(w.runs().len(), 1, "0 duplicated records after a restart");
     assert!(w.api.lock().unwrap().unexpected.is_empty());
 
-    // The same workload again: it learned from the OOM.
-    w.later();
+    // The same workload again, within the cache's 10 s: it learned from
+    // the OOM (recording the run cleared the webhook's cached history).
     let again = w.submit(PYTORCHJOB, pytorchjob("ddp-2"));
     let second: Value = applied(&again);
     assert_eq!(second["source"], "learned_from_failures", "{second}");
@@ -567,13 +454,13 @@ async fn a_finished_job_is_recorded_once_and_the_next_submission_uses_its_measur
     // It used far less than predicted.
     *w.peaks.bytes.lock().unwrap() = Some(predicted / 2);
     let c = w.controller(JOB);
-    w.api.lock().unwrap().pods = vec![job_pod(
+    w.api.lock().unwrap().set_pods(vec![job_pod(
         &job,
         "finetune-x7k2p",
         "Succeeded",
         json!({"terminated": {"exitCode": 0, "reason": "Completed",
             "message": "{'train_runtime': 100.0, 'train_samples_per_second': 6.25, 'train_steps_per_second': 0.8, 'train_loss': 1.2, 'epoch': 1.0}"}}),
-    )];
+    )]);
     let done = w.set_status(
         "jobs/finetune",
         json!({"startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:10:00Z",
@@ -633,12 +520,12 @@ async fn a_peak_missing_when_the_job_ends_is_filled_in_later_and_a_host_oomkill_
     let mut w = World::new();
     let job = w.submit(JOB, batch_job("late"));
     let first = applied(&job);
-    w.api.lock().unwrap().pods = vec![job_pod(
+    w.api.lock().unwrap().set_pods(vec![job_pod(
         &job,
         "late-abcde",
         "Failed",
         json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}),
-    )];
+    )]);
     let c = w.controller(JOB);
     let failed = w.set_status("jobs/late", job_failed());
     reconcile(&failed, &c).await;
@@ -755,7 +642,10 @@ async fn a_jobset_whose_one_pod_ran_out_of_memory_is_one_oom_record_with_the_pea
     *w.peaks.bytes.lock().unwrap() = Some(75 << 30);
     let done = json!({"terminated": {"exitCode": 143, "reason": "Error",
         "startedAt": "2026-01-01T00:00:10Z", "finishedAt": "2026-01-01T00:10:00Z"}});
-    w.api.lock().unwrap().pods = vec![jobset_pod(&js, 0, done), jobset_pod(&js, 1, oom())];
+    w.api
+        .lock()
+        .unwrap()
+        .set_pods(vec![jobset_pod(&js, 0, done), jobset_pod(&js, 1, oom())]);
     let failed = w.set_status(
         "jobsets/multi",
         json!({"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs",
@@ -932,13 +822,16 @@ async fn a_trainjob_is_recorded_once_when_it_completes_and_its_resubmission_lear
     let c = w.controller(TRAINJOB);
 
     // Both nodes run; then node 1 finishes first while node 0 still trains.
-    w.api.lock().unwrap().pods = vec![
+    w.api.lock().unwrap().set_pods(vec![
         trainjob_pod(&tj, 0, "x7k2p", running()),
         trainjob_pod(&tj, 1, "q9m4z", running()),
-    ];
+    ]);
     let running_copy = w.set_status("trainjobs/llama-ft", trainjob_running(1, 0));
     reconcile(&running_copy, &c).await;
-    w.api.lock().unwrap().pods[1] = trainjob_pod(&tj, 1, "q9m4z", finished());
+    w.api
+        .lock()
+        .unwrap()
+        .add_pods(vec![trainjob_pod(&tj, 1, "q9m4z", finished())]);
     reconcile(&running_copy, &c).await;
     assert!(
         w.runs().is_empty(),
@@ -946,7 +839,10 @@ async fn a_trainjob_is_recorded_once_when_it_completes_and_its_resubmission_lear
     );
 
     // All done: the TrainJob's Complete condition (copied from its JobSet).
-    w.api.lock().unwrap().pods[0] = trainjob_pod(&tj, 0, "x7k2p", finished());
+    w.api
+        .lock()
+        .unwrap()
+        .add_pods(vec![trainjob_pod(&tj, 0, "x7k2p", finished())]);
     let done = w.set_status("trainjobs/llama-ft", trainjob_complete());
     reconcile(&done, &c).await;
     // A duplicate, the stale running copy, and a restarted controller.
@@ -1014,10 +910,10 @@ async fn a_completed_jobset_is_recorded_once_and_its_resubmission_uses_the_measu
     assert_eq!(first["source"], "heuristic");
     let predicted = first["predictedPeakBytes"].as_u64().expect("a prediction");
     *w.peaks.bytes.lock().unwrap() = Some(predicted / 2);
-    w.api.lock().unwrap().pods = vec![
+    w.api.lock().unwrap().set_pods(vec![
         jobset_pod(&js, 0, finished()),
         jobset_pod(&js, 1, finished()),
-    ];
+    ]);
     let done = w.set_status("jobsets/multi", jobset_completed());
     let c = w.controller(JOBSET);
     reconcile(&done, &c).await;
@@ -1148,7 +1044,7 @@ async fn each_kind_survives_a_restart_mid_run_and_a_second_replica_with_no_dupli
         );
 
         // Pods exist and run; both replicas see the running workload.
-        w.api.lock().unwrap().pods = (case.pods)(&obj, false);
+        w.api.lock().unwrap().set_pods((case.pods)(&obj, false));
         let running_copy = w.set_status(&key, case.running.clone());
         reconcile(&running_copy, &a.c).await;
         reconcile(&running_copy, &b.c).await;
@@ -1168,7 +1064,7 @@ async fn each_kind_survives_a_restart_mid_run_and_a_second_replica_with_no_dupli
 
         // The workload ends while a was gone: both replicas' watches see
         // it, twice, then the stale running copy again.
-        w.api.lock().unwrap().pods = (case.pods)(&obj, true);
+        w.api.lock().unwrap().set_pods((case.pods)(&obj, true));
         let ended_copy = w.set_status(&key, case.ended.clone());
         for c in [&a2.c, &b.c, &a2.c, &b.c] {
             reconcile(&ended_copy, c).await;
@@ -1224,7 +1120,12 @@ async fn a_replica_that_does_not_lead_records_nothing_even_when_the_workload_end
     let w = World::new();
     *w.peaks.bytes.lock().unwrap() = Some(20 << 30);
     let job = w.submit(JOB, batch_job("standby"));
-    w.api.lock().unwrap().pods = vec![job_pod(&job, "standby-abcde", "Succeeded", finished())];
+    w.api.lock().unwrap().set_pods(vec![job_pod(
+        &job,
+        "standby-abcde",
+        "Succeeded",
+        finished(),
+    )]);
     let done = w.set_status(
         "jobs/standby",
         json!({"startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:10:00Z",
@@ -1309,10 +1210,10 @@ async fn a_trainjobs_recorded_peak_is_the_max_over_its_pods_from_a_real_promethe
         p["status"]["startTime"] = json!(started.to_rfc3339());
         p
     };
-    w.api.lock().unwrap().pods = vec![
+    w.api.lock().unwrap().set_pods(vec![
         timed(trainjob_pod(&tj, 0, "x7k2p", finished())),
         timed(trainjob_pod(&tj, 1, "q9m4z", finished())),
-    ];
+    ]);
     let mut complete = trainjob_complete();
     complete["conditions"][0]["lastTransitionTime"] = json!(chrono::Utc::now().to_rfc3339());
     let done = w.set_status("trainjobs/prom-ft", complete);
@@ -1347,10 +1248,10 @@ async fn a_failed_trainjob_whose_one_node_ran_out_of_memory_is_one_oom_record_an
     // Node 1 runs out of GPU memory; JobSet's failure policy stops node 0.
     let stopped = json!({"terminated": {"exitCode": 143, "reason": "Error",
         "startedAt": "2026-01-01T00:00:10Z", "finishedAt": "2026-01-01T00:05:00Z"}});
-    w.api.lock().unwrap().pods = vec![
+    w.api.lock().unwrap().set_pods(vec![
         trainjob_pod(&tj, 0, "aaaaa", stopped),
         trainjob_pod(&tj, 1, "bbbbb", oom()),
-    ];
+    ]);
     // Kubeflow Trainer copies the JobSet's Failed condition.
     let failed = w.set_status(
         "trainjobs/tj-oom",
@@ -1378,5 +1279,123 @@ async fn a_failed_trainjob_whose_one_node_ran_out_of_memory_is_one_oom_record_an
             < first["settings"]["microBatchSize"].as_u64()
             || second["settings"]["activationCheckpointing"] == true,
         "the OOM made the next suggestion lighter: {first} → {second}"
+    );
+}
+
+/// A script that ignores GPUFIT_MICRO_BATCH_SIZE (a hard-coded batch in its
+/// args, no placeholder) and says what it ran in its result record (the
+/// Python package's callback writes it to /dev/termination-log).
+#[tokio::test]
+async fn a_job_that_ran_another_micro_batch_than_injected_is_recorded_and_learned_at_what_it_ran() {
+    let mut w = World::new();
+    let hard_coded = |name: &str| {
+        let mut j = batch_job(name);
+        j["spec"]["template"]["spec"]["containers"][0]["args"] =
+            json!(["--per_device_train_batch_size", "8"]);
+        j
+    };
+    let job = w.submit(JOB, hard_coded("fixed"));
+    let first = applied(&job);
+    let injected = first["settings"]["microBatchSize"]
+        .as_u64()
+        .expect("injected batch");
+    let ran = if injected == 8 { 6 } else { 8 };
+    // The peak of what really ran: 40 GiB.
+    *w.peaks.bytes.lock().unwrap() = Some(40 << 30);
+    let record = json!({
+        "schema_version": 1, "source": "hf", "world_size": 1,
+        "injected": {"micro_batch_size": injected},
+        "ran": {"micro_batch_size": ran, "gradient_accumulation_steps": 64 / ran},
+        "peaks": [], "tokens_per_sec": 5000.0, "steps": 20, "outcome": "completed"
+    })
+    .to_string();
+    let c = w.controller(JOB);
+    w.api.lock().unwrap().set_pods(vec![job_pod(
+        &job,
+        "fixed-x7k2p",
+        "Succeeded",
+        json!({"terminated": {"exitCode": 0, "reason": "Completed", "message": record}}),
+    )]);
+    let done = w.set_status(
+        "jobs/fixed",
+        json!({"startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:10:00Z",
+               "succeeded": 1, "conditions": [
+                   {"type": "SuccessCriteriaMet", "status": "True"},
+                   {"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T00:10:00Z"}]}),
+    );
+    reconcile(&done, &c).await;
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1);
+    let r = &runs[0];
+    assert_eq!(
+        r.settings.micro_batch_size as u64, ran,
+        "stored with what ran"
+    );
+    assert_eq!(
+        r.confirmation,
+        gpufit::core::confirm::Confirmation::RanOther
+    );
+    assert_eq!(
+        r.predicted_peak_bytes, None,
+        "the prediction was another batch's"
+    );
+    assert_eq!(
+        r.result.tokens_per_sec,
+        Some(5000.0),
+        "the record's own throughput"
+    );
+
+    w.later();
+    let again = w.submit(JOB, hard_coded("fixed-2"));
+    let second = applied(&again);
+    let reason = again["metadata"]["annotations"]["gpufit.io/reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(second["source"], "historical_data_with_memory", "{second}");
+    assert!(
+        reason.contains(&format!("micro batch {ran} measured 40.0 GiB")),
+        "learned from the batch that ran: {reason}"
+    );
+}
+
+/// The same script without a record or any stated setting: nothing confirms
+/// it ran the injected batch, so its peak is a floor and moves nothing up.
+#[tokio::test]
+async fn an_unconfirmed_run_is_stored_as_such_and_not_extrapolated_from() {
+    let mut w = World::new();
+    let mut j = batch_job("silent");
+    j["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["--batch", "8"]);
+    let job = w.submit(JOB, j.clone());
+    let first = applied(&job);
+    let predicted = first["predictedPeakBytes"].as_u64().unwrap();
+    *w.peaks.bytes.lock().unwrap() = Some(predicted / 2);
+    let c = w.controller(JOB);
+    w.api.lock().unwrap().set_pods(vec![job_pod(
+        &job,
+        "silent-1",
+        "Succeeded",
+        json!({"terminated": {"exitCode": 0, "reason": "Completed", "message": ""}}),
+    )]);
+    let done = w.set_status(
+        "jobs/silent",
+        json!({"startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:10:00Z",
+               "succeeded": 1, "conditions": [
+                   {"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T00:10:00Z"}]}),
+    );
+    reconcile(&done, &c).await;
+    let runs = w.runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        runs[0].confirmation,
+        gpufit::core::confirm::Confirmation::Unconfirmed
+    );
+    w.later();
+    let mut j2 = j;
+    j2["metadata"]["name"] = json!("silent-2");
+    let second = applied(&w.submit(JOB, j2));
+    assert_ne!(second["source"], "historical_data_with_memory", "{second}");
+    assert_eq!(
+        second["settings"]["microBatchSize"], first["settings"]["microBatchSize"],
+        "half the predicted peak, unconfirmed, moves nothing: {first} → {second}"
     );
 }

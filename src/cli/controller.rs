@@ -101,6 +101,19 @@ pub struct ControllerArgs {
         env = "GPUFIT_KUEUE_MANAGED_JOBS_NAMESPACE_SELECTOR"
     )]
     pub kueue_managed_jobs_namespace_selector: String,
+    /// Kueue's enabled integrations, copied from its configuration's
+    /// `integrations.frameworks` (comma list, e.g.
+    /// `batch/job,jobset.x-k8s.io/jobset,kubeflow.org/pytorchjob`; default:
+    /// Kueue's default configuration, in which the PyTorchJob integration
+    /// is off). A job whose integration is off is not queued by Kueue, so
+    /// gpufit configures it at creation.
+    #[arg(
+        long,
+        env = "GPUFIT_KUEUE_INTEGRATIONS",
+        value_delimiter = ',',
+        requires = "kueue"
+    )]
+    pub kueue_integrations: Option<Vec<String>>,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "gpufit-controller", env = "GPUFIT_LEASE_NAME")]
     pub lease_name: String,
@@ -185,6 +198,19 @@ fn kubernetes_config(args: ControllerArgs, api_cfg: ApiConfig) -> crate::Result<
             crate::Error::Usage(format!("--kueue-managed-jobs-namespace-selector: {e}"))
         })?;
     kueue_unlabelled.manage = args.kueue_manage_jobs_without_queue_name;
+    // Kueue's checks are on Workloads of every namespace: a controller that
+    // watches one namespace would leave the others' quota held forever.
+    if args.kueue && args.watch_namespace.is_some() {
+        return Err(crate::Error::Usage(
+            "--kueue answers gpufit's admission checks on Workloads in every namespace and cannot run with --watch-namespace (a check in another namespace would never be answered and Kueue would hold its quota); drop one of them".into(),
+        ));
+    }
+    let kueue_frameworks = args.kueue_integrations.clone().map(|v| {
+        v.into_iter()
+            .map(|f| f.trim().to_string())
+            .filter(|f| !f.is_empty())
+            .collect()
+    });
     let webhook = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(WebhookConfig {
             listen: args.webhook_listen,
@@ -219,6 +245,7 @@ fn kubernetes_config(args: ControllerArgs, api_cfg: ApiConfig) -> crate::Result<
         watch_namespace: args.watch_namespace,
         kueue: args.kueue,
         kueue_unlabelled,
+        kueue_frameworks,
         leader,
         cluster: args.cluster,
         targets: StrategyTargets::default(),

@@ -66,6 +66,44 @@ pub fn run(g: &Global, args: ParseLogArgs) -> crate::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The settings the log states, as one line: what a recorder will store
+/// instead of the injected ones.
+fn stated_row(
+    s: &crate::core::logs::stated::StatedSettings,
+    stated_by: &[crate::core::logs::stated::StatedBy],
+) -> String {
+    let mut parts = Vec::new();
+    if let Some(m) = s.micro_batch_size {
+        parts.push(format!("micro batch {m}"));
+    }
+    if let Some(a) = s.gradient_accumulation_steps {
+        parts.push(format!("accumulation {a}"));
+    }
+    if let Some(d) = s.dtype {
+        parts.push(d.as_str().to_string());
+    }
+    let on_off = |b: bool| if b { "on" } else { "off" };
+    if let Some(c) = s.activation_checkpointing {
+        parts.push(format!("checkpointing {}", on_off(c)));
+    }
+    if let Some(o) = s.activation_offloading {
+        parts.push(format!("offloading {}", on_off(o)));
+    }
+    if let Some(c) = s.compile {
+        parts.push(format!("compile {}", on_off(c)));
+    }
+    let by: Vec<String> = stated_by
+        .iter()
+        .map(|b| {
+            serde_json::to_value(b)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        })
+        .collect();
+    format!("{} (stated by {})", parts.join(", "), by.join(", "))
+}
+
 fn print_table(file: &str, p: &ParsedLog) {
     let mut t = Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
@@ -96,6 +134,10 @@ fn print_table(file: &str, p: &ParsedLog) {
             p.oom.as_ref().and_then(|o| mem(o.tried_to_allocate_bytes)),
         ),
         ("error", p.error_message.clone()),
+        (
+            "stated settings",
+            p.stated.as_ref().map(|s| stated_row(s, &p.stated_by)),
+        ),
     ];
     for (k, v) in rows {
         if let Some(v) = v {

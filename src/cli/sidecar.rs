@@ -42,6 +42,11 @@ pub struct BackendArgs {
     /// (e.g. `0:1g.10gb,1g.10gb,3g.40gb`): profiles of --simulate-model, each slice its own device.
     #[arg(long, env = "GPUFIT_SIDECAR_SIMULATE_MIG")]
     pub simulate_mig: Option<String>,
+    /// With --simulate-mig: the cards in MIG mode refuse their own memory reading (NVML's
+    /// NoPermission, as without MIG monitoring privileges) while their slices answer, and
+    /// per-process figures on the slices are unavailable.
+    #[arg(long, env = "GPUFIT_SIDECAR_SIMULATE_MIG_PARENT_REFUSED")]
+    pub simulate_mig_parent_refused: bool,
 }
 
 impl BackendArgs {
@@ -72,6 +77,7 @@ impl BackendArgs {
                 node: node.to_string(),
                 demo_jobs: self.simulate_demo_jobs,
                 mig,
+                mig_parent_refused: self.simulate_mig_parent_refused,
             },
         })
     }
@@ -258,9 +264,11 @@ pub fn print_live(g: &Global, source: &BackendArgs, name: Option<&str>) -> crate
                     .mig_enabled
                     .map(|m| if m { "on" } else { "off" }.to_string())),
             },
-            match &gpu.error {
-                Some(e) => format!("unhealthy: {e}"),
-                None => "ok".into(),
+            match (&gpu.error, gpu.healthy) {
+                (Some(e), false) => format!("unhealthy: {e}"),
+                // A MIG-mode card whose own reading NVML refused.
+                (Some(e), true) => format!("ok ({e})"),
+                (None, _) => "ok".into(),
             },
             gpu.uuid.clone(),
         ]);

@@ -473,6 +473,14 @@ pub struct Attempt {
     /// How many times the peak was looked up without an answer.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub peak_lookups: u32,
+    /// Whether the Job confirmed it ran `settings` (`confirmed`), stated
+    /// other settings (`ran_other`: they are in `ranSettings`) or said
+    /// nothing (`unconfirmed`: its peak is only a floor). Set when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<crate::core::confirm::Confirmation>,
+    /// The settings the Job stated it ran, when they differ from `settings`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran_settings: Option<SettingsStatus>,
 }
 
 impl Attempt {
@@ -497,6 +505,8 @@ impl Attempt {
             run_id: None,
             message: None,
             host_oom: false,
+            confirmation: None,
+            ran_settings: None,
             last_peak_lookup: None,
             job_uid: None,
             generation,

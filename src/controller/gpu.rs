@@ -16,11 +16,30 @@
 //!   profile's own `.product` label is read (else the card's product plus
 //!   the profile). GFD writes a `+me` profile with a dot (`1g.10gb.me`).
 //!
-//! Time-slicing / MPS: the GPU Operator sets `nvidia.com/gpu.replicas` and
-//! (with `renameByDefault`) appends `-SHARED` to the product; memory is not
-//! isolated between the pods sharing a card, so gpufit plans for the card's
-//! memory ÷ replicas unless told the job has the card to itself
-//! ([`Sharing::Whole`]).
+//! Shared GPUs (NVIDIA/k8s-device-plugin v0.20.0, `api/config/v1`,
+//! `internal/lm/resource.go`): GFD labels each resource's
+//! `.sharing-strategy` (`none`, `time-slicing`, `mps`) and `.replicas`
+//! (`nvidia.com/gpu.replicas`, `nvidia.com/mig-<profile>.replicas`).
+//! - **MPS**: the plugin's MPS control daemon caps every client's device
+//!   memory at the card's ÷ replicas (`cmd/mps-control-daemon/mps/daemon.go`,
+//!   `set_default_device_pinned_mem_limit`), so a job is always planned for
+//!   that share; `gpufit.io/gpu-sharing=whole` is refused with a warning
+//!   ([`Planned::warnings`]) — the cap holds whatever the job's neighbours do.
+//! - **Time-slicing**: nothing isolates memory; gpufit plans for the card's
+//!   memory ÷ replicas unless told the job has the card to itself
+//!   ([`Sharing::Whole`]).
+//! - **Renamed resources**: with `renameByDefault: true` the shared
+//!   resources are `nvidia.com/gpu.shared` and `nvidia.com/mig-<profile>.shared`
+//!   (`DefaultSharedResourceNameSuffix`) and the product label keeps its
+//!   plain name; only without renaming does GFD append `-SHARED` to the
+//!   product. The labels stay under the resource's own name
+//!   (`nvidia.com/gpu.*`, `nvidia.com/mig-<profile>.*`) either way.
+//!
+//! Memory: the catalog's figure, or GFD's `.memory` label (MiB) when that
+//! is lower (plan for the smaller); a card the catalog lacks is planned
+//! from the label, with bf16/fp8 from `nvidia.com/gpu.compute.major/minor`.
+//! A `…-MIG-INVALID` product (GFD's mark of a MIG layout that
+//! `mig-strategy=single` cannot serve) is named as such.
 
 use std::collections::BTreeMap;
 
@@ -37,19 +56,33 @@ pub const LABEL_MEMORY: &str = "nvidia.com/gpu.memory";
 pub const LABEL_COUNT: &str = "nvidia.com/gpu.count";
 /// GFD label with the pods each GPU is shared by (time-slicing / MPS).
 pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
-/// The suffix the GPU Operator's time-slicing `renameByDefault` appends to
-/// the product label.
+/// GFD label with how each GPU is shared: `none`, `time-slicing` or `mps`.
+pub const LABEL_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
+/// GFD labels with the GPUs' CUDA compute capability.
+pub const LABEL_COMPUTE_MAJOR: &str = "nvidia.com/gpu.compute.major";
+pub const LABEL_COMPUTE_MINOR: &str = "nvidia.com/gpu.compute.minor";
+/// The suffix GFD appends to a shared resource's product label when the
+/// resource is *not* renamed (`resource.go`, `getProductName`).
 pub const SHARED_SUFFIX: &str = "-SHARED";
+/// The suffix of a renamed shared resource (`renameByDefault: true`:
+/// `nvidia.com/gpu.shared`, `nvidia.com/mig-1g.10gb.shared`).
+pub const SHARED_RESOURCE_SUFFIX: &str = ".shared";
+/// The product suffix GFD writes for a MIG layout `mig-strategy=single`
+/// cannot serve (`mig-strategy.go`, `newInvalidMigStrategyLabeler`).
+pub const MIG_INVALID_SUFFIX: &str = "-MIG-INVALID";
 /// Resource name prefix of a MIG slice under the `mixed` strategy
 /// (`nvidia.com/mig-1g.5gb`).
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 /// The resource name of a whole (or `single`-strategy MIG, or shared) GPU.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The renamed shared GPU resource (`renameByDefault: true`).
+pub const GPU_SHARED_RESOURCE: &str = "nvidia.com/gpu.shared";
 /// Namespace label, or workload annotation, saying how to plan for a
 /// shared GPU: `share` (default: the card's memory ÷ replicas) or `whole`.
 pub const SHARING_KEY: &str = "gpufit.io/gpu-sharing";
 
-/// How to plan for a GPU shared by several pods (time-slicing / MPS).
+/// How to plan for a GPU shared by several pods (time-slicing; under MPS
+/// the share is enforced and `Whole` is refused).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Sharing {
     /// The card's memory ÷ `nvidia.com/gpu.replicas`: the neighbours may
@@ -99,8 +132,15 @@ pub fn sharing_of(
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodGpus {
     pub count: u32,
-    /// The MIG profile asked for (`1g.5gb`), when the pod asks for slices.
+    /// The MIG profile asked for (`1g.5gb`), when the pod asks for slices
+    /// (a renamed `nvidia.com/mig-1g.5gb.shared` gives `1g.5gb`: GFD
+    /// labels it under the profile's own name).
     pub mig_profile: Option<String>,
+    /// The pod asks for a renamed shared resource (`nvidia.com/gpu.shared`,
+    /// `nvidia.com/mig-<profile>.shared`): the GPU is shared.
+    pub shared: bool,
+    /// The first GPU resource name the pod asks for, as written.
+    pub resource: Option<String>,
 }
 
 /// The GPUs in one pod's containers' resources, as JSON (`resources`
@@ -133,7 +173,13 @@ pub fn pod_gpus_json(pod_spec: &serde_json::Value) -> PodGpus {
             }
             .unwrap_or(0);
             out.count = out.count.saturating_add(n);
-            if let Some(p) = k.strip_prefix(MIG_RESOURCE_PREFIX) {
+            out.resource.get_or_insert_with(|| k.clone());
+            let (base, renamed) = match k.strip_suffix(SHARED_RESOURCE_SUFFIX) {
+                Some(b) => (b, true),
+                None => (k.as_str(), false),
+            };
+            out.shared |= renamed;
+            if let Some(p) = base.strip_prefix(MIG_RESOURCE_PREFIX) {
                 out.mig_profile.get_or_insert_with(|| p.to_string());
             }
         }
@@ -193,8 +239,12 @@ fn cpu_cores(v: &serde_json::Value) -> Option<f64> {
     (n.is_finite() && n >= 0.0).then_some(n)
 }
 
-fn is_gpu_resource(k: &str) -> bool {
-    k == GPU_RESOURCE || k.starts_with(MIG_RESOURCE_PREFIX)
+/// `nvidia.com/gpu`, `nvidia.com/mig-<profile>`, and their renamed shared
+/// forms (`.shared`).
+pub fn is_gpu_resource(k: &str) -> bool {
+    let base = k.strip_suffix(SHARED_RESOURCE_SUFFIX).unwrap_or(k);
+    base == GPU_RESOURCE
+        || (base.starts_with(MIG_RESOURCE_PREFIX) && base.len() > MIG_RESOURCE_PREFIX.len())
 }
 
 /// Why the GPU could not be determined; the message says what to do.
@@ -210,6 +260,8 @@ pub enum GpuError {
     NoMigNodes(String),
     #[error("GPU `{0}` is shared (time-slicing) but its node has no usable nvidia.com/gpu.replicas label, so its share of memory is unknown: set gpufit.io/gpu-sharing=whole if the job has the card to itself, or name the GPU")]
     SharedWithoutReplicas(String),
+    #[error("GPU Feature Discovery labels this node's GPU `{0}`: a MIG misconfiguration that mig-strategy=single cannot serve (a MIG-enabled card without MIG devices, more than one MIG profile on the node, or MIG and non-MIG cards together; GFD offers no GPU then): fix the node's MIG layout (nvidia-smi mig -lgi; mig-parted) or run GFD with mig-strategy=mixed")]
+    MigInvalid(String),
     #[error("{0}")]
     Catalog(String),
 }
@@ -228,22 +280,73 @@ pub fn resolve_from_nodes<'a>(
     resolve_from_nodes_with(nodes, pod, Sharing::default())
 }
 
+/// How a GPU is shared, from GFD's `.sharing-strategy` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharingStrategy {
+    /// `none` (or no label).
+    None,
+    /// `time-slicing`: nothing isolates memory.
+    TimeSlicing,
+    /// `mps`: the MPS daemon caps each client at the card ÷ replicas.
+    Mps,
+}
+
+impl SharingStrategy {
+    /// GFD's label value; an unknown value reads as time-slicing (memory
+    /// not known to be isolated).
+    pub fn from_label(v: Option<&str>) -> Self {
+        match v.map(str::trim) {
+            Some("mps") => SharingStrategy::Mps,
+            Some("time-slicing") => SharingStrategy::TimeSlicing,
+            None | Some("") | Some("none") => SharingStrategy::None,
+            Some(_) => SharingStrategy::TimeSlicing,
+        }
+    }
+}
+
 /// What one matching node says about its GPU.
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
     product: String,
     memory_mib: Option<u64>,
     replicas: Option<u32>,
+    strategy: SharingStrategy,
+    /// `nvidia.com/gpu.compute.major.minor`, when labelled.
+    compute_capability: Option<String>,
+}
+
+/// The GPU a job is planned for, and what the planner must say about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub gpu: GpuSpec,
+    /// Warnings for the user (e.g. `whole` refused on an MPS node).
+    pub warnings: Vec<String>,
 }
 
 /// The GPU of the nodes that `pod` may be scheduled on: the MIG slice it
-/// asks for, and for a shared GPU the memory `sharing` says.
+/// asks for, and for a shared GPU the memory `sharing` says (MPS: always
+/// its share). Warnings are logged; [`plan_from_nodes`] returns them.
 pub fn resolve_from_nodes_with<'a>(
     nodes: impl IntoIterator<Item = &'a Node>,
     pod: Option<&PodSpec>,
     sharing: Sharing,
 ) -> Result<GpuSpec, GpuError> {
-    let mig = pod.and_then(|p| pod_gpus(p).mig_profile);
+    plan_from_nodes(nodes, pod, sharing).map(|p| {
+        for w in &p.warnings {
+            tracing::warn!(gpu = %p.gpu.name, "{w}");
+        }
+        p.gpu
+    })
+}
+
+/// [`resolve_from_nodes_with`], with the warnings for the user.
+pub fn plan_from_nodes<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    pod: Option<&PodSpec>,
+    sharing: Sharing,
+) -> Result<Planned, GpuError> {
+    let asks = pod.map(pod_gpus).unwrap_or_default();
+    let mig = asks.mig_profile.clone();
     let mut found: Vec<Seen> = Vec::new();
     for n in nodes {
         let empty = BTreeMap::new();
@@ -255,16 +358,27 @@ pub fn resolve_from_nodes_with<'a>(
             continue;
         }
         let number = |key: &str| labels.get(key).and_then(|m| m.trim().parse::<u64>().ok());
+        let replicas = |key: &str| number(key).map(|r| r.min(u32::MAX as u64) as u32);
+        let compute_capability = number(LABEL_COMPUTE_MAJOR)
+            .zip(number(LABEL_COMPUTE_MINOR))
+            .filter(|(major, _)| *major > 0)
+            .map(|(major, minor)| format!("{major}.{minor}"));
         let seen = match &mig {
             // `mixed` strategy: GFD labels each profile the node offers
-            // (`nvidia.com/mig-1g.5gb.count`, `.product`, `.replicas`, `.memory` in MiB).
+            // (`nvidia.com/mig-1g.5gb.count`, `.product`, `.replicas`,
+            // `.sharing-strategy`, `.memory` in MiB), under the profile's
+            // own name even when the resource is renamed `….shared`.
             Some(p) => {
                 let label = |suffix: &str| format!("{MIG_RESOURCE_PREFIX}{p}.{suffix}");
-                let offered = number(&label("count")).is_some_and(|c| c > 0)
-                    || n.status
+                let allocatable = |name: &str| {
+                    n.status
                         .as_ref()
                         .and_then(|s| s.allocatable.as_ref())
-                        .is_some_and(|a| a.contains_key(&format!("{MIG_RESOURCE_PREFIX}{p}")));
+                        .is_some_and(|a| a.contains_key(name))
+                };
+                let offered = number(&label("count")).is_some_and(|c| c > 0)
+                    || allocatable(&format!("{MIG_RESOURCE_PREFIX}{p}"))
+                    || allocatable(&format!("{MIG_RESOURCE_PREFIX}{p}{SHARED_RESOURCE_SUFFIX}"));
                 if !offered {
                     continue;
                 }
@@ -273,14 +387,22 @@ pub fn resolve_from_nodes_with<'a>(
                         format!("{}-MIG-{p}", product.trim_end_matches(SHARED_SUFFIX))
                     }),
                     memory_mib: number(&label("memory")),
-                    // A time-sliced MIG resource: GFD's replicas for it.
-                    replicas: number(&label("replicas")).map(|r| r.min(u32::MAX as u64) as u32),
+                    // A shared MIG resource: GFD's replicas for it.
+                    replicas: replicas(&label("replicas")),
+                    strategy: SharingStrategy::from_label(
+                        labels.get(&label("sharing-strategy")).map(String::as_str),
+                    ),
+                    compute_capability,
                 }
             }
             None => Seen {
                 product: product.clone(),
                 memory_mib: number(LABEL_MEMORY),
-                replicas: number(LABEL_REPLICAS).map(|r| r.min(u32::MAX as u64) as u32),
+                replicas: replicas(LABEL_REPLICAS),
+                strategy: SharingStrategy::from_label(
+                    labels.get(LABEL_SHARING_STRATEGY).map(String::as_str),
+                ),
+                compute_capability,
             },
         };
         let seen = Seen {
@@ -297,11 +419,15 @@ pub fn resolve_from_nodes_with<'a>(
             None => GpuError::NoGpuNodes,
         }),
         [seen] => {
+            if seen.product.ends_with(MIG_INVALID_SUFFIX) {
+                return Err(GpuError::MigInvalid(seen.product.clone()));
+            }
             let card = from_label(
                 seen.product.trim_end_matches(SHARED_SUFFIX),
                 seen.memory_mib,
+                seen.compute_capability.as_deref(),
             )?;
-            shared(card, seen, sharing)
+            shared(card, seen, sharing, asks.shared)
         }
         many => Err(GpuError::Mixed(
             many.iter()
@@ -312,56 +438,89 @@ pub fn resolve_from_nodes_with<'a>(
     }
 }
 
-/// A GPU shared by `replicas` pods, planned for as `sharing` says: its
-/// memory ÷ replicas, named so that the suggestion's reasoning says so
-/// (and its runs are kept apart from the whole card's in the history).
-fn shared(card: GpuSpec, seen: &Seen, sharing: Sharing) -> Result<GpuSpec, GpuError> {
-    let renamed = seen.product.ends_with(SHARED_SUFFIX);
+/// A GPU shared by `replicas` pods, planned for as `sharing` says (MPS:
+/// always its share): its memory ÷ replicas, rounded down to whole MiB as
+/// the MPS daemon's limit is, named so that the suggestion's reasoning
+/// says so (and its runs are kept apart from the whole card's in the
+/// history). `renamed`: the pod asks for a `….shared` resource.
+fn shared(
+    card: GpuSpec,
+    seen: &Seen,
+    sharing: Sharing,
+    renamed: bool,
+) -> Result<Planned, GpuError> {
+    let suffixed = seen.product.ends_with(SHARED_SUFFIX);
     let replicas = seen.replicas.filter(|r| *r > 1);
-    if sharing == Sharing::Whole || (!renamed && replicas.is_none()) {
-        return Ok(card);
+    let mps = seen.strategy == SharingStrategy::Mps && replicas.is_some();
+    let plain = |gpu| Planned {
+        gpu,
+        warnings: Vec::new(),
+    };
+    if !mps && (sharing == Sharing::Whole || (!suffixed && !renamed && replicas.is_none())) {
+        return Ok(plain(card));
     }
     let Some(r) = replicas else {
         return Err(GpuError::SharedWithoutReplicas(seen.product.clone()));
     };
-    Ok(GpuSpec {
-        name: format!(
-            "{} (time-shared by {r}: planned for 1/{r} of its memory)",
-            card.name
-        ),
-        memory_bytes: card.memory_bytes / u64::from(r) / MIB * MIB,
-        ..card
+    let mut warnings = Vec::new();
+    let how = if mps {
+        if sharing == Sharing::Whole {
+            warnings.push(format!(
+                "{SHARING_KEY}=whole ignored for {}: its node shares it through MPS ({LABEL_SHARING_STRATEGY}=mps, {r} replicas), and the device plugin's MPS daemon caps each pod's GPU memory at the card's ÷ {r} (set_default_device_pinned_mem_limit), whatever its neighbours use: planned for 1/{r} of its memory",
+                card.name
+            ));
+        }
+        "MPS-shared"
+    } else {
+        "time-shared"
+    };
+    Ok(Planned {
+        gpu: GpuSpec {
+            name: format!(
+                "{} ({how} by {r}: planned for 1/{r} of its memory)",
+                card.name
+            ),
+            memory_bytes: card.memory_bytes / u64::from(r) / MIB * MIB,
+            ..card
+        },
+        warnings,
     })
 }
 
 /// GFD writes the product with spaces as dashes (`NVIDIA-A100-SXM4-80GB`,
 /// `NVIDIA-H100-80GB-HBM3`, `Tesla-T4`). The catalog lookup is
 /// punctuation-tolerant; the dashed name is tried first, then with spaces.
-/// When the catalog does not know it, the memory label (MiB) still gives a
-/// usable GPU, with conservative capabilities (no bf16 claimed).
-fn from_label(product: &str, memory_mib: Option<u64>) -> Result<GpuSpec, GpuError> {
-    if let Ok(g) = lookup_gpu(product) {
-        return Ok(g);
-    }
-    if let Ok(g) = lookup_gpu(&product.replace('-', " ")) {
-        return Ok(g);
-    }
-    // A MIG product of a card the catalog knows by another spelling.
-    if let Some((card, profile)) = product.rsplit_once("-MIG-") {
-        if let Ok(g) = lookup_mig(card, profile) {
-            return Ok(g);
+/// Where GFD's memory label is lower than the catalog's figure, the label
+/// wins (plan for the smaller). When the catalog does not know it, the
+/// memory label (MiB) still gives a usable GPU, with bf16/fp8 from the
+/// compute-capability labels (none claimed without them).
+fn from_label(
+    product: &str,
+    memory_mib: Option<u64>,
+    compute_capability: Option<&str>,
+) -> Result<GpuSpec, GpuError> {
+    let catalog = lookup_gpu(product)
+        .or_else(|_| lookup_gpu(&product.replace('-', " ")))
+        // A MIG product of a card the catalog knows by another spelling.
+        .or_else(|e| match product.rsplit_once("-MIG-") {
+            Some((card, profile)) => lookup_mig(card, profile),
+            None => Err(e),
+        });
+    if let Ok(mut g) = catalog {
+        if let Some(mib) = memory_mib.filter(|m| m.saturating_mul(MIB) < g.memory_bytes) {
+            g.memory_bytes = mib * MIB;
         }
+        return Ok(g);
     }
     let Some(mib) = memory_mib else {
         return Err(GpuError::Unknown {
             product: product.to_string(),
         });
     };
-    // No compute capability on the label: the shared rule claims no bf16.
     Ok(GpuSpec::from_live(
         &product.replace('-', " "),
         mib * MIB,
-        None,
+        compute_capability,
     ))
 }
 

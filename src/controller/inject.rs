@@ -14,12 +14,10 @@ use serde_json::{json, Value};
 use super::crd::{Mode, SettingsStatus};
 use crate::core::advisor::Suggestion;
 
-/// Annotation with the settings gpufit wrote (Inject mode), as JSON.
-pub const ANN_APPLIED: &str = "gpufit.io/applied-settings";
-/// Annotation with the settings gpufit recommends (Recommend mode), as JSON.
-pub const ANN_RECOMMENDATION: &str = "gpufit.io/recommendation";
-/// Annotation with the advisor's reasoning (why).
-pub const ANN_REASON: &str = "gpufit.io/reason";
+pub use super::keys::{
+    ANN_APPLIED, ANN_FALLBACK, ANN_REASON, ANN_RECOMMENDATION, ENV_FALLBACK, LABEL_DEFERRED,
+    SETTING_ANNOTATION_PREFIX,
+};
 
 /// Downward-API variables every injected container gets: the pod's
 /// namespace and name, which the node sidecar reads from the process
@@ -28,6 +26,8 @@ pub const POD_IDENTITY_ENV: [(&str, &str); 2] = [
     ("GPUFIT_POD_NAMESPACE", "metadata.namespace"),
     ("GPUFIT_POD_NAME", "metadata.name"),
 ];
+
+use crate::core::confirm::MICRO_BATCH_IN_COMMAND_ENV;
 
 // The settings table (placeholders, variables, values) is the core's,
 // shared with the Slurm TaskProlog and `find-max-batch`.
@@ -124,6 +124,32 @@ fn fill_container(
     set_termination_policy: bool,
     rewrite: impl Fn(&str) -> String,
 ) {
+    // gpufit writes the micro batch into the command line itself: the job
+    // runs it, which confirms the run's settings when it is recorded
+    // (`crate::core::confirm`); the marker travels to the pods in the env.
+    let micro_batch = crate::core::settings::SETTING_VARS
+        .iter()
+        .find(|v| v.placeholder == "micro_batch_size")
+        .map(|v| v.placeholder_text())
+        .unwrap_or_default();
+    // Also when a pass before this one (a reinvoked webhook) already wrote
+    // it: the placeholder is then a `$(VAR)` reference or the value, and
+    // the marker is kept in the same place, so every pass gives one object.
+    let env_ref = "$(GPUFIT_MICRO_BATCH_SIZE)";
+    let in_command = ["command", "args"].iter().any(|f| {
+        c.get(*f).and_then(Value::as_array).is_some_and(|words| {
+            words.iter().filter_map(Value::as_str).any(|w| {
+                (!micro_batch.is_empty() && w.contains(&micro_batch)) || w.contains(env_ref)
+            })
+        })
+    }) || c.get("env").and_then(Value::as_array).is_some_and(|env| {
+        env.iter()
+            .any(|e| e.get("name").and_then(Value::as_str) == Some(MICRO_BATCH_IN_COMMAND_ENV))
+    });
+    let mut entries = entries;
+    if in_command {
+        entries.push(json!({"name": MICRO_BATCH_IN_COMMAND_ENV, "value": "true"}));
+    }
     let list = c.entry("env").or_insert_with(|| json!([]));
     if !list.is_array() {
         *list = json!([]);
@@ -186,10 +212,6 @@ pub fn add_annotations(meta: &mut Value, anns: &BTreeMap<String, String>) {
 // admission through the AdmissionCheck's `podSetUpdates`
 // (`super::reconcile::kueue`).
 
-/// Prefix of the pod annotation that carries one setting at admission:
-/// `gpufit.io/setting.micro_batch_size` (the placeholder's name).
-pub const SETTING_ANNOTATION_PREFIX: &str = "gpufit.io/setting.";
-
 /// The pod annotation one setting travels in.
 pub fn setting_annotation(v: &crate::core::settings::SettingVar) -> String {
     format!("{SETTING_ANNOTATION_PREFIX}{}", v.placeholder)
@@ -236,11 +258,107 @@ pub fn inject_container_deferred(
 }
 
 /// [`inject_container_deferred`] for every container of a pod template
-/// (JSON). The template's annotations are left alone: Kueue refuses a
-/// `podSetUpdates` annotation that the template already has with another
-/// value.
+/// (JSON), the template labelled [`LABEL_DEFERRED`] (so gpufit's pod
+/// webhook can fill a setting the pod lacks). The template's setting
+/// annotations are left alone: Kueue refuses a `podSetUpdates` annotation
+/// that the template already has with another value.
 pub fn inject_pod_template_deferred(template: &mut Value) {
     for_each_container(template, |c| inject_container_deferred(c, true));
+    if let Some(t) = template.as_object_mut() {
+        let meta = t.entry("metadata").or_insert_with(|| json!({}));
+        super::kinds::set_label(meta, LABEL_DEFERRED, "true");
+    }
+}
+
+/// Writes the fallback settings (setting annotation → value) on a pod
+/// template, under [`ANN_FALLBACK`] (a key gpufit's answer never carries).
+pub fn add_fallback(template: &mut Value, fallback: &BTreeMap<String, String>) {
+    if let (Some(t), Ok(json)) = (template.as_object_mut(), serde_json::to_string(fallback)) {
+        let meta = t.entry("metadata").or_insert_with(|| json!({}));
+        add_annotations(
+            meta,
+            &[(ANN_FALLBACK.to_string(), json)].into_iter().collect(),
+        );
+    }
+}
+
+/// Writes the fallback settings on a container-like object (a TrainJob's
+/// `spec.trainer`) as the [`ENV_FALLBACK`] variable.
+pub fn add_fallback_env(
+    c: &mut serde_json::Map<String, Value>,
+    fallback: &BTreeMap<String, String>,
+) {
+    let Ok(json) = serde_json::to_string(fallback) else {
+        return;
+    };
+    let list = c.entry("env").or_insert_with(|| json!([]));
+    if let Some(list) = list.as_array_mut() {
+        list.retain(|e| e.get("name").and_then(Value::as_str) != Some(ENV_FALLBACK));
+        list.push(json!({"name": ENV_FALLBACK, "value": json}));
+    }
+}
+
+/// Whether a pod (JSON) has containers that read a setting from a pod
+/// annotation (gpufit's deferred injection, through a job's template or a
+/// TrainJob's trainer).
+pub fn reads_deferred_settings(pod: &Value) -> bool {
+    let prefix = format!("metadata.annotations['{SETTING_ANNOTATION_PREFIX}");
+    pod.pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("env").and_then(Value::as_array))
+        .flatten()
+        .filter_map(|e| {
+            e.pointer("/valueFrom/fieldRef/fieldPath")
+                .and_then(Value::as_str)
+        })
+        .any(|p| p.starts_with(&prefix))
+}
+
+/// Fills, on a pod (JSON), every setting annotation that is missing or
+/// empty: from its [`ANN_FALLBACK`] annotation, else its containers'
+/// [`ENV_FALLBACK`], else the default settings. Returns the annotations
+/// filled.
+pub fn fill_missing_settings(pod: &mut Value) -> Vec<String> {
+    let from_env: Option<String> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("env").and_then(Value::as_array))
+        .flatten()
+        .find(|e| e.get("name").and_then(Value::as_str) == Some(ENV_FALLBACK))
+        .and_then(|e| e.get("value").and_then(Value::as_str))
+        .map(str::to_string);
+    let Some(meta) = pod.get_mut("metadata") else {
+        return Vec::new();
+    };
+    let anns = meta.get("annotations").cloned().unwrap_or(json!({}));
+    let fallback: BTreeMap<String, String> = anns
+        .get(ANN_FALLBACK)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or(from_env)
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    let defaults = setting_annotations(&crate::core::settings::EngineeringSettings::default());
+    let mut add = BTreeMap::new();
+    for (key, default) in defaults {
+        let have = anns.get(&key).and_then(Value::as_str).map(str::trim);
+        if have.is_some_and(|v| !v.is_empty()) {
+            continue;
+        }
+        let v = fallback
+            .get(&key)
+            .filter(|v| !v.trim().is_empty())
+            .cloned()
+            .unwrap_or(default);
+        add.insert(key, v);
+    }
+    let filled = add.keys().cloned().collect();
+    add_annotations(meta, &add);
+    filled
 }
 
 #[cfg(test)]

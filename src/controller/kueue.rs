@@ -39,23 +39,142 @@ use serde_json::{json, Value};
 use super::gpu::{self, GpuError, Sharing};
 use crate::core::catalog::GpuSpec;
 
-/// The `spec.controllerName` of gpufit's AdmissionCheck.
-pub const CONTROLLER_NAME: &str = "gpufit.io/advisor";
-/// The label (older Kueue: also the annotation) naming a job's LocalQueue.
+pub use super::keys::CONTROLLER_NAME;
+/// The label naming a job's LocalQueue.
 pub const QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
-/// Kueue's API group and the version read.
+/// Kueue's API group.
 pub const GROUP: &str = "kueue.x-k8s.io";
-pub const VERSION: &str = "v1beta1";
+/// The API versions gpufit speaks, newest first: `v1beta2` (Kueue v0.15+,
+/// the storage version from v0.16, the only one from v0.20) wherever it is
+/// served, `v1beta1` only on a Kueue that serves nothing newer (≤ v0.14).
+/// Every field gpufit reads or writes has the same shape in both
+/// (`apis/kueue/v1beta{1,2}/workload_types.go`).
+pub const VERSIONS: [&str; 2] = ["v1beta2", "v1beta1"];
+/// The version assumed before discovery (tests, docs).
+pub const VERSION: &str = "v1beta2";
+
+/// The version to speak, given the versions of [`GROUP`] the API server
+/// serves (its discovery): the newest gpufit knows; None when Kueue is not
+/// installed or serves none of them.
+pub fn pick_version<S: AsRef<str>>(served: &[S]) -> Option<&'static str> {
+    VERSIONS
+        .into_iter()
+        .find(|v| served.iter().any(|s| s.as_ref() == *v))
+}
 /// The AdmissionCheck condition a ClusterQueue needs to be active.
 pub const CONDITION_ACTIVE: &str = "Active";
 
-/// The LocalQueue an object is queued in (its `metadata`), when it is.
+/// The LocalQueue an object is queued in (its `metadata`), when it is:
+/// the `kueue.x-k8s.io/queue-name` **label** only. The annotation of the
+/// same name was removed in Kueue v0.15 (#7271) and no longer queues a
+/// job (`jobframework.QueueNameForObject`).
 pub fn queue_name(metadata: Option<&Value>) -> Option<&str> {
-    let m = metadata?;
-    ["labels", "annotations"]
-        .iter()
-        .filter_map(|k| m.get(*k)?.get(QUEUE_NAME)?.as_str())
-        .find(|q| !q.trim().is_empty())
+    metadata?
+        .get("labels")?
+        .get(QUEUE_NAME)?
+        .as_str()
+        .filter(|q| !q.trim().is_empty())
+}
+
+/// The LocalQueue Kueue's LocalQueueDefaulting gives a job without a
+/// queue label (beta and on since v0.12, GA in v0.17): a LocalQueue of
+/// this name in the job's namespace.
+pub const DEFAULT_LOCAL_QUEUE: &str = "default";
+
+/// Kueue's default `integrations.frameworks` (its
+/// `config/components/manager/controller_manager_config.yaml`, main
+/// `ff69552`), the training kinds among them: the PyTorchJob integration
+/// is off by default (and deprecated), so a labelled PyTorchJob is not
+/// suspended by Kueue and must be configured at creation.
+pub const DEFAULT_FRAMEWORKS: [&str; 3] = [
+    "batch/job",
+    "jobset.x-k8s.io/jobset",
+    "trainer.kubeflow.org/trainjob",
+];
+
+/// What gpufit knows of the cluster's Kueue configuration (the admin
+/// copies it into the controller's flags), and the LocalQueues it sees.
+#[derive(Clone, Default)]
+pub struct KueueConfig {
+    /// gpufit answers Kueue's checks (`--kueue`). Without it no job is
+    /// treated as queued: a deferred setting would never be answered, so
+    /// a job Kueue queues anyway is configured at creation instead.
+    pub enabled: bool,
+    /// `manageJobsWithoutQueueName` and `managedJobsNamespaceSelector`.
+    pub unlabelled: Unlabelled,
+    /// `integrations.frameworks` (None: Kueue's default, [`DEFAULT_FRAMEWORKS`]).
+    pub frameworks: Option<BTreeSet<String>>,
+    /// The LocalQueues (a reflector), for LocalQueueDefaulting; None when
+    /// not watched (Kueue support off).
+    pub local_queues: Option<kube::runtime::reflector::Store<kube::api::DynamicObject>>,
+}
+
+impl std::fmt::Debug for KueueConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KueueConfig")
+            .field("enabled", &self.enabled)
+            .field("unlabelled", &self.unlabelled)
+            .field("frameworks", &self.frameworks)
+            .field("local_queues", &self.local_queues.is_some())
+            .finish()
+    }
+}
+
+impl KueueConfig {
+    /// Whether Kueue's integration `framework` is enabled.
+    pub fn framework_enabled(&self, framework: &str) -> bool {
+        match &self.frameworks {
+            Some(f) => f.contains(framework),
+            None => DEFAULT_FRAMEWORKS.contains(&framework),
+        }
+    }
+
+    /// Whether namespace `ns` has a LocalQueue named [`DEFAULT_LOCAL_QUEUE`].
+    pub fn has_default_local_queue(&self, ns: &str) -> bool {
+        self.local_queues.as_ref().is_some_and(|s| {
+            s.state().iter().any(|q| {
+                q.metadata.namespace.as_deref() == Some(ns)
+                    && q.metadata.name.as_deref() == Some(DEFAULT_LOCAL_QUEUE)
+            })
+        })
+    }
+
+    /// The LocalQueue Kueue will queue this object in, decided as Kueue
+    /// decides (`jobframework`: `WorkloadShouldBeSuspended`,
+    /// `ApplyDefaultLocalQueue`), or None when Kueue will not manage it:
+    ///
+    /// 1. its kind's integration is not enabled: not Kueue's;
+    /// 2. a child of a kind Kueue admits as a whole: admitted with its owner;
+    /// 3. the queue-name label: that queue;
+    /// 4. LocalQueueDefaulting: a LocalQueue `default` in its namespace,
+    ///    and the namespace in `managedJobsNamespaceSelector`: `default`
+    ///    (Kueue's webhook adds the label, possibly after gpufit's has run);
+    /// 5. `manageJobsWithoutQueueName` and the namespace selector (the
+    ///    namespace's `gpufit.io/kueue` label overrides both).
+    pub fn queue_for(
+        &self,
+        framework: &str,
+        metadata: Option<&Value>,
+        ns: &str,
+        ns_labels: Option<&BTreeMap<String, String>>,
+    ) -> Result<Option<String>, KueueError> {
+        if !self.enabled || !self.framework_enabled(framework) {
+            return Ok(None);
+        }
+        if owned_by_integration(metadata) {
+            return Ok(None);
+        }
+        if let Some(q) = queue_name(metadata) {
+            return Ok(Some(q.to_string()));
+        }
+        if self.has_default_local_queue(ns) && self.unlabelled.in_namespaces(ns, ns_labels) {
+            return Ok(Some(DEFAULT_LOCAL_QUEUE.to_string()));
+        }
+        if self.unlabelled.managed(ns, ns_labels)? {
+            return Ok(Some(format!("(namespace {ns}'s default LocalQueue)")));
+        }
+        Ok(None)
+    }
 }
 
 // === Jobs Kueue manages without a queue label ===
@@ -72,7 +191,7 @@ pub fn queue_name(metadata: Option<&Value>) -> Option<&str> {
 
 /// Namespace label: `managed` (jobs without a queue label here are Kueue's)
 /// or `unmanaged` (they are not), whatever the controller's flags say.
-pub const NAMESPACE_LABEL: &str = "gpufit.io/kueue";
+pub use super::keys::NAMESPACE_KUEUE as NAMESPACE_LABEL;
 /// The label the API server sets on every namespace to its name (what
 /// Kueue's default selector matches on).
 pub const LABEL_NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
@@ -160,18 +279,21 @@ impl Unlabelled {
             }
             None => {}
         }
-        if !self.manage {
-            return Ok(false);
-        }
+        Ok(self.manage && self.in_namespaces(ns, labels))
+    }
+
+    /// Whether namespace `ns` matches `managedJobsNamespaceSelector`
+    /// (every namespace without one).
+    pub fn in_namespaces(&self, ns: &str, labels: Option<&BTreeMap<String, String>>) -> bool {
         let Some(sel) = &self.namespaces else {
-            return Ok(true);
+            return true;
         };
         // The API server sets the name label on every namespace; a
         // namespace not in the cache yet is matched by its name alone.
         let mut l = labels.cloned().unwrap_or_default();
         l.entry(LABEL_NAMESPACE_NAME.to_string())
             .or_insert_with(|| ns.to_string());
-        Ok(sel.matches(&l))
+        sel.matches(&l)
     }
 }
 
@@ -221,10 +343,13 @@ pub struct WorkloadStatus {
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
     pub type_: String,
     pub status: String,
+    #[serde(default)]
+    pub last_transition_time: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -262,6 +387,18 @@ impl Workload {
         Workload::deserialize(v).map_err(|e| KueueError::Unreadable(e.to_string()))
     }
 
+    /// When quota was reserved (the `QuotaReserved` condition's
+    /// `lastTransitionTime`), when it is.
+    pub fn reserved_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "QuotaReserved" && c.status == "True")
+            .and_then(|c| c.last_transition_time.as_deref())
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&chrono::Utc))
+    }
+
     fn condition(&self, t: &str) -> bool {
         self.status
             .conditions
@@ -292,25 +429,33 @@ pub enum KueueError {
 pub enum Step {
     /// Nothing now; why (for the logs).
     Wait(&'static str),
-    /// Answer check `check` for the current admission.
-    Configure { check: String },
+    /// Answer these checks (every gpufit check Pending on the Workload)
+    /// for the current admission.
+    Configure { checks: Vec<String> },
 }
 
-/// Pure decision: configure when one of `ours` is `Pending` on a workload
+/// Pure decision: configure when any of `ours` is `Pending` on a workload
 /// whose quota is reserved (an admission exists) and that is neither
-/// evicted nor finished. A check already answered (`Ready`, or set by
-/// Kueue to `Retry`/`Rejected`) is left alone, so duplicate and stale
+/// evicted nor finished — every such check, so two gpufit checks on one
+/// Workload are both answered. A check already answered (`Ready`, or set
+/// by Kueue to `Retry`/`Rejected`) is left alone, so duplicate and stale
 /// events change nothing.
 pub fn step(wl: &Workload, ours: &BTreeSet<String>) -> Step {
-    let Some(check) = wl
+    let mine: Vec<&CheckState> = wl
         .status
         .admission_checks
         .iter()
-        .find(|c| ours.contains(&c.name))
-    else {
+        .filter(|c| ours.contains(&c.name))
+        .collect();
+    if mine.is_empty() {
         return Step::Wait("no gpufit admission check on this workload");
-    };
-    if check.state != "Pending" {
+    }
+    let pending: Vec<String> = mine
+        .iter()
+        .filter(|c| c.state == "Pending")
+        .map(|c| c.name.clone())
+        .collect();
+    if pending.is_empty() {
         return Step::Wait("the check is already answered");
     }
     if wl.condition("Finished") {
@@ -324,9 +469,7 @@ pub fn step(wl: &Workload, ours: &BTreeSet<String>) -> Step {
     if !wl.condition("QuotaReserved") || wl.status.admission.is_none() {
         return Step::Wait("no quota reserved yet");
     }
-    Step::Configure {
-        check: check.name.clone(),
-    }
+    Step::Configure { checks: pending }
 }
 
 /// One pod set as admitted.
@@ -457,14 +600,14 @@ pub fn smallest(gpus: Vec<GpuSpec>) -> Option<GpuSpec> {
     gpus.into_iter().min_by_key(|g| g.memory_bytes)
 }
 
-/// gpufit's answer for its check: `Ready`, with `annotations` on every pod
-/// set (none when there is nothing to set), and a message. It never
-/// answers `Rejected` (Kueue would deactivate the workload) nor `Retry`
-/// (it would give up the quota): a job gpufit cannot configure still runs.
+/// gpufit's answer for one check: `Ready`, with each pod set's
+/// annotations (pod sets without any get no update) and a message. It
+/// never answers `Rejected` (Kueue would deactivate the workload) nor
+/// `Retry` (it would give up the quota): a job gpufit cannot configure
+/// still runs.
 pub fn ready_check(
     check: &str,
-    pod_sets: &[String],
-    annotations: &BTreeMap<String, String>,
+    updates: &[(String, BTreeMap<String, String>)],
     message: &str,
     now: &str,
 ) -> Value {
@@ -475,30 +618,73 @@ pub fn ready_check(
         "message": truncate(message, 32_000),
         "lastTransitionTime": now,
     });
-    if !annotations.is_empty() {
-        c["podSetUpdates"] = pod_sets
-            .iter()
-            .map(|n| json!({"name": n, "annotations": annotations}))
-            .collect();
+    let sets: Vec<Value> = updates
+        .iter()
+        .filter(|(_, a)| !a.is_empty())
+        .map(|(n, a)| json!({"name": n, "annotations": a}))
+        .collect();
+    if !sets.is_empty() {
+        c["podSetUpdates"] = Value::Array(sets);
     }
     c
 }
 
-/// The server-side apply body that sets one check's state on a Workload's
-/// status (`admissionChecks` is a map keyed by name: the other checks keep
-/// their owners). `resource_version` makes a copy that changed since it was
-/// read a conflict instead of an overwrite.
+/// The annotations of an update that Kueue can merge into a pod set's
+/// template: a key the template already has with another value is
+/// dropped (Kueue's `podset.Merge` treats it as a conflict and finishes
+/// the Workload `FailedToStart`); the dropped keys are returned.
+pub fn conflict_free(
+    template: &Value,
+    annotations: &BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, Vec<String>) {
+    let have = template.pointer("/metadata/annotations");
+    let mut keep = BTreeMap::new();
+    let mut dropped = Vec::new();
+    for (k, v) in annotations {
+        match have.and_then(|h| h.get(k)).and_then(Value::as_str) {
+            Some(old) if old != v => dropped.push(k.clone()),
+            _ => {
+                keep.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    (keep, dropped)
+}
+
+/// Whether a pod set's containers read their settings from annotations
+/// set at admission (the webhook's deferred injection), and the fallback
+/// settings its template carries.
+pub fn deferred(template: &Value) -> Option<BTreeMap<String, String>> {
+    let label = template
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(super::keys::LABEL_DEFERRED))
+        .and_then(Value::as_str);
+    (label == Some("true")).then(|| {
+        template
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(super::keys::ANN_FALLBACK))
+            .and_then(Value::as_str)
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default()
+    })
+}
+
+/// The server-side apply body that sets our checks' states on a
+/// Workload's status (`admissionChecks` is a map keyed by name: the other
+/// checks keep their owners), in API `version`. `resource_version` makes a
+/// copy that changed since it was read a conflict instead of an overwrite.
 pub fn status_apply(
+    version: &str,
     name: &str,
     namespace: &str,
     resource_version: Option<&str>,
-    check: Value,
+    checks: Vec<Value>,
 ) -> Value {
     json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "apiVersion": format!("{GROUP}/{version}"),
         "kind": "Workload",
         "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
-        "status": {"admissionChecks": [check]},
+        "status": {"admissionChecks": checks},
     })
 }
 
@@ -560,7 +746,22 @@ mod tests {
         assert_eq!(
             step(&wl, &ours()),
             Step::Configure {
-                check: "gpufit".into()
+                checks: vec!["gpufit".into()]
+            }
+        );
+        // Two gpufit checks on one Workload: both answered.
+        let two = workload(
+            reserved(),
+            json!([{"name": "gpufit", "state": "Pending", "message": ""},
+                   {"name": "gpufit-b", "state": "Pending", "message": ""},
+                   {"name": "gpufit-c", "state": "Ready", "message": ""}]),
+            Some(3),
+        );
+        let all: BTreeSet<String> = ["gpufit", "gpufit-b", "gpufit-c"].map(String::from).into();
+        assert_eq!(
+            step(&two, &all),
+            Step::Configure {
+                checks: vec!["gpufit".into(), "gpufit-b".into()]
             }
         );
         let answered = workload(
@@ -688,8 +889,7 @@ mod tests {
         )]);
         let c = ready_check(
             "gpufit",
-            &["master".into(), "worker".into()],
-            &anns,
+            &[("master".into(), anns.clone()), ("worker".into(), anns)],
             "ok",
             "2026-01-01T00:00:00Z",
         );
@@ -701,27 +901,153 @@ mod tests {
         );
         let c = ready_check(
             "gpufit",
-            &["main".into()],
-            &BTreeMap::new(),
+            &[("main".into(), BTreeMap::new())],
             "does not fit",
             "t",
         );
         assert!(c.get("podSetUpdates").is_none());
         assert_eq!(c["state"], "Ready");
         let long = "é".repeat(40_000);
-        let c = ready_check("gpufit", &[], &BTreeMap::new(), &long, "t");
+        let c = ready_check("gpufit", &[], &long, "t");
         assert!(c["message"].as_str().unwrap().len() <= 32_000);
     }
 
     #[test]
-    fn the_queue_is_read_from_the_label_or_the_older_annotation() {
+    fn an_update_never_carries_a_key_the_template_has_with_another_value() {
+        let template = json!({"metadata": {"annotations": {
+            "gpufit.io/applied-settings": "{\"old\":1}", "team": "a"}}});
+        let anns = BTreeMap::from([
+            (
+                "gpufit.io/applied-settings".to_string(),
+                "{\"new\":2}".to_string(),
+            ),
+            ("team".to_string(), "a".to_string()),
+            (
+                "gpufit.io/setting.micro_batch_size".to_string(),
+                "4".to_string(),
+            ),
+        ]);
+        let (keep, dropped) = conflict_free(&template, &anns);
+        assert_eq!(dropped, ["gpufit.io/applied-settings"]);
+        assert_eq!(keep.len(), 2, "the same value is no conflict: {keep:?}");
+        let (keep, dropped) = conflict_free(&json!({}), &anns);
+        assert!(dropped.is_empty());
+        assert_eq!(keep, anns);
+    }
+
+    #[test]
+    fn the_newest_served_version_is_spoken() {
+        assert_eq!(pick_version(&["v1beta1", "v1beta2"]), Some("v1beta2"));
+        assert_eq!(pick_version(&["v1beta2"]), Some("v1beta2"));
+        assert_eq!(pick_version(&["v1beta1"]), Some("v1beta1"));
+        assert_eq!(pick_version(&["v1alpha1"]), None);
+        assert_eq!(pick_version::<&str>(&[]), None);
+    }
+
+    #[test]
+    fn kueue_queues_as_its_webhook_and_reconciler_decide() {
+        let mut cfg = KueueConfig {
+            enabled: true,
+            ..KueueConfig::default()
+        };
+        // Without --kueue nothing is treated as queued (never answered).
+        let off = KueueConfig::default();
+        let labelled0 = json!({"labels": {QUEUE_NAME: "team"}});
+        assert_eq!(
+            off.queue_for("batch/job", Some(&labelled0), "ml", None)
+                .unwrap(),
+            None
+        );
+        let labelled = json!({"labels": {QUEUE_NAME: "team"}});
+        assert_eq!(
+            cfg.queue_for("batch/job", Some(&labelled), "ml", None)
+                .unwrap(),
+            Some("team".into())
+        );
+        // The PyTorchJob integration is off in Kueue's default configuration.
+        assert_eq!(
+            cfg.queue_for("kubeflow.org/pytorchjob", Some(&labelled), "ml", None)
+                .unwrap(),
+            None
+        );
+        cfg.frameworks = Some(["kubeflow.org/pytorchjob".to_string()].into());
+        assert_eq!(
+            cfg.queue_for("kubeflow.org/pytorchjob", Some(&labelled), "ml", None)
+                .unwrap(),
+            Some("team".into())
+        );
+        assert_eq!(
+            cfg.queue_for("batch/job", Some(&labelled), "ml", None)
+                .unwrap(),
+            None
+        );
+        // LocalQueueDefaulting: a LocalQueue `default` in the namespace
+        // (and the namespace in Kueue's selector), no label needed.
+        let cfg = {
+            let mut w =
+                kube::runtime::reflector::store::Writer::new(kube::api::ApiResource::from_gvk(
+                    &kube::api::GroupVersionKind::gvk(GROUP, VERSION, "LocalQueue"),
+                ));
+            let store = w.as_reader();
+            w.apply_watcher_event(&kube::runtime::watcher::Event::Apply(
+                serde_json::from_value(json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                    "metadata": {"name": "default", "namespace": "ml"}, "spec": {"clusterQueue": "cq"}}))
+                .unwrap(),
+            ));
+            KueueConfig {
+                enabled: true,
+                unlabelled: Unlabelled::managing(DEFAULT_NAMESPACE_SELECTOR)
+                    .map(|mut u| {
+                        u.manage = false;
+                        u
+                    })
+                    .unwrap(),
+                frameworks: None,
+                local_queues: Some(store),
+            }
+        };
+        let plain = json!({"labels": {}});
+        assert_eq!(
+            cfg.queue_for("batch/job", Some(&plain), "ml", None)
+                .unwrap(),
+            Some("default".into())
+        );
+        assert_eq!(
+            cfg.queue_for("batch/job", Some(&plain), "other", None)
+                .unwrap(),
+            None
+        );
+        // Kueue's own namespaces are outside its default selector.
+        assert_eq!(
+            cfg.queue_for("batch/job", Some(&plain), "kube-system", None)
+                .unwrap(),
+            None
+        );
+        // The label wins over the default; an owned child is its owner's.
+        assert_eq!(
+            cfg.queue_for("batch/job", Some(&labelled), "ml", None)
+                .unwrap(),
+            Some("team".into())
+        );
+        let child = json!({"ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "name": "o", "uid": "u", "controller": true}]});
+        assert_eq!(
+            cfg.queue_for("batch/job", Some(&child), "ml", None)
+                .unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn the_queue_is_read_from_the_label_only() {
         assert_eq!(
             queue_name(Some(&json!({"labels": {QUEUE_NAME: "team"}}))),
             Some("team")
         );
+        // Removed in Kueue v0.15 (#7271): the annotation queues nothing.
         assert_eq!(
             queue_name(Some(&json!({"annotations": {QUEUE_NAME: "old"}}))),
-            Some("old")
+            None
         );
         assert_eq!(
             queue_name(Some(&json!({"labels": {QUEUE_NAME: " "}}))),

@@ -35,6 +35,9 @@ pub mod names {
     pub const THROUGHPUT_VS_BEST: &str = "gpufit_controller_throughput_vs_best_ratio";
     pub const WEBHOOK_REQUESTS: &str = "gpufit_webhook_requests_total";
     pub const WEBHOOK_DURATION: &str = "gpufit_webhook_duration_seconds";
+    pub const KUEUE_PENDING_OLDEST: &str = "gpufit_kueue_pending_check_oldest_seconds";
+    pub const KUEUE_ANSWERS: &str = "gpufit_kueue_answers_total";
+    pub const KUEUE_WAIT: &str = "gpufit_kueue_check_wait_seconds";
 }
 
 /// Which way a suggestion came in: the `path` label, in the fleet view's
@@ -116,6 +119,14 @@ pub struct Metrics {
     pub webhook_requests: IntCounterVec,
     /// Webhook handling time in seconds.
     pub webhook_duration: HistogramVec,
+    /// Age of the oldest Workload whose gpufit check is Pending with its
+    /// quota reserved (0 when none): Kueue holds that quota meanwhile.
+    pub kueue_pending_oldest: prometheus::Gauge,
+    /// Kueue check answers, by result (`configured`, `not_configured`,
+    /// `not_opted_in`, `unknown_owner`).
+    pub kueue_answers: IntCounterVec,
+    /// From quota reservation to gpufit's answer.
+    pub kueue_wait: Histogram,
 }
 
 impl Metrics {
@@ -220,8 +231,34 @@ impl Metrics {
             &["kind"],
         )
         .expect("static metric definition");
+        let kueue_pending_oldest = prometheus::Gauge::with_opts(Opts::new(
+            names::KUEUE_PENDING_OLDEST,
+            "Seconds the oldest quota-reserved Workload has waited on gpufit's admission check",
+        ))
+        .expect("static metric definition");
+        let kueue_answers = IntCounterVec::new(
+            Opts::new(
+                names::KUEUE_ANSWERS,
+                "Kueue admission check answers by result",
+            ),
+            &["result"],
+        )
+        .expect("static metric definition");
+        let kueue_wait = Histogram::with_opts(
+            HistogramOpts::new(
+                names::KUEUE_WAIT,
+                "Seconds from a Workload's quota reservation to gpufit's answer",
+            )
+            .buckets(vec![
+                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 300.0,
+            ]),
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(kueue_pending_oldest.clone()),
+            Box::new(kueue_answers.clone()),
+            Box::new(kueue_wait.clone()),
             Box::new(reconcile_duration.clone()),
             Box::new(errors.clone()),
             Box::new(suggestions.clone()),
@@ -250,6 +287,9 @@ impl Metrics {
             throughput_vs_best,
             webhook_requests,
             webhook_duration,
+            kueue_pending_oldest,
+            kueue_answers,
+            kueue_wait,
         }
     }
 

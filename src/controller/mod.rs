@@ -8,6 +8,9 @@
 //! | [`gpu`]       | pure: node labels (GPU Feature Discovery) → GPU model          |
 //! | [`build`]     | pure: suggestion → desired `batch/v1` Job                      |
 //! | [`inject`]    | the one injection code path (reconciler and webhook)          |
+//! | [`keys`]      | every `gpufit.io/*` annotation and label key                   |
+//! | [`kinds`]     | one description per training kind (Job, PyTorchJob, JobSet, TrainJob) |
+//! | [`plan`]      | the admission plan: annotations → checked workload → suggestion |
 //! | [`kueue`]     | pure: a Kueue Workload's admission → gpufit's check answer    |
 //! | [`reconcile`] | the pipeline: dereference → validate → build → apply → status |
 //! | [`prom`]      | Prometheus HTTP API client (peak GPU memory of a finished job)|
@@ -18,12 +21,16 @@
 
 pub mod api;
 pub mod build;
+pub mod confirm;
 pub mod crd;
 pub mod gpu;
 pub mod inject;
+pub mod keys;
+pub mod kinds;
 pub mod kueue;
 pub mod leader;
 pub mod metrics;
+pub mod plan;
 pub mod prom;
 pub mod reconcile;
 pub mod run;

@@ -47,6 +47,9 @@ pub struct ControllerConfig {
     /// Jobs without a queue label that Kueue manages
     /// (`--kueue-manage-jobs-without-queue-name`).
     pub kueue_unlabelled: super::kueue::Unlabelled,
+    /// Kueue's enabled integrations (`--kueue-integrations`; None: Kueue's
+    /// default configuration's).
+    pub kueue_frameworks: Option<std::collections::BTreeSet<String>>,
     pub leader: Option<LeaderConfig>,
     pub cluster: Option<String>,
     pub targets: StrategyTargets,
@@ -81,6 +84,27 @@ pub async fn run(
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
     serve_api(&cfg, &history, &metrics, &health, &stop).await?;
+    // Kueue: the version it serves (discovery), its LocalQueues.
+    let kueue_version = if cfg.kueue {
+        let v = reconcile::kueue::discover_version(&client).await?;
+        tracing::info!(version = v, "speaking Kueue's API kueue.x-k8s.io/{v}");
+        Some(v)
+    } else {
+        None
+    };
+    let kueue = super::kueue::KueueConfig {
+        enabled: cfg.kueue,
+        unlabelled: cfg.kueue_unlabelled.clone(),
+        frameworks: cfg.kueue_frameworks.clone(),
+        local_queues: kueue_version.map(|v| {
+            reflect_dynamic(
+                Api::all_with(client.clone(), &reconcile::kueue::local_queues(v)),
+                reconcile::kueue::local_queues(v),
+                "Kueue LocalQueue",
+            )
+        }),
+    };
+    let history_cache: Arc<webhook::HistoryCache> = Arc::default();
     if let Some(wcfg) = cfg.webhook.clone() {
         let state = Arc::new(WebhookState {
             history: history.clone(),
@@ -89,8 +113,8 @@ pub async fn run(
             metrics: metrics.clone(),
             targets: cfg.targets,
             default_mode: cfg.mode,
-            cache: Default::default(),
-            kueue_unlabelled: cfg.kueue_unlabelled.clone(),
+            cache: history_cache.clone(),
+            kueue,
         });
         serve_webhook(&wcfg, state, &stop).await?;
     }
@@ -126,9 +150,10 @@ pub async fn run(
     ctx.targets = cfg.targets;
     ctx.default_mode = cfg.mode;
     ctx.cluster = cfg.cluster.clone();
+    ctx.history_cache = history_cache;
     let (lead_tx, lead_rx) = watch::channel(cfg.leader.is_none());
     ctx.leading = lead_rx;
-    reconcile_while_leading(&cfg, client, Arc::new(ctx), lead_tx, &stop).await;
+    reconcile_while_leading(&cfg, client, Arc::new(ctx), kueue_version, lead_tx, &stop).await;
     Ok(())
 }
 
@@ -179,6 +204,27 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store::<K>();
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(move |r| {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "{what} watch failed; retrying");
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(stream);
+    store
+}
+
+/// [`reflect`] for a dynamic resource.
+fn reflect_dynamic(
+    api: Api<kube::api::DynamicObject>,
+    ar: kube::api::ApiResource,
+    what: &'static str,
+) -> reflector::Store<kube::api::DynamicObject> {
+    let writer = reflector::store::Writer::new(ar);
+    let store = writer.as_reader();
     let stream = reflector(writer, watcher(api, watcher::Config::default()))
         .default_backoff()
         .touched_objects()
@@ -243,6 +289,7 @@ async fn reconcile_while_leading(
     cfg: &ControllerConfig,
     client: Client,
     ctx: Arc<Context>,
+    kueue_version: Option<&'static str>,
     lead_tx: watch::Sender<bool>,
     stop: &Stop,
 ) {
@@ -288,13 +335,8 @@ async fn reconcile_while_leading(
         );
         // Kueue: gpufit's AdmissionChecks, when enabled.
         let kueue = async {
-            if cfg.kueue {
-                reconcile::kueue::run_kueue_controllers(
-                    client.clone(),
-                    ctx.clone(),
-                    cfg.watch_namespace.clone(),
-                )
-                .await
+            if let Some(v) = kueue_version {
+                reconcile::kueue::run_kueue_controllers(client.clone(), ctx.clone(), v).await
             }
         };
         let controller = futures::future::join3(controller, workloads, kueue);

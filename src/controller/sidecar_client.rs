@@ -50,6 +50,7 @@ impl SidecarClient {
         let job: crate::wire::sidecar::JobView = resp
             .into_json()
             .map_err(|e| format!("GET {url}: not a sidecar job: {e}"))?;
-        Ok(Some(job.peak_bytes))
+        // 0: the sidecar saw the pod but no memory figure of it.
+        Ok(Some(job.peak_bytes).filter(|p| *p > 0))
     }
 }

@@ -40,6 +40,7 @@ fn migrations() -> Vec<String> {
         schema::add_node_counts("BIGINT"),
         schema::add_host_oom("BOOLEAN", "FALSE"),
         schema::ADD_NODES_WITHOUT_PEAK.to_string(),
+        schema::ADD_SETTINGS_CONFIRMATION.to_string(),
     ]
 }
 
@@ -174,7 +175,7 @@ impl PostgresStore {
 /// Owned parameter values for one insert.
 struct Params {
     ints: [Option<i64>; 13],
-    texts: [Option<String>; 10],
+    texts: [Option<String>; 11],
     bools: [bool; 7],
     floats: [Option<f64>; 3],
 }
@@ -210,6 +211,7 @@ fn to_params(r: &RunRecord) -> Params {
                 .failure_reason()
                 .map(|f| schema::failure_str(f).into()),
             schema::without_peak_str(r.nodes.as_ref()),
+            Some(r.confirmation.as_str().into()),
         ],
         bools: [
             s.activation_checkpointing,
@@ -265,6 +267,7 @@ fn column_types() -> Vec<Type> {
         T::INT8,
         T::BOOL,
         T::TEXT,
+        T::TEXT,
     ]
 }
 
@@ -275,7 +278,7 @@ impl Params {
         vec![
             &n[0], &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &n[1], &n[2], &n[3], &n[4],
             &n[5], &n[6], &t[7], &b[0], &b[1], &b[2], &n[7], &b[3], &b[4], &n[8], &b[5], &t[8],
-            &n[9], &f[0], &f[1], &f[2], &n[10], &n[11], &n[12], &b[6], &t[9],
+            &n[9], &f[0], &f[1], &f[2], &n[10], &n[11], &n[12], &b[6], &t[9], &t[10],
         ]
     }
 }
@@ -347,6 +350,11 @@ fn from_row(url: &str, row: &Row) -> Result<RunRecord, HistoryError> {
             row.try_get(31).map_err(g)?,
             row.try_get::<_, Option<String>>(33).map_err(g)?.as_deref(),
         ),
+        confirmation: {
+            let c: String = row.try_get(34).map_err(g)?;
+            c.parse()
+                .map_err(|_| e(format!("unknown settings_confirmation `{c}`")))?
+        },
     })
 }
 

@@ -14,7 +14,7 @@ use crate::core::settings::Dtype;
 use crate::core::workload::Method;
 
 /// Columns in insert/select order (without `id`, which comes first on select).
-pub const COLUMNS: [&str; 33] = [
+pub const COLUMNS: [&str; 34] = [
     "timestamp_us",
     "cluster",
     "node",
@@ -48,6 +48,7 @@ pub const COLUMNS: [&str; 33] = [
     "nodes_expected",
     "host_oom",
     "nodes_without_peak",
+    "settings_confirmation",
 ];
 
 /// `CREATE TABLE` body for one dialect: integer, boolean and float type names.
@@ -124,6 +125,14 @@ pub fn add_host_oom(boolean: &str, no: &str) -> String {
 ///
 /// [`NodeReports::without_peak`]: crate::core::run::NodeReports::without_peak
 pub const ADD_NODES_WITHOUT_PEAK: &str = "ALTER TABLE runs ADD COLUMN nodes_without_peak TEXT;";
+
+/// Migration 6: whether the recorded settings are the ones the job ran
+/// ([`Confirmation`]: `confirmed`, `ran_other` or `unconfirmed`); older rows
+/// read `confirmed`, as they did before confirmation was tracked.
+///
+/// [`Confirmation`]: crate::core::confirm::Confirmation
+pub const ADD_SETTINGS_CONFIRMATION: &str =
+    "ALTER TABLE runs ADD COLUMN settings_confirmation TEXT NOT NULL DEFAULT 'confirmed';";
 
 /// The stored spelling of [`NodeReports::without_peak`]: NULL when empty.
 ///

@@ -31,6 +31,7 @@ fn migrations() -> Vec<String> {
         schema::add_node_counts("INTEGER"),
         schema::add_host_oom("INTEGER", "0"),
         schema::ADD_NODES_WITHOUT_PEAK.to_string(),
+        schema::ADD_SETTINGS_CONFIRMATION.to_string(),
     ]
 }
 
@@ -357,7 +358,7 @@ fn map_err(url: &str, busy: Duration, e: rusqlite::Error) -> HistoryError {
 /// borrowed from the record: binding them copies nothing on the Rust side
 /// (a 1 M-line import made 10 strings per row before). Bound through
 /// `params_from_iter`: rusqlite implements `Params` for arrays of at most 32.
-fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 34] {
+fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 35] {
     use rusqlite::types::ValueRef::{Integer, Null, Real, Text};
     let v = ToSqlOutput::Borrowed;
     let opt_i = |x: Option<u64>| v(x.map_or(Null, |n| Integer(i(n))));
@@ -406,6 +407,7 @@ fn keyed_params<'a>(r: &'a RunRecord, key: &'a str) -> [ToSqlOutput<'a>; 34] {
             Some(t) => ToSqlOutput::Owned(rusqlite::types::Value::Text(t)),
             None => v(Null),
         },
+        text(r.confirmation.as_str()),
         text(key),
     ]
 }
@@ -475,6 +477,11 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
             row.get(31)?,
             row.get::<_, Option<String>>(33)?.as_deref(),
         ),
+        confirmation: {
+            let c: String = row.get(34)?;
+            c.parse()
+                .map_err(|_| bad(34, "settings_confirmation", &c))?
+        },
     })
 }
 

@@ -9,7 +9,10 @@
 //!    process tracking.
 //! 3. The mapping directory (dcgm-exporter's HPC convention): a file
 //!    `<dir>/<gpu index>` holding the id of the Slurm job that owns the GPU,
-//!    written by the prolog and removed by the epilog.
+//!    written by the prolog and removed by the epilog. A process on a MIG
+//!    slice is looked up by the slice's own ids instead
+//!    (`<dir>/MIG-<uuid>`, `<dir>/MIG-GPU-<card uuid>_<gi>_<ci>`:
+//!    [`crate::slurm::plan::mig_mapping_name`]), never by its card's index.
 //!
 //! A pod UID is turned into `namespace/pod` by a [`PodResolver`]. The one
 //! built in reads the process's own environment for `GPUFIT_POD_NAMESPACE` /
@@ -197,7 +200,12 @@ impl PodResolver for EnvPodResolver {
 
 /// Reads the mapping directory: `<dir>/<gpu index>` holds a Slurm job id.
 fn mapping_dir_job(dir: &Path, gpu: u32) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join(gpu.to_string())).ok()?;
+    mapping_file_job(dir, &gpu.to_string())
+}
+
+/// Reads the mapping file `<dir>/<name>`: a Slurm job id.
+fn mapping_file_job(dir: &Path, name: &str) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(name)).ok()?;
     let id = text.trim();
     // A job id is a number, possibly an array task `123_4`; anything else is ignored.
     (!id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
@@ -239,6 +247,17 @@ impl Attributor {
 
     /// The job of `pid` running on GPU `gpu`, without caching.
     pub fn attribute(&self, pid: u32, gpu: u32) -> Option<JobKey> {
+        self.attribute_on(pid, gpu, None)
+    }
+
+    /// The job of `pid` running on GPU `gpu` — on a MIG slice whose mapping
+    /// file names are `slice_names` when given — without caching.
+    pub fn attribute_on(
+        &self,
+        pid: u32,
+        gpu: u32,
+        slice_names: Option<&[String]>,
+    ) -> Option<JobKey> {
         let environ = self.proc.environ(pid).ok();
         if let Ok(text) = self.proc.cgroup(pid) {
             match parse_cgroup(&text) {
@@ -265,12 +284,29 @@ impl Attributor {
             });
         }
         let dir = self.mapping_dir.as_deref()?;
-        mapping_dir_job(dir, gpu).map(|slurm_job_id| JobKey::Slurm { slurm_job_id })
+        let id = match slice_names {
+            None => mapping_dir_job(dir, gpu),
+            // On a MIG node the card's index file is no job's: a slice's
+            // job is found by the slice's own ids only.
+            Some(names) => names.iter().find_map(|n| mapping_file_job(dir, n)),
+        };
+        id.map(|slurm_job_id| JobKey::Slurm { slurm_job_id })
     }
 
     /// Fills `job` on every observation that has none; forgets PIDs no
     /// longer observed so the cache stays as small as the process list.
     pub fn attribute_all(&self, processes: &mut [super::source::ProcessObservation]) {
+        self.attribute_all_on(processes, &[]);
+    }
+
+    /// [`Attributor::attribute_all`], with the sample's devices: a process
+    /// on a MIG slice is looked up in the mapping directory by its slice's
+    /// ids (from `gpus`).
+    pub fn attribute_all_on(
+        &self,
+        processes: &mut [super::source::ProcessObservation],
+        gpus: &[super::source::GpuInfo],
+    ) {
         let mut cache = match self.cache.lock() {
             Ok(c) => c,
             Err(poisoned) => poisoned.into_inner(),
@@ -282,13 +318,46 @@ impl Attributor {
             }
             let job = match cache.get(&p.pid) {
                 Some(j) => j.clone(),
-                None => self.attribute(p.pid, p.gpu),
+                None => self.attribute_on(p.pid, p.gpu, slice_names(p, gpus).as_deref()),
             };
             fresh.insert(p.pid, job.clone());
             p.job = job;
         }
         *cache = fresh;
     }
+}
+
+/// The mapping file names of the MIG slice a process runs on (None on a
+/// whole GPU): its `MIG-<uuid>` and, when its instance ids are known, the
+/// `MIG-GPU-<card uuid>_<gi>_<ci>` form; empty when the slice is not in
+/// `gpus` (no file can then be told to be its).
+fn slice_names(
+    p: &super::source::ProcessObservation,
+    gpus: &[super::source::GpuInfo],
+) -> Option<Vec<String>> {
+    let slice = p.mig.as_ref()?;
+    let Some(g) = gpus
+        .iter()
+        .find(|g| g.index == p.gpu && g.mig.as_ref().is_some_and(|m| m.device == slice.device))
+    else {
+        return Some(Vec::new());
+    };
+    let instance = g.mig.as_ref().and_then(|m| {
+        Some((
+            m.parent_uuid.as_str(),
+            m.gpu_instance_id?,
+            m.compute_instance_id?,
+        ))
+    });
+    Some(
+        [
+            crate::slurm::plan::mig_mapping_name(Some(&g.uuid), None),
+            crate::slurm::plan::mig_mapping_name(None, instance),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -549,5 +618,76 @@ mod tests {
             .id(),
             "12"
         );
+    }
+
+    /// The Prolog's MIG mapping files, in both of Slurm's id forms, name
+    /// the job of a process on that slice; the card's index file does not.
+    #[test]
+    fn a_process_on_a_mig_slice_is_found_by_its_slices_mapping_file() {
+        use crate::sidecar::simulate::{parse_mig_layout, SimulateConfig, SimulatedSource};
+        use crate::sidecar::source::GpuSource;
+        use crate::slurm::plan::{mapping_files_named, mapping_names, Env};
+        let gpus = SimulatedSource::new(&SimulateConfig {
+            gpus: 1,
+            model: "NVIDIA A100-SXM4-40GB".into(),
+            memory_bytes: None,
+            node: "n".into(),
+            demo_jobs: 0,
+            mig: parse_mig_layout("0:1g.5gb,3g.20gb").expect("layout"),
+            mig_parent_refused: false,
+        })
+        .expect("simulate")
+        .sample()
+        .gpus;
+        let slice = &gpus[2];
+        let m = slice.mig.as_ref().expect("a slice");
+        let legacy = format!(
+            "MIG-{}/{}/{}",
+            m.parent_uuid,
+            m.gpu_instance_id.expect("gi"),
+            m.compute_instance_id.expect("ci")
+        );
+        for (job, visible) in [("700", slice.uuid.clone()), ("701", legacy)] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            // Another job owns gres index 0: not this slice's process's.
+            std::fs::write(dir.path().join("0"), "999\n").expect("write");
+            let env: Env = [
+                ("CUDA_VISIBLE_DEVICES".to_string(), visible.clone()),
+                ("SLURM_JOB_GPUS".to_string(), "1".to_string()),
+            ]
+            .into();
+            let names = mapping_names(&env).expect("names");
+            assert_eq!(names.len(), 1, "{names:?}");
+            for (path, content) in mapping_files_named(dir.path(), job, &names) {
+                std::fs::write(path, content).expect("write");
+            }
+            let a = attributor(Some(dir.path().to_path_buf()));
+            let on = |device: u32| super::super::source::ProcessObservation {
+                pid: 40,
+                gpu: 0,
+                mig: Some(super::super::source::SliceRef {
+                    device,
+                    profile: String::new(),
+                }),
+                used_bytes: 1,
+                max_bytes: None,
+                running: true,
+                job: None,
+            };
+            let mut obs = vec![on(1)];
+            a.attribute_all_on(&mut obs, &gpus);
+            assert_eq!(
+                obs[0].job,
+                Some(JobKey::Slurm {
+                    slurm_job_id: job.into()
+                }),
+                "{visible}"
+            );
+            // The other slice has no mapping file: no job, not index 0's.
+            let a = attributor(Some(dir.path().to_path_buf()));
+            let mut obs = vec![on(0)];
+            a.attribute_all_on(&mut obs, &gpus);
+            assert_eq!(obs[0].job, None, "{visible}");
+        }
     }
 }

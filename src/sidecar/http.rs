@@ -150,8 +150,10 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 const LOG_PEAK_TOLERANCE: f64 = 0.02;
 
 /// A log-stated peak the sidecar may keep: a positive whole number of
-/// bytes, not above the node's largest GPU (plus [`LOG_PEAK_TOLERANCE`]).
-fn check_log_peak(n: &serde_json::Number, gpu_memory: u64) -> Result<u64, String> {
+/// bytes, not above `gpu_memory` (plus [`LOG_PEAK_TOLERANCE`]): the job's
+/// own device (its MIG slice on a MIG node), else the node's largest,
+/// which `what` names.
+fn check_log_peak(n: &serde_json::Number, gpu_memory: u64, what: &str) -> Result<u64, String> {
     let Some(peak) = n.as_u64() else {
         return Err(format!(
             "peak_bytes {n} is not a whole number of bytes: give the peak per GPU in bytes, e.g. 42949672960"
@@ -163,7 +165,7 @@ fn check_log_peak(n: &serde_json::Number, gpu_memory: u64) -> Result<u64, String
     let limit = (gpu_memory as f64 * (1.0 + LOG_PEAK_TOLERANCE)) as u64;
     if gpu_memory > 0 && peak > limit {
         return Err(format!(
-            "peak_bytes {peak} is above this node's GPU memory ({gpu_memory} bytes): give the peak per GPU in bytes, not a sum over GPUs nor another unit"
+            "peak_bytes {peak} is above {what} ({gpu_memory} bytes): give the peak per GPU in bytes, not a sum over GPUs nor another unit"
         ));
     }
     Ok(peak)
@@ -296,7 +298,8 @@ async fn post_log_peak(sc: &Sidecar, id_segs: &[&str], req: Request<crate::serve
         Ok(b) => b,
         Err(resp) => return resp,
     };
-    match check_log_peak(&body.peak_bytes, sc.max_gpu_memory()) {
+    let (limit, what) = sc.log_peak_limit(&key);
+    match check_log_peak(&body.peak_bytes, limit, &what) {
         Ok(peak) => json(StatusCode::OK, &sc.set_log_peak(key, peak)),
         Err(why) => error(StatusCode::BAD_REQUEST, &why),
     }

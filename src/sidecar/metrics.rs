@@ -195,7 +195,11 @@ impl Metrics {
                 let measured = g.method.as_str();
                 let l = [ns, pod, slurm, &gpu, &device, profile, node, measured];
                 self.set("gpufit_job_gpu_memory_bytes", &l, g.current_bytes as f64);
-                self.set("gpufit_job_gpu_memory_peak_bytes", &l, g.peak_bytes as f64);
+                // 0: no figure of the job on it yet (NVML gave none): no
+                // peak series, so no query reads it as a 0-byte peak.
+                if g.peak_bytes > 0 {
+                    self.set("gpufit_job_gpu_memory_peak_bytes", &l, g.peak_bytes as f64);
+                }
             }
             if j.method == super::tracker::PeakMethod::Log {
                 // The log states one per-GPU peak for the whole job.

@@ -91,6 +91,7 @@ impl BackendConfig {
                 node: node_name(),
                 demo_jobs: 0,
                 mig: Default::default(),
+                mig_parent_refused: false,
             },
         }
     }
@@ -197,22 +198,50 @@ pub fn live_gpus(cfg: &BackendConfig) -> Result<Vec<GpuInfo>, SidecarError> {
     Ok(source.sample().gpus)
 }
 
-/// The first local GPU as NVML sees it (live values win over the catalog);
-/// used by `gpufit suggest --gpu auto`. A clear error when there is none.
+/// The local GPU as NVML sees it (live values win over the catalog);
+/// used by `gpufit suggest --gpu auto` and the Slurm TaskProlog's
+/// fallback. A clear error when there is none. See [`local_gpu_noted`].
 pub fn local_gpu() -> Result<crate::core::catalog::GpuSpec, SidecarError> {
+    local_gpu_noted().map(|(g, _)| g)
+}
+
+/// [`local_gpu`], with a sentence saying which device was taken when it is
+/// a MIG slice: the one `CUDA_VISIBLE_DEVICES` names (`MIG-<uuid>` or
+/// `MIG-GPU-<card uuid>/<gi>/<ci>`), the smallest of several
+/// ([`crate::slurm::plan::pick_job_device`], as the TaskProlog picks from
+/// the sidecar's list). A card in MIG mode whose own memory NVML refuses
+/// (an unprivileged job user) is no obstacle: its slices answer.
+pub fn local_gpu_noted() -> Result<(crate::core::catalog::GpuSpec, Option<String>), SidecarError> {
     // The caller says what to do instead (name the GPU): the sidecar's own
     // flags (--nvml-lib, --backend) are not this command's.
     let source = nvml::NvmlSource::open_with_advice(None, "")?;
-    let gpus = source.sample().gpus;
-    let g = usable_devices(&gpus)
-        .find(|g| g.healthy)
+    let env: crate::slurm::plan::Env = std::env::vars()
+        .filter(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+        .collect();
+    pick_local(
+        &source.sample().gpus,
+        &crate::slurm::plan::visible_devices(&env),
+    )
+}
+
+/// The device of `gpus` (one sample) a job with `visible` (its
+/// `CUDA_VISIBLE_DEVICES`) runs on, among the healthy ones.
+pub fn pick_local(
+    gpus: &[GpuInfo],
+    visible: &[crate::slurm::plan::VisibleDevice],
+) -> Result<(crate::core::catalog::GpuSpec, Option<String>), SidecarError> {
+    // A card in MIG mode with no slice reads no memory: CUDA cannot run on it.
+    let healthy: Vec<GpuInfo> = gpus
+        .iter()
+        .filter(|g| g.healthy && g.memory_total_bytes > 0)
         .cloned()
-        .ok_or_else(|| {
+        .collect();
+    let pick = crate::slurm::plan::pick_job_device(&healthy, visible, &[]).ok_or_else(|| {
         SidecarError::Nvml(
             "NVML works but reports no readable GPU on this node: check `nvidia-smi`, or name the GPU with --gpu".into(),
         )
     })?;
-    Ok(gpu_spec_from_live(&g))
+    Ok((gpu_spec_from_live(pick.device), pick.note))
 }
 
 /// The devices a job can run on: every GPU and MIG slice listed, less the
@@ -315,6 +344,43 @@ impl Sidecar {
             .unwrap_or(0)
     }
 
+    /// The memory a log-stated peak of `key` is checked against, and what
+    /// it is: the largest device the job was seen on (on a MIG node its
+    /// slice, not the card: a peak above the slice cannot be the job's),
+    /// else the node's largest usable device (a card in MIG mode counts
+    /// through its slices).
+    pub fn log_peak_limit(&self, key: &JobKey) -> (u64, String) {
+        let st = lock(&self.state);
+        let job = st.tracker.peek(&key.id(), &self.node);
+        let device_of = |g: &crate::wire::sidecar::JobGpuView| {
+            st.gpus.iter().find(|d| {
+                d.index == g.gpu
+                    && d.mig.as_ref().map(|m| m.device) == g.mig.as_ref().map(|m| m.device)
+            })
+        };
+        let on_job = job
+            .iter()
+            .flat_map(|j| j.gpus.iter())
+            .filter_map(device_of)
+            .filter(|d| d.memory_total_bytes > 0)
+            .max_by_key(|d| d.memory_total_bytes);
+        if let Some(d) = on_job {
+            let what = match &d.mig {
+                Some(m) => format!(
+                    "the memory of the job's MIG slice {} on GPU {}",
+                    m.profile, d.index
+                ),
+                None => format!("the memory of the job's GPU {}", d.index),
+            };
+            return (d.memory_total_bytes, what);
+        }
+        let largest = usable_devices(&st.gpus)
+            .map(|g| g.memory_total_bytes)
+            .max()
+            .unwrap_or(0);
+        (largest, "this node's GPU memory".into())
+    }
+
     /// The node name.
     pub fn node(&self) -> &str {
         &self.node
@@ -334,7 +400,8 @@ impl Sidecar {
     pub fn sample_now(&self) {
         let _order = lock(&self.sampling);
         let mut sample = self.source.sample();
-        self.attributor.attribute_all(&mut sample.processes);
+        self.attributor
+            .attribute_all_on(&mut sample.processes, &sample.gpus);
         let now = Utc::now();
         let mut st = lock(&self.state);
         st.tracker.update(&sample.processes, now);
@@ -546,6 +613,42 @@ pub async fn start_with(
 
 #[cfg(test)]
 mod tests {
+
+    /// The local fallback (suggest --gpu auto, the TaskProlog without a
+    /// sidecar) plans for the slice `CUDA_VISIBLE_DEVICES` names, in both of
+    /// Slurm's id forms, on a card whose own reading is refused.
+    #[test]
+    fn the_local_fallback_follows_the_mig_ids_in_cuda_visible_devices() {
+        use crate::slurm::plan::{visible_devices, Env};
+        let cfg = simulate::SimulateConfig {
+            gpus: 1,
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            memory_bytes: None,
+            node: "n".into(),
+            demo_jobs: 0,
+            mig: simulate::parse_mig_layout("0:1g.10gb,3g.40gb,1g.10gb").expect("layout"),
+            mig_parent_refused: true,
+        };
+        let gpus = SimulatedSource::new(&cfg).expect("simulate").sample().gpus;
+        let big = &gpus[2];
+        let m = big.mig.as_ref().expect("a slice");
+        let card = m.parent_uuid.trim_start_matches("GPU-");
+        let legacy = format!(
+            "MIG-GPU-{card}/{}/{}",
+            m.gpu_instance_id.expect("gi"),
+            m.compute_instance_id.expect("ci")
+        );
+        for id in [big.uuid.clone(), legacy] {
+            let env: Env = [("CUDA_VISIBLE_DEVICES".to_string(), id.clone())].into();
+            let (g, note) = pick_local(&gpus, &visible_devices(&env)).expect("a device");
+            assert_eq!(g.name, "NVIDIA A100-SXM4-80GB MIG 3g.40gb", "{id}");
+            assert_eq!(g.memory_bytes, big.memory_total_bytes);
+            assert!(note.is_some_and(|n| n.contains("3g.40gb")), "{id}");
+        }
+        // Nothing named: the smallest slice, never the refused card (0 bytes).
+        let (g, _) = pick_local(&gpus, &[]).expect("a device");
+        assert_eq!(g.name, "NVIDIA A100-SXM4-80GB MIG 1g.10gb");
+    }
     use super::*;
 
     #[test]

@@ -11,6 +11,27 @@
 //! The card's own process list is not read then (in MIG mode it is an
 //! aggregate, and privileged), so a process counts on its slice only.
 //! NVML's accounting mode is not available on MIG devices: slice peaks are sampled.
+//!
+//! Privileges on a MIG card: nvml.h, "In MIG mode, if device handle is
+//! provided, the API returns aggregate information, only if the caller has
+//! appropriate privileges"; the container toolkit gives them with
+//! `NVIDIA_MIG_MONITOR_DEVICES=all` and `CAP_SYS_ADMIN` (the chart's
+//! `sidecar.migMonitoring`). Without them the card's own memory read is
+//! refused (`NoPermission`): the card's MIG mode is read first, and on a
+//! card in MIG mode a refused or failed memory read is noted, not fatal —
+//! the card is listed (memory 0, the reason in `error`) and its slices with
+//! their own memory, which each MIG handle answers. A process's own figure
+//! NVML does not give (`UsedGpuMemory::Unavailable`, usual for an
+//! unprivileged reader in MIG mode) is unknown, never 0: on a slice, whose
+//! memory is isolated, the slice's own used memory less the known figures
+//! stands in for it ([`fill_unknown`]); on a whole card, where other jobs'
+//! memory counts too, it stays unknown (0 used, no peak from it).
+//!
+//! GPU and compute instance ids: nvml-wrapper 0.13 has no safe wrapper of
+//! `nvmlDeviceGetGpuInstanceId` / `nvmlDeviceGetComputeInstanceId` (and
+//! this crate forbids `unsafe`), so they come from a process's record on
+//! the slice (NVML fills both) or, with drivers before R470, from the
+//! `MIG-GPU-<card>/<gi>/<ci>` UUID; until then they are absent.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -107,22 +128,26 @@ impl NvmlSource {
                 .ok()
                 .map(|c| format!("{}.{}", c.major, c.minor));
         }
-        let mem = dev.memory_info().map_err(|e| match e {
-            // nvml-wrapper calls nvmlDeviceGetMemoryInfo_v2, which drivers
-            // before R510 do not export.
-            nvml_wrapper::error::NvmlError::FailedToLoadSymbol(_) => {
-                format!("memory: {e} (the NVIDIA driver is older than R510: upgrade it)")
-            }
-            _ => format!("memory: {e}"),
-        })?;
-        known.total = mem.total;
+        // MIG mode first: on a card in MIG mode the card's own memory is an
+        // aggregate NVML may refuse (NoPermission) while its slices answer.
+        let mig_enabled = dev.mig_mode().ok().map(|m| m.current == 1);
+        let memory = card_memory(
+            mig_enabled,
+            dev.memory_info().map(|m| (m.total, m.used, m.free)),
+        )?;
+        let (mem_total, mem_used, mem_free, memory_note) = match memory {
+            Ok((t, u, f)) => (t, u, f, None),
+            Err(note) => (0, 0, 0, Some(note)),
+        };
+        if mem_total > 0 {
+            known.total = mem_total;
+        }
         // Optional readings: unsupported on some devices (MIG instances, old
         // boards), which is not a fault of the device.
         let utilization_ratio = dev
             .utilization_rates()
             .ok()
             .map(|u| f64::from(u.gpu.min(100)) / 100.0);
-        let mig_enabled = dev.mig_mode().ok().map(|m| m.current == 1);
         let accounting = dev.is_accounting_enabled().unwrap_or(false);
         // In MIG mode the slices' processes are read on the slices.
         let procs = if mig_enabled == Some(true) {
@@ -135,6 +160,8 @@ impl NvmlSource {
         let mut now_pids = HashSet::with_capacity(procs.len());
         for p in procs {
             now_pids.insert(p.pid);
+            // Unknown on a whole card: other jobs' memory is in the card's
+            // figure, so nothing stands in for it (0 used, no peak from it).
             let used = match p.used_gpu_memory {
                 UsedGpuMemory::Used(b) => b,
                 UsedGpuMemory::Unavailable => 0,
@@ -183,15 +210,15 @@ impl NvmlSource {
                 index,
                 uuid: known.uuid.clone(),
                 name: known.name.clone(),
-                memory_total_bytes: mem.total,
-                memory_used_bytes: mem.used,
-                memory_free_bytes: mem.free,
+                memory_total_bytes: mem_total,
+                memory_used_bytes: mem_used,
+                memory_free_bytes: mem_free,
                 compute_capability: known.compute_capability.clone(),
                 utilization_ratio,
                 mig_enabled,
                 accounting_enabled: Some(accounting),
                 healthy: true,
-                error: None,
+                error: memory_note,
                 mig: None,
             },
             out,
@@ -297,8 +324,16 @@ fn read_slice(
         device: d,
         profile: mig_profile_of(&known.name),
     };
+    let figures: Vec<Option<u64>> = procs
+        .iter()
+        .map(|p| match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => Some(b),
+            UsedGpuMemory::Unavailable => None,
+        })
+        .collect();
+    let used = fill_unknown(&figures, mem.used);
     let mut out = Vec::with_capacity(procs.len());
-    for p in procs {
+    for (p, used_bytes) in procs.into_iter().zip(used) {
         if p.gpu_instance_id.is_some() {
             known.instance = (p.gpu_instance_id, p.compute_instance_id);
         }
@@ -306,10 +341,7 @@ fn read_slice(
             pid: p.pid,
             gpu: card.index,
             mig: Some(slice_ref.clone()),
-            used_bytes: match p.used_gpu_memory {
-                UsedGpuMemory::Used(b) => b,
-                UsedGpuMemory::Unavailable => 0,
-            },
+            used_bytes,
             max_bytes: None,
             running: true,
             job: None,
@@ -366,6 +398,53 @@ pub fn legacy_mig_uuid_ids(uuid: &str) -> (Option<u32>, Option<u32>) {
         (Some(gi), ci) => (Some(gi), ci),
         _ => (None, None),
     }
+}
+
+/// What a card's own memory reading gives: `Ok(Ok(figures))`;
+/// `Ok(Err(note))` on a card in MIG mode whose reading failed (not fatal:
+/// its slices are read on their own — the note says why and what to do);
+/// `Err` on any other card, which is then unhealthy.
+pub fn card_memory(
+    mig_enabled: Option<bool>,
+    reading: Result<(u64, u64, u64), NvmlError>,
+) -> Result<Result<(u64, u64, u64), String>, String> {
+    match reading {
+        Ok(m) => Ok(Ok(m)),
+        Err(e) if mig_enabled == Some(true) => Ok(Err(refused_card_note(&e.to_string()))),
+        // nvml-wrapper calls nvmlDeviceGetMemoryInfo_v2, which drivers
+        // before R510 do not export.
+        Err(e @ NvmlError::FailedToLoadSymbol(_)) => Err(format!(
+            "memory: {e} (the NVIDIA driver is older than R510: upgrade it)"
+        )),
+        Err(e) => Err(format!("memory: {e}")),
+    }
+}
+
+/// Why a MIG-mode card lists no memory of its own, and how to get it.
+pub fn refused_card_note(error: &str) -> String {
+    format!(
+        "memory: {error} (a card in MIG mode gives its aggregate memory only to a privileged reader: \
+         NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN, the chart's sidecar.migMonitoring); \
+         its slices are read on their own"
+    )
+}
+
+/// Per-process figures of one MIG slice, the unknown ones (`None`) filled
+/// from the slice's own used memory (isolated: only its processes hold
+/// it), less the known figures, shared evenly — so the slice's processes
+/// together hold what the slice reports, and an unknown figure is never
+/// read as 0 while the slice holds memory.
+pub fn fill_unknown(figures: &[Option<u64>], slice_used: u64) -> Vec<u64> {
+    let known: u64 = figures
+        .iter()
+        .flatten()
+        .fold(0u64, |a, b| a.saturating_add(*b));
+    let unknown = figures.iter().filter(|f| f.is_none()).count() as u64;
+    let each = match unknown {
+        0 => 0,
+        n => slice_used.saturating_sub(known) / n,
+    };
+    figures.iter().map(|f| f.unwrap_or(each)).collect()
 }
 
 /// What the sidecar (and `gpus --live`) can do instead of NVML.
@@ -427,6 +506,46 @@ mod tests {
         );
         assert_eq!(mig_profile_of("NVIDIA H200 MIG 7g.141gb"), "7g.141gb");
         assert_eq!(mig_profile_of("Odd Name"), "Odd Name");
+    }
+
+    #[test]
+    fn a_refused_memory_read_is_fatal_only_on_a_card_not_in_mig_mode() {
+        let figures = (100, 40, 60);
+        assert_eq!(card_memory(Some(true), Ok(figures)), Ok(Ok(figures)));
+        assert_eq!(card_memory(None, Ok(figures)), Ok(Ok(figures)));
+        let refused = card_memory(Some(true), Err(NvmlError::NoPermission))
+            .expect("not fatal in MIG mode")
+            .expect_err("no figures");
+        assert!(
+            refused.contains("CAP_SYS_ADMIN") && refused.contains("NVIDIA_MIG_MONITOR_DEVICES"),
+            "{refused}"
+        );
+        for mig in [None, Some(false)] {
+            let err = card_memory(mig, Err(NvmlError::NoPermission)).expect_err("fatal");
+            assert!(err.starts_with("memory:"), "{err}");
+        }
+        let old = card_memory(Some(false), Err(NvmlError::FailedToLoadSymbol("x".into())))
+            .expect_err("fatal");
+        assert!(old.contains("R510"), "{old}");
+    }
+
+    #[test]
+    fn unknown_process_figures_on_a_slice_share_the_slices_own_use() {
+        const GIB: u64 = 1 << 30;
+        // One process, figure unknown: the slice's use is its.
+        assert_eq!(fill_unknown(&[None], 3 * GIB), [3 * GIB]);
+        // Known figures stay; the rest of the slice's use is shared.
+        assert_eq!(
+            fill_unknown(&[Some(GIB), None, None], 5 * GIB),
+            [GIB, 2 * GIB, 2 * GIB]
+        );
+        assert_eq!(
+            fill_unknown(&[Some(GIB), Some(2 * GIB)], 9 * GIB),
+            [GIB, 2 * GIB]
+        );
+        // Known figures above the slice's own (a racy read): no underflow.
+        assert_eq!(fill_unknown(&[Some(4 * GIB), None], GIB), [4 * GIB, 0]);
+        assert!(fill_unknown(&[], GIB).is_empty());
     }
 
     #[test]

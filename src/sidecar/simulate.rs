@@ -9,6 +9,14 @@
 //! own device after its card, as the NVML backend lists them, and a
 //! process is registered on a slice with `"mig": <slice>` (its place on
 //! the card, 0-based, in the order given).
+//!
+//! `--simulate-mig-parent-refused` plays a MIG node read without MIG
+//! monitoring privileges, as NVML answers it: each card in MIG mode refuses
+//! its own memory reading (`NoPermission`; listed with memory 0 and the
+//! reason), its slices answer with their own memory, and NVML gives no
+//! per-process figure on them (`UsedGpuMemory::Unavailable`), so each
+//! process's memory is filled in from its slice's own use, as the NVML
+//! backend does ([`super::nvml::fill_unknown`]).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -60,6 +68,9 @@ pub struct SimulateConfig {
     /// MIG slices by GPU index: the profiles of each GPU in MIG mode
     /// ([`parse_mig_layout`]); empty: no GPU in MIG mode.
     pub mig: BTreeMap<u32, Vec<String>>,
+    /// Cards in MIG mode refuse their own reads (NoPermission) while their
+    /// slices answer; per-process figures on slices are unavailable.
+    pub mig_parent_refused: bool,
 }
 
 /// Most MIG slices one card holds: 7 compute slices, so seven `1g` instances
@@ -158,6 +169,7 @@ pub struct SimulatedSource {
     processes: Mutex<BTreeMap<u32, SimProcess>>,
     demo_jobs: u32,
     started: std::time::Instant,
+    mig_parent_refused: bool,
 }
 
 impl SimulatedSource {
@@ -212,6 +224,7 @@ impl SimulatedSource {
             processes: Mutex::new(BTreeMap::new()),
             demo_jobs: cfg.demo_jobs,
             started: std::time::Instant::now(),
+            mig_parent_refused: cfg.mig_parent_refused,
         })
     }
 
@@ -438,6 +451,23 @@ impl GpuSource for SimulatedSource {
                 job: Some(p.job.key()),
             });
         }
+        if self.mig_parent_refused {
+            // NVML gives no per-process figure on the slices: each slice's
+            // processes share its own use, as the NVML backend fills them.
+            let mut by_slice: BTreeMap<(u32, u32), Vec<usize>> = BTreeMap::new();
+            for (i, p) in processes.iter().enumerate() {
+                if let Some(m) = &p.mig {
+                    by_slice.entry((p.gpu, m.device)).or_default().push(i);
+                }
+            }
+            for ((gpu, d), at) in by_slice {
+                let slice_used = used.get(&(gpu, Some(d))).copied().unwrap_or(0);
+                let filled = super::nvml::fill_unknown(&vec![None; at.len()], slice_used);
+                for (i, b) in at.into_iter().zip(filled) {
+                    processes[i].used_bytes = b;
+                }
+            }
+        }
         let compute_capability = (!self.spec.compute_capability.is_empty())
             .then(|| self.spec.compute_capability.clone());
         let mut gpus = Vec::with_capacity(self.gpus as usize);
@@ -465,6 +495,24 @@ impl GpuSource for SimulatedSource {
                 healthy: true,
                 error: None,
                 mig: None,
+            };
+            // What the NVML backend lists for a MIG-mode card NVML refuses.
+            let card = match (
+                slices.is_some() && self.mig_parent_refused,
+                super::nvml::card_memory(
+                    Some(true),
+                    Err(nvml_wrapper::error::NvmlError::NoPermission),
+                ),
+            ) {
+                (true, Ok(Err(note))) => GpuInfo {
+                    memory_total_bytes: 0,
+                    memory_used_bytes: 0,
+                    memory_free_bytes: 0,
+                    utilization_ratio: None,
+                    error: Some(note),
+                    ..card
+                },
+                _ => card,
             };
             gpus.push(card);
             for (d, slice) in slices.into_iter().flatten().enumerate() {
@@ -512,6 +560,7 @@ mod tests {
             node: node.into(),
             demo_jobs: 0,
             mig: BTreeMap::new(),
+            mig_parent_refused: false,
         }
     }
 
@@ -741,5 +790,47 @@ mod tests {
             }
         }
         assert_eq!(slices_used.len(), 2, "both slices get demo jobs");
+    }
+
+    #[test]
+    fn a_refused_parent_lists_no_card_memory_and_fills_process_figures_from_the_slice() {
+        let mut c = mig_cfg("0:1g.5gb,3g.20gb");
+        c.mig_parent_refused = true;
+        let s = SimulatedSource::new(&c).expect("simulate");
+        let job = SimJob::Slurm {
+            slurm_job_id: "5".into(),
+        };
+        for (pid, d, bytes) in [(1, 1, 3 << 30), (2, 1, 1 << 30), (3, 0, 1 << 30)] {
+            s.upsert(SimProcess {
+                pid,
+                gpu: 0,
+                job: job.clone(),
+                memory_bytes: bytes,
+                mig: Some(d),
+            })
+            .expect("valid");
+        }
+        let sample = s.sample();
+        let card = &sample.gpus[0];
+        assert!(card.healthy && card.memory_total_bytes == 0, "{card:?}");
+        assert!(card
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("CAP_SYS_ADMIN")));
+        // Slices answer with their own memory.
+        assert_eq!(sample.gpus[2].memory_used_bytes, 4 << 30);
+        // Per-process figures unknown: the slice's 4 GiB shared by its two processes.
+        let used: Vec<(u32, u64)> = sample
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.used_bytes))
+            .collect();
+        assert_eq!(used, [(1, 2 << 30), (2, 2 << 30), (3, 1 << 30)]);
+        // The whole card (GPU 1, not in MIG mode) reads as before.
+        assert_eq!(
+            sample.gpus[3].memory_total_bytes,
+            40960 * crate::core::units::MIB
+        );
+        assert!(sample.gpus[3].error.is_none());
     }
 }

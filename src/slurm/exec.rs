@@ -329,8 +329,8 @@ fn find_gpu(
             Err(e) => tracing::warn!("gpufit: {e}; trying NVML"),
         }
     }
-    match crate::sidecar::local_gpu() {
-        Ok(g) => return Ok((GpuRef::Spec(g), None)),
+    match crate::sidecar::local_gpu_noted() {
+        Ok((g, note)) => return Ok((GpuRef::Spec(g), note)),
         Err(e) => tracing::debug!("gpufit: NVML: {e}"),
     }
     match &settings.gpu {
@@ -479,15 +479,15 @@ fn prolog_inner(env: &Env) -> Result<(), SlurmError> {
     let Some(dir) = &settings.mapping_dir else {
         return Ok(());
     };
-    let gpus = plan::gpu_indices(env)?;
-    if gpus.is_empty() {
+    let names = plan::mapping_names(env)?;
+    if names.is_empty() {
         return Ok(());
     }
     std::fs::create_dir_all(dir).map_err(|e| SlurmError::Io {
         context: format!("cannot create the mapping dir {}", dir.display()),
         source: e,
     })?;
-    for (path, content) in plan::mapping_files(dir, job_id, &gpus) {
+    for (path, content) in plan::mapping_files_named(dir, job_id, &names) {
         std::fs::write(&path, content).map_err(|e| SlurmError::Io {
             context: format!("cannot write mapping file {}", path.display()),
             source: e,
@@ -528,7 +528,7 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
     };
     plan::check_job_id(job_id)?;
     if let Some(dir) = &settings.mapping_dir {
-        for (path, content) in plan::mapping_files(dir, job_id, &plan::gpu_indices(env)?) {
+        for (path, content) in plan::mapping_files_named(dir, job_id, &plan::mapping_names(env)?) {
             // Only our own mapping: a later job may already own the GPU.
             if std::fs::read_to_string(&path).is_ok_and(|c| c == content) {
                 let _ = std::fs::remove_file(&path);
@@ -582,7 +582,17 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
             log.peak_memory_bytes = log.peak_memory_bytes.or(parsed.peak_memory_bytes());
             log.tokens_per_sec = log.tokens_per_sec.or(parsed.tokens_per_sec);
             log.samples_per_sec = log.samples_per_sec.or(parsed.samples_per_sec);
+            log.stated = log.stated.or(parsed.stated);
         }
+    }
+    // The job's own result record (the Python package writes it to the
+    // file the TaskProlog named): what it ran, its exact peak, its speed.
+    let record_path = crate::core::result_record::slurm_result_path(job_id);
+    let record = read_result_record(&record_path, env.get("SLURM_JOB_UID"));
+    if let Some(r) = &record {
+        log.peak_memory_bytes = log.peak_memory_bytes.or(r.peak_reserved_bytes());
+        log.tokens_per_sec = r.tokens_per_sec.or(log.tokens_per_sec);
+        log.samples_per_sec = r.samples_per_sec.or(log.samples_per_sec);
     }
     if !read_any {
         // Not a fault (output may go to /dev/null), but an OOM in it cannot
@@ -600,6 +610,7 @@ fn epilog_inner(env: &Env) -> Result<(), SlurmError> {
         log.peak_memory_bytes = None;
     }
     let outcome = plan::JobEnd {
+        record: record.map(|r| r.ran),
         exit_status,
         derived_status,
         oom,
@@ -698,7 +709,9 @@ pub fn sidecar_peak(url: &str, job_id: &str) -> Result<Option<u64>, SlurmError> 
             let job: crate::wire::sidecar::JobView = r.into_json().map_err(|e| {
                 SlurmError::Service(format!("sidecar {url}: not a sidecar job: {e}"))
             })?;
-            Ok(Some(job.peak_bytes))
+            // 0: the sidecar saw the job but no figure of it (e.g. NVML gave
+            // none): unknown, not a 0-byte peak.
+            Ok(Some(job.peak_bytes).filter(|p| *p > 0))
         }
         Err(ureq::Error::Status(404, _)) => Ok(None),
         Err(e) => Err(SlurmError::Service(format!(
@@ -720,6 +733,55 @@ fn read_output_tail(path: &Path, uid: Option<&String>) -> Option<String> {
     let mut buf = Vec::new();
     f.take(OUTPUT_TAIL_BYTES).read_to_end(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The job's result record at `path` (then removed): a regular file of the
+/// job's user (never a link: the Epilog runs as root), at most
+/// [`MAX_RECORD_BYTES`](crate::core::result_record::MAX_RECORD_BYTES), the
+/// same file when opened as when checked, and a valid record. Anything
+/// else is ignored with a log line: the run is then recorded as its log
+/// and placeholders say.
+fn read_result_record(
+    path: &Path,
+    uid: Option<&String>,
+) -> Option<crate::core::result_record::ResultRecord> {
+    use crate::core::result_record::{ResultRecord, MAX_RECORD_BYTES};
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    let read = || -> Result<ResultRecord, String> {
+        if !owned_by_job_user(&meta, uid) {
+            return Err("not a regular file of the job's user".into());
+        }
+        if meta.len() > MAX_RECORD_BYTES as u64 {
+            return Err(format!(
+                "{} bytes, more than {MAX_RECORD_BYTES}",
+                meta.len()
+            ));
+        }
+        let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+        let now = f.metadata().map_err(|e| e.to_string())?;
+        if (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
+            return Err("replaced while being read".into());
+        }
+        let mut text = String::new();
+        f.take(MAX_RECORD_BYTES as u64 + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| e.to_string())?;
+        ResultRecord::parse(&text).map_err(|e| e.to_string())
+    };
+    let out = read();
+    if meta.file_type().is_file() {
+        let _ = std::fs::remove_file(path);
+    }
+    match out {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(
+                "gpufit epilog: result record {} ignored: {e}",
+                path.display()
+            );
+            None
+        }
+    }
 }
 
 /// Whether a job's output shows a GPU out-of-memory error: the markers of

@@ -610,6 +610,19 @@ pub enum VisibleDevice {
 }
 
 impl VisibleDevice {
+    /// Its mapping file name when it is a MIG device ([`mig_mapping_name`]).
+    pub fn mapping_name(&self) -> Option<String> {
+        match self {
+            VisibleDevice::MigUuid(u) => mig_mapping_name(Some(u), None),
+            VisibleDevice::MigInstance {
+                parent_uuid,
+                gpu_instance,
+                compute_instance,
+            } => mig_mapping_name(None, Some((parent_uuid, *gpu_instance, *compute_instance))),
+            _ => None,
+        }
+    }
+
     fn is_mig(&self) -> bool {
         matches!(
             self,
@@ -853,6 +866,13 @@ pub fn exports(job_id: &str, s: &Suggestion) -> Vec<String> {
         ("GPUFIT_GPU_MODEL", s.gpu.clone()),
         ("GPUFIT_REASONING", s.reasoning.clone()),
         ("GPUFIT_JOB_ID", job_id.to_string()),
+        // Where the job's own result record goes (Python package), for the Epilog.
+        (
+            crate::core::result_record::RESULT_FILE_ENV,
+            crate::core::result_record::slurm_result_path(job_id)
+                .display()
+                .to_string(),
+        ),
     ]);
     pairs
         .into_iter()
@@ -911,9 +931,51 @@ pub fn state_path(state_dir: &Path, job_id: &str, node: Option<&str>) -> PathBuf
 /// What the Prolog writes: one file per GPU index holding the job id
 /// (dcgm-exporter's HPC job-mapping convention), read by the sidecar.
 pub fn mapping_files(mapping_dir: &Path, job_id: &str, gpus: &[u32]) -> Vec<(PathBuf, String)> {
-    gpus.iter()
-        .map(|g| (mapping_dir.join(g.to_string()), format!("{job_id}\n")))
+    let names: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    mapping_files_named(mapping_dir, job_id, &names)
+}
+
+/// One mapping file per name (see [`mapping_names`]), holding the job id.
+pub fn mapping_files_named(
+    mapping_dir: &Path,
+    job_id: &str,
+    names: &[String],
+) -> Vec<(PathBuf, String)> {
+    names
+        .iter()
+        .map(|n| (mapping_dir.join(n), format!("{job_id}\n")))
         .collect()
+}
+
+/// The mapping files' names for a job: on a MIG node the MIG devices
+/// `CUDA_VISIBLE_DEVICES` names (the Prolog's and Epilog's environment
+/// carries them, `gres_common.c`; `SLURM_JOB_GPUS` is then a gres index,
+/// no card's), each as [`mig_mapping_name`] spells it; else the job's GPU
+/// indices ([`gpu_indices`]).
+pub fn mapping_names(env: &Env) -> Result<Vec<String>, SlurmError> {
+    let mig: Vec<String> = visible_devices(env)
+        .iter()
+        .filter_map(VisibleDevice::mapping_name)
+        .collect();
+    if !mig.is_empty() {
+        return Ok(mig);
+    }
+    Ok(gpu_indices(env)?.iter().map(u32::to_string).collect())
+}
+
+/// The mapping file name of a MIG device: its `MIG-<uuid>`, or for the
+/// `MIG-GPU-<card uuid>/<gi>/<ci>` form `MIG-GPU-<card uuid>_<gi>_<ci>` (a
+/// file name holds no `/`). The sidecar looks a slice up by both. None for
+/// an id with anything but letters, digits and `-` (never a path).
+pub fn mig_mapping_name(uuid: Option<&str>, instance: Option<(&str, u32, u32)>) -> Option<String> {
+    let safe = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    match (uuid, instance) {
+        (Some(u), _) if u.starts_with("MIG-") && safe(u) => Some(u.to_string()),
+        (_, Some((parent, gi, ci))) if parent.starts_with("GPU-") && safe(parent) => {
+            Some(format!("MIG-{parent}_{gi}_{ci}"))
+        }
+        _ => None,
+    }
 }
 
 // === Epilog: the run ===
@@ -934,6 +996,8 @@ pub struct JobEnd {
     pub peak_memory_bytes: Option<u64>,
     /// What the job's own output says (log parsers), when it says anything.
     pub log: LogFacts,
+    /// The settings the job's result record says it ran.
+    pub record: Option<crate::core::result_record::StatedSettings>,
     pub ended_at: DateTime<Utc>,
 }
 
@@ -946,6 +1010,8 @@ pub struct LogFacts {
     pub peak_memory_bytes: Option<u64>,
     pub tokens_per_sec: Option<f64>,
     pub samples_per_sec: Option<f64>,
+    /// The settings the log states (HF Trainer, torchtune, Lightning).
+    pub stated: Option<crate::core::result_record::StatedSettings>,
 }
 
 /// How many hosts a Slurm node list names (`gpu[01-04,07],cpu1` → 6);
@@ -1054,10 +1120,21 @@ pub fn build_run(
         gpus: state.workload.gpus.unwrap_or(1),
         global_batch: state.workload.global_batch,
     };
+    // What the job ran: its record, else what its log states; a Slurm job
+    // gets settings only as variables, so nothing else confirms them.
+    let confirmed = crate::core::confirm::confirm(
+        &s.settings,
+        &crate::core::confirm::Evidence {
+            record: outcome.record.as_ref(),
+            stated: outcome.log.stated.as_ref(),
+            placeholders_filled: false,
+        },
+    );
+    let ran_other = confirmed.confirmation == crate::core::confirm::Confirmation::RanOther;
     RunRecord::new(
         origin,
         key,
-        s.settings.clone(),
+        confirmed.settings,
         RunResult {
             outcome: ended,
             peak_memory_bytes: outcome.log.peak_memory_bytes.or(outcome.peak_memory_bytes),
@@ -1066,7 +1143,9 @@ pub fn build_run(
             duration_sec: (duration >= 0.0).then_some(duration),
         },
     )
-    .with_prediction(Some(s.predicted_peak_bytes))
+    // The prediction was for the injected settings: none for others.
+    .with_prediction((!ran_other).then_some(s.predicted_peak_bytes))
+    .with_confirmation(confirmed.confirmation)
 }
 
 /// The job's output file: `SLURM_JOB_STDOUT` is the `--output` pattern as

@@ -210,6 +210,7 @@ fn record(
     predicted: u64,
 ) -> RunRecord {
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: Utc::now(),

@@ -120,6 +120,9 @@ sidecar DaemonSet templates (a `fail` aborts the whole render).
 {{- if and $c.watchNamespace (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $c.watchNamespace)) -}}
 {{- fail (printf "controller.watchNamespace %q is not a namespace name" $c.watchNamespace) -}}
 {{- end -}}
+{{- if and $c.watchNamespace .Values.kueue.enabled -}}
+{{- fail "controller.watchNamespace cannot be set with kueue.enabled: Kueue's admission checks are on Workloads in every namespace, and a check gpufit never answers holds its quota forever" -}}
+{{- end -}}
 {{- if and (gt $replicas 1) (not $c.leaderElection.enabled) -}}
 {{- fail (printf "controller.replicas=%d needs controller.leaderElection.enabled=true: without a leader every replica would reconcile the same TrainingJobs" $replicas) -}}
 {{- end -}}

@@ -641,7 +641,8 @@ pub fn smallest_oom(runs: &[&RunRecord]) -> Option<u32> {
 /// ([`RunRecord::outcome_is_whole`]).
 pub fn largest_success(runs: &[&RunRecord]) -> Option<u32> {
     runs.iter()
-        .filter(|r| r.result.success() && r.outcome_is_whole())
+        // An unconfirmed success may have run another micro batch: no proof.
+        .filter(|r| r.result.success() && r.outcome_is_whole() && !r.settings_unconfirmed())
         .map(|r| r.settings.micro_batch_size)
         .max()
 }

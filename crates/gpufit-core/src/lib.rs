@@ -10,11 +10,13 @@
 pub mod advisor;
 pub mod capability;
 pub mod catalog;
+pub mod confirm;
 pub mod learner;
 pub mod logs;
 pub mod memory;
 pub mod report;
 pub mod request;
+pub mod result_record;
 pub mod run;
 pub mod run_check;
 pub mod settings;

@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::confirm::Confirmation;
 use crate::settings::EngineeringSettings;
 use crate::workload::{Method, Workload};
 
@@ -263,6 +264,10 @@ pub struct RunRecord {
     /// node's Slurm Epilog sends its own peak); None for a one-node run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodeReports>,
+    /// Whether the recorded settings are the ones the job ran
+    /// ([`crate::confirm`]); an unconfirmed run's peak is only a floor.
+    #[serde(default, skip_serializing_if = "Confirmation::is_default")]
+    pub confirmation: Confirmation,
 }
 
 /// How many nodes of a multi-node job have reported into its one record,
@@ -690,6 +695,7 @@ impl RunRecord {
         result: RunResult,
     ) -> RunRecord {
         RunRecord {
+            confirmation: Default::default(),
             nodes: None,
             id: None,
             timestamp: origin.timestamp,
@@ -716,6 +722,12 @@ impl RunRecord {
         self
     }
 
+    /// How the recorded settings are known ([`crate::confirm`]).
+    pub fn with_confirmation(mut self, confirmation: Confirmation) -> Self {
+        self.confirmation = confirmation;
+        self
+    }
+
     pub fn is_oom(&self) -> bool {
         self.result.outcome == RunOutcome::GpuOom
     }
@@ -725,7 +737,15 @@ impl RunRecord {
     /// ([`NodeReports::partial`]). The learner may raise a floor with it,
     /// never extrapolate from it.
     pub fn peak_is_lower_bound(&self) -> bool {
-        self.nodes.as_ref().is_some_and(NodeReports::partial)
+        self.nodes.as_ref().is_some_and(NodeReports::partial) || self.settings_unconfirmed()
+    }
+
+    /// Whether nothing confirms that the job ran the recorded settings
+    /// ([`Confirmation::Unconfirmed`]): its peak may be another micro
+    /// batch's, so it is only a floor (like a partial peak), and its
+    /// success is no proof that the recorded micro batch fits.
+    pub fn settings_unconfirmed(&self) -> bool {
+        self.confirmation == Confirmation::Unconfirmed
     }
 
     /// The measured peak when it is the whole run's: None when unknown or
@@ -955,6 +975,7 @@ mod identity_tests {
 
     fn rec(job: Option<&str>) -> RunRecord {
         RunRecord {
+            confirmation: Default::default(),
             nodes: None,
             id: None,
             timestamp: DateTime::<Utc>::UNIX_EPOCH,
@@ -1076,6 +1097,7 @@ mod new_tests {
         assert_eq!(
             r,
             RunRecord {
+                confirmation: Default::default(),
                 nodes: None,
                 id: None,
                 timestamp: t,

@@ -509,6 +509,7 @@ mod validation_tests {
 
     fn rec() -> RunRecord {
         RunRecord {
+            confirmation: Default::default(),
             nodes: None,
             id: None,
             timestamp: Utc::now(),

@@ -154,6 +154,9 @@ pub struct Context {
     /// Checked again right before anything is written, so a replica that
     /// lost the Lease mid-reconcile records nothing.
     pub leading: watch::Receiver<bool>,
+    /// The webhook's history cache (shared): a run recorded here clears
+    /// its workload's entries, so the next admission sees the run.
+    pub history_cache: Arc<crate::controller::plan::HistoryCache>,
     /// Consecutive failures per TrainingJob, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -186,6 +189,7 @@ impl Context {
             // One replica, no Lease: it leads (the receiver keeps the value
             // after the sender is gone).
             leading: watch::channel(true).1,
+            history_cache: Arc::default(),
             failures: Mutex::new(HashMap::new()),
         }
     }

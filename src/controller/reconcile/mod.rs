@@ -52,7 +52,7 @@ use decide::Next;
 use observe::Observed;
 
 /// Annotation (TrainingJob) or label (Namespace) that sets the mode.
-pub const MODE_KEY: &str = "gpufit.io/mode";
+pub use super::keys::MODE_KEY;
 /// Field manager name for status patches.
 pub const MANAGER: &str = "gpufit-controller";
 /// How often the peak of a finished attempt is looked up before giving up

@@ -344,8 +344,25 @@ pub(super) async fn finish_attempt(
     let refs = pod_refs(pods);
     a.node = refs.iter().find_map(|p| p.node.clone());
     a.job_uid = job.metadata.uid.clone();
+    // What the Job really ran: its result record, the settings its
+    // termination message states, or the micro batch gpufit wrote into its
+    // command line; else unconfirmed (docs/controller.md, "Confirmed settings").
+    let evidence = crate::controller::confirm::PodEvidence::of(pods);
+    let mut ran_batch = a.settings.micro_batch_size;
+    if let Some(injected) = a.settings.to_settings() {
+        let c = evidence.confirm(&injected);
+        ran_batch = c.settings.micro_batch_size;
+        a.ran_settings = (!c.differences.is_empty())
+            .then(|| crate::controller::crd::SettingsStatus::from(&c.settings));
+        a.confirmation = Some(c.confirmation);
+    }
     let seq = tj.spec.workload.seq_len;
-    a.tokens_per_sec = reported_tokens_per_sec(pods, a.settings.micro_batch_size, seq);
+    a.tokens_per_sec = evidence
+        .record
+        .as_ref()
+        .and_then(|r| r.tokens_per_sec)
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .or_else(|| reported_tokens_per_sec(pods, ran_batch, seq));
     if success {
         a.outcome = AttemptOutcome::Succeeded;
         a.message = None;

@@ -47,7 +47,11 @@ pub fn run_record(
     ns: &str,
     a: &Attempt,
 ) -> Option<RunRecord> {
-    let settings = a.settings.to_settings()?;
+    // The settings the Job stated it ran win over the injected ones.
+    let settings = match &a.ran_settings {
+        Some(ran) => ran.to_settings()?,
+        None => a.settings.to_settings()?,
+    };
     let w = &v.workload;
     let duration = match (
         unix(a.started_at.as_deref()),
@@ -82,7 +86,10 @@ pub fn run_record(
             duration_sec: duration,
         },
     )
-    .with_prediction(a.predicted_peak_bytes);
+    // The prediction was for the injected settings: none for others.
+    .with_prediction(a.predicted_peak_bytes.filter(|_| a.ran_settings.is_none()))
+    // An attempt from before confirmation was tracked says nothing: as then.
+    .with_confirmation(a.confirmation.unwrap_or_default());
     Some(record)
 }
 
@@ -103,6 +110,8 @@ pub(super) async fn record_runs(
         };
         let store = ctx.history.clone();
         let metrics = ctx.metrics.clone();
+        // The next suggestion for this workload must see this run.
+        let (model, method) = (rec.model.clone(), rec.method);
         let id = tokio::task::spawn_blocking(move || {
             let id = store.record(&rec)?;
             metrics.observe_throughput(store.as_ref(), &rec);
@@ -111,6 +120,7 @@ pub(super) async fn record_runs(
         .await
         .map_err(|e| RecordError::Task(e.to_string()))??;
         a.run_id = Some(id);
+        ctx.history_cache.forget(&model, method);
         let outcome = match a.outcome {
             AttemptOutcome::Succeeded => RunOutcome::Success,
             AttemptOutcome::Oom => RunOutcome::Oom,

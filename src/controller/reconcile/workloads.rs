@@ -43,9 +43,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
@@ -53,7 +51,8 @@ use serde_json::{json, Value};
 
 use crate::controller::crd::{AttemptOutcome, SettingsStatus};
 use crate::controller::gpu::pod_gpus;
-use crate::controller::inject::ANN_APPLIED;
+use crate::controller::keys::ANN_APPLIED;
+use crate::controller::kinds::{self, TrainingKind};
 use crate::controller::metrics::RunOutcome;
 use crate::controller::ControllerError;
 use crate::core::run::{
@@ -66,74 +65,19 @@ use super::observe::{classify_pods, host_oom_killed, reported_tokens_per_sec, un
 use super::peaks::read_peak;
 use super::MAX_PEAK_LOOKUPS;
 
-/// Label on every object (and its pod templates) the webhook configured.
-pub const LABEL_CONFIGURED: &str = "gpufit.io/configured";
-/// The resolved workload (JSON), written at admission.
-pub const ANN_WORKLOAD: &str = "gpufit.io/workload";
-/// The history's run id, written once the run is recorded.
-pub const ANN_RECORDED: &str = "gpufit.io/recorded";
-/// `<lookups> <RFC 3339 time of the last>` while the peak is still unknown.
-pub const ANN_PEAK_PENDING: &str = "gpufit.io/peak-pending";
-
-/// Labels the object and its pod templates and writes the resolved
-/// workload, so the leader can record the run when it ends.
-pub fn mark_for_recording(obj: &mut Value, templates: &[String], workload: &Workload) {
-    fn label(meta: Option<&mut Value>) {
-        let Some(meta) = meta.and_then(Value::as_object_mut) else {
-            return;
-        };
-        let labels = meta.entry("labels").or_insert_with(|| json!({}));
-        if !labels.is_object() {
-            *labels = json!({});
-        }
-        if let Some(l) = labels.as_object_mut() {
-            l.insert(LABEL_CONFIGURED.into(), Value::String("true".into()));
-        }
-    }
-    for ptr in templates {
-        if let Some(t) = obj.pointer_mut(ptr).and_then(Value::as_object_mut) {
-            label(Some(t.entry("metadata").or_insert_with(|| json!({}))));
-        }
-    }
-    label(obj.get_mut("metadata"));
-    if let (Some(meta), Ok(w)) = (obj.get_mut("metadata"), serde_json::to_string(workload)) {
-        crate::controller::inject::add_annotations(
-            meta,
-            &[(ANN_WORKLOAD.to_string(), w)].into_iter().collect(),
-        );
-    }
-}
+pub use crate::controller::keys::{ANN_PEAK_PENDING, ANN_RECORDED, ANN_WORKLOAD, LABEL_CONFIGURED};
+pub use crate::controller::kinds::{mark_for_recording, LABEL_JOBSET_NAME, LABEL_JOBSET_UID};
 
 /// The kinds whose runs are recorded (read-only watches, plus the
-/// annotation patch).
+/// annotation patch): every kind of [`kinds::KINDS`].
 pub fn kinds() -> Vec<ApiResource> {
-    vec![
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("batch", "v1", "Job"), "jobs"),
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("kubeflow.org", "v1", "PyTorchJob"),
-            "pytorchjobs",
-        ),
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"),
-            "jobsets",
-        ),
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
-            "trainjobs",
-        ),
-    ]
+    kinds::KINDS.iter().map(|k| k.resource()).collect()
 }
 
-/// The label JobSet puts on its child Jobs and their pods (a TrainJob's
-/// runtime JobSet is named after the TrainJob, so its pods carry it too).
-pub const LABEL_JOBSET_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
-/// The JobSet's uid, on its child Jobs and pods.
-pub const LABEL_JOBSET_UID: &str = "jobset.sigs.k8s.io/jobset-uid";
-
-/// Whether this kind's pods are found through [`LABEL_JOBSET_NAME`] (they
-/// are owned by child Jobs, not by the workload) rather than owner references.
-fn pods_by_jobset_label(kind: &str) -> bool {
-    matches!(kind, "JobSet" | "TrainJob")
+/// The kind of a watched object (its `kind`).
+fn kind_of(obj: &DynamicObject) -> Option<&'static dyn TrainingKind> {
+    let t = obj.types.as_ref()?;
+    kinds::of_api_version(&t.api_version, &t.kind)
 }
 
 /// A child object another recorded workload stands for: a Job a JobSet
@@ -141,10 +85,10 @@ fn pods_by_jobset_label(kind: &str) -> bool {
 /// parent's run is the one record).
 fn is_child(obj: &DynamicObject) -> bool {
     obj.labels().contains_key(LABEL_JOBSET_NAME)
-        || obj
-            .owner_references()
-            .iter()
-            .any(|o| matches!(o.kind.as_str(), "JobSet" | "TrainJob"))
+        || obj.owner_references().iter().any(|o| {
+            // A kind whose pods are its child Jobs' (JobSet, TrainJob).
+            kinds::of_api_version(&o.api_version, &o.kind).is_some_and(|k| k.pods_by_jobset_label())
+        })
 }
 
 /// Where a workload stands, from its `status.conditions`.
@@ -158,19 +102,23 @@ pub enum Progress {
     },
 }
 
-/// The end condition of a Job (`Complete`/`Failed`), a PyTorchJob
-/// (`Succeeded`/`Failed`), a JobSet (`Completed`/`Failed`) or a TrainJob
-/// (`Complete`/`Failed`).
+/// The end condition of the object's kind ([`TrainingKind::end`]: a Job's
+/// `Complete`/`Failed`, a PyTorchJob's `Succeeded`/`Failed`, a JobSet's
+/// `Completed`/`Failed`, a TrainJob's `Complete`/`Failed`).
 pub fn progress(obj: &DynamicObject) -> Progress {
     let status = &obj.data["status"];
+    let kind = kind_of(obj);
+    let end = |t: &str| match kind {
+        Some(k) => k.end(t),
+        // Not typed: any kind's end condition.
+        None => kinds::KINDS.iter().find_map(|k| k.end(t)),
+    };
     for c in status["conditions"].as_array().into_iter().flatten() {
         if c["status"].as_str() != Some("True") {
             continue;
         }
-        let success = match c["type"].as_str() {
-            Some("Complete" | "Succeeded" | "Completed") => true,
-            Some("Failed") => false,
-            _ => continue,
+        let Some(success) = c["type"].as_str().and_then(end) else {
+            continue;
         };
         let at = status["completionTime"]
             .as_str()
@@ -243,7 +191,17 @@ pub fn run_record(
         (Some(s), Some(e)) if e >= s => Some(e - s),
         _ => None,
     };
-    let tokens = reported_tokens_per_sec(&pods, settings.micro_batch_size, w.seq_len);
+    // What the pods really ran (docs/controller.md, "Confirmed settings").
+    let evidence = crate::controller::confirm::PodEvidence::of(&pods);
+    use crate::core::confirm::Confirmation;
+    let confirmed = evidence.confirm(&settings);
+    let settings = confirmed.settings;
+    let tokens = evidence
+        .record
+        .as_ref()
+        .and_then(|r| r.tokens_per_sec)
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .or_else(|| reported_tokens_per_sec(&pods, settings.micro_batch_size, w.seq_len));
     let origin = RunOrigin::new(RunSource::Kubernetes, now)
         .cluster(cluster.map(str::to_string))
         .node(pods.iter().find_map(|p| p.spec.as_ref()?.node_name.clone()))
@@ -269,7 +227,13 @@ pub fn run_record(
             duration_sec: duration,
         },
     )
-    .with_prediction(applied["predictedPeakBytes"].as_u64());
+    // The prediction was for the injected settings: none for others.
+    .with_prediction(
+        applied["predictedPeakBytes"]
+            .as_u64()
+            .filter(|_| confirmed.confirmation != Confirmation::RanOther),
+    )
+    .with_confirmation(confirmed.confirmation);
     Ok(Some(record))
 }
 
@@ -319,32 +283,22 @@ fn ranked(pods: &[Pod]) -> Vec<Pod> {
     pods
 }
 
-/// The label selector that lists a workload's candidate pods: a JobSet's
-/// or TrainJob's by [`LABEL_JOBSET_NAME`] (their pods are owned by child
-/// Jobs), anything else's by [`LABEL_CONFIGURED`].
+/// The label selector that lists a workload's candidate pods (its kind's).
 fn pod_selector(kind: &str, name: &str) -> String {
-    if pods_by_jobset_label(kind) {
-        format!("{LABEL_JOBSET_NAME}={name}")
-    } else {
-        LABEL_CONFIGURED.to_string()
+    match kinds::of(None, kind) {
+        Some(k) => k.pod_selector(name),
+        None => LABEL_CONFIGURED.to_string(),
     }
 }
 
-/// The pods of this workload, among the listed ones of its namespace: for
-/// a JobSet or TrainJob, those labelled with its name (a JobSet's pods
-/// carrying a different [`LABEL_JOBSET_UID`] belong to an earlier JobSet of
-/// the same name); for anything else, those it owns.
+/// The pods of this workload, among the listed ones of its namespace
+/// ([`TrainingKind::owns_pod`]).
 fn owned(pods: Vec<Pod>, kind: &str, name: &str, uid: &str) -> Vec<Pod> {
+    let Some(k) = kinds::of(None, kind) else {
+        return Vec::new();
+    };
     pods.into_iter()
-        .filter(|p| {
-            if pods_by_jobset_label(kind) {
-                let l = p.labels();
-                l.get(LABEL_JOBSET_NAME).map(String::as_str) == Some(name)
-                    && (kind != "JobSet" || l.get(LABEL_JOBSET_UID).is_none_or(|u| u == uid))
-            } else {
-                p.owner_references().iter().any(|o| o.uid == uid)
-            }
-        })
+        .filter(|p| k.owns_pod(p, name, uid))
         .collect()
 }
 
@@ -423,6 +377,8 @@ pub async fn reconcile_workload(
     })
     .await
     .map_err(|e| ControllerError::Other(format!("history task failed: {e}")))??;
+    // The next suggestion for this workload must see this run.
+    ctx.history_cache.forget(&rec.model, rec.method);
     ctx.metrics.count_run(RunPath::Webhook, &gpu, outcome);
     if outcome == RunOutcome::Oom {
         ctx.metrics.ooms.inc();

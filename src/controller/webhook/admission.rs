@@ -6,30 +6,25 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{Namespace, PodSpec};
+use k8s_openapi::api::core::v1::PodSpec;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use serde_json::Value;
 
-use crate::core::advisor::{AdvisorError, Strategy, Suggestion};
 use crate::core::catalog::GpuSpec;
 use crate::core::run::RunRecord;
-use crate::core::settings::Pins;
 use crate::core::similarity::HistoryQuery;
-use crate::core::workload::Workload;
 use crate::history::{HistoryError, HistoryStore};
-use crate::service::{Ask, Pipeline, PipelineError, SimilarRuns};
+use crate::service::SimilarRuns;
 
 use super::super::crd::Mode;
 use super::super::gpu;
 use super::super::inject;
-use super::super::kueue;
+use super::super::keys::{LABEL_DEFERRED, MODE_KEY};
+use super::super::kinds::{self, Shape, TrainingKind};
 use super::super::metrics::Via;
-use super::super::reconcile::{workloads, MODE_KEY};
-use super::super::validate::check_pins;
-use super::annotations::{denied, denied_workload, input_annotations, parse_annotations, Denied};
-use super::shape::{self, Shape};
+use super::super::plan::{self, denied, Denied, NoPlan, NoSuggestion, Plan, PlanInputs};
 use super::{HistoryCache, WebhookState};
 
 /// Answers one AdmissionReview (JSON bytes as the API server sends them).
@@ -47,12 +42,10 @@ pub fn review(body: &[u8], state: &WebhookState) -> AdmissionReview<DynamicObjec
             return AdmissionResponse::invalid("AdmissionReview without a request").into_review()
         }
     };
-    let kind = match req.kind.kind.as_str() {
-        "Job" => "Job",
-        "PyTorchJob" => "PyTorchJob",
-        "JobSet" => "JobSet",
-        "TrainJob" => "TrainJob",
-        _ => "other",
+    let kind = match kinds::of(Some(&req.kind.group), &req.kind.kind) {
+        Some(k) => k.kind(),
+        None if req.kind.group.is_empty() && req.kind.kind == "Pod" => "Pod",
+        None => "other",
     };
     let (resp, result) = admit(&req, state);
     state
@@ -90,7 +83,12 @@ fn admit(
         }
     };
     let anns: BTreeMap<String, String> = obj.metadata.annotations.clone().unwrap_or_default();
-    match decide(req, &original, &anns, state) {
+    let decision = if req.kind.group.is_empty() && req.kind.kind == "Pod" {
+        Ok(pod(&original))
+    } else {
+        decide(req, &original, &anns, state)
+    };
+    match decision {
         Ok(Decision::Untouched) => (resp, "untouched"),
         Ok(Decision::Warn(w)) => {
             let mut resp = resp;
@@ -129,206 +127,234 @@ enum Decision {
 /// Decides what to do with an object: untouched without gpufit.io
 /// annotations, denied for a bad one, else the suggestion injected into
 /// every pod template — or a warning when no suggestion can be made
-/// (an object is not refused for the cluster's state).
+/// (an object is not refused for the cluster's state, nor for a shape
+/// gpufit cannot read).
 fn decide(
     req: &AdmissionRequest<DynamicObject>,
     original: &Value,
     anns: &BTreeMap<String, String>,
     state: &WebhookState,
 ) -> Result<Decision, Denied> {
-    let Some(inputs) = input_annotations(anns)? else {
-        return Ok(Decision::Untouched);
-    };
-
+    let ns = req.namespace.as_deref();
+    let ns_obj = ns.and_then(|n| state.namespaces.get(&ObjectRef::new(n)));
+    let ns_labels = ns_obj.as_ref().and_then(|o| o.metadata.labels.as_ref());
+    let kind = kinds::of(Some(&req.kind.group), &req.kind.kind);
     // A kind or shape gpufit cannot configure is allowed unchanged with a
     // warning, but its annotations are still checked (a typo is denied).
-    let shape = shape::shape(&req.kind.kind, original);
-    let object_gpus = shape.as_ref().ok().and_then(|s| s.gpus);
-    let (request, strategy, mode, pins, gpu_name) =
-        parse_annotations(&inputs, object_gpus.unwrap_or(1))?;
-    let shape = match shape {
-        Ok(s) => s,
-        Err(warning) => return Ok(Decision::Warn(warning)),
+    let shape = match kind {
+        Some(k) => k.shape(original),
+        None => Err(format!(
+            "gpufit did not change this {}: gpufit configures {} only",
+            req.kind.kind,
+            kinds::KINDS
+                .iter()
+                .map(|k| k.kind())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
     };
-    let first_pod: Option<PodSpec> = shape
-        .templates
-        .first()
-        .and_then(|t| original.pointer(&format!("{t}/spec")))
-        .and_then(|v| serde_json::from_value(v.clone()).ok());
-    // The core's one resolver, the field named as its annotation.
-    let workload = request.resolve().map_err(|e| denied_workload(&e))?;
-    check_pins(&pins, &workload, "gpufit.io/pins").map_err(|e| Denied(format!("gpufit: {e}")))?;
-    let mode = match mode {
-        Some(m) => m,
-        None => namespace_mode(req.namespace.as_deref(), &state.namespaces)?
-            .unwrap_or(state.default_mode),
+    let object_gpus = shape.as_ref().ok().and_then(|s| s.gpus);
+    let inputs = PlanInputs {
+        annotations: anns,
+        namespace: ns.map(|n| (n, ns_labels)),
+        default_mode: state.default_mode,
+        gpus: object_gpus,
+        admitted: false,
+    };
+    let plan = match plan::plan(&inputs) {
+        Ok(p) => p,
+        Err(NoPlan::NotOptedIn) => return Ok(Decision::Untouched),
+        Err(NoPlan::Denied(m)) => return Err(Denied(m)),
+        Err(NoPlan::Unplannable(w)) => {
+            return Ok(Decision::Warn(shape.err().unwrap_or(w)));
+        }
+    };
+    let (kind, shape) = match (kind, shape) {
+        (Some(k), Ok(s)) => (k, s),
+        (_, Err(warning)) => return Ok(Decision::Warn(warning)),
+        (None, Ok(_)) => return Ok(Decision::Untouched),
     };
 
-    // Queued in Kueue: the GPU (flavor) and the counts are decided at
-    // admission, so the settings are too (the AdmissionCheck controller),
-    // W included: a TrainJob whose runtime sets its GPUs is fine here.
-    if let Some(queue) = kueue_queue(original, req.namespace.as_deref(), state)? {
-        return Ok(queued(
-            original,
-            &shape,
-            &workload,
-            mode,
-            &req.kind.kind,
-            &queue,
-        ));
+    // Queued in Kueue (decided as Kueue decides, whichever webhook runs
+    // first): the GPU (flavor) and the counts are decided at admission,
+    // so the settings are too (the AdmissionCheck controller), W
+    // included: a TrainJob whose runtime sets its GPUs is fine here.
+    let queue = match ns {
+        Some(n) => state
+            .kueue
+            .queue_for(
+                kind.kueue_framework(),
+                original.get("metadata"),
+                n,
+                ns_labels,
+            )
+            .map_err(|e| Denied(format!("gpufit: {e}")))?,
+        None => None,
+    };
+    if let Some(queue) = queue {
+        return Ok(queued(original, &shape, &plan, kind, &queue));
     }
 
-    if object_gpus.is_none() && !inputs.contains_key("gpus") {
+    if !plan.gpus_known {
         return Ok(Decision::Warn(format!(
             "gpufit did not change this {}: its GPU count comes from its runtime; set \
              spec.trainer.numNodes and nvidia.com/gpu in spec.trainer.resourcesPerNode, \
              or annotate gpufit.io/gpus with the training GPUs of the whole job",
-            req.kind.kind
+            kind.kind()
         )));
     }
 
-    let sharing = sharing(anns, req.namespace.as_deref(), &state.namespaces)?;
-    let gpu = match target_gpu(gpu_name.as_deref(), first_pod.as_ref(), sharing, state)? {
-        Ok(g) => g,
-        Err(warning) => return Ok(Decision::Warn(warning)),
-    };
+    let first_pod: Option<PodSpec> = shape
+        .templates
+        .first()
+        .and_then(|t| original.pointer(&format!("{}/spec", t.pointer)))
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    let (gpu, gpu_warnings) =
+        match target_gpu(plan.gpu.as_deref(), first_pod.as_ref(), plan.sharing, state)? {
+            Ok(g) => g,
+            Err(warning) => return Ok(Decision::Warn(warning)),
+        };
     // Data-loader workers from the CPUs the pod has per GPU.
     // A TrainJob has no pod template here (its runtime's): no CPU figure.
     let cpus = shape
         .templates
         .first()
-        .and_then(|t| original.pointer(&format!("{t}/spec")))
+        .and_then(|t| original.pointer(&format!("{}/spec", t.pointer)))
         .and_then(gpu::cpus_per_gpu_json);
-    let suggestion = match advise(&workload, &gpu, strategy, &pins, cpus, state)? {
-        Ok(s) => s,
-        Err(warning) => return Ok(Decision::Warn(warning)),
+    let history = Cached {
+        cache: &state.cache,
+        store: state.history.as_ref(),
     };
-    let mut mutated = with_suggestion(original, &shape, &suggestion, mode);
-    if mode == Mode::Inject {
+    let suggestion = match plan::suggest(&plan, &gpu, cpus, state.targets, &history) {
+        Ok(s) => {
+            state.metrics.count_suggestion(Via::Webhook, &s);
+            s
+        }
+        // The global batch is scientific: settings that cannot keep it
+        // exactly are refused with the reason, not silently let through.
+        Err(NoSuggestion::GlobalBatch(e)) => return Err(Denied(format!("gpufit: {e}"))),
+        Err(e @ NoSuggestion::History(_)) => {
+            return Ok(Decision::Warn(format!(
+                "gpufit did not change this object: {e}"
+            )))
+        }
+        Err(NoSuggestion::Unavailable(m)) => {
+            let m = if m.starts_with("gpufit") {
+                m
+            } else {
+                format!("gpufit did not change this object: {m}")
+            };
+            // Why the GPU is what it is (e.g. MPS's cap) explains the failure too.
+            let all: Vec<String> = std::iter::once(m).chain(gpu_warnings).collect();
+            return Ok(Decision::Warn(all.join("; ")));
+        }
+    };
+    let mut mutated = with_suggestion(original, &shape, &suggestion, plan.mode);
+    if plan.mode == Mode::Inject {
         // What recording the run later needs travels on the object.
-        workloads::mark_for_recording(&mut mutated, &shape.templates, &workload);
+        kinds::mark_for_recording(&mut mutated, &shape.pointers(), &plan.workload);
     }
-    Ok(Decision::Mutate(mutated, suggestion.warnings.clone()))
-}
-
-/// The Kueue queue an object goes through, for the messages: its
-/// `kueue.x-k8s.io/queue-name`, else — in a namespace whose jobs without
-/// one Kueue manages (`state.kueue_unlabelled`) — the namespace's default
-/// LocalQueue; None when Kueue does not manage it.
-fn kueue_queue(
-    original: &Value,
-    ns: Option<&str>,
-    state: &WebhookState,
-) -> Result<Option<String>, Denied> {
-    if let Some(q) = kueue::queue_name(original.get("metadata")) {
-        return Ok(Some(q.to_string()));
-    }
-    // A JobSet's Job or a TrainJob's JobSet is admitted with its owner.
-    if kueue::owned_by_integration(original.get("metadata")) {
-        return Ok(None);
-    }
-    let Some(ns) = ns else { return Ok(None) };
-    let obj = state.namespaces.get(&ObjectRef::new(ns));
-    let labels = obj.as_ref().and_then(|o| o.metadata.labels.as_ref());
-    match state.kueue_unlabelled.managed(ns, labels) {
-        Ok(true) => Ok(Some(format!("(namespace {ns}'s default LocalQueue)"))),
-        Ok(false) => Ok(None),
-        Err(e) => Err(Denied(format!("gpufit: {e}"))),
-    }
+    // What planning for the GPU had to say (e.g. `whole` refused under MPS) first.
+    let warnings = gpu_warnings
+        .into_iter()
+        .chain(suggestion.warnings.iter().cloned())
+        .collect();
+    Ok(Decision::Mutate(mutated, warnings))
 }
 
 /// An object queued in Kueue: its containers read each setting from a pod
 /// annotation that the AdmissionCheck controller sets when Kueue admits it
-/// on a flavor (`podSetUpdates`); it is marked for recording now. In
-/// Recommend mode it is left untouched (the recommendation is written on it
-/// at admission).
+/// on a flavor (`podSetUpdates`); each pod template also carries the
+/// fallback settings (the user's pins, else safe values) that gpufit's pod
+/// webhook fills in should a pod start without the answer — a setting is
+/// never empty. It is marked for recording now. In Recommend mode it is
+/// left untouched (the recommendation is written on it at admission).
 fn queued(
     original: &Value,
     shape: &Shape,
-    workload: &Workload,
-    mode: Mode,
-    kind: &str,
+    plan: &Plan,
+    kind: &dyn TrainingKind,
     queue: &str,
 ) -> Decision {
-    if mode == Mode::Recommend {
+    if plan.mode == Mode::Recommend {
         return Decision::Warn(format!(
-            "gpufit will recommend settings for this {kind} when Kueue admits it from queue {queue} \
-             (annotation gpufit.io/recommendation)"
+            "gpufit will recommend settings for this {} when Kueue admits it from queue {queue} \
+             (annotation gpufit.io/recommendation)",
+            kind.kind()
         ));
     }
+    let fallback = inject::setting_annotations(&plan::fallback(plan, None));
     let mut mutated = original.clone();
-    for ptr in &shape.templates {
-        if let Some(t) = mutated.pointer_mut(ptr) {
+    for t in &shape.templates {
+        if let Some(t) = mutated.pointer_mut(&t.pointer) {
             inject::inject_pod_template_deferred(t);
+            inject::add_fallback(t, &fallback);
         }
     }
     if let Some(ptr) = &shape.trainer {
         if let Some(trainer) = object_at(&mut mutated, ptr) {
             inject::inject_container_deferred(trainer, false);
+            // Its pods come from the runtime: the fallback travels in the
+            // trainer's environment, which Trainer copies into them.
+            inject::add_fallback_env(trainer, &fallback);
         }
     }
-    workloads::mark_for_recording(&mut mutated, &shape.templates, workload);
+    kinds::mark_for_recording(&mut mutated, &shape.pointers(), &plan.workload);
     Decision::Mutate(mutated, Vec::new())
 }
 
-/// The GPU to plan for: the annotated one (denied when unknown), else the
-/// one of the nodes the pod may land on — `Ok(Err(warning))` when the
-/// nodes do not tell.
+/// A pod whose containers read their settings from its annotations
+/// ([`LABEL_DEFERRED`], or a TrainJob trainer's variables): every setting
+/// annotation it lacks (Kueue started it without gpufit's answer: a check
+/// absent on its flavor) is filled from its fallback, so no container
+/// reads "".
+fn pod(original: &Value) -> Decision {
+    let labelled = original
+        .pointer(&format!(
+            "/metadata/labels/{}",
+            LABEL_DEFERRED.replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+        == Some("true");
+    if !labelled && !inject::reads_deferred_settings(original) {
+        return Decision::Untouched;
+    }
+    let mut mutated = original.clone();
+    let filled = inject::fill_missing_settings(&mut mutated);
+    if filled.is_empty() {
+        return Decision::Untouched;
+    }
+    Decision::Mutate(
+        mutated,
+        vec![format!(
+            "gpufit: this pod started without gpufit's admission answer; fallback settings used for {}",
+            filled.join(", ")
+        )],
+    )
+}
+
+/// The GPU to plan for, with what planning for it had to say: the
+/// annotated one (denied when unknown), else the one of the nodes the pod
+/// may land on — `Ok(Err(warning))` when the nodes do not tell.
 fn target_gpu(
     gpu_name: Option<&str>,
     first_pod: Option<&PodSpec>,
     sharing: gpu::Sharing,
     state: &WebhookState,
-) -> Result<Result<GpuSpec, String>, Denied> {
+) -> Result<Result<(GpuSpec, Vec<String>), String>, Denied> {
     if let Some(name) = gpu_name {
         return gpu::resolve_named(name)
-            .map(Ok)
+            .map(|g| Ok((g, Vec::new())))
             .map_err(|e| denied("gpufit.io/gpu", e));
     }
     let nodes = state.nodes.state();
     Ok(
-        gpu::resolve_from_nodes_with(nodes.iter().map(|n| n.as_ref()), first_pod, sharing).map_err(
-            |e| format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)"),
-        ),
+        gpu::plan_from_nodes(nodes.iter().map(|n| n.as_ref()), first_pod, sharing)
+            .map(|p| (p.gpu, p.warnings))
+            .map_err(|e| {
+                format!("gpufit did not change this object: {e} (or annotate gpufit.io/gpu)")
+            }),
     )
-}
-
-/// The one pipeline's suggestion for this workload on this GPU (the history
-/// read through the webhook's cache), counted in the metrics;
-/// `Ok(Err(warning))` when history or advisor cannot answer.
-fn advise(
-    workload: &Workload,
-    gpu: &GpuSpec,
-    strategy: Strategy,
-    pins: &Pins,
-    cpus_per_gpu: Option<u32>,
-    state: &WebhookState,
-) -> Result<Result<Suggestion, String>, Denied> {
-    let ask = Ask {
-        workload,
-        gpu,
-        strategy,
-        pins,
-    };
-    let history = Cached {
-        cache: &state.cache,
-        store: state.history.as_ref(),
-    };
-    match Pipeline::new(state.targets)
-        .with_cpus_per_gpu(cpus_per_gpu)
-        .suggest(&history, &ask)
-    {
-        Ok(s) => {
-            state.metrics.count_suggestion(Via::Webhook, &s);
-            Ok(Ok(s))
-        }
-        // The global batch is scientific: settings that cannot keep it
-        // exactly are refused with the reason, not silently let through.
-        Err(PipelineError::Advisor(e @ AdvisorError::GlobalBatch { .. })) => {
-            Err(Denied(format!("gpufit: {e}")))
-        }
-        Err(e) => Ok(Err(format!("gpufit did not change this object: {e}"))),
-    }
 }
 
 /// The history as the webhook reads it: through its short-lived cache.
@@ -346,13 +372,18 @@ impl SimilarRuns for Cached<'_> {
 /// The object with the suggestion's annotations and every training pod
 /// template (or a TrainJob's trainer) injected (the same injection as a
 /// TrainingJob's Job).
-fn with_suggestion(original: &Value, shape: &Shape, suggestion: &Suggestion, mode: Mode) -> Value {
+fn with_suggestion(
+    original: &Value,
+    shape: &Shape,
+    suggestion: &crate::core::advisor::Suggestion,
+    mode: Mode,
+) -> Value {
     let mut mutated = original.clone();
     if let Some(meta) = mutated.get_mut("metadata") {
         inject::add_annotations(meta, &inject::annotations(suggestion, mode));
     }
-    for ptr in &shape.templates {
-        if let Some(t) = mutated.pointer_mut(ptr) {
+    for t in &shape.templates {
+        if let Some(t) = mutated.pointer_mut(&t.pointer) {
             inject::inject_pod_template(t, suggestion, mode, mode == Mode::Inject);
         }
     }
@@ -378,28 +409,5 @@ fn object_at<'a>(v: &'a mut Value, ptr: &str) -> Option<&'a mut serde_json::Map<
     cur.as_object_mut()
 }
 
-/// How to plan for a shared GPU: the object's annotation, else its
-/// namespace's label; a bad value is denied like other bad annotations.
-fn sharing(
-    anns: &BTreeMap<String, String>,
-    ns: Option<&str>,
-    namespaces: &Store<Namespace>,
-) -> Result<gpu::Sharing, Denied> {
-    let obj = ns.and_then(|ns| namespaces.get(&ObjectRef::new(ns)));
-    let labels = obj.as_ref().and_then(|o| o.metadata.labels.as_ref());
-    gpu::sharing_of(Some(anns), ns.zip(labels)).map_err(|e| Denied(format!("gpufit: {e}")))
-}
-
-fn namespace_mode(ns: Option<&str>, namespaces: &Store<Namespace>) -> Result<Option<Mode>, Denied> {
-    let Some(ns) = ns else { return Ok(None) };
-    let Some(obj) = namespaces.get(&ObjectRef::new(ns)) else {
-        return Ok(None);
-    };
-    match obj.metadata.labels.as_ref().and_then(|l| l.get(MODE_KEY)) {
-        Some(v) => v
-            .parse()
-            .map(Some)
-            .map_err(|e: String| Denied(format!("gpufit: namespace {ns} label {MODE_KEY}: {e}"))),
-        None => Ok(None),
-    }
-}
+// The namespace's mode label is read by the plan (`plan::namespace_mode`).
+const _: &str = MODE_KEY;

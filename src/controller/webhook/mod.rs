@@ -6,8 +6,8 @@
 //! (every rank; where per kind: `shape`).
 //!
 //! - Objects without `gpufit.io/…` input annotations are allowed untouched.
-//! - An object queued in Kueue (`kueue.x-k8s.io/queue-name`, or none in a
-//!   namespace declared Kueue-managed: [`super::kueue::Unlabelled`]) gets
+//! - An object queued in Kueue (decided as Kueue decides:
+//!   [`super::kueue::KueueConfig::queue_for`]) gets
 //!   its settings when Kueue admits it on a flavor: now, each setting
 //!   becomes a downward-API reference to a pod annotation that gpufit's
 //!   AdmissionCheck sets then (`super::reconcile::kueue`); no GPU is
@@ -19,6 +19,11 @@
 //!   with a warning: gpufit never blocks a
 //!   submission for its own problems (and the chart's `failurePolicy: Ignore`
 //!   covers gpufit being down).
+//!
+//! - A Pod labelled `gpufit.io/deferred` (a queued job's) that lacks a
+//!   setting annotation — it started without gpufit's admission answer —
+//!   gets its template's fallback settings, so no container reads "".
+//! - Kinds other than those of [`super::kinds`] (and Pods) are never changed.
 //!
 //! Annotations (on the Job / PyTorchJob / JobSet / TrainJob itself):
 //!
@@ -45,26 +50,21 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::runtime::reflector::Store;
 
 use crate::core::advisor::StrategyTargets;
-use crate::core::run::RunRecord;
-use crate::core::similarity::HistoryQuery;
 use crate::history::HistoryStore;
 
 use super::crd::Mode;
 use super::metrics::Metrics;
 
 mod admission;
-mod annotations;
 mod server;
-mod shape;
 
+pub use super::plan::{workload_from_annotations, HistoryCache};
 pub use admission::review;
-pub use annotations::{inputs_for_admission, workload_from_annotations, AdmissionInputs};
 pub use server::{review_json, tls_config, WebhookServer};
 
 /// The path the webhook answers on.
@@ -81,53 +81,13 @@ pub struct WebhookState {
     /// Mode when neither the annotation nor the namespace's label says.
     pub default_mode: Mode,
     /// Recent history answers, so a burst of submissions of one workload
-    /// does not run the same history query for each.
-    pub cache: HistoryCache,
-    /// Which jobs without a `kueue.x-k8s.io/queue-name` label Kueue manages
-    /// (`--kueue-manage-jobs-without-queue-name`, the namespace's
-    /// `gpufit.io/kueue` label): they are configured at admission too.
-    pub kueue_unlabelled: super::kueue::Unlabelled,
-}
-
-/// Similar-run lists by query, kept for [`HistoryCache::TTL`]. The history
-/// changes when jobs finish (minutes), so a suggestion made from a view a few
-/// seconds old is as good; the size is bounded (cleared when full).
-#[derive(Debug, Default)]
-pub struct HistoryCache {
-    entries: std::sync::Mutex<std::collections::HashMap<HistoryQuery, CachedRuns>>,
-}
-
-/// When a similar-run list was read, and the list.
-type CachedRuns = (Instant, Arc<Vec<RunRecord>>);
-
-impl HistoryCache {
-    /// How long an answer is reused.
-    pub const TTL: std::time::Duration = std::time::Duration::from_secs(10);
-    /// Most queries held.
-    const MAX: usize = 4096;
-
-    /// The cached answer, or the store's (then cached).
-    pub fn similar(
-        &self,
-        store: &dyn HistoryStore,
-        q: &HistoryQuery,
-    ) -> Result<Arc<Vec<RunRecord>>, crate::history::HistoryError> {
-        if let Ok(m) = self.entries.lock() {
-            if let Some((at, runs)) = m.get(q) {
-                if at.elapsed() < Self::TTL {
-                    return Ok(runs.clone());
-                }
-            }
-        }
-        let runs = Arc::new(store.similar(q)?);
-        if let Ok(mut m) = self.entries.lock() {
-            if m.len() >= Self::MAX {
-                m.clear();
-            }
-            m.insert(q.clone(), (Instant::now(), runs.clone()));
-        }
-        Ok(runs)
-    }
+    /// does not run the same history query for each; shared with the run
+    /// recorders, which clear a workload's entries when they record a run.
+    pub cache: Arc<HistoryCache>,
+    /// The cluster's Kueue as gpufit knows it: which jobs it queues
+    /// (label, LocalQueueDefaulting, `manageJobsWithoutQueueName`, the
+    /// enabled integrations): those are configured at admission.
+    pub kueue: super::kueue::KueueConfig,
 }
 
 /// Where and with which certificate the webhook listens.

@@ -277,6 +277,7 @@ fn exports_are_single_line_export_statements_with_every_setting() {
     assert_eq!(get("GPUFIT_CONFIDENCE"), "0.42");
     assert_eq!(get("GPUFIT_REASONING"), "line one line two");
     assert_eq!(get("GPUFIT_JOB_ID"), "42");
+    assert_eq!(get("GPUFIT_RESULT_FILE"), "/tmp/gpufit-result-42.json");
 }
 
 #[test]
@@ -394,6 +395,7 @@ fn the_run_says_success_oom_or_other_error_from_the_exit_state() {
     ];
     for (exit, derived, oom, success, reason) in cases {
         let out = JobEnd {
+            record: None,
             exit_status: *exit,
             derived_status: *derived,
             oom: *oom,
@@ -484,6 +486,7 @@ fn a_host_memory_kill_is_an_other_error_flagged_for_the_data_loader() {
         .unwrap()
         .into();
     let mut out = JobEnd {
+        record: None,
         // 9 << 8 would be SIGKILL's wait status; Slurm reports the OOM kill as 0:125 too.
         exit_status: Some(9),
         derived_status: Some(0),
@@ -525,12 +528,14 @@ fn a_peak_the_log_states_wins_over_the_sidecars() {
         .unwrap()
         .into();
     let mut out = JobEnd {
+        record: None,
         exit_status: Some(0),
         derived_status: Some(0),
         oom: false,
         host_oom: false,
         peak_memory_bytes: Some(100),
         log: LogFacts {
+            stated: None,
             peak_memory_bytes: Some(90),
             tokens_per_sec: Some(1234.0),
             samples_per_sec: None,
@@ -1001,4 +1006,52 @@ fn a_mig_job_named_only_by_uuid_counts_its_slices_and_reads_its_comment() {
     assert!(r.gpu_indices.is_empty());
     assert_eq!(r.visible.len(), 2);
     assert_eq!(r.workload.gpus, Some(2), "two slices, two ranks");
+}
+
+/// On a MIG node the mapping files are named by the MIG ids of
+/// `CUDA_VISIBLE_DEVICES` (Slurm's two forms, gpu_nvml.c), not by
+/// `SLURM_JOB_GPUS` (a gres index there); an id that could be a path is
+/// never a file name.
+#[test]
+fn mig_jobs_map_their_slices_by_their_ids_in_both_forms() {
+    let env = |cvd: &str, gpus: &str| -> Env {
+        [
+            ("CUDA_VISIBLE_DEVICES".to_string(), cvd.to_string()),
+            ("SLURM_JOB_GPUS".to_string(), gpus.to_string()),
+        ]
+        .into()
+    };
+    let uuid = "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f";
+    let legacy = "MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f/7/0";
+    assert_eq!(mapping_names(&env(uuid, "3")).unwrap(), [uuid]);
+    assert_eq!(
+        mapping_names(&env(legacy, "3")).unwrap(),
+        ["MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f_7_0"]
+    );
+    assert_eq!(
+        mapping_names(&env(&format!("{uuid},{legacy}"), "3,4"))
+            .unwrap()
+            .len(),
+        2
+    );
+    // Whole GPUs: the indices, as before.
+    assert_eq!(mapping_names(&env("0,1", "2,3")).unwrap(), ["2", "3"]);
+    // A hostile id is no file name (and no path).
+    for bad in [
+        "MIG-../../etc/passwd",
+        "MIG-a/b",
+        "MIG-GPU-../x/1/0",
+        "MIG-a b",
+    ] {
+        let names = mapping_names(&env(bad, "")).unwrap_or_default();
+        assert!(
+            names
+                .iter()
+                .all(|n| !n.contains('/') && !n.contains("..") && !n.contains(' ')),
+            "{bad}: {names:?}"
+        );
+    }
+    let files = mapping_files_named(Path::new("/run/gpu-jobs"), "42", &[uuid.to_string()]);
+    assert_eq!(files[0].0, Path::new("/run/gpu-jobs").join(uuid));
+    assert_eq!(files[0].1, "42\n");
 }

@@ -44,6 +44,9 @@ pub(super) struct Eval<'c, 'a> {
     /// Runs whose peak is only a lower bound (a multi-node job's peak of
     /// fewer nodes than it ran on): floors, not measurements.
     pub lower_bounds: usize,
+    /// Similar runs of these settings that nothing confirms ran them
+    /// ([`RunRecord::settings_unconfirmed`]): floors only.
+    pub unconfirmed: usize,
     pub speed: Speed,
     /// The fastest other candidate that met the target (for the reasoning).
     pub runner_up: Option<(Cand, u32, Speed)>,
@@ -147,7 +150,10 @@ impl<'a> Ctx<'a> {
             .collect();
         let largest_success =
             learner::largest_success(&fitted).filter(|&m| oom_min.is_none_or(|o| m < o));
-        let successes = runs.iter().filter(|r| r.result.success()).count();
+        let successes = runs
+            .iter()
+            .filter(|r| r.result.success() && !r.settings_unconfirmed())
+            .count();
         let evidence = if pred.correction.is_some() {
             Evidence::Memory
         } else if successes > 0 {
@@ -162,8 +168,13 @@ impl<'a> Ctx<'a> {
             .max();
         let lower_bounds = runs
             .iter()
-            .filter(|r| r.result.peak_memory_bytes.is_some() && r.peak_is_lower_bound())
+            .filter(|r| {
+                r.result.peak_memory_bytes.is_some()
+                    && r.peak_is_lower_bound()
+                    && !r.settings_unconfirmed()
+            })
             .count();
+        let unconfirmed = runs.iter().filter(|r| r.settings_unconfirmed()).count();
         let budget = self.target(s) * self.capacity;
         let mut warnings = Vec::new();
 
@@ -242,6 +253,7 @@ impl<'a> Ctx<'a> {
             oom_min,
             measured,
             lower_bounds,
+            unconfirmed,
             speed: self.speed(c, m),
             runner_up: None,
             warnings,

@@ -143,7 +143,17 @@ impl<'a> Ctx<'a> {
                 if n == 1 { "its" } else { "their" }
             ),
         };
-        let reason = format!("{reason}{partial}{}", speed_clause(&e));
+        let unconfirmed = match e.unconfirmed {
+            0 => String::new(),
+            n => format!(
+                "; {n} run{} did not confirm that {} the injected settings (no result record, no settings in {} log, no filled placeholders): {} peak only raises the floor, never sets a larger batch",
+                plural(n),
+                if n == 1 { "it ran" } else { "they ran" },
+                if n == 1 { "its" } else { "their" },
+                if n == 1 { "its" } else { "their" }
+            ),
+        };
+        let reason = format!("{reason}{partial}{unconfirmed}{}", speed_clause(&e));
         self.build(s, e, source, conf, reason)
     }
 
@@ -329,6 +339,7 @@ impl<'a> Ctx<'a> {
             oom_min,
             measured: None,
             lower_bounds: 0,
+            unconfirmed: 0,
             speed: self.speed(c, m),
             runner_up: None,
             warnings,

@@ -143,6 +143,7 @@ fn t4() -> GpuSpec {
 fn run(m: u32, dtype: Dtype, ckpt: bool) -> RunRecord {
     let w = workload();
     RunRecord {
+        confirmation: Default::default(),
         nodes: None,
         id: None,
         timestamp: Utc::now(),
@@ -384,6 +385,59 @@ fn a_partial_multi_node_peak_floors_predictions_at_and_above_its_batch() {
     assert!(s.settings.micro_batch_size < 23, "{s:?}");
     let s = balanced_pinned(&[ok(23)]);
     assert!(s.settings.micro_batch_size >= 23, "{s:?}");
+}
+
+/// `ok_peak(m, gib)` recorded with the injected settings while nothing
+/// confirms the job ran them (a script that may ignore GPUFIT_*).
+fn unconfirmed_peak(m: u32, gib: f64) -> RunRecord {
+    let mut r = ok_peak(m, gib);
+    r.confirmation = crate::confirm::Confirmation::Unconfirmed;
+    r
+}
+
+#[test]
+fn an_unconfirmed_run_is_a_floor_never_a_point_to_extrapolate_from_or_a_proven_batch() {
+    // 12 GiB at m=2, had the job run 2, would scale the model down and move
+    // the batch up; unconfirmed, it may be another batch's peak.
+    let confirmed = balanced_pinned(&[ok_peak(2, 12.0)]);
+    let s = balanced_pinned(&[unconfirmed_peak(2, 12.0)]);
+    let unknown = balanced_pinned(&[]);
+    assert_eq!(confirmed.source, SuggestionSource::HistoricalDataWithMemory);
+    assert_ne!(s.source, SuggestionSource::HistoricalDataWithMemory);
+    assert!(
+        confirmed.settings.micro_batch_size > s.settings.micro_batch_size,
+        "{} vs {}",
+        confirmed.settings.micro_batch_size,
+        s.settings.micro_batch_size
+    );
+    assert_eq!(
+        s.settings.micro_batch_size, unknown.settings.micro_batch_size,
+        "a floor under the model changes nothing"
+    );
+    assert!(s.reasoning.contains("did not confirm"), "{}", s.reasoning);
+    assert!(!s.reasoning.contains("multi-node"), "{}", s.reasoning);
+    // A high unconfirmed peak still raises the floor at its batch.
+    let pins = Pins {
+        micro_batch_size: Some(4),
+        compile: Some(false),
+        ..bf16_no_ckpt()
+    };
+    let floor = ask(
+        &workload(),
+        &a100(),
+        Strategy::Balanced,
+        &pins,
+        &[unconfirmed_peak(4, 60.0)],
+    )
+    .expect("a suggestion")
+    .predicted_peak_bytes;
+    assert!(floor >= 60 * GIB, "{floor}");
+    // An unconfirmed success at 23 is no proof that 23 fits.
+    let mut r = ok(23);
+    r.confirmation = crate::confirm::Confirmation::Unconfirmed;
+    assert!(balanced_pinned(&[r]).settings.micro_batch_size < 23);
+    // The same run confirmed is.
+    assert!(balanced_pinned(&[ok(23)]).settings.micro_batch_size >= 23);
 }
 
 #[test]

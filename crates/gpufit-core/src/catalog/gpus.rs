@@ -337,89 +337,360 @@ const ROWS: &[Row] = &[
     },
 ];
 
-/// MIG (Multi-Instance GPU) profiles: `(profile, memory eighths, usable MiB)`.
-///
-/// Profiles and their "Fraction of Memory" (in eighths of the card) are the
-/// tables of NVIDIA's Multi-Instance GPU User Guide, "Supported MIG
-/// Profiles" (<https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html>).
-/// The usable memory is *not* the figure in the profile's name (a share of
-/// the card's marketing size, e.g. "5gb"): it is the "Memory GiB" column of
-/// `nvidia-smi mig -lgip` (what NVML and PyTorch then report as the slice's
-/// total), a little below the name's figure read as GB and below the
-/// card's total × eighths / 8. A100 40GB: 4.75 / 9.75 / 9.75 / 19.62 /
-/// 19.62 / 39.38 GiB; H100 80GB: 9.75 / 19.62 / 19.62 / 39.50 / 39.50 /
-/// 79.25 GiB (lgip output quoted in public MIG walkthroughs). The A100 80GB
-/// is the same chip with twice the HBM per memory slice, so its figures are
-/// twice the 40GB's (9.50 … 78.75 GiB). The H200's 1g.18gb slice reports
-/// 16.00 GiB; its larger profiles are taken as that per eighth (32 / 64 /
-/// 128 GiB), which is below their real totals: planning for slightly less
-/// memory than the slice has costs a little headroom, never an OOM.
-type MigProfile = (&'static str, u64, u64);
+/// Where a MIG slice's memory figure comes from (docs/gpus.md lists each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MigMemorySource {
+    /// The "Memory GiB" column of `nvidia-smi mig -lgip` on a real card
+    /// (what NVML and PyTorch then report as the slice's total).
+    Lgip,
+    /// `MemorySizeMB` of the GPU instance profile in NVIDIA/go-nvml's mock
+    /// devices (`pkg/nvml/mock/gpus/*.go`), where it is a figure below the
+    /// profile name's (A100, A30); the H100, H200 and B200 mocks only
+    /// restate the name's figure in GiB, above what real slices report, so
+    /// they are not used.
+    GoNvml,
+    /// No measured figure: 8/9 of the profile name's figure read as GiB,
+    /// the lowest ratio of a measured slice to its name (H200 `1g.18gb`:
+    /// 16.00 GiB). Planning for a little less than the slice has costs
+    /// headroom, never an OOM; a node's GFD `.memory` label, when lower,
+    /// wins at planning time.
+    Derived,
+}
 
+impl MigMemorySource {
+    /// A short name for tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigMemorySource::Lgip => "nvidia-smi mig -lgip",
+            MigMemorySource::GoNvml => "go-nvml mock",
+            MigMemorySource::Derived => "derived (8/9 of the name)",
+        }
+    }
+}
+
+/// One MIG profile of a card: `(profile, memory eighths, usable MiB, source)`.
+///
+/// Profiles and their "Fraction of Memory" (eighths; A30 and RTX PRO
+/// quarters and halves counted as eighths) are the tables of NVIDIA's
+/// Multi-Instance GPU User Guide r580, "Supported MIG Profiles", and the
+/// profile names of NVIDIA/mig-parted v0.15.0 `config-default.yaml` (the
+/// H100 94/96 GB, H20, GH200 and GB200 ones the guide's tables leave out).
+/// The usable memory is *not* the figure in the profile's name: it is the
+/// smallest of the sources in [`MigMemorySource`] that give one. Measured
+/// (`nvidia-smi mig -lgip`): A100 40GB 4.75 / 9.75 / 19.62 / 39.50 GiB,
+/// A100 80GB 9.50 / 19.50 / 39.25 / 79.00 GiB, H100 80GB 9.75 / 19.62 / 39.50 / 79.25 GiB, H200 16.00 / 32.50 / 140.00
+/// GiB (1g.18gb, 2g.35gb, 7g.141gb); go-nvml's A100 and A30 mocks; the rest
+/// derived. Media-extension and graphics variants (`+me`, `+me.all`,
+/// `-me`, `+gfx`) have their base profile's memory and resolve to it.
+type MigProfile = (&'static str, u64, u64, MigMemorySource);
+
+use MigMemorySource::{Derived, GoNvml, Lgip};
+
+/// A profile without a measured figure: 8/9 of `name_gb` GiB
+/// ([`MigMemorySource::Derived`]); a test checks `name_gb` is the name's.
+const fn d(profile: &'static str, eighths: u64, name_gb: u64) -> MigProfile {
+    (profile, eighths, name_gb * 1024 * 8 / 9, Derived)
+}
+
+// A100 40GB: min(lgip, go-nvml a100_40gb: 4864 / 9856 / 19968 / 40192).
 const MIG_A100_40GB: &[MigProfile] = &[
-    ("1g.5gb", 1, 4864),
-    ("1g.10gb", 2, 9984),
-    ("2g.10gb", 2, 9984),
-    ("3g.20gb", 4, 20096),
-    ("4g.20gb", 4, 20096),
-    ("7g.40gb", 8, 40320),
+    ("1g.5gb", 1, 4864, Lgip),
+    ("1g.10gb", 2, 9856, GoNvml),
+    ("2g.10gb", 2, 9856, GoNvml),
+    ("3g.20gb", 4, 19968, GoNvml),
+    ("4g.20gb", 4, 19968, GoNvml),
+    ("7g.40gb", 8, 40192, GoNvml),
 ];
+// A100 80GB: lgip 9.50 / 19.50 / 39.25 / 79.00 GiB; go-nvml a100_80gb:
+// 9856 / 19968 / 40192 / 80384 (equal figures credited to lgip).
 const MIG_A100_80GB: &[MigProfile] = &[
-    ("1g.10gb", 1, 9728),
-    ("1g.20gb", 2, 19968),
-    ("2g.20gb", 2, 19968),
-    ("3g.40gb", 4, 40192),
-    ("4g.40gb", 4, 40192),
-    ("7g.80gb", 8, 80640),
+    ("1g.10gb", 1, 9728, Lgip),
+    ("1g.20gb", 2, 19968, Lgip),
+    ("2g.20gb", 2, 19968, Lgip),
+    ("3g.40gb", 4, 40192, Lgip),
+    ("4g.40gb", 4, 40192, Lgip),
+    ("7g.80gb", 8, 80384, GoNvml),
+];
+// A30 24GB: quarters (1/4, 2/4, full); go-nvml a30_24gb.
+const MIG_A30: &[MigProfile] = &[
+    ("1g.6gb", 2, 5836, GoNvml),
+    ("2g.12gb", 4, 11672, GoNvml),
+    ("4g.24gb", 8, 23344, GoNvml),
 ];
 const MIG_H100_80GB: &[MigProfile] = &[
-    ("1g.10gb", 1, 9984),
-    ("1g.20gb", 2, 20096),
-    ("2g.20gb", 2, 20096),
-    ("3g.40gb", 4, 40448),
-    ("4g.40gb", 4, 40448),
-    ("7g.80gb", 8, 81152),
+    ("1g.10gb", 1, 9984, Lgip),
+    ("1g.20gb", 2, 20096, Lgip),
+    ("2g.20gb", 2, 20096, Lgip),
+    ("3g.40gb", 4, 40448, Lgip),
+    ("4g.40gb", 4, 40448, Lgip),
+    ("7g.80gb", 8, 81152, Lgip),
 ];
+// H100 94GB (NVL, SXM5 94GB): mig-parted "H100 NVL, H800 NVL".
+const MIG_H100_94GB: &[MigProfile] = &[
+    d("1g.12gb", 1, 12),
+    d("1g.24gb", 2, 24),
+    d("2g.24gb", 2, 24),
+    d("3g.47gb", 4, 47),
+    d("4g.47gb", 4, 47),
+    d("7g.94gb", 8, 94),
+];
+// H100 96GB (H100 on GH200, H20): mig-parted "H100-96GB, PG506-96GB, GH200, H20".
+const MIG_H100_96GB: &[MigProfile] = &[
+    d("1g.12gb", 1, 12),
+    d("1g.24gb", 2, 24),
+    d("2g.24gb", 2, 24),
+    d("3g.48gb", 4, 48),
+    d("4g.48gb", 4, 48),
+    d("7g.96gb", 8, 96),
+];
+// H200 141GB (SXM5, NVL): lgip 16.00 / 32.50 / 140.00 GiB.
 const MIG_H200: &[MigProfile] = &[
-    ("1g.18gb", 1, 16384),
-    ("1g.35gb", 2, 32768),
-    ("2g.35gb", 2, 32768),
-    ("3g.71gb", 4, 65536),
-    ("4g.71gb", 4, 65536),
-    ("7g.141gb", 8, 131072),
+    ("1g.18gb", 1, 16384, Lgip),
+    ("1g.35gb", 2, 33280, Lgip),
+    ("2g.35gb", 2, 33280, Lgip),
+    d("3g.71gb", 4, 71),
+    d("4g.71gb", 4, 71),
+    ("7g.141gb", 8, 143360, Lgip),
+];
+// GH200 144G HBM3e: mig-parted "GH200 144G HBM3e".
+const MIG_GH200_144GB: &[MigProfile] = &[
+    d("1g.18gb", 1, 18),
+    d("1g.36gb", 2, 36),
+    d("2g.36gb", 2, 36),
+    d("3g.72gb", 4, 72),
+    d("4g.72gb", 4, 72),
+    d("7g.144gb", 8, 144),
+];
+const MIG_B200: &[MigProfile] = &[
+    d("1g.23gb", 1, 23),
+    d("1g.45gb", 2, 45),
+    d("2g.45gb", 2, 45),
+    d("3g.90gb", 4, 90),
+    d("4g.90gb", 4, 90),
+    d("7g.180gb", 8, 180),
+];
+// GB200: mig-parted "GB200 HGX".
+const MIG_GB200: &[MigProfile] = &[
+    d("1g.23gb", 1, 23),
+    d("1g.47gb", 2, 47),
+    d("2g.47gb", 2, 47),
+    d("3g.93gb", 4, 93),
+    d("4g.93gb", 4, 93),
+    d("7g.186gb", 8, 186),
+];
+// RTX PRO 6000 Blackwell: quarters (1/4, 1/2, full).
+const MIG_RTX_PRO_6000: &[MigProfile] = &[
+    d("1g.24gb", 2, 24),
+    d("2g.48gb", 4, 48),
+    d("4g.96gb", 8, 96),
+];
+// RTX PRO 5000 Blackwell: the guide lists `2g.24gb-me` only (its base
+// profile is offered through it).
+const MIG_RTX_PRO_5000: &[MigProfile] = &[
+    d("1g.12gb", 2, 12),
+    d("2g.24gb", 4, 24),
+    d("4g.48gb", 8, 48),
 ];
 
-/// The catalog cards with MIG, by their NVML name, and their profiles.
+/// A MIG-capable card the whole-card catalog ([`ROWS`]) lacks: its slices
+/// are known, the card itself is not (no NVML total or datasheet rates
+/// here): `gpufit suggest --gpu "NVIDIA A30 MIG 1g.6gb"` works,
+/// `--gpu "NVIDIA A30"` does not.
+struct MigOnlyCard {
+    name: &'static str,
+    aliases: &'static [&'static str],
+    /// Compute capability: the MIG guide's "Supported GPU Products" table.
+    cc: &'static str,
+}
+
+/// Every card in the MIG guide's "Supported GPU Products" (r580) with its
+/// profiles: by the NVML name of a catalog card, or a [`MigOnlyCard`].
+/// (GB300 and B300, in mig-parted but not in that list, are left out.)
 const MIG_PARENTS: &[(&str, &[MigProfile])] = &[
     ("NVIDIA A100-SXM4-40GB", MIG_A100_40GB),
     ("NVIDIA A100-PCIE-40GB", MIG_A100_40GB),
     ("NVIDIA A100-SXM4-80GB", MIG_A100_80GB),
     ("NVIDIA A100 80GB PCIe", MIG_A100_80GB),
+    ("NVIDIA A30", MIG_A30),
     ("NVIDIA H100 80GB HBM3", MIG_H100_80GB),
     ("NVIDIA H100 PCIe", MIG_H100_80GB),
+    ("NVIDIA H100 NVL", MIG_H100_94GB),
+    ("NVIDIA H100 SXM5 94GB", MIG_H100_94GB),
+    ("NVIDIA GH200 480GB", MIG_H100_96GB),
+    ("NVIDIA H20", MIG_H100_96GB),
     ("NVIDIA H200", MIG_H200),
+    ("NVIDIA H200 NVL", MIG_H200),
+    ("NVIDIA GH200 144G HBM3e", MIG_GH200_144GB),
+    ("NVIDIA B200", MIG_B200),
+    ("NVIDIA GB200", MIG_GB200),
+    (
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        MIG_RTX_PRO_6000,
+    ),
+    (
+        "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+        MIG_RTX_PRO_6000,
+    ),
+    (
+        "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+        MIG_RTX_PRO_6000,
+    ),
+    ("NVIDIA RTX PRO 5000 Blackwell", MIG_RTX_PRO_5000),
 ];
+
+/// The MIG parents [`ROWS`] lacks. Names as NVML prints them where known
+/// (GFD product labels in public tests: `NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition`);
+/// the aliases take the MIG guide's and go-nvml's spellings.
+const MIG_ONLY_CARDS: &[MigOnlyCard] = &[
+    MigOnlyCard {
+        name: "NVIDIA A30",
+        aliases: &["a30", "a30-pcie-24gb", "a30-24gb"],
+        cc: "8.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA H100 SXM5 94GB",
+        aliases: &["h100-sxm5-94gb", "h100-94gb"],
+        cc: "9.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA H20",
+        aliases: &["h20", "h20-96gb"],
+        cc: "9.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA H200 NVL",
+        aliases: &["h200-nvl"],
+        cc: "9.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA GH200 144G HBM3e",
+        aliases: &["gh200-144gb", "gh200 144g"],
+        cc: "9.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA GB200",
+        aliases: &["gb200"],
+        cc: "10.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        aliases: &["rtx-pro-6000-server"],
+        cc: "12.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+        aliases: &["rtx-pro-6000-workstation"],
+        cc: "12.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+        aliases: &["rtx-pro-6000-max-q"],
+        cc: "12.0",
+    },
+    MigOnlyCard {
+        name: "NVIDIA RTX PRO 5000 Blackwell",
+        aliases: &["rtx-pro-5000"],
+        cc: "12.0",
+    },
+];
+
+/// The base profile of a MIG profile name, lower case: `1g.10gb+me`,
+/// `1g.10gb.me` (GFD's resource spelling), `1g.10gbme` (GFD's product
+/// label, `+` dropped), `1g.24gb+gfx`, `2g.24gb-me` → `1g.10gb`… A
+/// compute-instance prefix (`1c.3g.40gb`, Slurm's spelling) is dropped
+/// too. None when it is not `<n>g.<m>gb…`.
+pub fn mig_base_profile(profile: &str) -> Option<String> {
+    let p = profile.trim().to_ascii_lowercase();
+    let p = p
+        .strip_prefix("mig-")
+        .or_else(|| p.strip_prefix("mig "))
+        .unwrap_or(&p);
+    // `1c.3g.40gb`: a compute instance of a `3g.40gb` GPU instance.
+    let p = match p.split_once("c.") {
+        Some((c, rest)) if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => p,
+    };
+    let (g, rest) = p.split_once("g.")?;
+    if g.is_empty() || !g.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || !rest[digits..].starts_with("gb") {
+        return None;
+    }
+    Some(format!("{g}g.{}gb", &rest[..digits]))
+}
+
+/// One row of the MIG catalog: a slice of a card, with where its memory
+/// figure comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MigCatalogEntry {
+    /// The card's NVML name.
+    pub card: String,
+    /// The base profile (`1g.10gb`).
+    pub profile: String,
+    /// Its share of the card's memory, in eighths.
+    pub memory_eighths: u64,
+    /// The memory planned for, MiB.
+    pub memory_mib: u64,
+    pub source: MigMemorySource,
+}
+
+/// Every MIG slice the catalog knows, card by card in [`MIG_PARENTS`] order.
+pub fn mig_catalog() -> Vec<MigCatalogEntry> {
+    MIG_PARENTS
+        .iter()
+        .flat_map(|(card, profiles)| {
+            profiles
+                .iter()
+                .map(|(profile, eighths, mib, source)| MigCatalogEntry {
+                    card: card.to_string(),
+                    profile: profile.to_string(),
+                    memory_eighths: *eighths,
+                    memory_mib: *mib,
+                    source: *source,
+                })
+        })
+        .collect()
+}
+
+/// The cards with MIG the catalog knows (NVIDIA's list), by NVML name.
+pub fn mig_cards() -> Vec<String> {
+    MIG_PARENTS.iter().map(|(c, _)| c.to_string()).collect()
+}
 
 /// A MIG slice of `parent` with profile `profile` (`1g.5gb`): named as NVML
 /// names MIG devices (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`); compute
 /// capability and precision from the card; memory from the profile; tensor
-/// and fp32 rates scaled by its compute slices out of 7, bandwidth by its
+/// and fp32 rates scaled by its compute slices out of the card's (7; 4 on
+/// A30 and RTX PRO: its largest profile's), bandwidth by its
 /// memory slices out of 8 (each slice owns its memory controllers).
-fn mig_spec(parent: &GpuSpec, profile: &str, eighths: u64, memory_mib: u64) -> GpuSpec {
-    let compute: f64 = profile
-        .split_once('g')
-        .and_then(|(c, _)| c.parse().ok())
-        .unwrap_or(1.0);
+fn mig_spec(
+    parent: &GpuSpec,
+    (profile, eighths, memory_mib, _): &MigProfile,
+    compute_slices: f64,
+) -> GpuSpec {
+    let compute = compute_of(profile);
+    let of = compute_slices;
     GpuSpec {
         name: format!("{} MIG {profile}", parent.name),
-        memory_bytes: memory_mib * MIB,
+        memory_bytes: *memory_mib * MIB,
         compute_capability: parent.compute_capability.clone(),
         bf16: parent.bf16,
         fp8: parent.fp8,
-        bf16_tflops: parent.bf16_tflops * compute / 7.0,
-        fp32_tflops: parent.fp32_tflops * compute / 7.0,
-        memory_bandwidth_gbs: parent.memory_bandwidth_gbs * eighths as f64 / 8.0,
+        bf16_tflops: parent.bf16_tflops * compute / of,
+        fp32_tflops: parent.fp32_tflops * compute / of,
+        memory_bandwidth_gbs: parent.memory_bandwidth_gbs * *eighths as f64 / 8.0,
     }
+}
+
+/// The compute slices in a profile's name (`3g.40gb` → 3).
+fn compute_of(profile: &str) -> f64 {
+    profile
+        .split_once('g')
+        .and_then(|(c, _)| c.parse().ok())
+        .unwrap_or(1.0)
 }
 
 /// Lower-case ASCII alphanumerics only; vendor words that tools add or drop
@@ -448,6 +719,9 @@ struct Index {
     specs: Vec<GpuSpec>,
     cards: usize,
     by_key: HashMap<String, usize>,
+    /// MIG parents by normalised name or alias: the card's NVML name and
+    /// what its slices inherit (compute capability, precision, rates).
+    mig_parents: HashMap<String, GpuSpec>,
 }
 
 fn index() -> &'static Index {
@@ -473,15 +747,41 @@ fn index() -> &'static Index {
                 by_key.insert(normalize(a), i);
             }
         }
+        let mut mig_parents = HashMap::new();
+        for c in MIG_ONLY_CARDS {
+            // The precision rule of `core::capability` (a test keeps it so);
+            // rates unknown: the throughput model leaves them out.
+            let v = cc_value(c.cc);
+            let spec = GpuSpec {
+                name: c.name.to_string(),
+                memory_bytes: 0,
+                compute_capability: c.cc.to_string(),
+                bf16: v >= 80,
+                fp8: v >= 89,
+                bf16_tflops: 0.0,
+                fp32_tflops: 0.0,
+                memory_bandwidth_gbs: 0.0,
+            };
+            for key in std::iter::once(c.name).chain(c.aliases.iter().copied()) {
+                mig_parents.insert(normalize(key), spec.clone());
+            }
+        }
+        for (i, r) in ROWS.iter().enumerate() {
+            if MIG_PARENTS.iter().any(|(p, _)| *p == r.name) {
+                for key in std::iter::once(r.name).chain(r.aliases.iter().copied()) {
+                    mig_parents.insert(normalize(key), specs[i].clone());
+                }
+            }
+        }
         let cards = specs.len();
         let mut specs = specs;
         for (parent, profiles) in MIG_PARENTS {
-            let Some(&p) = by_key.get(&normalize(parent)) else {
+            let Some(parent) = mig_parents.get(&normalize(parent)).cloned() else {
                 continue;
             };
-            let parent = specs[p].clone();
-            for (profile, eighths, mib) in *profiles {
-                let slice = mig_spec(&parent, profile, *eighths, *mib);
+            let slices = profiles.iter().map(|p| compute_of(p.0)).fold(1.0, f64::max);
+            for p in *profiles {
+                let slice = mig_spec(&parent, p, slices);
                 by_key.insert(normalize(&slice.name), specs.len());
                 specs.push(slice);
             }
@@ -490,8 +790,16 @@ fn index() -> &'static Index {
             specs,
             cards,
             by_key,
+            mig_parents,
         }
     })
+}
+
+/// `"9.0"` → 90, `"10.0"` → 100; 0 when not `major.minor`.
+fn cc_value(cc: &str) -> u32 {
+    cc.split_once('.')
+        .and_then(|(a, b)| Some(a.parse::<u32>().ok()? * 10 + b.parse::<u32>().ok()?))
+        .unwrap_or(0)
 }
 
 /// Looks a GPU up by NVML/nvidia-smi name, case- and punctuation-tolerant.
@@ -511,18 +819,21 @@ pub fn lookup_gpu(name: &str) -> Result<GpuSpec, CatalogError> {
     })
 }
 
+/// The MIG parent card `name` names (any spelling), when the catalog
+/// knows MIG slices of it.
+fn mig_parent(name: &str) -> Option<&'static GpuSpec> {
+    index().mig_parents.get(&normalize(name))
+}
+
 /// A MIG slice named by a card alias and a profile (`a100-40gb MIG
-/// 1g.5gb`, `h100-sxm-mig-1g.10gb+me`): the card resolved on its own, the
-/// profile's media-extension suffix (`+me`, or `.me` as GPU Feature
-/// Discovery writes it in resource names: same memory) dropped.
+/// 1g.5gb`, `h100-sxm-mig-1g.10gb+me`, GFD's `NVIDIA-A30-MIG-1g.6gb`): the
+/// card resolved on its own, the profile's variant suffix (`+me`, `.me`,
+/// `+gfx`, `-me`…: same memory) dropped.
 fn mig_by_parts(name: &str) -> Option<GpuSpec> {
     let at = name.to_ascii_lowercase().rfind("mig")?;
     let (parent, profile) = (&name[..at], &name[at + 3..]);
-    let profile = profile
-        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
-        .trim_end_matches("+me")
-        .trim_end_matches(".me");
-    let card = lookup_gpu(parent.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())).ok()?;
+    let profile = mig_base_profile(profile.trim_matches(|c: char| !c.is_ascii_alphanumeric()))?;
+    let card = mig_parent(parent.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))?;
     let idx = index();
     let key = normalize(&format!("{} MIG {profile}", card.name));
     idx.by_key.get(&key).map(|&i| idx.specs[i].clone())
@@ -572,17 +883,39 @@ pub fn all_mig_slices() -> Vec<GpuSpec> {
     idx.specs[idx.cards..].to_vec()
 }
 
-/// The MIG slice `profile` (`1g.5gb`, `mig-1g.5gb`, `MIG 1g.5gb`) of the
-/// card `parent` (any spelling [`lookup_gpu`] takes): how a pod's
-/// `nvidia.com/mig-<profile>` resource on a node of that card resolves.
+/// The MIG slice `profile` (`1g.5gb`, `mig-1g.5gb`, `MIG 1g.5gb`,
+/// `1g.5gb+me`) of the card `parent` (any spelling of a MIG-capable card):
+/// how a pod's `nvidia.com/mig-<profile>` resource on a node of that card
+/// resolves.
 pub fn lookup_mig(parent: &str, profile: &str) -> Result<GpuSpec, CatalogError> {
-    let card = lookup_gpu(parent)?;
-    let profile = profile.trim();
-    let profile = profile
-        .strip_prefix("mig-")
-        .or_else(|| profile.strip_prefix("MIG "))
-        .unwrap_or(profile);
-    lookup_gpu(&format!("{} MIG {profile}", card.name))
+    let Some(card) = mig_parent(parent) else {
+        // Not a MIG card: the whole-card lookup says why (unknown, ambiguous).
+        let card = lookup_gpu(parent)?;
+        return Err(CatalogError::UnknownGpu {
+            name: format!("{} MIG {}", card.name, profile.trim()),
+            suggestions: Vec::new(),
+        });
+    };
+    let name = format!("{} MIG {}", card.name, profile.trim());
+    let Some(base) = mig_base_profile(profile) else {
+        return Err(CatalogError::UnknownGpu {
+            name,
+            suggestions: mig_profiles_of(&card.name),
+        });
+    };
+    lookup_gpu(&format!("{} MIG {base}", card.name)).map_err(|_| CatalogError::UnknownGpu {
+        name,
+        suggestions: mig_profiles_of(&card.name),
+    })
+}
+
+/// The MIG slices of card `card` (its NVML name), by name.
+fn mig_profiles_of(card: &str) -> Vec<String> {
+    MIG_PARENTS
+        .iter()
+        .filter(|(c, _)| *c == card)
+        .flat_map(|(c, ps)| ps.iter().map(move |(p, ..)| format!("{c} MIG {p}")))
+        .collect()
 }
 
 #[cfg(test)]
@@ -663,7 +996,9 @@ mod tests {
     /// The slice's NVML name without its profile: the parent card.
     fn parent_of(slice: &GpuSpec) -> GpuSpec {
         let (parent, _) = slice.name.rsplit_once(" MIG ").expect("a MIG name");
-        lookup_gpu(parent).expect("the parent is in the catalog")
+        mig_parent(parent)
+            .cloned()
+            .expect("the parent is a MIG card")
     }
 
     proptest::proptest! {
@@ -691,7 +1026,8 @@ mod tests {
             for s in spellings {
                 proptest::prop_assert_eq!(s.as_ref(), Ok(slice));
             }
-            proptest::prop_assert!(slice.memory_bytes < parent.memory_bytes);
+            // A MIG-only card's total is not in the catalog (0).
+            proptest::prop_assert!(parent.memory_bytes == 0 || slice.memory_bytes < parent.memory_bytes);
             proptest::prop_assert_eq!(slice.bf16, parent.bf16);
             proptest::prop_assert_eq!(slice.fp8, parent.fp8);
             proptest::prop_assert_eq!(&slice.compute_capability, &parent.compute_capability);
@@ -730,14 +1066,143 @@ mod tests {
             lookup_gpu("NVIDIA H200 MIG 1g.18gb").unwrap().memory_bytes,
             16 * GIB
         );
+        // 140.00 GiB as `nvidia-smi mig -lgip` prints it, not 128.
+        assert_eq!(
+            lookup_gpu("NVIDIA-H200-MIG-7g.141gb").unwrap().memory_bytes,
+            143_360 * MIB
+        );
         // a profile the card does not have
         assert!(lookup_gpu("NVIDIA A100-SXM4-40GB MIG 1g.10gb").is_ok());
         assert!(lookup_gpu("NVIDIA A100-SXM4-40GB MIG 1g.18gb").is_err());
         assert!(lookup_mig("NVIDIA H100 80GB HBM3", "mig-1g.5gb").is_err());
         // slices are listed apart from whole cards, every one once
         let slices = all_mig_slices();
-        assert_eq!(slices.len(), 7 * 6);
+        assert_eq!(slices.len(), mig_catalog().len());
+        let mut names: Vec<_> = slices.iter().map(|s| s.name.clone()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), slices.len(), "every slice once");
         assert!(all_gpus().iter().all(|g| !g.name.contains(" MIG ")));
+    }
+
+    #[test]
+    fn every_card_in_nvidias_mig_list_has_its_profiles() {
+        let cards = mig_cards();
+        assert_eq!(cards.len(), MIG_PARENTS.len());
+        for card in &cards {
+            let parent = mig_parent(card).unwrap_or_else(|| panic!("{card} resolves"));
+            assert_eq!(&parent.name, card);
+            assert!(parent.bf16, "{card}: every MIG card is Ampere or later");
+            assert!(!mig_profiles_of(card).is_empty(), "{card}");
+        }
+        for (card, profile) in [
+            ("NVIDIA A30", "1g.6gb"),
+            ("NVIDIA B200", "1g.23gb"),
+            ("NVIDIA B200", "7g.180gb"),
+            ("NVIDIA GB200", "7g.186gb"),
+            ("NVIDIA H100 NVL", "7g.94gb"),
+            ("NVIDIA H20", "3g.48gb"),
+            ("NVIDIA GH200 480GB", "7g.96gb"),
+            ("NVIDIA GH200 144G HBM3e", "1g.18gb"),
+            ("NVIDIA H200 NVL", "7g.141gb"),
+            ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "4g.96gb"),
+            ("NVIDIA RTX PRO 5000 Blackwell", "2g.24gb"),
+        ] {
+            let s = lookup_gpu(&format!("{card} MIG {profile}"))
+                .unwrap_or_else(|e| panic!("{card} MIG {profile}: {e}"));
+            assert_eq!(s.name, format!("{card} MIG {profile}"));
+        }
+        // Blackwell: fp8 from its compute capability, on a card the
+        // whole-card catalog lacks as on one it has.
+        let gb = lookup_gpu("NVIDIA GB200 MIG 1g.23gb").unwrap();
+        assert_eq!(gb.compute_capability, "10.0");
+        assert!(gb.bf16 && gb.fp8);
+        let a30 = lookup_gpu("NVIDIA-A30-MIG-1g.6gb").unwrap();
+        assert!(a30.bf16 && !a30.fp8);
+        assert_eq!(a30.memory_bytes, 5836 * MIB);
+        // The card alone is not planned for: its total is not here.
+        assert!(lookup_gpu("NVIDIA A30").is_err());
+    }
+
+    #[test]
+    fn profile_variants_resolve_to_their_base_profile() {
+        for (p, want) in [
+            ("1g.10gb", Some("1g.10gb")),
+            ("1g.10gb+me", Some("1g.10gb")),
+            ("1g.10gb.me", Some("1g.10gb")),
+            ("1g.10gbme", Some("1g.10gb")),
+            ("1g.24gb+me.all", Some("1g.24gb")),
+            ("2g.24gb-me", Some("2g.24gb")),
+            ("4g.96gb+gfx", Some("4g.96gb")),
+            ("mig-3g.40gb", Some("3g.40gb")),
+            ("1c.3g.40gb", Some("3g.40gb")),
+            ("7G.141GB", Some("7g.141gb")),
+            ("INVALID", None),
+            ("g.10gb", None),
+            ("1g.gb", None),
+            ("1g.10", None),
+            ("", None),
+        ] {
+            assert_eq!(mig_base_profile(p).as_deref(), want, "{p}");
+        }
+        let base = lookup_gpu("NVIDIA RTX PRO 6000 Blackwell Server Edition MIG 1g.24gb").unwrap();
+        for v in [
+            "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition-MIG-1g.24gb+gfx",
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition MIG 1g.24gb-me",
+            "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition-MIG-1g.24gbme.all",
+        ] {
+            assert_eq!(lookup_gpu(v).as_ref(), Ok(&base), "{v}");
+        }
+        assert!(lookup_gpu("NVIDIA-A100-SXM4-40GB-MIG-INVALID").is_err());
+        let err = lookup_mig("NVIDIA B200", "1g.5gb").expect_err("not a B200 profile");
+        assert!(err.to_string().contains("NVIDIA B200 MIG 1g.23gb"), "{err}");
+        assert!(lookup_mig("Tesla T4", "1g.5gb").is_err(), "no MIG on a T4");
+    }
+
+    /// Each figure has the source it names, and every one is at or below
+    /// the profile's memory share of what real slices of that size report.
+    #[test]
+    fn mig_memory_figures_follow_their_sources() {
+        for e in mig_catalog() {
+            let name_gb: u64 = e
+                .profile
+                .split_once("g.")
+                .unwrap()
+                .1
+                .trim_end_matches("gb")
+                .parse()
+                .unwrap();
+            let named = name_gb * 1024;
+            assert!(
+                e.memory_mib < named,
+                "{} {}: below the name's figure",
+                e.card,
+                e.profile
+            );
+            match e.source {
+                MigMemorySource::Derived => {
+                    assert_eq!(e.memory_mib, named * 8 / 9, "{} {}", e.card, e.profile)
+                }
+                // Measured figures sit between 8/9 of the name and the name.
+                _ => assert!(e.memory_mib >= named * 8 / 9, "{} {}", e.card, e.profile),
+            }
+            if let Some(card) = all_gpus().into_iter().find(|g| g.name == e.card) {
+                assert!(
+                    e.memory_mib * MIB * 8 <= card.memory_bytes * e.memory_eighths + 8 * GIB,
+                    "{} {}",
+                    e.card,
+                    e.profile
+                );
+            }
+        }
+        for (i, (_, profiles)) in MIG_PARENTS.iter().enumerate() {
+            for p in *profiles {
+                if p.3 == MigMemorySource::Derived {
+                    // `d`'s `name_gb` is the name's: recomputed above.
+                    assert!(p.2 > 0, "{i}");
+                }
+            }
+        }
     }
 
     /// The throughput model times the optimizer step by the bandwidth: a

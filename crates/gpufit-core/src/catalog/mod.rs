@@ -29,7 +29,10 @@ fn did_you_mean(s: &[String]) -> String {
     }
 }
 
-pub use gpus::{all_gpus, all_mig_slices, lookup_gpu, lookup_mig, GpuSpec};
+pub use gpus::{
+    all_gpus, all_mig_slices, lookup_gpu, lookup_mig, mig_base_profile, mig_cards, mig_catalog,
+    GpuSpec, MigCatalogEntry, MigMemorySource,
+};
 pub use models::{
     all_models, arch_from_hf_config, lookup_model, small_task_head_in_hf_config, ModelRef,
 };

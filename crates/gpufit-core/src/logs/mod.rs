@@ -20,6 +20,7 @@ pub mod hf;
 pub mod lightning;
 pub mod oom;
 pub mod plain;
+pub mod stated;
 pub mod torchtune;
 
 use std::io::BufRead;
@@ -137,6 +138,15 @@ pub struct ParsedLog {
     pub long_lines: u64,
     /// Lines that were not valid UTF-8 or held NUL bytes.
     pub binary_lines: u64,
+    /// The engineering settings the log states the job ran with (HF
+    /// Trainer's training block, torchtune's config echo, Lightning's
+    /// precision line); None when it states none. A run is evidence only
+    /// for the settings it really ran, so these win over what was injected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stated: Option<stated::StatedSettings>,
+    /// Which framework statements `stated` came from, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stated_by: Vec<stated::StatedBy>,
 }
 
 impl ParsedLog {
@@ -176,7 +186,7 @@ impl ParsedLog {
     }
 
     fn found_anything(&self) -> bool {
-        !self.formats.is_empty() || self.outcome.is_some()
+        !self.formats.is_empty() || self.outcome.is_some() || self.stated.is_some()
     }
 }
 
@@ -271,6 +281,7 @@ pub struct LogParser {
     pl: lightning::LightningParser,
     oom: oom::OomParser,
     plain: plain::PlainParser,
+    stated: stated::StatedParser,
     failure_seen: bool,
     error_message: Option<String>,
     lines: u64,
@@ -298,6 +309,7 @@ impl LogParser {
         self.pl.feed(line);
         self.oom.feed(line);
         self.plain.feed(line);
+        self.stated.feed(line);
         let t = line.trim_start();
         if t.starts_with("Traceback (most recent call last)")
             || t.contains("ChildFailedError")
@@ -340,6 +352,10 @@ impl LogParser {
         completed |= self.pl.finish(&mut out);
         completed |= self.plain.finish(&mut out);
         let oom = self.oom.finish(&mut out);
+        if let Some((stated, by)) = self.stated.finish() {
+            out.stated = Some(stated);
+            out.stated_by = by;
+        }
         out.formats.sort();
         out.formats.dedup();
         out.outcome = if oom {

@@ -1,5 +1,5 @@
-//! The webhook's annotations (the table in [`super`]): which are ours, and
-//! what they say. Pure: strings in, a workload spec or a denial out.
+//! The input annotations (the table in `super::super::webhook`): which are
+//! ours, and what they say. Pure: strings in, a workload spec or a denial out.
 
 use std::collections::BTreeMap;
 
@@ -14,34 +14,16 @@ use crate::core::workload::{
 };
 
 use super::super::crd::Mode;
-use super::super::inject::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
+use super::super::keys::{ANN_APPLIED, ANN_REASON, ANN_RECOMMENDATION};
 
 /// The input annotations, without the `gpufit.io/` prefix.
-pub(super) const INPUT_KEYS: [&str; 17] = [
-    "model",
-    "architecture",
-    "seq-len",
-    "method",
-    "lora-rank",
-    "lora-targets",
-    "optimizer",
-    "global-batch",
-    "gpus",
-    "sharding",
-    "framework",
-    "attention",
-    "strategy",
-    "gpu",
-    "mode",
-    "pins",
-    "gpu-sharing",
-];
+pub(crate) use super::super::keys::INPUT_KEYS;
 
 /// A bad annotation: denied with this message.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Denied(pub(super) String);
+pub(crate) struct Denied(pub(crate) String);
 
-pub(super) fn denied(key: &str, msg: impl std::fmt::Display) -> Denied {
+pub(crate) fn denied(key: &str, msg: impl std::fmt::Display) -> Denied {
     Denied(format!("gpufit: annotation {key}: {msg}"))
 }
 
@@ -59,7 +41,7 @@ impl FieldNames for AnnotationNames {
 }
 
 /// A workload the core refused, denied naming the annotation at fault.
-pub(super) fn denied_workload(e: &WorkloadError) -> Denied {
+pub(crate) fn denied_workload(e: &WorkloadError) -> Denied {
     Denied(format!("gpufit: {}", e.render(&AnnotationNames)))
 }
 
@@ -67,7 +49,7 @@ pub(super) fn denied_workload(e: &WorkloadError) -> Denied {
 /// object does not opt in or was already handled (a reinvocation, or a Job
 /// the reconciler created). Unknown keys and inputs without a model are
 /// refused: a typo must not silently turn gpufit off.
-pub(super) fn input_annotations(
+pub(crate) fn input_annotations(
     anns: &BTreeMap<String, String>,
 ) -> Result<Option<BTreeMap<&str, &str>>, Denied> {
     let ours: BTreeMap<&str, &str> = anns
@@ -110,7 +92,7 @@ pub(super) fn input_annotations(
 }
 
 /// What the annotations say: workload request, strategy, mode, pins, GPU name.
-pub(super) type Parsed = (
+pub(crate) type Parsed = (
     WorkloadRequest,
     Strategy,
     Option<Mode>,
@@ -124,7 +106,7 @@ pub(super) type Parsed = (
 /// its type's `FromStr`: the aliases the command line and the Slurm hooks
 /// accept. `default_gpus` is the object's own GPU count, used when
 /// `gpufit.io/gpus` is not given.
-pub(super) fn parse_annotations(
+pub(crate) fn parse_annotations(
     a: &BTreeMap<&str, &str>,
     default_gpus: u32,
 ) -> Result<Parsed, Denied> {
@@ -204,53 +186,11 @@ pub fn workload_from_annotations(
         .map_err(|e| denied_workload(&e).0)
 }
 
-/// What an object's annotations ask for, read again when Kueue admits it
-/// (`crate::controller::reconcile::kueue`).
-#[derive(Debug, Clone)]
-pub struct AdmissionInputs {
-    pub workload: Workload,
-    pub strategy: Strategy,
-    pub mode: Option<Mode>,
-    pub pins: Pins,
-    /// `gpufit.io/gpu`, when set.
-    pub gpu: Option<String>,
-}
-
-/// The input annotations of an object Kueue admitted, for `gpus`
-/// data-parallel GPUs (the admitted counts: `gpufit.io/gpus` is not read,
-/// admission decides W). What gpufit wrote itself (applied settings,
-/// workload, run marks) is not input. `Ok(None)`: the object did not opt in.
-pub fn inputs_for_admission(
-    annotations: &BTreeMap<String, String>,
-    gpus: u32,
-) -> Result<Option<AdmissionInputs>, String> {
-    let ours: BTreeMap<&str, &str> = annotations
-        .iter()
-        .filter_map(|(k, v)| k.strip_prefix("gpufit.io/").map(|k| (k, v.as_str())))
-        .filter(|(k, _)| INPUT_KEYS.contains(k) && *k != "gpus")
-        .collect();
-    if ours.is_empty() {
-        return Ok(None);
-    }
-    if !ours.contains_key("model") && !ours.contains_key("architecture") {
-        return Ok(None);
-    }
-    let (request, strategy, mode, pins, gpu) = parse_annotations(&ours, gpus).map_err(|d| d.0)?;
-    let workload = request.resolve().map_err(|e| denied_workload(&e).0)?;
-    Ok(Some(AdmissionInputs {
-        workload,
-        strategy,
-        mode,
-        pins,
-        gpu,
-    }))
-}
-
 /// `name=tiny-gpt,params=124000000,hidden_size=768,layers=12,heads=12,vocab_size=50257`
 /// (and `kv_heads`, `intermediate_size`, `tied_embeddings`, `max_seq_len`):
 /// the model by its numbers, the keys of a JSON request's `architecture`.
 /// Only the syntax is read here; the core's resolver checks the numbers.
-pub(super) fn parse_architecture(s: &str) -> Result<ArchNumbers, Denied> {
+pub(crate) fn parse_architecture(s: &str) -> Result<ArchNumbers, Denied> {
     let key = "gpufit.io/architecture";
     let mut n = ArchNumbers::default();
     for (k, v) in key_values(key, s)? {
@@ -278,14 +218,16 @@ pub(super) fn parse_architecture(s: &str) -> Result<ArchNumbers, Denied> {
 
 /// `micro_batch_size=4,dtype=bf16,activation_checkpointing=true,…`: the
 /// core's one pin parser ([`crate::core::settings::parse_pins`]).
-pub(super) fn parse_pins(s: &str) -> Result<Pins, Denied> {
+pub(crate) fn parse_pins(s: &str) -> Result<Pins, Denied> {
     let key = "gpufit.io/pins";
     crate::core::settings::parse_pins(key_values(key, s)?).map_err(|e| denied(key, e.to_string()))
 }
 
-/// The `name=value` pairs of a comma list (annotation `key`).
+/// The `name=value` pairs of a comma list (annotation `key`); a name given
+/// twice is denied (which one was meant is unknown).
 fn key_values<'a>(key: &str, s: &'a str) -> Result<Vec<(&'a str, &'a str)>, Denied> {
-    s.split(',')
+    let pairs: Vec<(&str, &str)> = s
+        .split(',')
         .map(str::trim)
         .filter(|i| !i.is_empty())
         .map(|item| {
@@ -293,7 +235,13 @@ fn key_values<'a>(key: &str, s: &'a str) -> Result<Vec<(&'a str, &'a str)>, Deni
                 .map(|(k, v)| (k.trim(), v.trim()))
                 .ok_or_else(|| denied(key, format!("`{item}` is not name=value")))
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    for (i, (k, _)) in pairs.iter().enumerate() {
+        if pairs[..i].iter().any(|(seen, _)| seen == k) {
+            return Err(denied(key, format!("`{k}` is given twice")));
+        }
+    }
+    Ok(pairs)
 }
 
 /// A whole number `v` of pair `k` in annotation `key`.
@@ -322,6 +270,12 @@ mod tests {
         let e = parse_pins("learning_rate=3e-4").expect_err("scientific field");
         assert!(e.0.contains("not an engineering setting"), "{}", e.0);
         assert!(parse_pins("micro_batch_size").is_err());
+        let e = parse_pins("micro_batch_size=2,micro_batch_size=8").expect_err("duplicate");
+        assert!(
+            e.0.contains("gpufit.io/pins") && e.0.contains("given twice"),
+            "{}",
+            e.0
+        );
     }
 
     #[test]

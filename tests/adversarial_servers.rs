@@ -141,7 +141,15 @@ fn a_stalled_body_loses_its_place_and_times_out_with_408() {
             Err(e) => format!("no answer: {e}"),
         }
     };
-    let mut held: Vec<_> = (0..40).map(|_| stall()).collect();
+    // One after another, each read by the server before the next comes
+    // (a connection closed with bytes it never read is reset, not answered).
+    let mut held: Vec<_> = (0..40)
+        .map(|_| {
+            let s = stall();
+            std::thread::sleep(Duration::from_millis(10));
+            s
+        })
+        .collect();
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
     let mut fresh = std::net::TcpStream::connect(addr).unwrap();

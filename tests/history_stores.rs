@@ -565,7 +565,8 @@ fn a_sqlite_history_of_schema_version_3_migrates_to_the_peakless_node_list() {
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .unwrap();
     assert_eq!(v, gpufit::history::sqlite::schema_version());
-    assert_eq!(v, 5);
+    // Migrated forward to the newest: 6 (the run's confirmation).
+    assert_eq!(v, 6);
 }
 
 /// Environment of a child process that reports nodes (see
@@ -1132,7 +1133,7 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
         .query_one("SELECT version FROM gpufit_schema", &[])
         .unwrap()
         .get(0);
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
 
     let nodes = pg.create_db("nodes");
     nodes_report_concurrently(&nodes, "threads", false);

@@ -285,6 +285,51 @@ fn job_record(store: &dyn HistoryStore, job: &str) -> RunRecord {
     mine.into_iter().next().unwrap()
 }
 
+/// Issue 47: a record written whole (`record`, an import's batch) never
+/// replaces a job's multi-node record nor a run of its id over an hour
+/// apart; the store says why (`Invalid`) and the stored record is as it was.
+/// A replay of the same run still updates it in place.
+fn a_whole_record_never_replaces_a_multi_node_one_or_another_run(store: &dyn HistoryStore) {
+    use gpufit::history::HistoryError;
+    let rec = |job: &str| job_record(store, job);
+    store
+        .record_node_report(&node_report("guard-1", "n1", 30_000_000_000, 2))
+        .unwrap();
+    let before = rec("guard-1");
+    let mut whole = node_report("guard-1", "n1", 20_000_000_000, 2);
+    whole.nodes = None;
+    match store.record(&whole) {
+        Err(HistoryError::Invalid(e)) => {
+            assert!(e.to_string().contains("does not replace"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Through a batch (an import), it is held back too.
+    let mut batch = vec![Ok(whole.clone())].into_iter();
+    let _ = store.record_batch(&mut batch);
+    assert_eq!(rec("guard-1"), before);
+    // A reused Slurm job id: the older run stays.
+    let mut old = node_report("guard-2", "n1", 30_000_000_000, 1);
+    old.nodes = None;
+    store.record(&old).unwrap();
+    let before = rec("guard-2");
+    let mut later = old.clone();
+    later.timestamp += chrono::Duration::hours(2);
+    assert!(matches!(
+        store.record(&later),
+        Err(HistoryError::Invalid(_))
+    ));
+    assert_eq!(rec("guard-2"), before);
+    // The same run again (a peak filled in) updates it.
+    let mut replay = old.clone();
+    replay.result.peak_memory_bytes = Some(31_000_000_000);
+    store.record(&replay).unwrap();
+    assert_eq!(
+        rec("guard-2").result.peak_memory_bytes,
+        Some(31_000_000_000)
+    );
+}
+
 /// The nodes of a multi-node job fold into one record whose peak is the
 /// largest node's and whose node counts survive the store (migration 3):
 /// a repeated node counts once, a smaller peak after a larger one changes
@@ -730,6 +775,7 @@ fn sqlite_store_meets_the_contract() {
     contract(&store);
     a_run_recorded_twice_is_stored_once(&store);
     node_reports_make_one_record(&store);
+    a_whole_record_never_replaces_a_multi_node_one_or_another_run(&store);
     host_memory_kills_reach_the_advisor(&store);
 }
 
@@ -1075,6 +1121,7 @@ fn postgres_store_meets_the_same_contract_on_a_real_server() {
     contract(store.as_ref());
     a_run_recorded_twice_is_stored_once(store.as_ref());
     node_reports_make_one_record(store.as_ref());
+    a_whole_record_never_replaces_a_multi_node_one_or_another_run(store.as_ref());
 
     // A database at schema version 3 migrates (to 5) and keeps its rows.
     let v3 = pg.create_db("v3");

@@ -55,10 +55,10 @@ pub fn print_gpus(g: &Global, rows: &[GpuSpec]) -> crate::Result<()> {
             ]);
             for r in rows {
                 t.add_row(vec![
-                    Cell::new(&r.name),
+                    Cell::new(super::common::cell_text(&r.name)),
                     Cell::new(format!("{:.2}", to_gib(r.memory_bytes)))
                         .set_alignment(CellAlignment::Right),
-                    Cell::new(&r.compute_capability),
+                    Cell::new(super::common::cell_text(&r.compute_capability)),
                     Cell::new(if r.bf16 { "yes" } else { "no" }),
                     Cell::new(if r.fp8 { "yes" } else { "no" }),
                     Cell::new(format!("{:.0}", r.bf16_tflops)).set_alignment(CellAlignment::Right),

@@ -52,7 +52,7 @@ pub fn run(g: &Global, args: ModelsArgs) -> crate::Result<ExitCode> {
                     String::new()
                 };
                 t.add_row(vec![
-                    Cell::new(&a.name),
+                    Cell::new(super::common::cell_text(&a.name)),
                     Cell::new(format!("{:.2} B", a.params as f64 / 1e9))
                         .set_alignment(CellAlignment::Right),
                     Cell::new(a.hidden_size).set_alignment(CellAlignment::Right),
@@ -62,7 +62,7 @@ pub fn run(g: &Global, args: ModelsArgs) -> crate::Result<ExitCode> {
                     Cell::new(a.vocab_size).set_alignment(CellAlignment::Right),
                     Cell::new(a.max_position_embeddings).set_alignment(CellAlignment::Right),
                     // short id and torchtune name; JSON lists every alias
-                    Cell::new(short_aliases(&r.aliases)),
+                    Cell::new(super::common::cell_text(&short_aliases(&r.aliases))),
                 ]);
             }
             println!("{t}");

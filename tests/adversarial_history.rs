@@ -410,6 +410,11 @@ fn a_store_filled_by_every_path_round_trips_through_export_and_import() {
     k8s.source = RunSource::Kubernetes;
     k8s.result.outcome = RunOutcome::GpuOom;
     c.store.record(&k8s).unwrap();
+    // The webhook's recorder: a run nothing confirms ran the settings.
+    let mut unconfirmed = one_node("Job:team-a/train-2/uid-2", H100, 45_000_000_000);
+    unconfirmed.source = RunSource::Kubernetes;
+    unconfirmed.confirmation = gpufit::core::confirm::Confirmation::Unconfirmed;
+    c.store.record(&unconfirmed).unwrap();
     // A run without a job id (its identity is its content) whose
     // throughput is a float JSON must read back exactly.
     let mut jobless = one_node("-", H100, 55_000_000_000);
@@ -454,7 +459,7 @@ fn a_store_filled_by_every_path_round_trips_through_export_and_import() {
     );
     assert_eq!(imported["skipped"], 0, "{imported}");
     let filled = records(c.store.as_ref());
-    assert_eq!(filled.len(), 9, "{filled:#?}");
+    assert_eq!(filled.len(), 10, "{filled:#?}");
 
     // Export, then import into a new store: nothing skipped, all equal.
     let out = env.path("export.jsonl");
@@ -470,7 +475,7 @@ fn a_store_filled_by_every_path_round_trips_through_export_and_import() {
         &["-o", "json", "history", "import", out.to_str().unwrap()],
     );
     assert_eq!(again["skipped"], 0, "{again}");
-    assert_eq!(again["imported"], 9, "{again}");
+    assert_eq!(again["imported"], 10, "{again}");
     let store2 = gpufit::history::open(&format!("sqlite:{}", db2.display())).unwrap();
     assert_eq!(records(store2.as_ref()), filled);
     // And importing the export into the store it came from changes nothing.
@@ -509,6 +514,7 @@ mod property {
                 0u32..70_000,
                 prop::option::of(1u32..8),
                 0u32..40,
+                0usize..3,
             ),
             (
                 any::<bool>(),
@@ -522,7 +528,7 @@ mod property {
         )
             .prop_map(
                 |(
-                    (gpu, peak, predicted, micro, accum, expected, gpus),
+                    (gpu, peak, predicted, micro, accum, expected, gpus, confirmation),
                     (success, oom, host_oom, minutes, rate, has_job, model),
                 )| {
                     let mut r = one_node("p", &gpu, 1);
@@ -536,6 +542,11 @@ mod property {
                     r.result.peak_memory_bytes = (peak > 0).then_some(peak);
                     r.predicted_peak_bytes = predicted;
                     r.result.outcome = RunOutcome::of(success, oom, host_oom);
+                    r.confirmation = [
+                        gpufit::core::confirm::Confirmation::Confirmed,
+                        gpufit::core::confirm::Confirmation::RanOther,
+                        gpufit::core::confirm::Confirmation::Unconfirmed,
+                    ][confirmation];
                     r.result.samples_per_sec = rate;
                     r.nodes = expected.map(|e| NodeReports {
                         reported: 1,

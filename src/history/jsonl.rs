@@ -169,6 +169,13 @@ struct Extra {
     /// [`RunResult::host_oom`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     host_oom: bool,
+    /// Whether the run's settings are confirmed ([`RunRecord::confirmation`]):
+    /// an unconfirmed run must not come back from an export confirmed.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::core::confirm::Confirmation::is_default"
+    )]
+    confirmation: crate::core::confirm::Confirmation,
 }
 
 // === name resolution (cached: a million lines share a few names) ===
@@ -340,8 +347,9 @@ pub fn parse_line(
         gpus: extra.gpus.filter(|g| *g >= 1).unwrap_or(1),
         global_batch: extra.global_batch,
     };
-    let mut run =
-        RunRecord::new(origin, key, settings, result).with_prediction(extra.predicted_peak_bytes);
+    let mut run = RunRecord::new(origin, key, settings, result)
+        .with_prediction(extra.predicted_peak_bytes)
+        .with_confirmation(extra.confirmation);
     run.nodes = nodes;
     Ok(run)
 }
@@ -729,6 +737,7 @@ pub fn write_record<W: Write>(w: &mut W, r: &RunRecord) -> std::io::Result<()> {
             dataloader: Some(s.dataloader.clone()),
             nodes: r.nodes.clone(),
             host_oom: r.result.host_oom(),
+            confirmation: r.confirmation,
         },
     };
     serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::other)?;

@@ -9,8 +9,9 @@ record is checked by the same Rust parser the recorders use
 - the container's termination-message file on Kubernetes (default
   ``/dev/termination-log``, written when it exists; at most 4096 bytes);
 - the file the Slurm TaskProlog names in ``GPUFIT_RESULT_FILE``;
-- optionally the controller's API (``GPUFIT_RESULT_URL``, with the token
-  of ``GPUFIT_TOKEN_FILE``).
+- optionally a URL of the operator's own (``GPUFIT_RESULT_URL``, with the
+  token of ``GPUFIT_TOKEN_FILE``): gpufit's controller has no endpoint that
+  takes records yet; its recorders read the two files above.
 
 Only the global rank 0 writes; the other ranks' peaks reach it through
 ``torch.distributed`` when that is initialised.

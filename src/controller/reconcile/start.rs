@@ -42,7 +42,7 @@ pub(super) async fn start_attempt(
     st: &mut TrainingJobStatus,
     generation: Option<i64>,
 ) -> Result<(), StartError> {
-    let gpu = target_gpu(ctx, tj, v)?;
+    let (gpu, gpu_warnings) = target_gpu(ctx, tj, v)?;
     // Data-loader workers from the CPUs the pod template has per GPU.
     let cpus = tj.spec.template.spec.as_ref().and_then(gpu::cpus_per_gpu);
     let suggestion = advise(ctx, v, &gpu, cpus).await?;
@@ -65,14 +65,24 @@ pub(super) async fn start_attempt(
         "JobCreated"
     };
     ctx.event(tj, EventType::Normal, reason, msg).await;
+    // What planning for the GPU had to say (e.g. `whole` refused under
+    // MPS), where the user looks: the TrainingJob's events.
+    for w in gpu_warnings {
+        ctx.event(tj, EventType::Warning, "GpuSharing", w).await;
+    }
     Ok(())
 }
 
 /// The GPU named in the spec, else the one of the nodes the pod may land
 /// on; unknown is transient (labels may come).
-fn target_gpu(ctx: &Context, tj: &TrainingJob, v: &Validated) -> Result<GpuSpec, StartError> {
+/// With what planning for it had to say (e.g. `whole` refused under MPS).
+fn target_gpu(
+    ctx: &Context,
+    tj: &TrainingJob,
+    v: &Validated,
+) -> Result<(GpuSpec, Vec<String>), StartError> {
     match &v.gpu {
-        Some(name) => gpu::resolve_named(name),
+        Some(name) => gpu::resolve_named(name).map(|g| (g, Vec::new())),
         None => {
             // A shared GPU: the TrainingJob's annotation, else its
             // namespace's label, says whether to plan for its share.
@@ -87,11 +97,12 @@ fn target_gpu(ctx: &Context, tj: &TrainingJob, v: &Validated) -> Result<GpuSpec,
             )
             .map_err(StartError::InvalidSpec)?;
             let nodes = ctx.nodes.state();
-            gpu::resolve_from_nodes_with(
+            gpu::plan_from_nodes(
                 nodes.iter().map(|n| n.as_ref()),
                 tj.spec.template.spec.as_ref(),
                 sharing,
             )
+            .map(|p| (p.gpu, p.warnings))
         }
     }
     .map_err(|e| StartError::Retry("GpuUnknown", ControllerError::Gpu(e.to_string())))

@@ -882,3 +882,55 @@ async fn in_recommend_mode_the_job_runs_as_written_and_the_suggestion_goes_to_st
     assert_eq!(s.status().phase, Some(Phase::Succeeded));
     assert!(s.history.all().is_empty());
 }
+
+/// Issue 46 on the TrainingJob path: a node sharing each A100 80GB ten
+/// ways through MPS, and a TrainingJob asking `gpufit.io/gpu-sharing=whole`:
+/// planned for the 8 GiB the MPS daemon lets each pod use, and the refusal
+/// of `whole` is a Warning event on the TrainingJob, not only a log line.
+#[tokio::test]
+async fn whole_on_an_mps_node_is_planned_for_the_share_and_the_training_job_is_told_why() {
+    let (nodes, mut writer) = reflector::store::<Node>();
+    writer.apply_watcher_event(&watcher::Event::Apply(node(
+        "mps-1",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB-SHARED"),
+            ("nvidia.com/gpu.memory", "81920"),
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/gpu.replicas", "10"),
+            ("nvidia.com/gpu.sharing-strategy", "mps"),
+        ],
+    )));
+    let yaml = EXAMPLE_LORA
+        .replace("model: meta-llama/Llama-3.1-8B", "model: Qwen/Qwen2.5-0.5B")
+        .replace("seqLen: 2048", "seqLen: 512")
+        .replace(
+            "nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB",
+            "nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB-SHARED",
+        );
+    let mut tj = served(tj_from_yaml(&yaml));
+    tj.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("gpufit.io/gpu-sharing".into(), "whole".into());
+    let s = Scenario::new(tj, nodes);
+    s.reconcile().await.expect("reconcile succeeds");
+    let created = s.api.lock().unwrap().jobs_created();
+    assert_eq!(created.len(), 1, "the job runs");
+    let st = s.status();
+    let sug = st.suggestion.as_ref().expect("suggestion in status");
+    assert!(
+        sug.predicted_peak_bytes <= 8 << 30,
+        "planned within the 8 GiB share: {}",
+        sug.predicted_peak_bytes
+    );
+    assert!(
+        st.gpu.as_deref().unwrap_or("").contains("MPS-shared by 10"),
+        "{:?}",
+        st.gpu
+    );
+    let reasons = s.api.lock().unwrap().event_reasons();
+    assert!(
+        reasons.iter().any(|r| r == "GpuSharing"),
+        "a Warning event says why `whole` was not used: {reasons:?}"
+    );
+}

@@ -212,15 +212,8 @@ pub fn run(g: &Global, args: RecordArgs) -> crate::Result<ExitCode> {
     // The flags are what the person says ran; a log that states other
     // settings is worth a note, not a silent override.
     if let Some(stated) = parsed.as_ref().and_then(|p| p.stated.as_ref()) {
-        let told = crate::core::result_record::StatedSettings {
-            micro_batch_size: Some(settings.micro_batch_size),
-            gradient_accumulation_steps: Some(settings.gradient_accumulation_steps),
-            dtype: Some(settings.dtype),
-            activation_checkpointing: Some(settings.activation_checkpointing),
-            activation_offloading: Some(settings.activation_offloading),
-            compile: Some(settings.compile),
-            num_workers: None,
-        };
+        // Only what the log states is compared (its num_workers never is).
+        let told = crate::core::result_record::StatedSettings::from(&settings);
         for (name, flag, log) in told.differences(stated) {
             notes.push(format!(
                 "the log states {name} {log}, the flags {flag}: recorded as the flags say"

@@ -35,25 +35,11 @@ impl PodEvidence {
                     })
                 });
             }
-            let statuses = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .into_iter()
-                .flatten();
-            for cs in statuses {
-                let terminated = [
-                    cs.state.as_ref().and_then(|s| s.terminated.as_ref()),
-                    cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()),
-                ];
-                for msg in terminated
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|t| t.message.as_deref())
-                {
-                    ev.read_message(msg);
-                }
-            }
+        }
+        for msg in crate::controller::reconcile::terminated_states(pods)
+            .filter_map(|t| t.message.as_deref())
+        {
+            ev.read_message(msg);
         }
         ev
     }

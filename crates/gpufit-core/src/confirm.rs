@@ -112,7 +112,6 @@ pub struct Confirmed {
 /// those fields.
 pub fn confirm(injected: &EngineeringSettings, ev: &Evidence<'_>) -> Confirmed {
     let mut settings = injected.clone();
-    let mut differences = Vec::new();
     let mut confirmed_by_statement = false;
     // The log first, then the record over it: the record is the job's own
     // account and wins where both speak.
@@ -120,9 +119,7 @@ pub fn confirm(injected: &EngineeringSettings, ev: &Evidence<'_>) -> Confirmed {
         overlay(&mut settings, stated);
         confirmed_by_statement |= stated.micro_batch_size.is_some();
     }
-    for (name, a, b) in diff(injected, &settings) {
-        differences.push((name, a, b));
-    }
+    let differences = diff(injected, &settings);
     let confirmation = if !differences.is_empty() && confirmed_by_statement {
         Confirmation::RanOther
     } else if confirmed_by_statement || ev.placeholders_filled {
@@ -164,48 +161,7 @@ pub fn overlay(s: &mut EngineeringSettings, st: &StatedSettings) {
 }
 
 fn diff(a: &EngineeringSettings, b: &EngineeringSettings) -> Vec<(&'static str, String, String)> {
-    let mut out = Vec::new();
-    let mut push = |name: &'static str, x: String, y: String| {
-        if x != y {
-            out.push((name, x, y));
-        }
-    };
-    push(
-        "micro_batch_size",
-        a.micro_batch_size.to_string(),
-        b.micro_batch_size.to_string(),
-    );
-    push(
-        "gradient_accumulation_steps",
-        a.gradient_accumulation_steps.to_string(),
-        b.gradient_accumulation_steps.to_string(),
-    );
-    push("dtype", a.dtype.to_string(), b.dtype.to_string());
-    push(
-        "activation_checkpointing",
-        a.activation_checkpointing.to_string(),
-        b.activation_checkpointing.to_string(),
-    );
-    push(
-        "activation_offloading",
-        a.activation_offloading.to_string(),
-        b.activation_offloading.to_string(),
-    );
-    push("compile", a.compile.to_string(), b.compile.to_string());
-    push(
-        "num_workers",
-        a.dataloader.num_workers.to_string(),
-        b.dataloader.num_workers.to_string(),
-    );
-    out
-}
-
-/// One line for a person: what the job ran against what was injected.
-pub fn describe_differences(d: &[(&'static str, String, String)]) -> String {
-    d.iter()
-        .map(|(n, a, b)| format!("{n} {b} (injected {a})"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    StatedSettings::from(a).differences(&StatedSettings::from(b))
 }
 
 #[cfg(test)]

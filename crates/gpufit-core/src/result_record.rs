@@ -99,6 +99,21 @@ pub struct StatedSettings {
     pub num_workers: Option<u32>,
 }
 
+impl From<&EngineeringSettings> for StatedSettings {
+    /// Every field stated: the settings as a job would state them.
+    fn from(s: &EngineeringSettings) -> Self {
+        StatedSettings {
+            micro_batch_size: Some(s.micro_batch_size),
+            gradient_accumulation_steps: Some(s.gradient_accumulation_steps),
+            dtype: Some(s.dtype),
+            activation_checkpointing: Some(s.activation_checkpointing),
+            activation_offloading: Some(s.activation_offloading),
+            compile: Some(s.compile),
+            num_workers: Some(s.dataloader.num_workers),
+        }
+    }
+}
+
 impl StatedSettings {
     /// The fields both state with different values: `(field, injected, ran)`.
     pub fn differences(&self, ran: &StatedSettings) -> Vec<(&'static str, String, String)> {

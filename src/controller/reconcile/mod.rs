@@ -37,6 +37,7 @@ mod context;
 mod decide;
 pub mod kueue;
 mod observe;
+pub(crate) use observe::terminated_states;
 mod peaks;
 mod record;
 mod start;

@@ -273,7 +273,7 @@ pub fn classify_pods(pods: &[Pod]) -> Option<(AttemptOutcome, String)> {
 }
 
 /// Every container's termination of `pods`, now and in its last state.
-fn terminated_states(pods: &[Pod]) -> impl Iterator<Item = &ContainerStateTerminated> {
+pub(crate) fn terminated_states(pods: &[Pod]) -> impl Iterator<Item = &ContainerStateTerminated> {
     pods.iter()
         .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
         .flatten()
